@@ -1,0 +1,41 @@
+"""Built-in batching: fixed-size read and metadata-query batches, optional delivery windows."""
+
+from __future__ import annotations
+
+from ..hookspecs import hookimpl
+from ..registry import NoOptions, RegisterStrategy
+from ..schema import BatchingSection
+from ..strategies import Window
+
+__all__ = ["FixedBatching", "ranges"]
+
+
+def ranges(total: int, size: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` ranges of at most ``size`` covering ``range(total)`` in order."""
+    return [(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+class FixedBatching:
+    """Batches of ``read_batch_pages`` pages and ``query_batch_keys`` keys (upstream: 128/128)."""
+
+    def __init__(self, section: BatchingSection, options: NoOptions) -> None:
+        self.read_batch_pages = section.read_batch_pages
+        self.query_batch_keys = section.query_batch_keys
+        window_bytes = int(section.window_bytes) if section.window_bytes is not None else None
+        self.window = Window(section.window_batches, section.window_pages, window_bytes)
+
+    def read_batches(self, n_pages: int) -> list[tuple[int, int]]:
+        return ranges(n_pages, self.read_batch_pages)
+
+    def query_batches(self, n_keys: int) -> list[tuple[int, int]]:
+        return ranges(n_keys, self.query_batch_keys)
+
+
+@hookimpl
+def kvcr_register_strategies(register: RegisterStrategy) -> None:
+    register(
+        "batching",
+        "fixed",
+        FixedBatching,
+        description="Fixed-size read and query batches; delivery windows bound what is in flight.",
+    )

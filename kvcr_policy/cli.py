@@ -1,0 +1,267 @@
+"""kvcr-policy: thin commands over load_config, make_plugin_manager, the contract and the engine.
+
+Errors print one clear message on stderr and exit 2 (schema drift and a failed regression
+screen exit 1); a traceback is a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import KVCRPolicyError
+from .loading import LoadedConfig, bundled_profiles, load_config
+from .sources import env_name, flatten
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="kvcr-policy",
+    help="Delivery and placement policies for KV-cache storage tiers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    toml = "toml"
+
+
+class PlainFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option("--profile", "-p", help="Bundled profile name or path (else KVCR_POLICY_PROFILE)."),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override one value: KEY=VALUE, e.g. batching.read_batch_pages=64."),
+]
+
+
+def _overrides(pairs: list[str] | None) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
+        result[key.strip()] = value
+    return result
+
+
+def _load(profile: str | None, pairs: list[str] | None) -> LoadedConfig:
+    return load_config(profile=profile, overrides=_overrides(pairs))
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value))
+
+
+def _toml_line(key: str, value: Any, origin: str) -> str:
+    # TOML has no null: an unset value is shown as a comment, so the output loads as a profile.
+    if value is None:
+        return f"# {key} is unset  # {origin}"
+    return f"{key} = {_toml_value(value)}  # {origin}"
+
+
+@app.command()
+def show(
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+    format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+) -> None:
+    """The effective configuration and where each value came from."""
+    loaded = _load(profile, set_)
+    data = loaded.config.model_dump(mode="json")
+    if format is Format.json:
+        _print_json({"config": data, "origins": dict(loaded.origins), "profile": loaded.profile})
+        return
+    if format is Format.toml:
+        lines = [f"# profile: {loaded.profile or 'none (schema defaults)'}"]
+        for section, values in data.items():
+            lines.append(f"\n[{section}]")
+            for key, value in values.items():
+                if key == "options":
+                    continue
+                origin = loaded.origins.get(f"{section}.{key}", "default")
+                lines.append(_toml_line(key, value, origin))
+            if values.get("options"):
+                lines.append(f"\n[{section}.options]")
+                for key, value in values["options"].items():
+                    origin = loaded.origins.get(f"{section}.options.{key}", "default")
+                    lines.append(_toml_line(key, value, origin))
+        sys.stdout.write("\n".join(lines) + "\n")
+        return
+    table = Table(title=f"profile: {loaded.profile or 'none (schema defaults)'}")
+    table.add_column("key")
+    table.add_column("value")
+    table.add_column("origin")
+    table.add_column("env")
+    for path, value in flatten(data).items():
+        if isinstance(value, dict) and not value:
+            continue
+        origin = loaded.origins.get(path, "default")
+        style = None if origin == "default" else "bold"
+        table.add_row(path, escape(json.dumps(value)), escape(origin), env_name(path), style=style)
+    out.print(table)
+
+
+@app.command()
+def validate(
+    profiles: Annotated[list[str] | None, typer.Argument(help="Profile names or paths.")] = None,
+) -> None:
+    """Load each profile (with the environment) and report every error; exit 2 on any."""
+    failed = False
+    for name in profiles or [None]:  # type: ignore[list-item]
+        label = name or "environment + defaults"
+        try:
+            load_config(profile=name)
+        except KVCRPolicyError as error:
+            failed = True
+            err.print(f"[red]✗[/red] {escape(label)}: {escape(str(error))}", highlight=False)
+        else:
+            out.print(f"✓ {label}", markup=False)
+    if failed:
+        raise typer.Exit(2)
+
+
+@app.command()
+def profiles(
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+) -> None:
+    """Bundled profiles and what each is for."""
+    rows = []
+    for name, path in bundled_profiles().items():
+        header = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("#"):
+                break
+            header.append(line.lstrip("# ").strip())
+        purpose = header[0].split("—", 1)[-1].strip() if header else ""
+        rows.append({"name": name, "purpose": purpose, "path": str(path)})
+    if format is PlainFormat.json:
+        _print_json(rows)
+        return
+    table = Table()
+    table.add_column("profile")
+    table.add_column("purpose")
+    for row in rows:
+        table.add_row(row["name"], row["purpose"])
+    out.print(table)
+
+
+@app.command()
+def schema(
+    write: Annotated[bool, typer.Option("--write", help="Regenerate schemas/.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Verify schemas/ (exit 1 if stale).")] = False,
+    folder: Annotated[
+        Path | None, typer.Option("--dir", help="Another schemas/ folder to write or check.")
+    ] = None,
+) -> None:
+    """Print, regenerate (--write) or verify (--check) the committed schemas."""
+    from .contract import check_schemas, json_schema, write_schemas
+
+    if write:
+        for path in write_schemas(folder):
+            out.print(f"wrote {path}")
+        return
+    if check:
+        problems = check_schemas(folder)
+        if problems:
+            for problem in problems:
+                err.print(f"✗ {problem}", highlight=False, markup=False)
+            raise typer.Exit(1)
+        out.print("✓ schemas/ matches the code")
+        return
+    _print_json(json_schema())
+
+
+@app.command()
+def plugins(
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+) -> None:
+    """Registered strategies and transports by kind, who provides them, and skipped plugins."""
+    from .plugins import make_plugin_manager
+
+    loaded = load_config()
+    registry = make_plugin_manager(loaded.config).registry
+    kinds = {
+        kind: [
+            {
+                "name": s.name,
+                "description": s.description,
+                "plugin": s.plugin,
+                "distribution": s.distribution,
+                "version": s.version,
+            }
+            for s in specs
+        ]
+        for kind, specs in registry.by_kind().items()
+    }
+    skipped = [
+        {"name": b.name, "distribution": b.distribution, "reason": b.reason, "blocked": b.blocked}
+        for b in registry.broken
+    ]
+    if format is PlainFormat.json:
+        _print_json({"strategies": kinds, "skipped": skipped})
+        return
+    table = Table()
+    for column in ("kind", "name", "provided by", "description"):
+        table.add_column(column)
+    for kind, specs in kinds.items():
+        for spec in specs:
+            provider = f"{spec['distribution']} {spec['version']} ({spec['plugin']})"
+            table.add_row(kind, spec["name"], provider, escape(spec["description"]))
+    out.print(table)
+    for item in skipped:
+        word = "blocked" if item["blocked"] else "broken"
+        err.print(f"{word}: {item['name']} ({item['distribution']}): {item['reason']}", markup=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: user errors exit 2 with one message on stderr."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except KVCRPolicyError as error:
+        err.print(f"kvcr-policy: {error}", markup=False, highlight=False)
+        sys.exit(2)
+    except typer.Exit as stop:
+        sys.exit(stop.exit_code)
+    except typer.Abort:
+        err.print("aborted", markup=False)
+        sys.exit(130)
+    except Exception as error:  # click's usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(error, click.exceptions.ClickException):
+            error.show()
+            sys.exit(error.exit_code)
+        raise

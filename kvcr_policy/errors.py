@@ -1,0 +1,108 @@
+"""The exception tree of kvcr_policy.
+
+Every error a user can meet derives from :class:`KVCRPolicyError`; catching it catches them all::
+
+    KVCRPolicyError
+    ├── ConfigError            a load failed: all of its problems, each with where it came from
+    ├── PluginError            a plugin failed to import or register, or a strategy name is unknown
+    ├── SchemaDriftError       committed schemas/ files no longer match the code
+    ├── PoolError              a pool was refused: its tensor does not match its geometry
+    │   └── IndicesError       indices are misaligned, out of range or of the wrong type
+    ├── PlacementError         a `require`d placement (huge pages, NUMA) could not be had
+    ├── CapacityError          the tier has no free or evictable slot left
+    ├── TransportError         a transfer failed (the pipeline turns it into misses)
+    │   ├── UnsupportedError   the transport cannot do what the config asks (coalesce, split)
+    │   └── ProtocolError      a peer sent a malformed, truncated or oversize frame
+    └── ClosedError            a call reached an object that is closing or closed
+
+Messages say what is wrong, where the value came from, what was expected, what was given and how
+to fix it; they are bound first and then raised, so the text is what a user reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "CapacityError",
+    "ClosedError",
+    "ConfigError",
+    "ConfigIssue",
+    "IndicesError",
+    "KVCRPolicyError",
+    "PlacementError",
+    "PluginError",
+    "PoolError",
+    "ProtocolError",
+    "SchemaDriftError",
+    "TransportError",
+    "UnsupportedError",
+]
+
+
+class KVCRPolicyError(Exception):
+    """Base of every error raised by kvcr_policy."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    """One problem found while loading: the dotted path, where it came from, and the text."""
+
+    path: str
+    origin: str
+    message: str
+
+    def render(self) -> str:
+        return f"{self.path} (from {self.origin}): {self.message}"
+
+
+class ConfigError(KVCRPolicyError, ValueError):
+    """A configuration load failed; ``issues`` holds every problem found by that load."""
+
+    def __init__(self, issues: Sequence[ConfigIssue], *, title: str = "invalid configuration"):
+        self.issues: tuple[ConfigIssue, ...] = tuple(issues)
+        count = len(self.issues)
+        head = f"{title}: {count} problem{'s' if count != 1 else ''}"
+        body = "\n".join(f"  - {issue.render()}" for issue in self.issues)
+        super().__init__(f"{head}\n{body}" if body else head)
+
+
+class PluginError(KVCRPolicyError):
+    """A plugin failed to import or register, or a configured strategy name is unknown."""
+
+
+class SchemaDriftError(KVCRPolicyError):
+    """The committed files under schemas/ disagree with the code."""
+
+
+class PoolError(KVCRPolicyError, ValueError):
+    """A pool was refused because its tensor does not match its geometry."""
+
+
+class IndicesError(PoolError):
+    """Host indices are misaligned, out of range, or of the wrong type for a pool."""
+
+
+class PlacementError(KVCRPolicyError):
+    """A placement asked for with `require` (huge pages, NUMA binding) could not be obtained."""
+
+
+class CapacityError(KVCRPolicyError):
+    """The tier has no free slot and nothing that may be evicted."""
+
+
+class TransportError(KVCRPolicyError):
+    """A transfer failed; the pipeline retries or reports the affected pages as misses."""
+
+
+class UnsupportedError(TransportError):
+    """The transport cannot do what the configuration asks (coalescing, split sizing)."""
+
+
+class ProtocolError(TransportError):
+    """A peer sent a frame that is malformed, truncated, oversize or of an unknown version."""
+
+
+class ClosedError(KVCRPolicyError, RuntimeError):
+    """A call reached a pipeline, tier, transport or server that is closing or closed."""

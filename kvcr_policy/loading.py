@@ -1,0 +1,234 @@
+"""load_config: sources in precedence order, deep merge, origins, one validation.
+
+Precedence, highest first: explicit overrides > ``KVCR_POLICY_*`` env > the selected profile >
+schema defaults. ``KVCR_POLICY_PROFILE`` (or the ``profile`` argument, which wins) selects a
+profile by bundled name or by path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import ConfigError, ConfigIssue
+from .provenance import DEFAULT, origin_for
+from .schema import ENV_PREFIX, STRATEGY_SECTIONS, PolicyConfig
+from .sources import (
+    Leaves,
+    env_source,
+    flatten,
+    known_leaves,
+    override_source,
+    profile_source,
+    suggest,
+)
+
+if TYPE_CHECKING:
+    from .registry import Registry
+
+__all__ = ["LoadedConfig", "bundled_profiles", "load_config", "resolve_profile"]
+
+PROFILE_ENV = ENV_PREFIX + "PROFILE"
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config, where each of its values came from, and the profile used."""
+
+    config: PolicyConfig
+    origins: Mapping[str, str]
+    profile: str | None = None
+    registry: Registry | None = field(default=None, compare=False, repr=False)
+
+    def origin(self, path: str) -> str:
+        """Where the value at ``path`` came from."""
+        return origin_for(self.origins, path)
+
+    def changed(self) -> dict[str, tuple[Any, str]]:
+        """Every leaf whose value did not come from the schema default, with its origin."""
+        flat = flatten(self.config.model_dump(mode="json"))
+        return {p: (flat.get(p), o) for p, o in sorted(self.origins.items()) if o != DEFAULT}
+
+
+def profiles_dir() -> Path:
+    """The folder of bundled profiles."""
+    return Path(__file__).resolve().parent / "profiles"
+
+
+def bundled_profiles() -> dict[str, Path]:
+    """Bundled profile names and their files."""
+    return {p.stem: p for p in sorted(profiles_dir().glob("*.toml"))}
+
+
+def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
+    """A bundled name or a path -> the profile file; raise ConfigError naming the choices."""
+    text = os.fspath(profile)
+    bundled = bundled_profiles()
+    if text in bundled:
+        return bundled[text]
+    path = Path(text).expanduser()
+    if path.is_file():
+        return path.resolve()
+    nearest = suggest(text, list(bundled))
+    hint = f"; did you mean {nearest!r}?" if nearest else ""
+    message = (
+        f"no bundled profile or file named {text!r}{hint} "
+        f"(bundled: {', '.join(bundled) or 'none'}; or give a path to a .toml file)"
+    )
+    raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
+
+
+def _unflatten(leaves: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for path, value in leaves.items():
+        parts = path.split(".")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def _unknown_key(model: type[BaseModel], loc: list[str]) -> str:
+    """``unknown key``, with the nearest valid name of the table that holds it."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return "unknown key"
+        model = annotation
+    names = list(model.model_fields)
+    nearest = suggest(loc[-1], names) if loc else None
+    hint = f"; did you mean {nearest!r}?" if nearest else ""
+    return f"unknown key{hint} (valid: {', '.join(names) or 'none'})"
+
+
+def _issues_from(
+    err: ValidationError, origins: Mapping[str, str], model: type[BaseModel], prefix: str = ""
+) -> list[ConfigIssue]:
+    issues = []
+    for item in err.errors(include_url=False):
+        loc = [str(part) for part in item["loc"]]
+        path = prefix + ".".join(loc) if loc else prefix.rstrip(".") or "<config>"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = _unknown_key(model, loc)
+        elif item["type"] != "value_error":
+            message = f"expected: {message[0].lower()}{message[1:]}; got {item['input']!r}"
+        issues.append(ConfigIssue(path, origin_for(origins, path), message))
+    return issues
+
+
+def _merge(*sources: Leaves) -> tuple[dict[str, Any], dict[str, str]]:
+    values: dict[str, Any] = {}
+    origins = {p: DEFAULT for p in known_leaves() if not p.endswith(".options")}
+    for source in sources:  # lowest precedence first: later ones win
+        for path, (value, origin) in source.items():
+            values[path] = value
+            origins[path] = origin
+    return values, origins
+
+
+def load_config(
+    profile: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    registry: Registry | None = None,
+) -> LoadedConfig:
+    """Load, merge and validate the configuration; report every problem of the load at once.
+
+    ``environ`` defaults to ``os.environ``; ``overrides`` take dotted paths or nested tables.
+    Strategy options are validated by the options model each strategy registered; ``registry``
+    defaults to a fresh one from :func:`kvcr_policy.plugins.make_plugin_manager`.
+    """
+    env = dict(os.environ if environ is None else environ)
+    issues: list[ConfigIssue] = []
+    chosen = profile if profile is not None else env.get(PROFILE_ENV) or None
+    where = "argument profile" if profile is not None else f"env {PROFILE_ENV}"
+    profile_path = resolve_profile(chosen, where) if chosen is not None else None
+
+    profile_leaves: Leaves = {}
+    if profile_path is not None:
+        profile_leaves, found = profile_source(profile_path)
+        issues += found
+    env_leaves, found = env_source(env)
+    issues += found
+    override_leaves, found = override_source(overrides or {})
+    issues += found
+
+    values, origins = _merge(profile_leaves, env_leaves, override_leaves)
+    try:
+        config = PolicyConfig.model_validate(_unflatten(values))
+    except ValidationError as err:
+        issues += _issues_from(err, origins, PolicyConfig)
+        raise ConfigError(issues) from None
+    if issues:
+        raise ConfigError(issues)
+
+    if registry is None:
+        from .plugins import make_plugin_manager
+
+        registry = make_plugin_manager(config, environ=env).registry
+    config, option_origins, found = _validate_strategies(config, origins, registry)
+    if found:
+        raise ConfigError(found)
+    origins.update(option_origins)
+    return LoadedConfig(
+        config=config,
+        origins=dict(sorted(origins.items())),
+        profile=str(profile_path) if profile_path else None,
+        registry=registry,
+    )
+
+
+def _validate_strategies(
+    config: PolicyConfig, origins: dict[str, str], registry: Registry
+) -> tuple[PolicyConfig, dict[str, str], list[ConfigIssue]]:
+    """Check each strategy name and validate its options with that strategy's own model."""
+    issues: list[ConfigIssue] = []
+    updates: dict[str, Any] = {}
+    option_origins: dict[str, str] = {}
+    named = [(section, kind, "strategy") for section, kind in STRATEGY_SECTIONS.items()]
+    named.append(("transport", "transport", "name"))
+    for section_name, kind, key in named:
+        section = getattr(config, section_name)
+        name = getattr(section, key)
+        path = f"{section_name}.{key}"
+        spec = registry.find(kind, name)
+        if spec is None:
+            names = registry.names(kind)
+            nearest = suggest(name, names)
+            hint = f"; did you mean {nearest!r}?" if nearest else ""
+            # The name may belong to a plugin that was blocked or failed: say which were skipped.
+            skipped = ", ".join(f"{b.name} ({b.reason})" for b in registry.broken)
+            message = (
+                f"unknown {kind} {'transport' if kind == 'transport' else 'strategy'} "
+                f"{name!r}{hint} (registered: {', '.join(names) or 'none'}; "
+                + (f"skipped plugins: {skipped}; " if skipped else "")
+                + "`kvcr-policy plugins` lists them and who provides them)"
+            )
+            issues.append(ConfigIssue(path, origin_for(origins, path), message))
+            continue
+        model: type[BaseModel] = spec.options
+        prefix = f"{section_name}.options."
+        try:
+            options = model.model_validate(section.options)
+        except ValidationError as err:
+            issues += _issues_from(err, origins, model, prefix)
+            continue
+        dumped = options.model_dump(mode="json")
+        updates[section_name] = section.model_copy(update={"options": dumped})
+        for leaf in dumped:
+            option_origins[prefix + leaf] = origins.get(prefix + leaf, DEFAULT)
+    for path in [p for p in origins if ".options." in p]:
+        origins.pop(path)
+    if issues:
+        return config, option_origins, issues
+    return config.model_copy(update=updates), option_origins, issues
+

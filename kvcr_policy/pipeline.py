@@ -1,0 +1,454 @@
+"""build_pipeline and Pipeline: pools, the DRAM tier, batches, windows, fallback, lifetime.
+
+A Pipeline stores and restores KV pages between registered pools and a process-owned DRAM
+tier that mirrors each pool's layout (slots in place of pages), so a prefix stored together
+and restored into consecutive pages is a handful of large copies once coalesced.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .descriptors import build_descriptors
+from .errors import ClosedError, IndicesError, PoolError, UnsupportedError
+from .geometry import PoolGeometry, page_indices, validate_buffer
+from .loading import LoadedConfig, load_config
+from .plugins import PluginManager, make_plugin_manager
+from .stats import PipelineStats, StatsRecorder
+from .store import Store
+from .strategies import (
+    BatchingStrategy,
+    CoalescingStrategy,
+    FallbackStrategy,
+    PlacementStrategy,
+    ThreadTuningStrategy,
+)
+from .tier import Region
+from .transports.base import CopyBatch, Endpoint, Transport
+
+__all__ = ["Pipeline", "build_pipeline"]
+
+log = logging.getLogger("kvcr_policy.pipeline")
+
+
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    """One registered pool: its buffer, and the tier region and store that mirror it."""
+
+    geometry: PoolGeometry
+    endpoint: Endpoint
+    tier_geometry: PoolGeometry
+    region: Region
+    tier: Endpoint
+    store: Store
+
+
+def _failed(err: BaseException) -> Future[None]:
+    future: Future[None] = Future()
+    future.set_exception(err)
+    return future
+
+
+class Pipeline:
+    """Moves KV pages between registered pools and the DRAM tier; see DESIGN.md, "The engine".
+
+    Lifetime: open -> closing -> closed. :meth:`close` waits for in-flight calls, restores
+    thread tuning, and never unmaps memory a transfer may still touch; calls after it raise
+    :class:`ClosedError`.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        pm: PluginManager,
+        *,
+        batching: BatchingStrategy,
+        coalescing: CoalescingStrategy,
+        placement: PlacementStrategy,
+        thread_tuning: ThreadTuningStrategy,
+        fallback: FallbackStrategy,
+        transport: Transport,
+    ) -> None:
+        self.loaded = loaded
+        self.config = loaded.config
+        self._pm = pm
+        self.batching = batching
+        self.coalescing = coalescing
+        self.placement = placement
+        self.thread_tuning = thread_tuning
+        self.fallback = fallback
+        self.transport = transport
+        missing = coalescing.needs - transport.capabilities
+        if missing:
+            what = ", ".join(sorted(missing))
+            origin = loaded.origin("coalescing.strategy")
+            message = (
+                f"transport {transport.name!r} cannot {what} descriptors, which "
+                f"coalescing.strategy {self.config.coalescing.strategy!r} (from {origin}) asks for"
+            )
+            if self.config.coalescing.on_unsupported == "error":
+                raise UnsupportedError(message + "; set coalescing.on_unsupported = 'fallback'")
+            log.warning("%s; sending plain descriptors (coalescing.on_unsupported)", message)
+        self.allowed = coalescing.needs & transport.capabilities
+        self._pools: dict[str, _Pool] = {}
+        self.refused: dict[str, str] = {}
+        self._stats = StatsRecorder()
+        self._cond = threading.Condition()
+        self._active = 0
+        self.state = "open"
+        thread_tuning.apply()
+
+    # ---- lifetime -----------------------------------------------------------------------
+
+    @contextmanager
+    def _operation(self, call: str) -> Iterator[None]:
+        with self._cond:
+            if self.state != "open":
+                raise ClosedError(f"pipeline is {self.state}: {call}() refused; build a new one")
+            self._active += 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._stats.timed(call, time.perf_counter() - start)
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wait for in-flight calls, then release everything; idempotent."""
+        with self._cond:
+            if self.state == "closed":
+                return
+            if self.state == "closing":
+                self._cond.wait_for(lambda: self.state == "closed")
+                return
+            self.state = "closing"
+            self._cond.wait_for(lambda: self._active == 0)
+        try:
+            self.transport.close()
+            self.thread_tuning.restore()
+            for pool in self._pools.values():
+                pool.store.close()
+                pool.region.close()
+        finally:
+            final = self.stats().to_dict()
+            with self._cond:
+                self.state = "closed"
+                self._cond.notify_all()
+            self._pm.call_safely("kvcr_pipeline_closed", pipeline=self, stats=final)
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- pools --------------------------------------------------------------------------
+
+    def register_pool(self, name: str, geometry: PoolGeometry, buffer: Any) -> None:
+        """Validate ``buffer`` against ``geometry`` and give the pool its own tier region.
+
+        A pool that fails validation is refused with a :class:`PoolError` naming the field;
+        pools registered before or after it keep working.
+        """
+        with self._operation("register_pool"):
+            if name in self._pools:
+                message = f"pool {name!r} is already registered; pick another name"
+                raise PoolError(message)
+            try:
+                if geometry.name != name:
+                    geometry = replace(geometry, name=name)
+                info = validate_buffer(geometry, buffer)
+                devices = self.transport.devices
+                if info.device.split(":")[0] not in devices:
+                    message = (
+                        f"pool {name!r} lives on {info.device}, but transport "
+                        f"{self.transport.name!r} moves only {', '.join(sorted(devices))} "
+                        "memory; choose transport.name = 'cuda' for GPU pools"
+                    )
+                    raise PoolError(message)
+                capacity_bytes = int(self.config.placement.capacity_bytes)
+                slots = capacity_bytes // geometry.page_bytes
+                if slots < 1:
+                    message = (
+                        f"pool {name!r}: placement.capacity_bytes ({capacity_bytes}, from "
+                        f"{self.loaded.origin('placement.capacity_bytes')}) holds no page of "
+                        f"{geometry.page_bytes} bytes; raise it"
+                    )
+                    raise PoolError(message)
+            except PoolError as err:
+                self.refused[name] = str(err)
+                raise
+            tier_geometry = replace(
+                geometry, name=f"{name}.tier", tokens=slots * geometry.page_size, device="cpu"
+            )
+            region = self.placement.open_region(f"tier:{name}", tier_geometry.nbytes)
+            tier = Endpoint(region.address, tier_geometry.nbytes, "cpu", region)
+            endpoint = Endpoint(info.address, info.nbytes, info.device, buffer)
+            store = self.placement.new_store(slots)
+            self._pools[name] = _Pool(geometry, endpoint, tier_geometry, region, tier, store)
+            self.refused.pop(name, None)
+            log.info("pool %r registered: %s, %d tier slots", name, geometry, slots)
+
+    @property
+    def pools(self) -> dict[str, PoolGeometry]:
+        return {name: pool.geometry for name, pool in self._pools.items()}
+
+    def _pool(self, name: str | None) -> _Pool:
+        if name is None:
+            if len(self._pools) == 1:
+                return next(iter(self._pools.values()))
+            name = "kv"
+        pool = self._pools.get(name)
+        if pool is None:
+            if name in self.refused:
+                raise PoolError(f"pool {name!r} was refused: {self.refused[name]}")
+            known = ", ".join(self._pools) or "none"
+            raise PoolError(f"no pool named {name!r} is registered (registered: {known})")
+        return pool
+
+    def _pages(self, pool: _Pool, keys: Sequence[str], indices: Any) -> np.ndarray:
+        pages = page_indices(pool.geometry, indices)
+        if len(pages) != len(keys):
+            message = (
+                f"pool {pool.geometry.name!r}: {len(keys)} keys but indices for {len(pages)} "
+                f"pages; pass {pool.geometry.page_size} token indices per key"
+            )
+            raise IndicesError(message)
+        return pages
+
+    # ---- metadata -----------------------------------------------------------------------
+
+    def exists(self, keys: Sequence[str], pool: str | None = None) -> int:
+        """How many keys from the start are present, asked in metadata-query batches."""
+        with self._operation("exists"):
+            store = self._pool(pool).store
+            self._stats.add(keys_queried=len(keys))
+            for start, stop in self.batching.query_batches(len(keys)):
+                found = store.contains_prefix(keys[start:stop])
+                if found < stop - start:
+                    return start + found
+            return len(keys)
+
+    def exists_pools(self, keys: Sequence[str], pools: Sequence[str]) -> int:
+        """The usable prefix over several pools: the minimum of their counts."""
+        return min((self.exists(keys, name) for name in pools), default=0)
+
+    # ---- data ---------------------------------------------------------------------------
+
+    def get(
+        self,
+        keys: Sequence[str],
+        indices: Any,
+        pool: str | None = None,
+        *,
+        on_ready: Callable[[int], None] | None = None,
+    ) -> list[bool]:
+        """Restore ``keys`` into the pool pages at ``indices``; True per page that arrived.
+
+        Only the leading run of present keys is read. ``on_ready(n)`` is told, in order, how
+        many leading pages are complete, so a caller can use them before the call returns.
+        """
+        with self._operation("get"):
+            p = self._pool(pool)
+            keys = list(keys)
+            pages = self._pages(p, keys, indices)
+            claim = p.store.claim(keys)
+            try:
+                n = len(claim.slots)
+                ok = self._transfer(True, p, claim.slots, pages[:n], on_ready)
+            finally:
+                p.store.release(claim)
+            result = [False] * len(keys)
+            result[:n] = ok.tolist()
+            return result
+
+    def set(self, keys: Sequence[str], indices: Any, pool: str | None = None) -> list[bool]:
+        """Store the pool pages at ``indices`` under ``keys``; True per key now present."""
+        with self._operation("set"):
+            p = self._pool(pool)
+            keys = list(keys)
+            pages = self._pages(p, keys, indices)
+            reservation = p.store.reserve(keys)
+            try:
+                covered = len(reservation.keys)
+                todo = np.flatnonzero(reservation.slots >= 0)
+                moved = self._transfer(False, p, reservation.slots[todo], pages[todo], None)
+                ok = np.zeros(covered, dtype=bool)
+                ok[todo] = moved
+            except BaseException:
+                p.store.abort(reservation)
+                raise
+            p.store.commit(reservation, ok.tolist())
+            result = [False] * len(keys)
+            for i in range(covered):
+                result[i] = bool(ok[i]) or reservation.present[i]
+            return result
+
+    def get_pools(
+        self, requests: Mapping[str, tuple[Sequence[str], Any]]
+    ) -> dict[str, list[bool]]:
+        """:meth:`get` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""
+        return {name: self.get(keys, idx, name) for name, (keys, idx) in requests.items()}
+
+    def set_pools(
+        self, requests: Mapping[str, tuple[Sequence[str], Any]]
+    ) -> dict[str, list[bool]]:
+        """:meth:`set` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""
+        return {name: self.set(keys, idx, name) for name, (keys, idx) in requests.items()}
+
+    def delete(self, keys: Sequence[str], pool: str | None = None) -> int:
+        with self._operation("delete"):
+            return self._pool(pool).store.delete(keys)
+
+    def clear(self) -> None:
+        """Forget every key of every pool (claimed slots are freed once released)."""
+        with self._operation("clear"):
+            for pool in self._pools.values():
+                pool.store.clear()
+
+    def _transfer(
+        self,
+        read: bool,
+        p: _Pool,
+        slots: np.ndarray,
+        pages: np.ndarray,
+        on_ready: Callable[[int], None] | None,
+    ) -> np.ndarray:
+        """Move pages in batches within the window; per-page success, in order.
+
+        A read stops issuing batches after the first page that did not arrive: HiCache uses
+        only the leading run, so later pages would be wasted bandwidth.
+        """
+        n = len(slots)
+        ok = np.zeros(n, dtype=bool)
+        if read:
+            src, dst, src_geo, dst_geo, src_idx, dst_idx = (
+                p.tier, p.endpoint, p.tier_geometry, p.geometry, slots, pages
+            )
+        else:
+            src, dst, src_geo, dst_geo, src_idx, dst_idx = (
+                p.endpoint, p.tier, p.geometry, p.tier_geometry, pages, slots
+            )
+        window = self.batching.window
+        inflight: deque[tuple[Future[None], int, int, int]] = deque()
+        state = {"pages": 0, "bytes": 0, "stop": False, "ready": 0}
+
+        def move_page(i: int) -> bool:
+            one = build_descriptors(src_geo, src_idx[i : i + 1], dst_geo, dst_idx[i : i + 1])
+            self.transport.copy(CopyBatch(src, dst, one))
+            return True
+
+        def finish() -> None:
+            future, start, stop, nbytes = inflight.popleft()
+            state["pages"] -= stop - start
+            state["bytes"] -= nbytes
+            try:
+                future.result()
+                ok[start:stop] = True
+            except Exception as err:
+                reason = type(err).__name__
+                log.warning("batch of %d pages failed (%s); falling back", stop - start, err)
+                self._stats.fallback(reason, stop - start)
+                ok[start:stop] = self.fallback.recover(stop - start, lambda i: move_page(start + i))
+                if read and not ok[start:stop].all():
+                    state["stop"] = True
+            moved = int(ok[start:stop].sum())
+            if read:
+                self._stats.add(pages_read=moved, bytes_read=moved * p.geometry.page_bytes)
+            else:
+                self._stats.add(pages_written=moved, bytes_written=moved * p.geometry.page_bytes)
+            if on_ready is not None and not state["stop"] and ok[:stop].all():
+                on_ready(stop)
+
+        for start, stop in self.batching.read_batches(n):
+            if state["stop"]:
+                break
+            plain = build_descriptors(src_geo, src_idx[start:stop], dst_geo, dst_idx[start:stop])
+            prepared = self.coalescing.prepare(plain, self.allowed)
+            nbytes = plain.nbytes
+            while inflight and not window.admits(
+                len(inflight), state["pages"], state["bytes"], stop - start, nbytes
+            ):
+                finish()
+            try:
+                future = self.transport.submit(CopyBatch(src, dst, prepared))
+            except ClosedError:
+                raise
+            except Exception as err:  # a transport that refuses at submit fails the batch
+                future = _failed(err)
+            inflight.append((future, start, stop, nbytes))
+            state["pages"] += stop - start
+            state["bytes"] += nbytes
+            self._stats.add(
+                batches=1, descriptors_before=len(plain), descriptors_after=len(prepared)
+            )
+            self._stats.peak("inflight_batches", len(inflight))
+            self._stats.peak("inflight_bytes", state["bytes"])
+        while inflight:
+            finish()
+        return ok
+
+    # ---- reporting ----------------------------------------------------------------------
+
+    def stats(self) -> PipelineStats:
+        pools = {}
+        for name, pool in self._pools.items():
+            store_stats = pool.store.stats() if not pool.store.closed else None
+            pools[name] = {
+                "page_bytes": pool.geometry.page_bytes,
+                "slots": pool.store.capacity,
+                "store": _asdict(store_stats) if store_stats is not None else None,
+            }
+        return self._stats.snapshot(pools, self.transport.describe())
+
+    def audit(self) -> dict[str, Any]:
+        """The placement audit of every pool's tier region."""
+        return {name: pool.region.audit().to_dict() for name, pool in self._pools.items()}
+
+
+def _asdict(value: Any) -> dict[str, Any]:
+    return {name: getattr(value, name) for name in value.__dataclass_fields__}
+
+
+def build_pipeline(
+    loaded: LoadedConfig | None = None, *, transport: Transport | None = None
+) -> Pipeline:
+    """Resolve every configured strategy and the transport once, and open a Pipeline.
+
+    ``transport`` replaces the configured one (tests inject a faulty memory transport).
+    """
+    loaded = loaded or load_config()
+    config = loaded.config
+    pm = make_plugin_manager(config)
+    registry = pm.registry
+
+    def make(kind: str, section: Any) -> Any:
+        return registry.get(kind, section.strategy).create(section, options=section.options)
+
+    if transport is None:
+        spec = registry.get("transport", config.transport.name)
+        transport = spec.create(config, options=config.transport.options)
+    pipeline = Pipeline(
+        loaded,
+        pm,
+        batching=make("batching", config.batching),
+        coalescing=make("coalescing", config.coalescing),
+        placement=make("placement", config.placement),
+        thread_tuning=make("thread_tuning", config.thread_tuning),
+        fallback=make("fallback", config.fallback),
+        transport=transport,
+    )
+    pm.call_safely("kvcr_pipeline_opened", pipeline=pipeline)
+    return pipeline

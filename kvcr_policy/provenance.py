@@ -1,0 +1,52 @@
+"""Origins: where each effective value came from, as data, and how origins are shown.
+
+An origin is a short string, one of::
+
+    default
+    profile /path/to/NAME.toml [table]
+    env KVCR_POLICY_SECTION__FIELD
+    override
+
+``origins`` maps every leaf path (``"batching.read_batch_pages"``) to its origin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["DEFAULT", "OVERRIDE", "env_origin", "origin_for", "profile_origin"]
+
+DEFAULT = "default"
+OVERRIDE = "override"
+
+
+def profile_origin(path: str, table: str) -> str:
+    """The origin of a value read from ``table`` of the profile file at ``path``."""
+    return f"profile {path} [{table}]"
+
+
+def env_origin(name: str) -> str:
+    """The origin of a value read from the environment variable ``name``."""
+    return f"env {name}"
+
+
+def origin_for(origins: Mapping[str, str], path: str) -> str:
+    """The origin of ``path``, or of the values under it, or of its nearest parent.
+
+    Validation errors point at leaves, sections (cross-field rules) or the root, so this looks
+    for an exact match first, then for the non-default origins below ``path``, then upwards.
+    """
+    if path in origins:
+        return origins[path]
+    below = sorted(
+        {origin for key, origin in origins.items() if key.startswith(path + ".") and origin != DEFAULT}
+    )
+    if below:
+        return ", ".join(below)
+    parts = path.split(".")
+    while parts:
+        parts.pop()
+        parent = ".".join(parts)
+        if parent in origins:
+            return origins[parent]
+    return DEFAULT

@@ -1,0 +1,122 @@
+"""Named strategy and transport factories, with their options models and who provided them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import PluginError
+
+__all__ = [
+    "KINDS",
+    "BrokenPlugin",
+    "NoOptions",
+    "RegisterStrategy",
+    "RegisterTransport",
+    "Registry",
+    "Spec",
+]
+
+#: Strategy kinds a plugin may register, in the order `kvcr-policy plugins` lists them.
+KINDS = ("batching", "coalescing", "placement", "thread_tuning", "fallback")
+
+
+class NoOptions(BaseModel):
+    """The options model of a strategy that takes none: any key is an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RegisterStrategy(Protocol):
+    def __call__(
+        self,
+        kind: str,
+        name: str,
+        factory: Callable[..., Any],
+        *,
+        options: type[BaseModel] = ...,
+        description: str = ...,
+    ) -> None: ...
+
+
+class RegisterTransport(Protocol):
+    def __call__(
+        self,
+        name: str,
+        factory: Callable[..., Any],
+        *,
+        options: type[BaseModel] = ...,
+        description: str = ...,
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One registered factory: what it makes, its options model, and its provider."""
+
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    options: type[BaseModel]
+    description: str
+    plugin: str
+    distribution: str
+    version: str
+
+    def create(self, *args: Any, options: dict[str, Any] | None = None) -> Any:
+        """Build the strategy or transport from validated ``options`` (a dict)."""
+        model = self.options.model_validate(options or {})
+        return self.factory(*args, model)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenPlugin:
+    """A plugin that was blocked, or failed to import or to register, and why."""
+
+    name: str
+    distribution: str
+    reason: str
+    blocked: bool = False
+
+
+@dataclass
+class Registry:
+    """Every factory registered by the plugins of one plugin manager."""
+
+    specs: dict[tuple[str, str], Spec] = field(default_factory=dict)
+    broken: list[BrokenPlugin] = field(default_factory=list)
+
+    def add(self, spec: Spec) -> None:
+        key = (spec.kind, spec.name)
+        if key in self.specs:
+            first = self.specs[key]
+            message = (
+                f"{spec.kind} {spec.name!r} is registered twice: by plugin {first.plugin!r} "
+                f"({first.distribution}) and by plugin {spec.plugin!r} ({spec.distribution}); "
+                "block one of them with KVCR_POLICY_DISABLE_PLUGINS"
+            )
+            raise PluginError(message)
+        self.specs[key] = spec
+
+    def find(self, kind: str, name: str) -> Spec | None:
+        return self.specs.get((kind, name))
+
+    def get(self, kind: str, name: str) -> Spec:
+        spec = self.find(kind, name)
+        if spec is None:
+            names = ", ".join(self.names(kind)) or "none"
+            message = f"no {kind} named {name!r} is registered (registered: {names})"
+            raise PluginError(message)
+        return spec
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(name for k, name in self.specs if k == kind)
+
+    def by_kind(self) -> dict[str, list[Spec]]:
+        kinds: dict[str, list[Spec]] = {kind: [] for kind in (*KINDS, "transport")}
+        for spec in sorted(self.specs.values(), key=lambda s: (s.kind, s.name)):
+            kinds.setdefault(spec.kind, []).append(spec)
+        return kinds

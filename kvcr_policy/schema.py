@@ -1,0 +1,235 @@
+"""PolicyConfig and its sections: data, defaults and constraints, no I/O.
+
+Every default reproduces upstream behaviour (the DESIGN table): a config built from defaults
+changes nothing. Section types may be constructed positionally; their field order is pinned in
+``schemas/field-order.json`` (new fields are appended, never inserted).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
+
+__all__ = [
+    "ENV_PREFIX",
+    "POSITIONAL_TYPES",
+    "BatchingSection",
+    "CoalescingSection",
+    "FallbackSection",
+    "PlacementSection",
+    "PluginsSection",
+    "PolicyConfig",
+    "Section",
+    "ThreadTuningSection",
+    "TransportSection",
+]
+
+ENV_PREFIX = "KVCR_POLICY_"
+
+
+class Section(BaseModel):
+    """A frozen config type that forbids unknown keys and accepts positional arguments.
+
+    Positional arguments bind to fields in declaration order, which the ordered-field contract
+    pins; integrators that build config types positionally keep working across releases.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        if args:
+            names = list(type(self).model_fields)
+            if len(args) > len(names):
+                message = (
+                    f"{type(self).__name__} takes at most {len(names)} positional arguments "
+                    f"({', '.join(names)}); got {len(args)}"
+                )
+                raise TypeError(message)
+            for name, value in zip(names, args):
+                if name in data:
+                    message = f"{type(self).__name__} got {name!r} both by position and by name"
+                    raise TypeError(message)
+                data[name] = value
+        super().__init__(**data)
+
+
+def _options_field() -> Any:
+    return Field(
+        default_factory=dict,
+        description="Options of the chosen strategy, validated by that strategy's own model.",
+    )
+
+
+class BatchingSection(Section):
+    """How reads and metadata queries are grouped, and how much may be in flight at once."""
+
+    strategy: str = Field("fixed", description="Name of the registered batching strategy.")
+    read_batch_pages: int = Field(128, gt=0, description="Pages per read or write batch.")
+    query_batch_keys: int = Field(128, gt=0, description="Keys per metadata-query batch.")
+    window_batches: int | None = Field(
+        None, gt=0, description="Most batches in flight at once; unset means unbounded."
+    )
+    window_pages: int | None = Field(
+        None, gt=0, description="Most pages in flight at once; unset means unbounded."
+    )
+    window_bytes: ByteSize | None = Field(
+        None, gt=0, description="Most bytes in flight at once (e.g. '1GiB'); unset means unbounded."
+    )
+    options: dict[str, Any] = _options_field()
+
+    @model_validator(mode="after")
+    def _window_holds_a_batch(self) -> BatchingSection:
+        if self.window_pages is not None and self.window_pages < self.read_batch_pages:
+            message = (
+                f"batching.window_pages ({self.window_pages}) must be at least "
+                f"batching.read_batch_pages ({self.read_batch_pages}), or no batch could ever "
+                "start; raise window_pages or lower read_batch_pages"
+            )
+            raise ValueError(message)
+        return self
+
+
+class CoalescingSection(Section):
+    """Whether transfer descriptors are merged and cut before they reach the transport."""
+
+    strategy: str = Field(
+        "none", description="Name of the coalescing strategy: 'none' sends one per fragment."
+    )
+    split_bytes: ByteSize | None = Field(
+        None, gt=0, description="Cut descriptors longer than this (e.g. UCX '8MiB'); unset: never."
+    )
+    on_unsupported: Literal["fallback", "error"] = Field(
+        "fallback",
+        description="When the transport cannot coalesce or split: send plain descriptors, or fail.",
+    )
+    options: dict[str, Any] = _options_field()
+
+
+class PlacementSection(Section):
+    """Backing, huge pages, NUMA and slot allocation of the process-owned DRAM tier."""
+
+    strategy: str = Field("anonymous", description="Name of the placement strategy.")
+    capacity_bytes: ByteSize = Field(
+        ByteSize(4 << 30), gt=0, description="DRAM tier size reserved per pool (e.g. '64GiB')."
+    )
+    prefault: bool = Field(False, description="Touch the whole tier when it opens.")
+    huge_pages: Literal["off", "prefer", "require"] = Field(
+        "off", description="Transparent huge-page advice for the tier (MADV_HUGEPAGE)."
+    )
+    numa_policy: Literal["none", "preferred", "bind", "interleave"] = Field(
+        "none", description="NUMA memory policy applied to the tier with mbind(2)."
+    )
+    numa_nodes: tuple[int, ...] = Field((), description="NUMA nodes named by numa_policy.")
+    numa_mode: Literal["prefer", "require"] = Field(
+        "prefer", description="On a NUMA placement that cannot be had: warn and go on, or fail."
+    )
+    eviction: str = Field("lru", description="Eviction policy of the slot store ('lru', 'fifo').")
+    options: dict[str, Any] = _options_field()
+
+    @model_validator(mode="after")
+    def _nodes_match_policy(self) -> PlacementSection:
+        if self.numa_policy == "none" and self.numa_nodes:
+            message = (
+                f"placement.numa_nodes {list(self.numa_nodes)} is set but placement.numa_policy "
+                "is 'none'; set numa_policy to 'preferred', 'bind' or 'interleave', or drop "
+                "numa_nodes"
+            )
+            raise ValueError(message)
+        if self.numa_policy != "none" and not self.numa_nodes:
+            message = (
+                f"placement.numa_policy {self.numa_policy!r} needs placement.numa_nodes; "
+                "name at least one node, e.g. numa_nodes = [0]"
+            )
+            raise ValueError(message)
+        if self.numa_policy == "preferred" and len(self.numa_nodes) != 1:
+            message = (
+                f"placement.numa_policy 'preferred' takes exactly one node in "
+                f"placement.numa_nodes; got {list(self.numa_nodes)}"
+            )
+            raise ValueError(message)
+        return self
+
+
+class ThreadTuningSection(Section):
+    """Python thread-switch tuning while a pipeline is open."""
+
+    strategy: str = Field("switch_interval", description="Name of the thread tuning strategy.")
+    switch_interval_s: float | None = Field(
+        None,
+        gt=0,
+        le=1.0,
+        description="sys.setswitchinterval value while open (e.g. 0.0005); unset: untouched.",
+    )
+    options: dict[str, Any] = _options_field()
+
+
+class FallbackSection(Section):
+    """What a failed or unsupported transfer becomes."""
+
+    strategy: str = Field(
+        "sparse", description="Name of the fallback strategy: 'sparse' retries page by page."
+    )
+    max_retries: int = Field(
+        1, ge=0, description="Per-page retries of a failed batch before the page is a miss."
+    )
+    options: dict[str, Any] = _options_field()
+
+
+class TransportSection(Section):
+    """Which transport moves the bytes, and its common knobs."""
+
+    name: str = Field("cpu", description="Registered transport: 'cpu', 'cuda', 'ucx', 'memory'.")
+    threads: int = Field(
+        1, ge=0, description="Copy threads of the cpu transport; 0 means one per CPU core."
+    )
+    op_timeout_s: float = Field(
+        30.0, gt=0, description="Longest a single transfer may take before it counts as failed."
+    )
+    options: dict[str, Any] = _options_field()
+
+
+class PluginsSection(Section):
+    """Which plugins load, and what happens when one is broken."""
+
+    strict: bool = Field(False, description="A plugin that fails to load is an error, not skipped.")
+    allow: tuple[str, ...] | None = Field(
+        None, description="Only these plugins load (env KVCR_POLICY_PLUGINS, comma-separated)."
+    )
+    block: tuple[str, ...] = Field(
+        (), description="These plugins never load (env KVCR_POLICY_DISABLE_PLUGINS)."
+    )
+
+
+class PolicyConfig(Section):
+    """The whole validated configuration. Frozen: plugins read it, never change it."""
+
+    batching: BatchingSection = Field(default_factory=BatchingSection)
+    coalescing: CoalescingSection = Field(default_factory=CoalescingSection)
+    placement: PlacementSection = Field(default_factory=PlacementSection)
+    thread_tuning: ThreadTuningSection = Field(default_factory=ThreadTuningSection)
+    fallback: FallbackSection = Field(default_factory=FallbackSection)
+    transport: TransportSection = Field(default_factory=TransportSection)
+    plugins: PluginsSection = Field(default_factory=PluginsSection)
+
+
+#: Every public config type whose positional order is pinned in schemas/field-order.json.
+POSITIONAL_TYPES: tuple[type[Section], ...] = (
+    PolicyConfig,
+    BatchingSection,
+    CoalescingSection,
+    PlacementSection,
+    ThreadTuningSection,
+    FallbackSection,
+    TransportSection,
+    PluginsSection,
+)
+
+#: Strategy sections and the registry kind that names their strategy.
+STRATEGY_SECTIONS: dict[str, str] = {
+    "batching": "batching",
+    "coalescing": "coalescing",
+    "placement": "placement",
+    "thread_tuning": "thread_tuning",
+    "fallback": "fallback",
+}

@@ -1,0 +1,112 @@
+"""One Protocol per strategy kind: what the pipeline calls on the objects plugins build.
+
+Strategy objects are built once per pipeline from the frozen config; their methods run on the
+data path and must stay cheap and free of hook calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .descriptors import Descriptors
+    from .store import Store
+    from .tier import Region
+
+__all__ = [
+    "BatchingStrategy",
+    "CoalescingStrategy",
+    "FallbackStrategy",
+    "PlacementStrategy",
+    "ThreadTuningStrategy",
+    "Window",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Bounds on what may be in flight at once; ``None`` means unbounded."""
+
+    batches: int | None = None
+    pages: int | None = None
+    bytes: int | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.batches is not None or self.pages is not None or self.bytes is not None
+
+    def admits(self, batches: int, pages: int, nbytes: int, more_pages: int, more_bytes: int) -> bool:
+        """Whether one more batch may start; an empty window always admits one (no deadlock)."""
+        if batches == 0:
+            return True
+        if self.batches is not None and batches + 1 > self.batches:
+            return False
+        if self.pages is not None and pages + more_pages > self.pages:
+            return False
+        return self.bytes is None or nbytes + more_bytes <= self.bytes
+
+
+@runtime_checkable
+class BatchingStrategy(Protocol):
+    """Cuts reads and metadata queries into batches and bounds what is in flight."""
+
+    window: Window
+
+    def read_batches(self, n_pages: int) -> list[tuple[int, int]]:
+        """``[start, stop)`` page ranges, in order, covering ``n_pages`` exactly once."""
+        ...
+
+    def query_batches(self, n_keys: int) -> list[tuple[int, int]]:
+        """``[start, stop)`` key ranges, in order, covering ``n_keys`` exactly once."""
+        ...
+
+
+@runtime_checkable
+class CoalescingStrategy(Protocol):
+    """Merges and cuts transfer descriptors before they reach the transport."""
+
+    #: Transport capabilities this strategy uses: a subset of {"coalesce", "split"}.
+    needs: frozenset[str]
+
+    def prepare(self, descriptors: Descriptors, allowed: frozenset[str]) -> Descriptors:
+        """Descriptors to send, using only the ``allowed`` capabilities."""
+        ...
+
+
+@runtime_checkable
+class PlacementStrategy(Protocol):
+    """Backs the DRAM tier and allocates its slots."""
+
+    def open_region(self, name: str, size: int) -> Region:
+        """A process-owned region of at least ``size`` bytes, placed and audited."""
+        ...
+
+    def new_store(self, capacity: int) -> Store:
+        """The slot store of one pool's region, with ``capacity`` slots."""
+        ...
+
+
+@runtime_checkable
+class ThreadTuningStrategy(Protocol):
+    """Changes interpreter thread switching while a pipeline is open."""
+
+    def apply(self) -> None:
+        """Called once when a pipeline opens."""
+        ...
+
+    def restore(self) -> None:
+        """Called once when the pipeline closes; undoes :meth:`apply`."""
+        ...
+
+
+@runtime_checkable
+class FallbackStrategy(Protocol):
+    """Decides what a failed batch becomes."""
+
+    def recover(self, n_pages: int, retry_page: Callable[[int], bool]) -> np.ndarray:
+        """Per-page success (bool array) after a batch failed; ``retry_page(i)`` moves page i."""
+        ...

@@ -1,0 +1,1 @@
+"""Transports: the one interface (base), and the cpu, memory, cuda and ucx implementations."""

@@ -1,0 +1,124 @@
+"""Hypothesis strategies shared by the test suite (one place, as attrs does).
+
+Sizes are kept tiny so that properties can expand descriptors into per-byte maps and compare
+whole buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from hypothesis import strategies as st
+
+from kvcr_policy.descriptors import Descriptors
+from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, PoolGeometry
+
+__all__ = [
+    "PageTransfer",
+    "descriptors",
+    "geometries",
+    "page_lists",
+    "page_transfers",
+]
+
+# dtypes numpy can hold, so test buffers can be plain numpy arrays.
+NUMPY_DTYPES = ("float32", "float16", "uint8")
+
+
+@st.composite
+def geometries(
+    draw: st.DrawFn,
+    *,
+    max_pages: int = 6,
+    mla: bool | None = None,
+    name: str = "kv",
+) -> PoolGeometry:
+    """A small valid geometry of any layout, MHA or MLA (``mla`` fixes which)."""
+    is_mla = draw(st.booleans()) if mla is None else mla
+    layout = draw(st.sampled_from(MLA_LAYOUTS if is_mla else LAYOUTS))
+    page_size = draw(st.integers(1, 4))
+    return PoolGeometry(
+        name=name,
+        layout=layout,
+        layers=draw(st.integers(1, 4)),
+        heads=1 if is_mla else draw(st.integers(1, 3)),
+        head_dim=draw(st.integers(1, 4)),
+        dtype=draw(st.sampled_from(NUMPY_DTYPES)),
+        page_size=page_size,
+        tokens=page_size * draw(st.integers(1, max_pages)),
+        mla=is_mla,
+    )
+
+
+def page_lists(pages: int, *, size: int | None = None) -> st.SearchStrategy[list[int]]:
+    """Distinct page numbers below ``pages``: either a contiguous run or any permutation."""
+    n = st.integers(0, pages) if size is None else st.just(size)
+
+    @st.composite
+    def run(draw: st.DrawFn) -> list[int]:
+        length = draw(n)
+        start = draw(st.integers(0, pages - length))
+        return list(range(start, start + length))
+
+    @st.composite
+    def scattered(draw: st.DrawFn) -> list[int]:
+        length = draw(n)
+        return draw(st.permutations(range(pages)))[:length]
+
+    return st.one_of(run(), scattered())
+
+
+@dataclass(frozen=True, slots=True)
+class PageTransfer:
+    """A copy of ``src_pages[i]`` of the pool to ``dst_pages[i]`` of a tier mirroring it."""
+
+    src: PoolGeometry
+    src_pages: list[int]
+    dst: PoolGeometry
+    dst_pages: list[int]
+
+
+@st.composite
+def page_transfers(draw: st.DrawFn, *, mla: bool | None = None) -> PageTransfer:
+    """A pool, a tier with its layout and its own page count, and distinct pages on each side."""
+    src = draw(geometries(mla=mla))
+    dst = replace(src, name="tier", tokens=src.page_size * draw(st.integers(1, 6)))
+    src_pages = draw(page_lists(src.pages))
+    n = min(len(src_pages), dst.pages)
+    dst_pages = draw(page_lists(dst.pages, size=n))
+    return PageTransfer(src=src, src_pages=src_pages[:n], dst=dst, dst_pages=dst_pages)
+
+
+@st.composite
+def descriptors(draw: st.DrawFn, *, max_size: int = 24, max_length: int = 9) -> Descriptors:
+    """Descriptors with disjoint, increasing src and dst ranges and runs worth coalescing.
+
+    Each step either continues the previous range on both sides (mergeable), leaves a gap on
+    one or both sides, or starts a new bound while staying contiguous (must not merge).
+    """
+    steps = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, max_length),
+                st.sampled_from(("join", "join", "src_gap", "dst_gap", "both_gap", "bound")),
+                st.integers(1, 5),
+            ),
+            max_size=max_size,
+        )
+    )
+    src, dst, length, bound = [], [], [], []
+    at_src = draw(st.integers(0, 7))
+    at_dst = draw(st.integers(0, 7))
+    current = 0
+    for size, kind, gap in steps:
+        at_src += gap if kind in ("src_gap", "both_gap") else 0
+        at_dst += gap if kind in ("dst_gap", "both_gap") else 0
+        current += kind == "bound"
+        src.append(at_src)
+        dst.append(at_dst)
+        length.append(size)
+        bound.append(current)
+        at_src += size
+        at_dst += size
+    return Descriptors.from_arrays(src, dst, length, bound=np.asarray(bound, dtype=np.int64))

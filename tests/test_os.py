@@ -1,0 +1,228 @@
+"""Tests for kvcr_policy._os: /proc and /sys parsing on fake trees, real syscalls on node 0.
+
+This machine has one NUMA node, so every multi-node fact is faked with a temporary /sys or /proc
+tree through ``use_roots``; the syscalls themselves run for real and can only see node 0.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcr_policy import _os
+
+MIB = 1 << 20
+needs_numa = pytest.mark.skipif(not _os.has_numa_syscalls(), reason="NUMA syscalls unavailable")
+
+
+def _address(mm: mmap.mmap) -> int:
+    view = np.frombuffer(mm, dtype=np.uint8)
+    address = int(view.ctypes.data)
+    del view
+    return address
+
+
+@pytest.fixture
+def mapping() -> Iterator[mmap.mmap]:
+    mm = mmap.mmap(-1, 4 * MIB)
+    yield mm
+    mm.close()
+
+
+def _write(root: Path, relative: str, text: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+# --- node lists and fake /sys ---------------------------------------------------------------
+
+
+@given(st.sets(st.integers(min_value=0, max_value=200), max_size=30))
+def test_node_list_round_trips(nodes: set[int]) -> None:
+    assert _os.parse_node_list(_os.format_node_list(sorted(nodes))) == tuple(sorted(nodes))
+
+
+def test_parse_node_list_kernel_format() -> None:
+    assert _os.parse_node_list("0-3,5,7-8\n") == (0, 1, 2, 3, 5, 7, 8)
+    assert _os.parse_node_list("\n") == ()
+
+
+def test_online_nodes_from_fake_sys(tmp_path: Path) -> None:
+    """Faked: /sys says nodes 0-3 are online (this machine has only node 0)."""
+    _write(tmp_path, "devices/system/node/online", "0-3\n")
+    with _os.use_roots(sys=tmp_path):
+        assert _os.online_nodes() == (0, 1, 2, 3)
+    assert 0 in _os.online_nodes()  # the real tree again
+
+
+def test_online_nodes_falls_back_to_node_dirs_then_node_0(tmp_path: Path) -> None:
+    for name in ("node0", "node2", "nodes", "power"):
+        (tmp_path / "devices/system/node" / name).mkdir(parents=True)
+    with _os.use_roots(sys=tmp_path):
+        assert _os.online_nodes() == (0, 2)
+    with _os.use_roots(sys=tmp_path / "empty"):
+        assert _os.online_nodes() == (0,)
+
+
+def test_env_var_roots_and_cache_clearing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path, "devices/system/node/online", "0-1\n")
+    monkeypatch.setenv(_os.SYS_ROOT_ENV, str(tmp_path))
+    _os.clear_caches()
+    try:
+        assert _os.sys_root() == tmp_path
+        assert _os.online_nodes() == (0, 1)
+    finally:
+        monkeypatch.delenv(_os.SYS_ROOT_ENV)
+        _os.clear_caches()
+    assert _os.sys_root() == Path("/sys")
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "has"),
+    [
+        ("always [madvise] never\n", "madvise", True),
+        ("[always] madvise never\n", "always", True),
+        ("always madvise [never]\n", "never", False),
+        (None, None, False),
+    ],
+)
+def test_thp_mode_from_fake_sys(tmp_path: Path, text: str | None, mode: str | None, has: bool):
+    if text is not None:
+        _write(tmp_path, "kernel/mm/transparent_hugepage/enabled", text)
+    with _os.use_roots(sys=tmp_path):
+        assert _os.thp_mode() == mode
+        assert _os.has_thp() is has
+
+
+def test_huge_page_size_from_meminfo_then_pmd_size(tmp_path: Path) -> None:
+    _write(tmp_path / "proc", "meminfo", "MemTotal: 100 kB\nHugepagesize:    1048576 kB\n")
+    with _os.use_roots(proc=tmp_path / "proc"):
+        assert _os.huge_page_size() == 1 << 30
+    _write(tmp_path / "sys", "kernel/mm/transparent_hugepage/hpage_pmd_size", "524288\n")
+    with _os.use_roots(proc=tmp_path / "empty", sys=tmp_path / "sys"):
+        assert _os.huge_page_size() == 512 * 1024
+    with _os.use_roots(proc=tmp_path / "empty", sys=tmp_path / "empty"):
+        assert _os.huge_page_size() == 2 * MIB
+
+
+# --- smaps ------------------------------------------------------------------------------------
+
+FAKE_SMAPS = """\
+00400000-00600000 r-xp 00000000 08:01 123   /usr/bin/with spaces in path
+Size:               2048 kB
+AnonHugePages:         0 kB
+VmFlags: rd ex mr mw me
+7f0000000000-7f0000800000 rw-p 00000000 00:00 0
+Size:               8192 kB
+AnonHugePages:      6144 kB
+THPeligible:    1
+this line is garbage
+ProtectionKey:         0
+VmFlags: rd wr mr mw me dc ac hg
+7f0000800000-7f0000a00000 rw-p 00000000 00:00 0 [heap]
+AnonHugePages:      2048 kB
+VmFlags: rd wr mr mw me ac
+"""
+
+
+def test_smaps_parsing_is_robust(tmp_path: Path) -> None:
+    """Faked: a hand-written /proc/self/smaps with odd lines, so totals are known exactly."""
+    _write(tmp_path, "self/smaps", FAKE_SMAPS)
+    with _os.use_roots(proc=tmp_path):
+        entries = _os.smaps_entries()
+        assert [(e.start, e.end) for e in entries] == [
+            (0x400000, 0x600000),
+            (0x7F0000000000, 0x7F0000800000),
+            (0x7F0000800000, 0x7F0000A00000),
+        ]
+        assert entries[1].fields["AnonHugePages"] == 6 * MIB
+        assert entries[1].fields["THPeligible"] == 1
+        assert "dc" in entries[1].vm_flags
+        base = 0x7F0000000000
+        assert _os.smaps_anon_huge_bytes(base, 10 * MIB) == 8 * MIB
+        # Capped at the overlap: 1 MiB of the first mapping can hold at most 1 MiB.
+        assert _os.smaps_anon_huge_bytes(base, 1 * MIB) == 1 * MIB
+        assert _os.smaps_anon_huge_bytes(0x1000, 0x1000) == 0
+        assert _os.smaps_vm_flags(base, 8 * MIB) >= {"dc", "hg"}
+        assert "dc" not in _os.smaps_vm_flags(base, 10 * MIB)  # the heap lacks it
+        assert _os.smaps_vm_flags(0x1000, 0x1000) == frozenset()
+
+
+def test_missing_smaps_is_an_os_call_error(tmp_path: Path) -> None:
+    with _os.use_roots(proc=tmp_path), pytest.raises(_os.OsCallError) as info:
+        _os.smaps_entries()
+    assert info.value.errno == errno.ENOENT
+    assert "smaps" in str(info.value)
+
+
+# --- real syscalls on node 0 -----------------------------------------------------------------
+
+
+def test_madvise_dontfork_shows_in_real_smaps(mapping: mmap.mmap) -> None:
+    _os.madvise(mapping, _os.MADV_DONTFORK)
+    # proc(5): "dc" = do not copy area on fork (VM_DONTCOPY); "dd" would be "do not dump".
+    assert "dc" in _os.smaps_vm_flags(_address(mapping), len(mapping))
+
+
+def test_madvise_error_is_translated(mapping: mmap.mmap) -> None:
+    with pytest.raises(_os.OsCallError) as info:
+        _os.madvise(mapping, 12345)  # no such advice
+    assert info.value.errno == errno.EINVAL
+    assert info.value.call == "madvise(12345)"
+    assert "EINVAL" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+
+
+@needs_numa
+def test_populate_write_faults_pages_in(mapping: mmap.mmap) -> None:
+    if not _os.has_populate_write():
+        pytest.skip("kernel older than 5.14: no MADV_POPULATE_WRITE")
+    base, page = _address(mapping), _os.page_size()
+    assert (_os.move_pages_query([base]) == -errno.ENOENT).all()
+    _os.madvise(mapping, _os.MADV_POPULATE_WRITE, 0, MIB)
+    status = _os.move_pages_query(base + np.arange(0, MIB, page))
+    assert (status >= 0).all()
+
+
+@needs_numa
+def test_mbind_node_0_then_move_pages_reports_node_0(mapping: mmap.mmap) -> None:
+    base, page = _address(mapping), _os.page_size()
+    _os.mbind(base, len(mapping), _os.MPOL_BIND, [0])
+    assert _os.get_mempolicy(base) == (_os.MPOL_BIND, (0,))
+    # Touch the first MiB; the last MiB stays untouched even if THP rounds faults to 2 MiB
+    # (a huge page containing offset < 1 MiB ends before offset 3 MiB).
+    view = np.frombuffer(mapping, dtype=np.uint8)
+    view[:MIB] = 7
+    del view
+    touched = _os.move_pages_query(base + np.arange(0, MIB, page))
+    untouched = _os.move_pages_query(base + np.arange(3 * MIB, 4 * MIB, page))
+    assert set(touched.tolist()) == {0}
+    assert set(untouched.tolist()) == {-errno.ENOENT}
+
+
+@needs_numa
+def test_mbind_on_an_absent_node_fails_with_einval(mapping: mmap.mmap) -> None:
+    """Node 1 does not exist on this one-node machine, so the kernel refuses it."""
+    with pytest.raises(_os.OsCallError) as info:
+        _os.mbind(_address(mapping), len(mapping), _os.MPOL_BIND, [1])
+    assert info.value.call == "mbind"
+    assert info.value.errno in (errno.EINVAL, errno.ENODEV)
+    assert "nodes [1]" in str(info.value)
+
+
+@needs_numa
+def test_thread_policy_reads_back() -> None:
+    mode, nodes = _os.get_mempolicy()
+    assert mode in _os.MPOL_NAMES and all(node >= 0 for node in nodes)
+
+
+def test_move_pages_query_of_nothing() -> None:
+    assert _os.move_pages_query([]).shape == (0,)

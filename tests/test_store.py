@@ -1,0 +1,761 @@
+"""Tests of kvcr_policy.store: allocation, eviction, reservations, claims, lifetime, threads."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import zlib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from kvcr_policy.errors import CapacityError, ClosedError
+from kvcr_policy.store import (
+    EVICTION_POLICIES,
+    Claim,
+    Reservation,
+    SlotState,
+    Store,
+    StoreStats,
+    count_extents,
+)
+
+
+def put(store: Store, keys: Sequence[str]) -> Reservation:
+    """Reserve and commit every covered key as written successfully."""
+    reservation = store.reserve(keys)
+    store.commit(reservation, [True] * len(reservation.keys))
+    return reservation
+
+
+def keys_of(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(count)]
+
+
+# ---- allocation in extents ------------------------------------------------------------------
+
+
+def test_consecutive_keys_get_consecutive_slots() -> None:
+    store = Store(16)
+    reservation = put(store, keys_of("a", 8))
+    assert reservation.slots.tolist() == list(range(8))
+    assert count_extents(store.lookup(keys_of("a", 8))) == 1
+    second = put(store, keys_of("b", 5))
+    assert second.slots.tolist() == list(range(8, 13))
+    assert store.stats().extents == 1
+
+
+def test_after_churn_first_fit_still_finds_a_run() -> None:
+    store = Store(32)
+    for key in keys_of("k", 32):  # one key per write: the worst case for fragmentation
+        put(store, [key])
+    store.delete(keys_of("k", 32)[::2])  # 16 holes of one slot
+    assert store.stats().extents == 16
+    store.delete([f"k{i}" for i in range(11, 21, 2)])  # slots 10..20 merge into one run
+    assert store.stats().extents == 11
+    reservation = put(store, keys_of("n", 6))
+    assert reservation.slots.tolist() == list(range(10, 16))
+    assert count_extents(reservation.slots) == 1
+
+
+def test_without_a_fitting_run_the_fewest_runs_largest_first_are_used() -> None:
+    store = Store(20)
+    put(store, keys_of("k", 20))
+    # Free runs of 1 (slot 0), 3 (2..4), 2 (6..7) and 4 (9..12).
+    store.delete(["k0", "k2", "k3", "k4", "k6", "k7", "k9", "k10", "k11", "k12"])
+    assert store.stats().extents == 4
+    reservation = store.reserve(keys_of("n", 6))
+    # The run of 4 and two slots of the run of 3, handed out in slot order.
+    assert reservation.slots.tolist() == [2, 3, 9, 10, 11, 12]
+    assert count_extents(reservation.slots) == 2
+
+
+def test_freed_runs_merge_back_into_one_extent() -> None:
+    store = Store(10)
+    for key in keys_of("k", 10):
+        put(store, [key])
+    store.delete(["k1", "k3", "k5", "k7", "k9"])
+    assert store.stats().extents == 5
+    store.clear()
+    assert store.stats().extents == 1
+    assert store.snapshot().free_runs == ((0, 10),)
+
+
+def test_count_extents() -> None:
+    assert count_extents(np.array([], dtype=np.int64)) == 0
+    assert count_extents([3, 4, 5]) == 1
+    assert count_extents([3, 4, 6, 7, 1]) == 3
+    assert count_extents([5, 4]) == 2  # descending slots need two copies
+    assert count_extents([0, -1, 1, 2, -1]) == 2
+    assert count_extents([-1, -1]) == 0
+
+
+# ---- reservations ---------------------------------------------------------------------------
+
+
+def test_present_keys_are_reported_and_get_no_slot() -> None:
+    store = Store(8)
+    put(store, ["a"])
+    reservation = store.reserve(["a", "b"])
+    assert reservation.present == (True, False)
+    assert reservation.slots[0] == -1 and reservation.slots[1] >= 0
+    assert reservation.generations[0] == -1
+
+
+def test_keys_being_written_elsewhere_or_repeated_are_pending() -> None:
+    store = Store(8)
+    first = store.reserve(["a", "b"])
+    second = store.reserve(["b", "c", "c"])
+    assert second.pending == (True, False, True)
+    assert second.slots[0] == -1 and second.slots[2] == -1
+    assert store.contains_prefix(["a"]) == 0  # reserved keys are invisible to lookups
+    store.commit(first, [True, True])
+    store.commit(second, [True, True, True])
+    assert store.contains_prefix(["a", "b", "c"]) == 3
+
+
+def test_commit_publishes_only_the_keys_written() -> None:
+    store = Store(8)
+    reservation = store.reserve(["a", "b", "c"])
+    assert store.stats().reserved == 3
+    assert store.commit(reservation, [True, False, True]) == 2
+    assert store.lookup(["a", "b", "c"]).tolist() == [0, -1, 2]
+    stats = store.stats()
+    assert (stats.reserved, stats.used, stats.free, stats.keys) == (0, 2, 6, 2)
+    assert put(store, ["d"]).slots.tolist() == [1]  # b's slot went back to the free runs
+
+
+def test_abort_frees_everything_and_a_late_commit_does_nothing() -> None:
+    store = Store(1)
+    stale = store.reserve(["a"])
+    store.abort(stale)
+    fresh = store.reserve(["b"])
+    assert fresh.slots.tolist() == stale.slots.tolist()
+    assert fresh.generations[0] > stale.generations[0]
+    assert store.commit(stale, [True]) == 0  # must not publish "a" into b's slot
+    assert store.lookup(["a", "b"]).tolist() == [-1, -1]
+    assert store.commit(fresh, [True]) == 1
+    assert store.commit(fresh, [True]) == 0  # settling twice is harmless
+    store.abort(fresh)
+    assert store.lookup(["b"]).tolist() == [0]
+
+
+def test_a_reservation_of_another_store_is_ignored() -> None:
+    one, two = Store(4), Store(4)
+    reservation = one.reserve(["a"])
+    assert two.commit(reservation, [True]) == 0
+    assert two.stats().keys == 0
+
+
+def test_commit_needs_one_flag_per_covered_key() -> None:
+    store = Store(4)
+    reservation = store.reserve(["a", "b"])
+    with pytest.raises(ValueError, match="2 keys"):
+        store.commit(reservation, [True])
+    assert store.commit(reservation, [True, True]) == 2  # still open after the refusal
+
+
+def test_delete_while_writing_cancels_the_write() -> None:
+    store = Store(2)
+    reservation = store.reserve(["a"])
+    store.delete(["a"])
+    # The slot stays held while the writer may still copy into it.
+    assert store.stats().reserved == 1
+    again = store.reserve(["a"])
+    assert again.slots.tolist() != reservation.slots.tolist()
+    assert store.commit(reservation, [True]) == 0
+    assert store.commit(again, [True]) == 1
+    assert store.lookup(["a"]).tolist() == again.slots.tolist()
+    assert store.stats().reserved == 0
+
+
+def test_capacity_shortfall_covers_a_leading_run() -> None:
+    store = Store(3)
+    put(store, ["x"])
+    claim = store.claim(["x"])
+    reservation = store.reserve(["x", "a", "b", "c"])
+    assert reservation.keys == ("x", "a", "b")
+    assert not reservation.complete and reservation.requested == 4
+    store.commit(reservation, [True] * 3)
+    assert store.contains_prefix(["x", "a", "b", "c"]) == 3
+    store.release(claim)
+
+
+def test_capacity_error_when_nothing_fits() -> None:
+    store = Store(2)
+    put(store, ["a", "b"])
+    claim = store.claim(["a", "b"])
+    with pytest.raises(CapacityError, match=r"pool 'kv'.*'c'"):
+        store.reserve(["c"])
+    assert store.reserve(["a"]).present == (True,)  # no slot needed: no error
+    assert store.reserve([]).keys == ()
+    store.release(claim)
+    assert store.reserve(["c"]).complete
+
+
+# ---- eviction -------------------------------------------------------------------------------
+
+
+def test_lru_evicts_the_least_recently_used() -> None:
+    store = Store(3)
+    for key in "abc":
+        put(store, [key])
+    store.release(store.claim(["a"]))  # a get
+    store.reserve(["b"])  # a set of a present key counts as a use too
+    put(store, ["d"])
+    assert store.contains_prefix(["c"]) == 0
+    assert store.lookup(["a", "b", "d"]).min() >= 0
+    assert store.stats().evictions == 1
+
+
+def test_fifo_evicts_the_first_published() -> None:
+    store = Store(3, eviction="fifo")
+    for key in "abc":
+        put(store, [key])
+    store.release(store.claim(["a"]))
+    put(store, ["d"])
+    assert store.lookup(["a", "b", "c", "d"]).tolist()[0] == -1
+
+
+def test_lookups_do_not_count_as_uses() -> None:
+    store = Store(2)
+    put(store, ["a"])
+    put(store, ["b"])
+    store.contains_prefix(["a"])
+    store.lookup(["a"])
+    put(store, ["c"])
+    assert store.contains_prefix(["a"]) == 0
+
+
+def test_unknown_policy_lists_the_names() -> None:
+    with pytest.raises(ValueError, match=r"'mru'.*fifo, lru"):
+        Store(4, eviction="mru")
+    assert {"lru", "fifo"} <= set(EVICTION_POLICIES)
+
+
+def test_claimed_slots_are_never_evicted_even_when_full() -> None:
+    store = Store(2)
+    put(store, ["a", "b"])
+    claim = store.claim(["a"])
+    reservation = store.reserve(["c", "d"])  # only b may go
+    assert reservation.keys == ("c",)
+    store.commit(reservation, [True])
+    assert store.lookup(["a"]).tolist() == claim.slots.tolist()
+    store.claim(["c"])
+    with pytest.raises(CapacityError):
+        store.reserve(["e"])
+    assert store.evict(5) == 0
+
+
+def test_explicit_evict() -> None:
+    store = Store(4)
+    for key in "abcd":
+        put(store, [key])
+    claim = store.claim(["a"])
+    assert store.evict(2) == 2  # a is claimed: b and c go
+    assert store.lookup(list("abcd")).tolist() == [0, -1, -1, 3]
+    store.release(claim)
+    assert store.evict(10) == 2
+    assert store.stats().evictions == 4
+
+
+def test_a_request_never_evicts_its_own_present_keys() -> None:
+    store = Store(2)
+    put(store, ["a"])
+    put(store, ["b"])
+    reservation = store.reserve(["a", "c", "d"])  # a is least recent but present here
+    assert reservation.keys == ("a", "c")
+    assert store.contains_prefix(["a"]) == 1
+
+
+# ---- claims ---------------------------------------------------------------------------------
+
+
+def test_claim_covers_the_leading_present_run() -> None:
+    store = Store(8)
+    put(store, ["a", "b", "d"])
+    claim = store.claim(["a", "b", "c", "d"])
+    assert claim.keys == ("a", "b")
+    assert claim.slots.tolist() == [0, 1]
+    stats = store.stats()
+    assert (stats.claimed, stats.hits, stats.misses) == (2, 2, 2)
+    with pytest.raises(ValueError):
+        claim.slots[0] = 5  # claims are values: their arrays are read-only
+    store.release(claim)
+    store.release(claim)  # idempotent
+    assert store.stats().claimed == 0
+
+
+def test_delete_of_a_claimed_key_frees_its_slot_at_the_last_release() -> None:
+    store = Store(1)
+    put(store, ["a"])
+    first, second = store.claim(["a"]), store.claim(["a"])
+    assert store.delete(["a"]) == 1
+    assert store.contains_prefix(["a"]) == 0
+    assert store.snapshot().states.tolist() == [SlotState.ORPHANED]
+    with pytest.raises(CapacityError):
+        store.reserve(["b"])  # the slot may still be being read
+    store.release(first)
+    with pytest.raises(CapacityError):
+        store.reserve(["b"])
+    store.release(second)
+    assert store.reserve(["b"]).slots.tolist() == [0]
+
+
+def test_clear_respects_claims() -> None:
+    store = Store(4)
+    put(store, ["a", "b", "c"])
+    claim = store.claim(["b"])
+    assert store.clear() == 3
+    stats = store.stats()
+    assert (stats.keys, stats.used, stats.claimed, stats.free) == (0, 1, 1, 3)
+    store.release(claim)
+    assert store.stats().free == 4
+
+
+def test_stale_release_never_touches_a_newer_occupant() -> None:
+    store = Store(1)
+    put(store, ["a"])
+    stale = store.claim(["a"])
+    store.release(stale)
+    store.delete(["a"])
+    put(store, ["b"])  # same slot, new generation
+    current = store.claim(["b"])
+    assert current.slots.tolist() == stale.slots.tolist()
+    assert current.generations[0] > stale.generations[0]
+    store.release(stale)  # a late completion of the old read
+    assert store.snapshot().claims.tolist() == [1]
+    assert store.evict(1) == 0
+    # Even a claim that was never released here cannot act on another generation.
+    forged = Claim(
+        token=current.token,
+        keys=("b",),
+        slots=current.slots,
+        generations=stale.generations,
+        requested=1,
+    )
+    store.release(forged)
+    assert store.snapshot().claims.tolist() == [1]
+    store.release(current)  # the token was spent by the forged copy, so nothing more happens
+    assert store.stats().claimed == 1
+
+
+# ---- lookups, stats, lifetime ---------------------------------------------------------------
+
+
+def test_lookups() -> None:
+    store = Store(8)
+    put(store, ["a", "b", "c"])
+    assert store.contains_prefix(["a", "b", "x", "c"]) == 2
+    assert store.contains_prefix([]) == 0
+    slots = store.lookup(["c", "x", "a"])
+    assert slots.dtype == np.int64
+    assert slots.tolist() == [2, -1, 0]
+    assert store.lookup([]).shape == (0,)
+
+
+def test_stats_fields() -> None:
+    store = Store(8)
+    put(store, ["a", "b"])
+    store.reserve(["c"])
+    store.claim(["a", "z"])
+    assert store.stats() == StoreStats(
+        capacity=8,
+        used=2,
+        reserved=1,
+        claimed=1,
+        evictions=0,
+        hits=1,
+        misses=1,
+        extents=1,
+        free=5,
+        keys=2,
+    )
+
+
+def test_capacity_is_validated() -> None:
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="capacity"):
+            Store(bad)  # type: ignore[arg-type]  # wrong types on purpose
+
+
+def test_every_call_after_close_raises() -> None:
+    store = Store(4, pool="mamba")
+    reservation = store.reserve(["a"])
+    claim = store.claim(["a"])
+    store.close()
+    store.close()  # idempotent
+    assert store.closed
+    calls = {
+        "reserve": lambda: store.reserve(["b"]),
+        "commit": lambda: store.commit(reservation, [True]),
+        "abort": lambda: store.abort(reservation),
+        "contains_prefix": lambda: store.contains_prefix(["a"]),
+        "lookup": lambda: store.lookup(["a"]),
+        "claim": lambda: store.claim(["a"]),
+        "release": lambda: store.release(claim),
+        "delete": lambda: store.delete(["a"]),
+        "clear": store.clear,
+        "evict": lambda: store.evict(1),
+        "stats": store.stats,
+        "snapshot": store.snapshot,
+    }
+    for name, call in calls.items():
+        with pytest.raises(ClosedError, match=rf"pool 'mamba' is closed: {name}\(\)"):
+            call()
+
+
+# ---- stateful model -------------------------------------------------------------------------
+
+CAPACITY = 6
+KEYS = keys_of("k", 9)
+key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=5)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Drives a Store and a plain model side by side; the model predicts evictions exactly."""
+
+    policy = "lru"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = Store(CAPACITY, eviction=self.policy)
+        self.published: dict[str, tuple[int, int]] = {}  # key -> (slot, generation)
+        self.order: list[str] = []  # eviction order of published keys, first victim first
+        self.reserving: dict[str, int] = {}
+        self.cancelled: set[int] = set()
+        self.orphans: set[int] = set()
+        self.claims: Counter[int] = Counter()
+        self.last_generation: dict[int, int] = {}
+        self.open: dict[int, Reservation] = {}
+        self.settled: list[Reservation] = []
+        self.live: dict[int, Claim] = {}
+        self.released: list[Claim] = []
+
+    # model helpers
+    def touch(self, key: str) -> None:
+        if self.policy == "lru":
+            self.order.remove(key)
+            self.order.append(key)
+
+    def unpublish(self, key: str) -> int:
+        slot, _ = self.published.pop(key)
+        self.order.remove(key)
+        return slot
+
+    def victims(self, count: int, protect: set[int]) -> list[str]:
+        candidates = [
+            key
+            for key in self.order
+            if self.claims[self.published[key][0]] == 0 and self.published[key][0] not in protect
+        ]
+        return candidates[: max(count, 0)]
+
+    def held(self) -> set[int]:
+        slots = {slot for slot, _ in self.published.values()}
+        return slots | set(self.reserving.values()) | self.cancelled | self.orphans
+
+    # rules
+    @rule(keys=key_lists)
+    def reserve(self, keys: list[str]) -> None:
+        present = [key in self.published for key in keys]
+        pending, needed, asked = [False] * len(keys), [], set()
+        for position, key in enumerate(keys):
+            if present[position]:
+                continue
+            if key in self.reserving or key in asked:
+                pending[position] = True
+            else:
+                asked.add(key)
+                needed.append(position)
+        free = CAPACITY - len(self.held())
+        runs_before = self.store.snapshot().free_runs
+        protect = {self.published[key][0] for key, hit in zip(keys, present, strict=True) if hit}
+        evicted = self.victims(len(needed) - free, protect)
+        got = min(len(needed), free + len(evicted))
+        cover = needed[got] if got < len(needed) else len(keys)
+        if cover == 0:
+            with pytest.raises(CapacityError):
+                self.store.reserve(keys)
+            return
+        reservation = self.store.reserve(keys)
+        for key in evicted:
+            self.unpublish(key)
+        assert reservation.keys == tuple(keys[:cover])
+        assert reservation.present == tuple(present[:cover])
+        assert reservation.pending == tuple(pending[:cover])
+        held = self.held()
+        given = reservation.slots[reservation.slots >= 0].tolist()
+        assert len(given) == got == len(set(given))
+        assert not held & set(given)
+        fitting = [start for start, length in runs_before if length >= got]
+        if got and not evicted and fitting:
+            assert given == list(range(fitting[0], fitting[0] + got))  # first fit
+        for position in needed[:got]:
+            key = keys[position]
+            slot = int(reservation.slots[position])
+            generation = int(reservation.generations[position])
+            assert generation > self.last_generation.get(slot, 0)
+            self.last_generation[slot] = generation
+            self.reserving[key] = slot
+        for key, hit in zip(reservation.keys, reservation.present, strict=True):
+            if hit:
+                self.touch(key)
+        self.open[reservation.token] = reservation
+
+    def settle(self, reservation: Reservation, ok: list[bool]) -> int:
+        published = 0
+        for key, slot, generation, written in zip(
+            reservation.keys,
+            reservation.slots.tolist(),
+            reservation.generations.tolist(),
+            ok,
+            strict=True,
+        ):
+            if slot < 0:
+                continue
+            if slot in self.cancelled:
+                self.cancelled.discard(slot)
+            elif self.reserving.get(key) == slot:
+                del self.reserving[key]
+                if written:
+                    self.published[key] = (slot, generation)
+                    self.order.append(key)
+                    published += 1
+        self.settled.append(self.open.pop(reservation.token))
+        return published
+
+    @rule(data=st.data())
+    def commit(self, data: st.DataObject) -> None:
+        if not self.open:
+            return
+        reservation = self.open[data.draw(st.sampled_from(sorted(self.open)))]
+        ok = data.draw(
+            st.lists(st.booleans(), min_size=len(reservation.keys), max_size=len(reservation.keys))
+        )
+        expected = self.settle(reservation, ok)
+        assert self.store.commit(reservation, ok) == expected
+
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        if not self.open:
+            return
+        reservation = self.open[data.draw(st.sampled_from(sorted(self.open)))]
+        self.settle(reservation, [False] * len(reservation.keys))
+        self.store.abort(reservation)
+
+    @rule(data=st.data(), commit=st.booleans())
+    def settle_again(self, data: st.DataObject, commit: bool) -> None:
+        if not self.settled:
+            return
+        reservation = data.draw(st.sampled_from(self.settled))
+        if commit:
+            assert self.store.commit(reservation, [True] * len(reservation.keys)) == 0
+        else:
+            self.store.abort(reservation)
+
+    @rule(keys=key_lists)
+    def claim(self, keys: list[str]) -> None:
+        claim = self.store.claim(keys)
+        run = []
+        for key in keys:
+            if key not in self.published:
+                break
+            run.append(key)
+        assert claim.keys == tuple(run)
+        assert claim.slots.tolist() == [self.published[key][0] for key in run]
+        assert claim.generations.tolist() == [self.published[key][1] for key in run]
+        for key in run:
+            self.claims[self.published[key][0]] += 1
+            self.touch(key)
+        self.live[claim.token] = claim
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        if not self.live:
+            return
+        claim = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
+        for slot in claim.slots.tolist():
+            self.claims[slot] -= 1
+            if self.claims[slot] == 0:
+                self.orphans.discard(slot)
+        self.store.release(claim)
+        self.released.append(claim)
+
+    @rule(data=st.data())
+    def release_again(self, data: st.DataObject) -> None:
+        if self.released:
+            self.store.release(data.draw(st.sampled_from(self.released)))
+
+    def remove(self, keys: Sequence[str]) -> int:
+        removed = 0
+        for key in keys:
+            if key in self.published:
+                slot = self.unpublish(key)
+                removed += 1
+                if self.claims[slot]:
+                    self.orphans.add(slot)
+            elif key in self.reserving:
+                self.cancelled.add(self.reserving.pop(key))
+        return removed
+
+    @rule(keys=key_lists)
+    def delete(self, keys: list[str]) -> None:
+        assert self.store.delete(keys) == self.remove(keys)
+
+    @rule(count=st.integers(0, 4))
+    def evict(self, count: int) -> None:
+        victims = self.victims(count, set())
+        for key in victims:
+            self.unpublish(key)
+        assert self.store.evict(count) == len(victims)
+
+    @rule()
+    def clear(self) -> None:
+        expected = self.remove([*self.published, *self.reserving])
+        assert self.store.clear() == expected
+
+    # invariants
+    @invariant()
+    def tables_agree_with_the_model(self) -> None:
+        snap = self.store.snapshot()
+        assert dict(snap.published) == {key: slot for key, (slot, _) in self.published.items()}
+        assert dict(snap.reserving) == self.reserving
+        for slot, generation in self.published.values():
+            assert snap.generations[slot] == generation  # the occupant that was published
+        owned = [*snap.published.values(), *snap.reserving.values()]
+        assert len(owned) == len(set(owned))  # no slot owned by two keys
+        states = Counter(snap.states.tolist())
+        assert states[SlotState.PUBLISHED] == len(self.published)
+        assert states[SlotState.RESERVED] == len(self.reserving)
+        assert states[SlotState.CANCELLED] == len(self.cancelled)
+        assert states[SlotState.ORPHANED] == len(self.orphans)
+        assert sum(states.values()) == CAPACITY
+        assert snap.claims.tolist() == [self.claims[slot] for slot in range(CAPACITY)]
+
+    @invariant()
+    def claimed_slots_keep_their_occupant(self) -> None:
+        snap = self.store.snapshot()
+        for claim in self.live.values():
+            assert snap.generations[claim.slots].tolist() == claim.generations.tolist()
+            assert set(snap.states[claim.slots].tolist()) <= {
+                SlotState.PUBLISHED,
+                SlotState.ORPHANED,
+            }
+
+    @invariant()
+    def free_runs_are_the_maximal_runs_of_free_slots(self) -> None:
+        snap = self.store.snapshot()
+        free = np.flatnonzero(snap.states == SlotState.FREE)
+        expanded = [
+            slot for start, length in snap.free_runs for slot in range(start, start + length)
+        ]
+        assert expanded == free.tolist()
+        assert len(snap.free_runs) == count_extents(free)
+        stats = self.store.stats()
+        assert stats.used + stats.reserved + stats.free == CAPACITY
+        assert stats.extents == len(snap.free_runs)
+
+    @invariant()
+    def lookups_agree_with_the_model(self) -> None:
+        expected = [self.published[key][0] if key in self.published else -1 for key in KEYS]
+        assert self.store.lookup(KEYS).tolist() == expected
+        prefix = 0
+        while prefix < len(KEYS) and KEYS[prefix] in self.published:
+            prefix += 1
+        assert self.store.contains_prefix(KEYS) == prefix
+
+
+class FIFOStoreMachine(StoreMachine):
+    policy = "fifo"
+
+
+MACHINE_SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestStoreLRU = StoreMachine.TestCase
+TestStoreLRU.settings = MACHINE_SETTINGS
+TestStoreFIFO = FIFOStoreMachine.TestCase
+TestStoreFIFO.settings = MACHINE_SETTINGS
+
+
+# ---- threads --------------------------------------------------------------------------------
+
+
+def value_of(key: str) -> int:
+    return zlib.crc32(key.encode())
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    """Switch threads every 10 µs instead of 5 ms, so the workers interleave inside calls."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_four_threads_keep_the_store_consistent() -> None:
+    capacity = 48
+    store = Store(capacity)
+    tier = np.zeros(capacity, dtype=np.int64)  # stands in for the pages the pipeline copies
+    universe = keys_of("t", 160)
+    errors: list[str] = []
+    start = threading.Barrier(4)
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        start.wait()
+        for _ in range(1500):
+            first = rng.randrange(len(universe))
+            keys = universe[first : first + rng.randint(1, 8)]
+            action = rng.random()
+            if action < 0.45:
+                try:
+                    reservation = store.reserve(keys)
+                except CapacityError:
+                    continue
+                ok = []
+                for key, slot in zip(reservation.keys, reservation.slots.tolist(), strict=True):
+                    if slot >= 0:
+                        tier[slot] = value_of(key)
+                    ok.append(rng.random() < 0.9)
+                if rng.random() < 0.1:
+                    store.abort(reservation)
+                else:
+                    store.commit(reservation, ok)
+            elif action < 0.9:
+                claim = store.claim(keys)
+                for _ in range(2):  # read twice: a claimed slot must not change under us
+                    for key, slot in zip(claim.keys, claim.slots.tolist(), strict=True):
+                        if tier[slot] != value_of(key):
+                            errors.append(f"slot {slot} of claimed {key} was overwritten")
+                store.release(claim)
+            elif action < 0.97:
+                store.delete(keys)
+            else:
+                store.evict(rng.randint(1, 4))
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    stats = store.stats()
+    assert (stats.reserved, stats.claimed) == (0, 0)
+    assert stats.used + stats.free == capacity
+    snap = store.snapshot()
+    assert len(set(snap.published.values())) == len(snap.published) == stats.keys
+    for key, slot in snap.published.items():
+        assert tier[slot] == value_of(key)
+    free = np.flatnonzero(snap.states == SlotState.FREE)
+    assert [s for start, n in snap.free_runs for s in range(start, start + n)] == free.tolist()
+    assert stats.hits > 0 and stats.evictions > 0
