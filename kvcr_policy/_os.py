@@ -80,7 +80,7 @@ _MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 # kernels build with (CONFIG_NODES_SHIFT=10, mm/Kconfig).
 _NODEMASK_BITS = 1024
 _ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
-# Used when /proc/meminfo has no Hugepagesize: the PMD size with 4 KiB base pages on x86_64 and
+# Used when neither /sys nor /proc/meminfo says: the PMD size with 4 KiB base pages on x86_64 and
 # aarch64 (Documentation/admin-guide/mm/transhuge.rst).
 _DEFAULT_HUGE_PAGE = 2 << 20
 
@@ -179,13 +179,17 @@ def page_size() -> int:
 
 @functools.cache
 def huge_page_size() -> int:
-    """The huge page size: /proc/meminfo ``Hugepagesize``, else THP's PMD size, else 2 MiB."""
+    """The huge page size: THP's ``hpage_pmd_size``, else meminfo ``Hugepagesize``, else 2 MiB.
+
+    THP's size comes first: meminfo's is the hugetlbfs default, which a boot option can make
+    1 GiB while transparent huge pages stay at the PMD size (transhuge.rst).
+    """
+    pmd = (_read_text(sys_root() / "kernel/mm/transparent_hugepage/hpage_pmd_size") or "").strip()
+    if pmd.isdigit():
+        return int(pmd)
     meminfo = _read_text(proc_root() / "meminfo") or ""
     match = re.search(r"^Hugepagesize:\s+(\d+)\s*kB", meminfo, re.MULTILINE)
-    if match:
-        return int(match.group(1)) * 1024
-    pmd = _read_text(sys_root() / "kernel/mm/transparent_hugepage/hpage_pmd_size")
-    return int(pmd) if pmd and pmd.strip().isdigit() else _DEFAULT_HUGE_PAGE
+    return int(match.group(1)) * 1024 if match else _DEFAULT_HUGE_PAGE
 
 
 @functools.cache

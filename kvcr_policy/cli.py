@@ -246,10 +246,178 @@ def plugins(
         err.print(f"{word}: {item['name']} ({item['distribution']}): {item['reason']}", markup=False)
 
 
+class Target(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Via(str, Enum):
+    local = "local"
+    ucx = "ucx"
+
+
+class Peer(str, Enum):
+    hicache_file = "hicache-file"
+
+
+def _parse_size(text: str) -> int:
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise typer.BadParameter(f"expected a size such as 1GiB or 512MiB, got {text!r}") from None
+
+
+@app.command()
+def audit(
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+    size: Annotated[str, typer.Option("--size", help="Region size to open, e.g. 1GiB.")] = "1GiB",
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+) -> None:
+    """Open a tier region as the profile places it and report where its pages really landed."""
+    from .plugins import make_plugin_manager
+    from .tier import format_audit
+
+    loaded = _load(profile, set_)
+    config = loaded.config
+    registry = make_plugin_manager(config).registry
+    spec = registry.get("placement", config.placement.strategy)
+    placement = spec.create(config.placement, options=config.placement.options)
+    region = placement.open_region("audit", _parse_size(size))
+    try:
+        result = region.audit()
+    finally:
+        region.close()
+    if format is PlainFormat.json:
+        _print_json({"profile": loaded.profile, "audit": result.to_dict()})
+    else:
+        out.print(format_audit(result), markup=False, highlight=False)
+
+
+@app.command()
+def bench(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="Profile measured (P).")] = "throughput",
+    vs: Annotated[str, typer.Option("--vs", help="Baseline profile (Q).")] = "default",
+    geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
+    layout: Annotated[str, typer.Option("--layout")] = "layer_first",
+    tokens: Annotated[int, typer.Option("--tokens", min=1)] = 8192,
+    target: Annotated[Target, typer.Option("--target")] = Target.cpu,
+    transport: Annotated[Via, typer.Option("--transport", help="local tier or a ucx peer.")] = Via.local,
+    peer: Annotated[Peer | None, typer.Option("--peer", help="Also measure SGLang's HiCacheFile.")] = None,
+    ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
+    repeat: Annotated[int, typer.Option("--repeat", min=1)] = 5,
+    mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
+    scatter: Annotated[bool, typer.Option("--scatter", help="Restore into scattered pages.")] = False,
+    set_: SetOpt = None,
+    screen_pct: Annotated[
+        float | None, typer.Option("--screen", help="Exit 1 if P is this % below Q in either order.")
+    ] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of every run.")] = None,
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+) -> None:
+    """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
+    from .bench import BenchSetup, run_bench, screen
+
+    overrides = _overrides(set_)
+    say = _progress_printer(format)
+    if target is Target.cuda:
+        from .cuda_bench import run_cuda_bench
+
+        result = run_cuda_bench(
+            profile, vs, geometry_name=geometry, layout=layout, tokens=tokens,
+            repeat=repeat, scatter=scatter,
+        )
+    elif transport is Via.ucx:
+        from .peer.bench import run_ucx_bench
+
+        result = run_ucx_bench(
+            profile, vs, geometry_name=geometry, layout=layout, tokens=tokens,
+            repeat=repeat, tls=ucx_tls,
+        )
+    elif peer is not None:
+        from .integrations.sglang_bench import run_peer_bench
+
+        result = run_peer_bench(
+            profile, tokens=tokens, layout=layout, geometry_name=geometry, repeat=repeat
+        )
+    else:
+        setup = BenchSetup(
+            profile, vs, geometry, layout, tokens, repeat, mla, scatter, overrides
+        )
+        result = run_bench(setup, say)
+    failed = False
+    if screen_pct is not None and "orders" in result:
+        result["screen"] = screen(result, screen_pct)
+        failed = not result["screen"]["passed"]
+    if plot:
+        _plot(result, plot)
+    if format is PlainFormat.json:
+        _print_json(result)
+    else:
+        _print_bench(result)
+    if not result.get("verified", False):
+        err.print("restored bytes did not match what was stored", markup=False)
+        raise typer.Exit(1)
+    if failed:
+        orders = ", ".join(result["screen"]["failed_orders"])
+        err.print(f"regression screen failed in order(s) {orders}", markup=False)
+        raise typer.Exit(1)
+
+
+def _progress_printer(format: PlainFormat) -> Any:
+    if not sys.stderr.isatty():
+        return None
+    return lambda message: err.print(f"[dim]… {message}[/dim]")
+
+
+def _print_bench(result: dict[str, Any]) -> None:
+    table = Table(title="kvcr-policy bench")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        if isinstance(value, (dict, list)):
+            continue
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    out.print(table)
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        message = "--plot needs matplotlib: pip install 'kvcr-policy[plot]'"
+        raise typer.BadParameter(message, param_hint="--plot") from None
+    runs = result.get("runs", [])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label in sorted({r["profile"] for r in runs}):
+        values = [r["restore_gbps"] for r in runs if r["profile"] == label]
+        ax.plot(range(1, len(values) + 1), values, marker="o", label=f"{label} restore")
+    limits = [r["limit_gbps"] for r in runs if r.get("side") == "P"]
+    if limits:
+        ax.plot(range(1, len(limits) + 1), limits, linestyle="--", color="grey", label="limit")
+    ax.set_xlabel("run")
+    ax.set_ylabel("GB/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(
+        f"{result.get('geometry')} {result.get('layout')}, {result.get('bytes', 0) / 2**30:.2f} GiB"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors exit 2 with one message on stderr."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Not standalone, so our errors print our way; click then *returns* the code of a
+        # typer.Exit raised by a command (validate, schema --check) instead of raising it.
+        code = app(args=argv, standalone_mode=False)
     except KVCRPolicyError as error:
         err.print(f"kvcr-policy: {error}", markup=False, highlight=False)
         sys.exit(2)
@@ -258,10 +426,13 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         err.print("aborted", markup=False)
         sys.exit(130)
-    except Exception as error:  # click's usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(error, click.exceptions.ClickException):
-            error.show()
-            sys.exit(error.exit_code)
+    except Exception as error:
+        # click's usage errors arrive here in non-standalone mode. Recent typer vendors click
+        # (typer._click), so `click.ClickException` does not match them: test the shape instead.
+        exit_code = getattr(error, "exit_code", None)
+        if callable(getattr(error, "show", None)) and isinstance(exit_code, int):
+            error.show()  # type: ignore[attr-defined]
+            sys.exit(exit_code)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -34,7 +34,7 @@ from .strategies import (
     ThreadTuningStrategy,
 )
 from .tier import Region
-from .transports.base import CopyBatch, Endpoint, Transport
+from .transports.base import CopyBatch, Endpoint, RemotePool, Transport
 
 __all__ = ["Pipeline", "build_pipeline"]
 
@@ -101,6 +101,7 @@ class Pipeline:
             log.warning("%s; sending plain descriptors (coalescing.on_unsupported)", message)
         self.allowed = coalescing.needs & transport.capabilities
         self._pools: dict[str, _Pool] = {}
+        self._remote: dict[str, tuple[PoolGeometry, RemotePool]] = {}
         self.refused: dict[str, str] = {}
         self._stats = StatsRecorder()
         self._cond = threading.Condition()
@@ -136,10 +137,14 @@ class Pipeline:
             self.state = "closing"
             self._cond.wait_for(lambda: self._active == 0)
         try:
+            for _, remote in self._remote.values():
+                remote.close()
             self.transport.close()
             self.thread_tuning.restore()
             for pool in self._pools.values():
                 pool.store.close()
+                # Only after the transport finished every copy: detach (unpin), then unmap.
+                self.transport.detach_region(pool.tier)
                 pool.region.close()
         finally:
             final = self.stats().to_dict()
@@ -163,7 +168,7 @@ class Pipeline:
         pools registered before or after it keep working.
         """
         with self._operation("register_pool"):
-            if name in self._pools:
+            if name in self._pools or name in self._remote:
                 message = f"pool {name!r} is already registered; pick another name"
                 raise PoolError(message)
             try:
@@ -190,12 +195,29 @@ class Pipeline:
             except PoolError as err:
                 self.refused[name] = str(err)
                 raise
+            endpoint = Endpoint(info.address, info.nbytes, info.device, buffer)
+            if self.transport.remote:
+                strategies = {
+                    "batching": self.batching,
+                    "coalescing": self.coalescing,
+                    "fallback": self.fallback,
+                    "allowed": self.allowed,
+                }
+                remote = self.transport.attach_pool(name, geometry, endpoint, strategies)
+                self._remote[name] = (geometry, remote)
+                self.refused.pop(name, None)
+                log.info("pool %r registered on a peer tier: %s", name, geometry)
+                return
             tier_geometry = replace(
                 geometry, name=f"{name}.tier", tokens=slots * geometry.page_size, device="cpu"
             )
             region = self.placement.open_region(f"tier:{name}", tier_geometry.nbytes)
             tier = Endpoint(region.address, tier_geometry.nbytes, "cpu", region)
-            endpoint = Endpoint(info.address, info.nbytes, info.device, buffer)
+            try:
+                self.transport.attach_region(tier, endpoint)
+            except BaseException:
+                region.close()
+                raise
             store = self.placement.new_store(slots)
             self._pools[name] = _Pool(geometry, endpoint, tier_geometry, region, tier, store)
             self.refused.pop(name, None)
@@ -203,27 +225,34 @@ class Pipeline:
 
     @property
     def pools(self) -> dict[str, PoolGeometry]:
-        return {name: pool.geometry for name, pool in self._pools.items()}
+        local = {name: pool.geometry for name, pool in self._pools.items()}
+        return {**local, **{name: geo for name, (geo, _) in self._remote.items()}}
+
+    def _name(self, name: str | None) -> str:
+        if name is not None:
+            return name
+        names = [*self._pools, *self._remote]
+        return names[0] if len(names) == 1 else "kv"
+
+    def _peer(self, name: str | None) -> tuple[PoolGeometry, RemotePool] | None:
+        return self._remote.get(self._name(name)) if self._remote else None
 
     def _pool(self, name: str | None) -> _Pool:
-        if name is None:
-            if len(self._pools) == 1:
-                return next(iter(self._pools.values()))
-            name = "kv"
+        name = self._name(name)
         pool = self._pools.get(name)
         if pool is None:
             if name in self.refused:
                 raise PoolError(f"pool {name!r} was refused: {self.refused[name]}")
-            known = ", ".join(self._pools) or "none"
+            known = ", ".join([*self._pools, *self._remote]) or "none"
             raise PoolError(f"no pool named {name!r} is registered (registered: {known})")
         return pool
 
-    def _pages(self, pool: _Pool, keys: Sequence[str], indices: Any) -> np.ndarray:
-        pages = page_indices(pool.geometry, indices)
+    def _pages(self, geometry: PoolGeometry, keys: Sequence[str], indices: Any) -> np.ndarray:
+        pages = page_indices(geometry, indices)
         if len(pages) != len(keys):
             message = (
-                f"pool {pool.geometry.name!r}: {len(keys)} keys but indices for {len(pages)} "
-                f"pages; pass {pool.geometry.page_size} token indices per key"
+                f"pool {geometry.name!r}: {len(keys)} keys but indices for {len(pages)} "
+                f"pages; pass {geometry.page_size} token indices per key"
             )
             raise IndicesError(message)
         return pages
@@ -233,8 +262,11 @@ class Pipeline:
     def exists(self, keys: Sequence[str], pool: str | None = None) -> int:
         """How many keys from the start are present, asked in metadata-query batches."""
         with self._operation("exists"):
-            store = self._pool(pool).store
             self._stats.add(keys_queried=len(keys))
+            peer = self._peer(pool)
+            if peer is not None:
+                return peer[1].exists(keys)
+            store = self._pool(pool).store
             for start, stop in self.batching.query_batches(len(keys)):
                 found = store.contains_prefix(keys[start:stop])
                 if found < stop - start:
@@ -261,9 +293,17 @@ class Pipeline:
         many leading pages are complete, so a caller can use them before the call returns.
         """
         with self._operation("get"):
-            p = self._pool(pool)
             keys = list(keys)
-            pages = self._pages(p, keys, indices)
+            peer = self._peer(pool)
+            if peer is not None:
+                pages = self._pages(peer[0], keys, indices)
+                ok = peer[1].get(keys, pages, on_ready)
+                self._stats.add(
+                    pages_read=int(ok.sum()), bytes_read=int(ok.sum()) * peer[0].page_bytes
+                )
+                return [bool(x) for x in ok] + [False] * (len(keys) - len(ok))
+            p = self._pool(pool)
+            pages = self._pages(p.geometry, keys, indices)
             claim = p.store.claim(keys)
             try:
                 n = len(claim.slots)
@@ -277,9 +317,17 @@ class Pipeline:
     def set(self, keys: Sequence[str], indices: Any, pool: str | None = None) -> list[bool]:
         """Store the pool pages at ``indices`` under ``keys``; True per key now present."""
         with self._operation("set"):
-            p = self._pool(pool)
             keys = list(keys)
-            pages = self._pages(p, keys, indices)
+            peer = self._peer(pool)
+            if peer is not None:
+                pages = self._pages(peer[0], keys, indices)
+                ok = peer[1].set(keys, pages)
+                self._stats.add(
+                    pages_written=int(ok.sum()), bytes_written=int(ok.sum()) * peer[0].page_bytes
+                )
+                return [bool(x) for x in ok] + [False] * (len(keys) - len(ok))
+            p = self._pool(pool)
+            pages = self._pages(p.geometry, keys, indices)
             reservation = p.store.reserve(keys)
             try:
                 covered = len(reservation.keys)
@@ -296,20 +344,19 @@ class Pipeline:
                 result[i] = bool(ok[i]) or reservation.present[i]
             return result
 
-    def get_pools(
-        self, requests: Mapping[str, tuple[Sequence[str], Any]]
-    ) -> dict[str, list[bool]]:
+    def get_pools(self, requests: Mapping[str, tuple[Sequence[str], Any]]) -> dict[str, list[bool]]:
         """:meth:`get` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""
         return {name: self.get(keys, idx, name) for name, (keys, idx) in requests.items()}
 
-    def set_pools(
-        self, requests: Mapping[str, tuple[Sequence[str], Any]]
-    ) -> dict[str, list[bool]]:
+    def set_pools(self, requests: Mapping[str, tuple[Sequence[str], Any]]) -> dict[str, list[bool]]:
         """:meth:`set` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""
         return {name: self.set(keys, idx, name) for name, (keys, idx) in requests.items()}
 
     def delete(self, keys: Sequence[str], pool: str | None = None) -> int:
         with self._operation("delete"):
+            peer = self._peer(pool)
+            if peer is not None:
+                return peer[1].delete(keys)
             return self._pool(pool).store.delete(keys)
 
     def clear(self) -> None:
@@ -317,6 +364,8 @@ class Pipeline:
         with self._operation("clear"):
             for pool in self._pools.values():
                 pool.store.clear()
+            for _, remote in self._remote.values():
+                remote.clear()
 
     def _transfer(
         self,
@@ -335,11 +384,21 @@ class Pipeline:
         ok = np.zeros(n, dtype=bool)
         if read:
             src, dst, src_geo, dst_geo, src_idx, dst_idx = (
-                p.tier, p.endpoint, p.tier_geometry, p.geometry, slots, pages
+                p.tier,
+                p.endpoint,
+                p.tier_geometry,
+                p.geometry,
+                slots,
+                pages,
             )
         else:
             src, dst, src_geo, dst_geo, src_idx, dst_idx = (
-                p.endpoint, p.tier, p.geometry, p.tier_geometry, pages, slots
+                p.endpoint,
+                p.tier,
+                p.geometry,
+                p.tier_geometry,
+                pages,
+                slots,
             )
         window = self.batching.window
         inflight: deque[tuple[Future[None], int, int, int]] = deque()
@@ -411,6 +470,8 @@ class Pipeline:
                 "slots": pool.store.capacity,
                 "store": _asdict(store_stats) if store_stats is not None else None,
             }
+        for name, (_, remote) in self._remote.items():
+            pools[name] = {"peer": remote.stats()}
         return self._stats.snapshot(pools, self.transport.describe())
 
     def audit(self) -> dict[str, Any]:

@@ -122,3 +122,87 @@ def descriptors(draw: st.DrawFn, *, max_size: int = 24, max_length: int = 9) -> 
         at_src += size
         at_dst += size
     return Descriptors.from_arrays(src, dst, length, bound=np.asarray(bound, dtype=np.int64))
+
+
+# --- Configuration: valid leaf values of PolicyConfig and their KVCR_POLICY_* spellings ---
+
+_NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
+
+# Leaves whose validity depends on another leaf: kept or dropped together.
+_TIED = (
+    ("batching.window_pages", "batching.read_batch_pages"),
+    ("placement.numa_policy", "placement.numa_nodes"),
+    ("placement.numa_nodes", "placement.numa_policy"),
+)
+
+
+@st.composite
+def config_leaves(draw: st.DrawFn) -> dict[str, object]:
+    """Valid values for a random subset of PolicyConfig's leaves, keyed by dotted path.
+
+    Strategy names are built-in ones; cross-field rules hold (``window_pages`` at least
+    ``read_batch_pages``, NUMA nodes matching the policy) whichever leaves are kept.
+    """
+    read = draw(st.integers(1, 4096))
+    policy = draw(st.sampled_from(("none", "preferred", "bind", "interleave")))
+    if policy == "none":
+        nodes: tuple[int, ...] = ()
+    elif policy == "preferred":
+        nodes = (draw(st.integers(0, 7)),)
+    else:
+        nodes = tuple(draw(st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True)))
+    sizes = st.integers(1, 1 << 40)
+    leaves: dict[str, object] = {
+        "batching.read_batch_pages": read,
+        "batching.query_batch_keys": draw(st.integers(1, 4096)),
+        "batching.window_batches": draw(st.none() | st.integers(1, 64)),
+        "batching.window_pages": draw(st.none() | st.integers(read, 1 << 20)),
+        "batching.window_bytes": draw(st.none() | sizes),
+        "coalescing.strategy": draw(st.sampled_from(("none", "contiguous"))),
+        "coalescing.split_bytes": draw(st.none() | sizes),
+        "coalescing.on_unsupported": draw(st.sampled_from(("fallback", "error"))),
+        "placement.capacity_bytes": draw(sizes),
+        "placement.prefault": draw(st.booleans()),
+        "placement.huge_pages": draw(st.sampled_from(("off", "prefer", "require"))),
+        "placement.numa_policy": policy,
+        "placement.numa_nodes": nodes,
+        "placement.numa_mode": draw(st.sampled_from(("prefer", "require"))),
+        "placement.eviction": draw(st.sampled_from(("lru", "fifo"))),
+        "thread_tuning.switch_interval_s": draw(
+            st.none() | st.floats(1e-6, 1.0, allow_nan=False, allow_infinity=False)
+        ),
+        "fallback.strategy": draw(st.sampled_from(("sparse", "miss"))),
+        "fallback.max_retries": draw(st.integers(0, 5)),
+        "transport.threads": draw(st.integers(0, 64)),
+        "transport.op_timeout_s": draw(st.floats(1e-3, 1e4, allow_nan=False)),
+        "plugins.strict": draw(st.booleans()),
+        "plugins.allow": draw(st.none() | st.lists(_NAMES, max_size=3).map(tuple)),
+        "plugins.block": tuple(draw(st.lists(_NAMES, max_size=3))),
+    }
+    keep = set(draw(st.sets(st.sampled_from(sorted(leaves)))))
+    for leaf, partner in _TIED:
+        if leaf in keep:
+            keep.add(partner)
+    return {path: value for path, value in leaves.items() if path in keep}
+
+
+def env_text(path: str, value: object) -> st.SearchStrategy[str]:
+    """The ways a ``KVCR_POLICY_*`` variable may spell ``value`` of the leaf at ``path``."""
+    if value is None:
+        return st.sampled_from(("none", "null", "", "None", " NULL "))
+    if isinstance(value, bool):
+        return st.sampled_from(("true", "1", "yes", "True") if value else ("false", "0", "no"))
+    if isinstance(value, int):
+        spellings = [str(value), f" {value} "]
+        if path.endswith("_bytes") and value % 1024 == 0:
+            spellings.append(f"{value // 1024}KiB")
+        return st.sampled_from(spellings)
+    if isinstance(value, float):
+        return st.just(repr(value))
+    if isinstance(value, (list, tuple)):
+        as_json = "[" + ", ".join(f'"{v}"' if isinstance(v, str) else str(v) for v in value) + "]"
+        if not value:
+            # An empty list must be spelled as JSON: an empty variable means None where allowed.
+            return st.just(as_json)
+        return st.sampled_from((as_json, ",".join(str(v) for v in value)))
+    return st.just(str(value))

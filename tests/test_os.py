@@ -102,13 +102,14 @@ def test_thp_mode_from_fake_sys(tmp_path: Path, text: str | None, mode: str | No
         assert _os.has_thp() is has
 
 
-def test_huge_page_size_from_meminfo_then_pmd_size(tmp_path: Path) -> None:
+def test_huge_page_size_from_pmd_size_then_meminfo(tmp_path: Path) -> None:
+    """Faked: a 1 GiB hugetlbfs default (meminfo) next to 512 KiB THP pages (sys)."""
     _write(tmp_path / "proc", "meminfo", "MemTotal: 100 kB\nHugepagesize:    1048576 kB\n")
-    with _os.use_roots(proc=tmp_path / "proc"):
-        assert _os.huge_page_size() == 1 << 30
     _write(tmp_path / "sys", "kernel/mm/transparent_hugepage/hpage_pmd_size", "524288\n")
-    with _os.use_roots(proc=tmp_path / "empty", sys=tmp_path / "sys"):
+    with _os.use_roots(proc=tmp_path / "proc", sys=tmp_path / "sys"):
         assert _os.huge_page_size() == 512 * 1024
+    with _os.use_roots(proc=tmp_path / "proc", sys=tmp_path / "empty"):
+        assert _os.huge_page_size() == 1 << 30
     with _os.use_roots(proc=tmp_path / "empty", sys=tmp_path / "empty"):
         assert _os.huge_page_size() == 2 * MIB
 

@@ -145,6 +145,21 @@ def test_huge_pages_require_without_prefault_probes_the_first_huge_page() -> Non
     assert 0 < audit.huge_page_bytes <= 8 * MIB
 
 
+@needs_thp
+def test_region_aligns_itself_when_the_kernel_does_not(tmp_path: Path) -> None:
+    """Faked: 64 MiB huge pages, so the kernel's own 2 MiB alignment of large anonymous maps is
+    (almost always) not enough and open_region must over-map and align the region itself."""
+    thp = tmp_path / "kernel/mm/transparent_hugepage"
+    thp.mkdir(parents=True)
+    (thp / "enabled").write_text("always [madvise] never\n")
+    (thp / "hpage_pmd_size").write_text(f"{64 * MIB}\n")
+    with _os.use_roots(sys=tmp_path), open_region(MIB, huge_pages="prefer") as region:
+        assert region.address % (64 * MIB) == 0
+        audit = region.audit()
+        region.array[:] = 3  # all usable bytes are inside the mapping
+    assert audit.mapped_bytes == 64 * MIB and audit.fallbacks == ()
+
+
 def test_huge_pages_prefer_without_thp_warns_once(no_thp: None, caplog):
     with open_region(4 * MIB, prefault=True, huge_pages="prefer") as region:
         audit = region.audit()

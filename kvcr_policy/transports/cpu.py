@@ -55,7 +55,9 @@ class CpuTransport(Transport):
         super().__init__(workers=max(1, threads))
         self.threads = threads
         self.min_parallel_bytes = options.min_parallel_bytes
-        self._copiers = ThreadPoolExecutor(threads, thread_name_prefix="kvcr-cpu-copy") if threads > 1 else None
+        self._copiers = (
+            ThreadPoolExecutor(threads, thread_name_prefix="kvcr-cpu-copy") if threads > 1 else None
+        )
 
     def copy(self, batch: CopyBatch) -> None:
         check_bounds(batch)

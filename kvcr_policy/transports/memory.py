@@ -34,8 +34,11 @@ class MemoryTransport(Transport):
     capabilities = frozenset({"coalesce", "split"})
 
     def __init__(
-        self, config: PolicyConfig | None = None, options: MemoryOptions | None = None,
-        *, fault: Fault | None = None,
+        self,
+        config: PolicyConfig | None = None,
+        options: MemoryOptions | None = None,
+        *,
+        fault: Fault | None = None,
     ) -> None:
         super().__init__(workers=1)
         self.fault = fault
@@ -47,7 +50,9 @@ class MemoryTransport(Transport):
         d = batch.descriptors
         stop = self.fault(batch) if self.fault is not None else None
         count = len(d) if stop is None else min(stop, len(d))
-        for s, t, n in zip(d.src[:count].tolist(), d.dst[:count].tolist(), d.length[:count].tolist()):
+        for s, t, n in zip(
+            d.src[:count].tolist(), d.dst[:count].tolist(), d.length[:count].tolist()
+        ):
             ctypes.memmove(batch.dst.address + t, batch.src.address + s, n)
         if count < len(d):
             message = f"memory transport: injected failure after {count} of {len(d)} descriptors"

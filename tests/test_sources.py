@@ -1,0 +1,175 @@
+"""Tests for kvcr_policy.sources: each source alone, its leaves, origins and problems."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvcr_policy.sources import (
+    env_name,
+    env_source,
+    flatten,
+    known_leaves,
+    override_source,
+    profile_source,
+    suggest,
+)
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+
+def test_known_leaves_cover_every_section_field() -> None:
+    leaves = known_leaves()
+    assert "batching.read_batch_pages" in leaves
+    assert "placement.numa_nodes" in leaves
+    assert "batching.options" in leaves  # an open table, checked later by the strategy
+    assert not any(path.count(".") != 1 for path in leaves)
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("batching.read_batch_pages", "KVCR_POLICY_BATCHING__READ_BATCH_PAGES"),
+        ("thread_tuning.switch_interval_s", "KVCR_POLICY_THREAD_TUNING__SWITCH_INTERVAL_S"),
+        ("plugins.allow", "KVCR_POLICY_PLUGINS"),
+        ("plugins.block", "KVCR_POLICY_DISABLE_PLUGINS"),
+    ],
+)
+def test_env_name(path: str, name: str) -> None:
+    assert env_name(path) == name
+
+
+def test_flatten_keeps_option_values_whole() -> None:
+    nested = {
+        "batching": {"read_batch_pages": 8, "options": {"a": 1, "deep": {"b": 2}}},
+        "placement": {"numa_nodes": [0, 1]},
+    }
+    assert flatten(nested) == {
+        "batching.read_batch_pages": 8,
+        "batching.options.a": 1,
+        "batching.options.deep": {"b": 2},
+        "placement.numa_nodes": [0, 1],
+    }
+
+
+def test_suggest_finds_near_names_only() -> None:
+    assert suggest("read_batch_page", ["read_batch_pages", "query_batch_keys"]) == (
+        "read_batch_pages"
+    )
+    assert suggest("zzz", ["read_batch_pages"]) is None
+
+
+def test_profile_source_origins_name_file_and_table(write_profile: Callable[..., Path]) -> None:
+    path = write_profile(
+        """
+        [batching]
+        read_batch_pages = 64
+        [batching.options]
+        x = 1
+        """
+    )
+    leaves, issues = profile_source(path)
+    assert issues == []
+    assert leaves == {
+        "batching.read_batch_pages": (64, f"profile {path} [batching]"),
+        "batching.options.x": (1, f"profile {path} [batching.options]"),
+    }
+
+
+def test_profile_source_reports_unknown_keys(write_profile: Callable[..., Path]) -> None:
+    path = write_profile("[batching]\nread_batch_page = 64\nquery_batch_keys = 8\n")
+    leaves, issues = profile_source(path)
+    assert list(leaves) == ["batching.query_batch_keys"]
+    (issue,) = issues
+    assert issue.path == "batching.read_batch_page"
+    assert issue.origin == f"profile {path} [batching]"
+    assert "did you mean 'batching.read_batch_pages'?" in issue.message
+
+
+def test_profile_source_reports_bad_toml(write_profile: Callable[..., Path]) -> None:
+    path = write_profile("[batching\n")
+    leaves, issues = profile_source(path)
+    assert leaves == {}
+    assert issues[0].origin == str(path)
+    assert "not valid TOML" in issues[0].message
+
+
+def test_profile_source_reports_unreadable_file(tmp_path: Path) -> None:
+    leaves, issues = profile_source(tmp_path)  # a directory cannot be read as a file
+    assert leaves == {}
+    assert "cannot read the profile" in issues[0].message
+
+
+def test_env_source_reads_only_prefixed_variables() -> None:
+    leaves, issues = env_source(
+        {
+            "KVCR_POLICY_BATCHING__READ_BATCH_PAGES": "64",
+            "KVCR_POLICY_PROFILE": "throughput",  # reserved: selects, is not a field
+            "KVCR_POLICY_TRACE_HOOKS": "1",
+            "HOME": "/root",
+        }
+    )
+    assert issues == []
+    name = "KVCR_POLICY_BATCHING__READ_BATCH_PAGES"
+    assert leaves == {"batching.read_batch_pages": ("64", f"env {name}")}
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "value"),
+    [
+        ("KVCR_POLICY_PLACEMENT__NUMA_NODES", "0, 1", ["0", "1"]),
+        ("KVCR_POLICY_PLACEMENT__NUMA_NODES", "[0, 1]", [0, 1]),
+        ("KVCR_POLICY_PLACEMENT__NUMA_NODES", "", []),
+        ("KVCR_POLICY_BATCHING__WINDOW_PAGES", "none", None),
+        ("KVCR_POLICY_BATCHING__WINDOW_PAGES", "", None),
+        ("KVCR_POLICY_PLUGINS", "a,b", ["a", "b"]),
+        ("KVCR_POLICY_PLUGINS", "[]", []),
+        ("KVCR_POLICY_BATCHING__OPTIONS__PAGE_BYTES", "16", 16),
+        ("KVCR_POLICY_BATCHING__OPTIONS__PAGE_BYTES", "16MiB", "16MiB"),
+    ],
+)
+def test_env_source_decodes_values(name: str, raw: str, value: object) -> None:
+    leaves, issues = env_source({name: raw})
+    assert issues == []
+    ((_, (got, origin)),) = leaves.items()
+    assert (got, origin) == (value, f"env {name}")
+
+
+def test_env_source_names_nearest_variable_for_a_typo() -> None:
+    name = "KVCR_POLICY_BATCHING__READ_BATCH_PAGE"
+    leaves, issues = env_source({name: "64"})
+    assert leaves == {}
+    (issue,) = issues
+    assert issue.origin == f"env {name}"
+    assert "KVCR_POLICY_BATCHING__READ_BATCH_PAGES (batching.read_batch_pages)" in issue.message
+
+
+def test_env_source_reports_bad_json() -> None:
+    _, issues = env_source({"KVCR_POLICY_PLACEMENT__NUMA_NODES": "[0,"})
+    assert "cannot parse '[0,'" in issues[0].message
+
+
+def test_override_source_takes_dotted_and_nested_keys() -> None:
+    leaves, issues = override_source(
+        {"batching.read_batch_pages": 64, "placement": {"numa_nodes": [0]}}
+    )
+    assert issues == []
+    assert leaves == {
+        "batching.read_batch_pages": (64, "override"),
+        "placement.numa_nodes": ([0], "override"),
+    }
+
+
+def test_override_source_parses_strings_like_env() -> None:
+    leaves, _ = override_source({"batching.window_pages": "none", "placement.numa_nodes": "0,1"})
+    assert leaves["batching.window_pages"] == (None, "override")
+    assert leaves["placement.numa_nodes"] == (["0", "1"], "override")
+
+
+def test_override_source_reports_unknown_keys() -> None:
+    leaves, issues = override_source({"batching.read_batch_page": 64})
+    assert leaves == {}
+    assert issues[0].origin == "override"
+    assert "did you mean 'batching.read_batch_pages'?" in issues[0].message
