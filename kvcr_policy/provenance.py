@@ -34,19 +34,24 @@ def origin_for(origins: Mapping[str, str], path: str) -> str:
     """The origin of ``path``, or of the values under it, or of its nearest parent.
 
     Validation errors point at leaves, sections (cross-field rules) or the root, so this looks
-    for an exact match first, then for the non-default origins below ``path``, then upwards.
+    for an exact match first, then for the non-default origins below ``path``, then upwards the
+    same way (a required option that is missing belongs to the table that lacks it).
     """
     if path in origins:
         return origins[path]
-    below = sorted(
-        {origin for key, origin in origins.items() if key.startswith(path + ".") and origin != DEFAULT}
-    )
-    if below:
-        return ", ".join(below)
     parts = path.split(".")
     while parts:
+        below = _set_below(origins, ".".join(parts))
+        if below:
+            return below
         parts.pop()
         parent = ".".join(parts)
         if parent in origins:
             return origins[parent]
     return DEFAULT
+
+
+def _set_below(origins: Mapping[str, str], path: str) -> str:
+    """The non-default origins of the values under ``path``, joined; empty if none."""
+    below = {o for key, o in origins.items() if key.startswith(path + ".") and o != DEFAULT}
+    return ", ".join(sorted(below))
