@@ -23,7 +23,7 @@ from .errors import KVCRPolicyError
 from .geometry import PRESETS, PoolGeometry, preset
 from .loading import LoadedConfig, load_config
 from .pipeline import Pipeline, build_pipeline
-from .transports.base import CopyBatch, Endpoint
+from .transports.base import CopyBatch
 
 __all__ = ["BenchError", "BenchSetup", "measure_exists", "run_bench"]
 
@@ -162,9 +162,7 @@ def run_bench(setup: BenchSetup, progress: Progress | None = None) -> dict[str, 
                     start = time.perf_counter()
                     got = side.pipeline.get(keys, dst_idx)
                     seconds = time.perf_counter() - start
-                    ok = all(got) and bool(
-                        np.array_equal(_checksums(view[:, dst_pages]), expected)
-                    )
+                    ok = all(got) and bool(np.array_equal(_checksums(view[:, dst_pages]), expected))
                     verified &= ok
                     runs.append(
                         {
@@ -185,7 +183,9 @@ def run_bench(setup: BenchSetup, progress: Progress | None = None) -> dict[str, 
             side.close()
 
     def median(label: str, order: str | None = None, key: str = "restore_gbps") -> float:
-        values = [r[key] for r in runs if r["side"] == label and (order is None or r["order"] == order)]
+        values = [
+            r[key] for r in runs if r["side"] == label and (order is None or r["order"] == order)
+        ]
         return statistics.median(values)
 
     limit = statistics.median(r["limit_gbps"] for r in runs)

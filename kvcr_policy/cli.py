@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -47,11 +47,15 @@ class PlainFormat(str, Enum):
 
 ProfileOpt = Annotated[
     str | None,
-    typer.Option("--profile", "-p", help="Bundled profile name or path (else KVCR_POLICY_PROFILE)."),
+    typer.Option(
+        "--profile", "-p", help="Bundled profile name or path (else KVCR_POLICY_PROFILE)."
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override one value: KEY=VALUE, e.g. batching.read_batch_pages=64."),
+    typer.Option(
+        "--set", "-s", help="Override one value: KEY=VALUE, e.g. batching.read_batch_pages=64."
+    ),
 ]
 
 
@@ -181,7 +185,9 @@ def profiles(
 @app.command()
 def schema(
     write: Annotated[bool, typer.Option("--write", help="Regenerate schemas/.")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Verify schemas/ (exit 1 if stale).")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Verify schemas/ (exit 1 if stale).")
+    ] = False,
     folder: Annotated[
         Path | None, typer.Option("--dir", help="Another schemas/ folder to write or check.")
     ] = None,
@@ -243,7 +249,9 @@ def plugins(
     out.print(table)
     for item in skipped:
         word = "blocked" if item["blocked"] else "broken"
-        err.print(f"{word}: {item['name']} ({item['distribution']}): {item['reason']}", markup=False)
+        err.print(
+            f"{word}: {item['name']} ({item['distribution']}): {item['reason']}", markup=False
+        )
 
 
 class Target(str, Enum):
@@ -298,21 +306,30 @@ def audit(
 
 @app.command()
 def bench(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="Profile measured (P).")] = "throughput",
+    profile: Annotated[
+        str, typer.Option("--profile", "-p", help="Profile measured (P).")
+    ] = "throughput",
     vs: Annotated[str, typer.Option("--vs", help="Baseline profile (Q).")] = "default",
     geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
     layout: Annotated[str, typer.Option("--layout")] = "layer_first",
     tokens: Annotated[int, typer.Option("--tokens", min=1)] = 8192,
     target: Annotated[Target, typer.Option("--target")] = Target.cpu,
-    transport: Annotated[Via, typer.Option("--transport", help="local tier or a ucx peer.")] = Via.local,
-    peer: Annotated[Peer | None, typer.Option("--peer", help="Also measure SGLang's HiCacheFile.")] = None,
+    transport: Annotated[
+        Via, typer.Option("--transport", help="local tier or a ucx peer.")
+    ] = Via.local,
+    peer: Annotated[
+        Peer | None, typer.Option("--peer", help="Also measure SGLang's HiCacheFile.")
+    ] = None,
     ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", min=1)] = 5,
     mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
-    scatter: Annotated[bool, typer.Option("--scatter", help="Restore into scattered pages.")] = False,
+    scatter: Annotated[
+        bool, typer.Option("--scatter", help="Restore into scattered pages.")
+    ] = False,
     set_: SetOpt = None,
     screen_pct: Annotated[
-        float | None, typer.Option("--screen", help="Exit 1 if P is this % below Q in either order.")
+        float | None,
+        typer.Option("--screen", help="Exit 1 if P is this % below Q in either order."),
     ] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of every run.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
@@ -326,15 +343,25 @@ def bench(
         from .cuda_bench import run_cuda_bench
 
         result = run_cuda_bench(
-            profile, vs, geometry_name=geometry, layout=layout, tokens=tokens,
-            repeat=repeat, scatter=scatter,
+            profile,
+            vs,
+            geometry_name=geometry,
+            layout=layout,
+            tokens=tokens,
+            repeat=repeat,
+            scatter=scatter,
         )
     elif transport is Via.ucx:
         from .peer.bench import run_ucx_bench
 
         result = run_ucx_bench(
-            profile, vs, geometry_name=geometry, layout=layout, tokens=tokens,
-            repeat=repeat, tls=ucx_tls,
+            profile,
+            vs,
+            geometry_name=geometry,
+            layout=layout,
+            tokens=tokens,
+            repeat=repeat,
+            tls=ucx_tls,
         )
     elif peer is not None:
         from .integrations.sglang_bench import run_peer_bench
@@ -343,9 +370,7 @@ def bench(
             profile, tokens=tokens, layout=layout, geometry_name=geometry, repeat=repeat
         )
     else:
-        setup = BenchSetup(
-            profile, vs, geometry, layout, tokens, repeat, mla, scatter, overrides
-        )
+        setup = BenchSetup(profile, vs, geometry, layout, tokens, repeat, mla, scatter, overrides)
         result = run_bench(setup, say)
     failed = False
     if screen_pct is not None and "orders" in result:

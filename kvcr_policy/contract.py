@@ -51,7 +51,9 @@ def current_field_order() -> dict[str, list[str]]:
     return order
 
 
-def check_field_order(pinned: Mapping[str, list[str]], current: Mapping[str, list[str]]) -> list[str]:
+def check_field_order(
+    pinned: Mapping[str, list[str]], current: Mapping[str, list[str]]
+) -> list[str]:
     """Every way ``current`` breaks ``pinned``: moved, renamed or removed fields, lost types."""
     problems = []
     for type_name, fields in pinned.items():
@@ -66,7 +68,9 @@ def check_field_order(pinned: Mapping[str, list[str]], current: Mapping[str, lis
                     f"only {len(now)} fields (removed)"
                 )
             elif now[position] != name:
-                where = f"now at position {now.index(name)}" if name in now else "renamed or removed"
+                where = (
+                    f"now at position {now.index(name)}" if name in now else "renamed or removed"
+                )
                 problems.append(
                     f"{type_name}.{name}: pinned at position {position}, but position "
                     f"{position} is now {now[position]!r} ({name!r} {where})"

@@ -231,4 +231,3 @@ def _validate_strategies(
     if issues:
         return config, option_origins, issues
     return config.model_copy(update=updates), option_origins, issues
-

@@ -145,7 +145,11 @@ def make_plugin_manager(
     """
     env = os.environ if environ is None else environ
     section = config.plugins if config is not None else PluginsSection()
-    allow = section.allow if section.allow is not None else _split_names(env.get(ENV_PREFIX + "PLUGINS"))
+    allow = (
+        section.allow
+        if section.allow is not None
+        else _split_names(env.get(ENV_PREFIX + "PLUGINS"))
+    )
     block = set(section.block) | set(_split_names(env.get(ENV_PREFIX + "DISABLE_PLUGINS")) or ())
 
     pm = PluginManager()

@@ -46,7 +46,7 @@ class Section(BaseModel):
                     f"({', '.join(names)}); got {len(args)}"
                 )
                 raise TypeError(message)
-            for name, value in zip(names, args):
+            for name, value in zip(names, args, strict=False):  # fewer args than fields is fine
                 if name in data:
                     message = f"{type(self).__name__} got {name!r} both by position and by name"
                     raise TypeError(message)

@@ -135,9 +135,9 @@ def profile_source(path: Path) -> tuple[Leaves, list[ConfigIssue]]:
     for leaf, value in flatten(data).items():
         table = leaf.rsplit(".", 1)[0] if "." in leaf else "<top level>"
         origin = profile_origin(where, table)
-        issue = _check_path(leaf, origin, known)
-        if issue is not None:
-            issues.append(issue)
+        problem = _check_path(leaf, origin, known)
+        if problem is not None:
+            issues.append(problem)
             continue
         leaves[leaf] = (value, origin)
     return leaves, issues
@@ -210,11 +210,7 @@ def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIs
     issues: list[ConfigIssue] = []
     nested: dict[str, Any] = {}
     for key, value in overrides.items():
-        if "." in key:
-            leaves_here = {key: value}
-        else:
-            leaves_here = flatten({key: value})
-        nested.update(leaves_here)
+        nested.update({key: value} if "." in key else flatten({key: value}))
     for path, value in nested.items():
         issue = _check_path(path, OVERRIDE, known)
         if issue is not None:

@@ -42,7 +42,7 @@ class StatsRecorder:
         self._counts: Counter[str] = Counter()
         self._peaks: Counter[str] = Counter()
         self._fallbacks: Counter[str] = Counter()
-        self._seconds: Counter[str] = Counter()
+        self._seconds: dict[str, float] = {}
         self._calls: Counter[str] = Counter()
 
     def add(self, **counts: int) -> None:
@@ -60,7 +60,7 @@ class StatsRecorder:
 
     def timed(self, call: str, seconds: float) -> None:
         with self._lock:
-            self._seconds[call] += seconds
+            self._seconds[call] = self._seconds.get(call, 0.0) + seconds
             self._calls[call] += 1
 
     def snapshot(self, pools: dict[str, Any], transport: dict[str, Any]) -> PipelineStats:

@@ -39,7 +39,9 @@ class Window:
     def bounded(self) -> bool:
         return self.batches is not None or self.pages is not None or self.bytes is not None
 
-    def admits(self, batches: int, pages: int, nbytes: int, more_pages: int, more_bytes: int) -> bool:
+    def admits(
+        self, batches: int, pages: int, nbytes: int, more_pages: int, more_bytes: int
+    ) -> bool:
         """Whether one more batch may start; an empty window always admits one (no deadlock)."""
         if batches == 0:
             return True

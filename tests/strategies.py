@@ -206,3 +206,89 @@ def env_text(path: str, value: object) -> st.SearchStrategy[str]:
             return st.just(as_json)
         return st.sampled_from((as_json, ",".join(str(v) for v in value)))
     return st.just(str(value))
+
+
+# --- Pool buffers for pipeline tests ---
+#
+# A page is addressed here by the meaning of the buffer's axes (a token axis or a page axis, as
+# SGLang allocates them), never by byte offsets, so a test built on these helpers checks the
+# descriptor arithmetic instead of repeating it.
+
+BUFFER_KINDS = ("torch-bfloat16", "numpy-float16")
+
+
+def page_slice(geometry: PoolGeometry, page: int) -> tuple[object, ...]:
+    """The index of every element of page ``page`` in a buffer of ``geometry.shape``."""
+    tokens = slice(page * geometry.page_size, (page + 1) * geometry.page_size)
+    every = slice(None)
+    if geometry.mla:  # (L, T, 1, D) | (T, L, 1, D) | (T/P, L, P, 1, D)
+        by_layout: dict[str, tuple[object, ...]] = {
+            "layer_first": (every, tokens),
+            "page_first": (tokens,),
+            "page_first_direct": (page,),
+        }
+    else:  # (2, L, T, H, D) | (2, T, L, H, D) | (2, T/P, L, P, H, D) | (2, T/P, H, P, L, D)
+        by_layout = {
+            "layer_first": (every, every, tokens),
+            "page_first": (every, tokens),
+            "page_first_direct": (every, page),
+            "page_head": (every, page),
+        }
+    return by_layout[geometry.layout]
+
+
+def token_indices(pages: object, page_size: int) -> np.ndarray:
+    """Host token indices of whole pages, as SGLang passes them: ``page·P + arange(P)``."""
+    array = np.asarray(pages, dtype=np.int64).reshape(-1, 1)
+    return (array * page_size + np.arange(page_size, dtype=np.int64)).reshape(-1)
+
+
+def random_buffer(geometry: PoolGeometry, rng: np.random.Generator, kind: str) -> object:
+    """A C-contiguous pool buffer of random bits (NaNs included; tests compare bits)."""
+    bits = rng.integers(0, 1 << 16, size=geometry.shape, dtype=np.uint16)
+    if kind == "torch-bfloat16":
+        import torch
+
+        return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    if kind == "numpy-float16":
+        return bits.view(np.float16)
+    raise ValueError(f"unknown buffer kind {kind!r}; expected one of {BUFFER_KINDS}")
+
+
+def raw_bytes(buffer: object) -> np.ndarray:
+    """A flat uint8 view sharing the buffer's memory (torch tensor or numpy array)."""
+    if isinstance(buffer, np.ndarray):
+        return buffer.reshape(-1).view(np.uint8)
+    import torch
+
+    assert isinstance(buffer, torch.Tensor)
+    return buffer.reshape(-1).view(torch.uint8).numpy()
+
+
+def copy_buffer(buffer: object) -> object:
+    """An independent copy of a torch tensor or numpy array."""
+    return buffer.copy() if isinstance(buffer, np.ndarray) else buffer.clone()  # type: ignore[attr-defined]
+
+
+def page_bytes(buffer: object, geometry: PoolGeometry, page: int) -> bytes:
+    """The bytes of one page, in C order of its slice."""
+    part = buffer[page_slice(geometry, page)]  # type: ignore[index]
+    if isinstance(part, np.ndarray):
+        return part.tobytes()
+    return raw_bytes(part.contiguous()).tobytes()
+
+
+def scramble(buffer: object, rng: np.random.Generator) -> None:
+    """Overwrite every byte of the buffer with new random bits, in place."""
+    view = raw_bytes(buffer)
+    view[:] = rng.integers(0, 256, size=view.size, dtype=np.uint8)
+
+
+@st.composite
+def distinct_pages(
+    draw: st.DrawFn, pages: int, *, min_size: int = 1, max_size: int | None = None
+) -> list[int]:
+    """Distinct page numbers below ``pages``, in random order (a host pool's free pages)."""
+    upper = pages if max_size is None else min(max_size, pages)
+    size = draw(st.integers(min_size, upper))
+    return draw(st.permutations(range(pages)))[:size]

@@ -64,13 +64,15 @@ def _swap(fields: list[str]) -> list[str]:
 def test_swapped_pin_fails_naming_the_field(schemas_copy: Path) -> None:
     _edit_pin(schemas_copy, "BatchingSection", _swap)
     problems = check_schemas(schemas_copy)
-    assert any(p.startswith("BatchingSection.query_batch_keys: pinned at position 1") for p in problems)
+    assert any(
+        p.startswith("BatchingSection.query_batch_keys: pinned at position 1") for p in problems
+    )
     assert any("BatchingSection.read_batch_pages" in p for p in problems)
 
 
 def test_write_refuses_to_repin_a_moved_field(schemas_copy: Path) -> None:
     _edit_pin(schemas_copy, "BatchingSection", _swap)
-    with pytest.raises(SchemaDriftError, match="BatchingSection.query_batch_keys"):
+    with pytest.raises(SchemaDriftError, match=r"BatchingSection\.query_batch_keys"):
         write_schemas(schemas_copy)
 
 

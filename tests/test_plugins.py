@@ -129,9 +129,11 @@ def test_plugin_failing_to_register_is_rolled_back(fake_dist: Callable[..., None
         "register('batching', 'half', lambda section, options: None)\n"
         "        register('bogus', 'thing', lambda section, options: None)"
     )
-    fake_dist("kvcr-test-badkind", {"badkind": "kvcr_test_badkind"}, {
-        "kvcr_test_badkind": _registering(body)
-    })  # fmt: skip
+    fake_dist(
+        "kvcr-test-badkind",
+        {"badkind": "kvcr_test_badkind"},
+        {"kvcr_test_badkind": _registering(body)},
+    )
     registry = make_plugin_manager(environ={}).registry
     (broken,) = [b for b in registry.broken if b.name == "badkind"]
     assert "unknown kind 'bogus'" in broken.reason
@@ -178,9 +180,9 @@ def test_observer_exceptions_are_logged_not_raised(
         def kvcr_pipeline_opened(pipeline):
             raise RuntimeError("observer broke")
     """
-    fake_dist("kvcr-test-observer", {"observer": "kvcr_test_observer"}, {
-        "kvcr_test_observer": source
-    })  # fmt: skip
+    fake_dist(
+        "kvcr-test-observer", {"observer": "kvcr_test_observer"}, {"kvcr_test_observer": source}
+    )
     pm = make_plugin_manager(environ={})
     with caplog.at_level(logging.ERROR, logger="kvcr_policy.plugins"):
         pm.call_safely("kvcr_pipeline_opened", pipeline=None)
@@ -336,7 +338,7 @@ def test_allow_list(allow: str, loaded: bool) -> None:
 @needs_example
 def test_allow_list_from_a_profile(write_profile: ProfileWriter) -> None:
     path = write_profile(ADAPTIVE_PROFILE + "[plugins]\nallow = ['other']\n")
-    with pytest.raises(ConfigError, match="not in plugins.allow"):
+    with pytest.raises(ConfigError, match=r"not in plugins\.allow"):
         load_config(path, environ={})
 
 

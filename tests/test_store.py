@@ -413,8 +413,8 @@ def test_every_call_after_close_raises() -> None:
 
 # ---- stateful model -------------------------------------------------------------------------
 
-CAPACITY = 6
-KEYS = keys_of("k", 9)
+CAPACITY = 4
+KEYS = keys_of("k", 7)
 key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=5)
 
 

@@ -8,9 +8,9 @@ the default runs ``copy`` on a small thread pool.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np

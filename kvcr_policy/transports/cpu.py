@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
@@ -30,7 +31,8 @@ class CpuOptions(BaseModel):
 
 
 def _run(src_base: int, dst_base: int, d: Descriptors) -> None:
-    for s, t, n in zip((d.src + src_base).tolist(), (d.dst + dst_base).tolist(), d.length.tolist()):
+    sources, targets = (d.src + src_base).tolist(), (d.dst + dst_base).tolist()
+    for s, t, n in zip(sources, targets, d.length.tolist(), strict=True):
         _memmove(t, s, n)
 
 
@@ -41,7 +43,7 @@ def _shares(d: Descriptors, parts: int) -> list[Descriptors]:
     ends = np.cumsum(d.length)
     cuts = np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts, side="left") + 1
     bounds = [0, *sorted({int(c) for c in cuts if 0 < c < len(d)}), len(d)]
-    return [d.take(np.arange(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [d.take(np.arange(a, b)) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 class CpuTransport(Transport):

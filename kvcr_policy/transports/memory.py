@@ -51,7 +51,7 @@ class MemoryTransport(Transport):
         stop = self.fault(batch) if self.fault is not None else None
         count = len(d) if stop is None else min(stop, len(d))
         for s, t, n in zip(
-            d.src[:count].tolist(), d.dst[:count].tolist(), d.length[:count].tolist()
+            d.src[:count].tolist(), d.dst[:count].tolist(), d.length[:count].tolist(), strict=True
         ):
             ctypes.memmove(batch.dst.address + t, batch.src.address + s, n)
         if count < len(d):

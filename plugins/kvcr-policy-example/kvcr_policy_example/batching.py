@@ -84,7 +84,9 @@ class AdaptiveBatching:
         window_bytes = int(section.window_bytes) if section.window_bytes is not None else None
         self.window = Window(section.window_batches, section.window_pages, window_bytes)
         pages = _clamp(
-            int(options.target_batch_bytes) // page, options.min_batch_pages, options.max_batch_pages
+            int(options.target_batch_bytes) // page,
+            options.min_batch_pages,
+            options.max_batch_pages,
         )
         if section.window_pages is not None:
             pages = min(pages, section.window_pages)
