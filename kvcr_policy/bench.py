@@ -155,7 +155,7 @@ def run_bench(setup: BenchSetup, progress: Progress | None = None) -> dict[str, 
         verified = True
         for rep in range(setup.repeat):
             for order in (("P", "Q"), ("Q", "P")):
-                limit = _limit_gbps(sides[order[0]], geometry, nbytes, nbytes)
+                limit = _limit_gbps(sides["P"], geometry, nbytes, nbytes)
                 for label in order:
                     side = sides[label]
                     view[:, n_pages:] = 0

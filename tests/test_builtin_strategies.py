@@ -98,7 +98,11 @@ def test_fixed_batching_window_comes_from_the_section() -> None:
 
 
 @given(
-    bounds=st.tuples(*[st.none() | st.integers(1, 64)] * 2, st.none() | st.integers(1, 4096)),
+    bounds=st.tuples(
+        st.none() | st.integers(1, 6),
+        st.none() | st.integers(1, 160),
+        st.none() | st.integers(1, 4096),
+    ),
     batches=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 1000)), max_size=30),
 )
 def test_window_never_exceeds_its_bounds(

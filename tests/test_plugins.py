@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
 
@@ -31,7 +31,8 @@ from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import NoOptions, Registry, Spec
 from kvcr_policy.schema import BatchingSection
 from kvcr_policy.strategies import BatchingStrategy
-from tests.conftest import EXAMPLE_DIST, example_installed
+
+EXAMPLE_DIST = "kvcr-policy-example"
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 needs_example = pytest.mark.usefixtures("example_plugin")
@@ -216,13 +217,6 @@ def test_every_hook_is_documented() -> None:
 # --- the example plugin ---
 
 
-def test_example_plugin_skips_cleanly_when_absent() -> None:
-    if example_installed():
-        assert metadata.entry_points(group="kvcr_policy", name="example")
-    else:
-        assert not metadata.entry_points(group="kvcr_policy", name="example")
-
-
 @needs_example
 def test_example_is_registered_with_its_distribution() -> None:
     spec = make_plugin_manager(environ={}).registry.get("batching", "adaptive")
@@ -342,7 +336,7 @@ def test_allow_list_from_a_profile(write_profile: ProfileWriter) -> None:
         load_config(path, environ={})
 
 
-def _adaptive(options: dict[str, object], **section: object) -> BatchingStrategy:
+def _adaptive(options: Mapping[str, object], **section: object) -> BatchingStrategy:
     from kvcr_policy_example import AdaptiveBatching, AdaptiveOptions
 
     return AdaptiveBatching(BatchingSection(**section), AdaptiveOptions(**options))
