@@ -1,13 +1,24 @@
-"""Built-in transports: cpu (the default) and memory (checked copies, for tests)."""
+"""Built-in transports: cpu (the default), memory (checked copies, for tests) and cuda."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..hookspecs import hookimpl
 from ..registry import RegisterTransport
 from ..transports.cpu import CpuOptions, CpuTransport
+from ..transports.cuda import CudaOptions
 from ..transports.memory import MemoryOptions, MemoryTransport
+from ..transports.ucx import UcxOptions, UcxTransport  # imports ucxx only when a pool attaches
 
 __all__: list[str] = []
+
+
+def _cuda(config: Any, options: CudaOptions) -> Any:
+    # torch is imported only when a cuda transport is built, never at plugin registration.
+    from ..transports.cuda import CudaTransport
+
+    return CudaTransport(config, options)
 
 
 @hookimpl
@@ -16,3 +27,5 @@ def kvcr_register_transports(register: RegisterTransport) -> None:
     register(
         "memory", MemoryTransport, options=MemoryOptions, description="checked copies for tests"
     )
+    register("cuda", _cuda, options=CudaOptions, description="GPU pools, pinned tier, one stream")
+    register("ucx", UcxTransport, options=UcxOptions, description="peer tier over UCX (serve)")
