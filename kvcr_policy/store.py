@@ -5,14 +5,14 @@ one page each; the store only decides which slot a key lives in, the pipeline mo
 
 Every slot is in one :class:`SlotState`; the transitions are::
 
-    FREE       reserve                              -> RESERVED
-    RESERVED   commit with ok                       -> PUBLISHED
-    RESERVED   commit without ok, abort             -> FREE
-    RESERVED   delete, clear                        -> CANCELLED
-    CANCELLED  commit, abort                        -> FREE
-    PUBLISHED  delete, clear, evict (when unclaimed) -> FREE
-    PUBLISHED  delete, clear (while claimed)        -> ORPHANED
-    ORPHANED   last release                         -> FREE
+    FREE       reserve                           -> RESERVED
+    RESERVED   commit with ok                    -> PUBLISHED
+    RESERVED   commit without ok, abort          -> FREE
+    RESERVED   delete, clear                     -> CANCELLED
+    CANCELLED  commit, abort                     -> FREE
+    PUBLISHED  delete, clear, evict (unclaimed)  -> FREE
+    PUBLISHED  delete, clear (while claimed)     -> ORPHANED
+    ORPHANED   last release                      -> FREE
 
 - A write reserves slots (invisible to lookups), copies into them, then commits exactly the keys
   whose copy succeeded.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +69,14 @@ class SlotState(enum.IntEnum):
     CANCELLED = 2  # reserved, then deleted/cleared: freed (not published) when its write settles
     PUBLISHED = 3  # holds a key visible to lookups
     ORPHANED = 4  # its key was deleted while claimed: freed when the last claim releases
+
+
+# Plain ints for the hot loops: reading an enum member costs about 0.15 µs, an int global 0.02.
+_FREE = int(SlotState.FREE)
+_RESERVED = int(SlotState.RESERVED)
+_CANCELLED = int(SlotState.CANCELLED)
+_PUBLISHED = int(SlotState.PUBLISHED)
+_ORPHANED = int(SlotState.ORPHANED)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -216,80 +224,94 @@ def _frozen(values: Sequence[int] | np.ndarray, dtype: type = np.int64) -> np.nd
 
 
 class _FreeExtents:
-    """Free slots as maximal runs sorted by start. Freed runs merge with their neighbours, so
-    the allocator keeps finding long runs after churn. ``take`` is O(runs), ``give`` O(log runs)
-    plus a list insert (a C memmove)."""
+    """Free slots as maximal runs: parallel lists of starts (sorted) and lengths. Freed runs
+    merge with their neighbours, so the allocator keeps finding long runs after churn. ``give``
+    costs a bisection and a list insert or delete (a C memmove) per run; ``take`` scans the
+    runs, in one vectorised pass once a fragmented tier has many of them."""
 
-    __slots__ = ("_length", "_start_of_end", "_starts", "free")
+    __slots__ = ("_lengths", "_starts", "free")
+
+    # Measured (2 cores, Python 3.11, numpy 2.4) on a scan where no run fits, then the sort:
+    # Python and numpy tie at 128 runs, numpy is 1.2x faster at 256 and 1.8x at 1,024; with
+    # fewer runs, or a fit found early, the Python scan wins.
+    _VECTOR_SCAN_FROM = 256
 
     def __init__(self, capacity: int) -> None:
         self._starts: list[int] = [0]
-        self._length: dict[int, int] = {0: capacity}
-        self._start_of_end: dict[int, int] = {capacity: 0}  # exclusive end -> start
+        self._lengths: list[int] = [capacity]
         self.free = capacity
 
     def __len__(self) -> int:
         return len(self._starts)
 
     def runs(self) -> tuple[tuple[int, int], ...]:
-        return tuple((start, self._length[start]) for start in self._starts)
+        return tuple(zip(self._starts, self._lengths, strict=True))
 
     def take(self, count: int) -> list[int]:
         """Slots for ``count`` consecutive keys: the first run that fits them all, else the
         fewest runs (largest first), handed out in slot order. Caller ensures count <= free."""
         if count == 0:
             return []
-        length = self._length
-        for start in self._starts:
-            if length[start] >= count:
-                return list(range(*self._carve(start, count)))
-        # Largest first minimises the number of runs; sorted() is stable, so among equal
-        # lengths the lower start wins, as first fit would.
-        chosen: list[tuple[int, int]] = []
-        for start in sorted(self._starts, key=length.__getitem__, reverse=True):
-            if count == 0:
+        starts, lengths = self._starts, self._lengths
+        vectorised = len(lengths) >= self._VECTOR_SCAN_FROM
+        if vectorised:
+            sizes = np.array(lengths, dtype=np.int64)
+            fits = np.flatnonzero(sizes >= count)
+            index = int(fits[0]) if fits.size else -1
+        else:
+            index = next((i for i, length in enumerate(lengths) if length >= count), -1)
+        if index >= 0:
+            first = starts[index]
+            self._carve(index, count)
+            return list(range(first, first + count))
+        # Largest first gives the fewest runs; both sorts are stable, so among equal lengths
+        # the lower start wins, as first fit would.
+        if vectorised:
+            by_size: list[int] = np.argsort(-sizes, kind="stable").tolist()
+        else:
+            by_size = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
+        chosen: list[tuple[int, int, int]] = []  # (start, size, index)
+        remaining = count
+        for index in by_size:
+            size = min(lengths[index], remaining)
+            chosen.append((starts[index], size, index))
+            remaining -= size
+            if remaining == 0:
                 break
-            size = min(length[start], count)
-            chosen.append(self._carve(start, size))
-            count -= size
+        # Carve from the highest index down, so removing a run keeps the lower indices valid.
+        for _, size, index in sorted(chosen, key=lambda run: run[2], reverse=True):
+            self._carve(index, size)
         chosen.sort()
-        return [slot for first, end in chosen for slot in range(first, end)]
+        return [slot for first, size, _ in chosen for slot in range(first, first + size)]
 
-    def _carve(self, start: int, size: int) -> tuple[int, int]:
-        total = self._length.pop(start)
-        index = bisect_left(self._starts, start)
-        end = start + total
-        if size < total:
+    def _carve(self, index: int, size: int) -> None:
+        if size < self._lengths[index]:
             # The remainder keeps the run's place in the sorted list.
-            self._starts[index] = start + size
-            self._length[start + size] = total - size
-            self._start_of_end[end] = start + size
+            self._starts[index] += size
+            self._lengths[index] -= size
         else:
             del self._starts[index]
-            del self._start_of_end[end]
+            del self._lengths[index]
         self.free -= size
-        return start, start + size
 
     def give(self, slots: Iterable[int]) -> None:
         """Return slots (any order, no duplicates, none already free)."""
-        ordered = sorted(slots)
-        for first, last in _runs_of(ordered):
+        for first, last in _runs_of(sorted(slots)):
             self._give_run(first, last + 1)
 
     def _give_run(self, start: int, end: int) -> None:
+        starts, lengths = self._starts, self._lengths
         self.free += end - start
-        right = self._length.pop(end, None)
-        if right is not None:
-            del self._start_of_end[end + right]
-            del self._starts[bisect_left(self._starts, end)]
-            end += right
-        left = self._start_of_end.pop(start, None)
-        if left is not None:
-            start = left  # extend the run on the left in place; its list entry stays
+        index = bisect_left(starts, start)  # where the run goes; its right neighbour is here
+        if index < len(starts) and starts[index] == end:
+            end += lengths[index]
+            del starts[index]
+            del lengths[index]
+        if index > 0 and starts[index - 1] + lengths[index - 1] == start:
+            lengths[index - 1] = end - starts[index - 1]  # grow the left neighbour in place
         else:
-            insort(self._starts, start)
-        self._length[start] = end - start
-        self._start_of_end[end] = start
+            starts.insert(index, start)
+            lengths.insert(index, end - start)
 
 
 def _runs_of(ordered: Sequence[int]) -> Iterable[tuple[int, int]]:
@@ -403,7 +425,7 @@ class Store:
                 key = keys[position]
                 generation[slot] += 1  # a new occupant: stale tokens must stop matching
                 owner[slot] = key
-                state[slot] = SlotState.RESERVED
+                state[slot] = _RESERVED
                 reserving[key] = slot
                 out_slots[position] = slot
                 out_generations[position] = generation[slot]
@@ -424,7 +446,7 @@ class Store:
                 requested=count,
             )
 
-    def commit(self, reservation: Reservation, ok: Sequence[bool]) -> int:
+    def commit(self, reservation: Reservation, ok: Sequence[bool] | np.ndarray) -> int:
         """Publish the reserved keys whose write succeeded (``ok`` per covered key; entries for
         keys without a slot are ignored) and free the other slots. Returns how many keys were
         published. Keys deleted or cleared meanwhile are not published: their bytes predate
@@ -509,8 +531,8 @@ class Store:
                 claims[slot] -= 1
                 if claims[slot] == 0:
                     self._claimed -= 1
-                    if state[slot] == SlotState.ORPHANED:
-                        state[slot] = SlotState.FREE
+                    if state[slot] == _ORPHANED:
+                        state[slot] = _FREE
                         freed.append(slot)
             self._free.give(freed)
 
@@ -609,7 +631,7 @@ class Store:
         victims = self._policy.victims(count, evictable)
         for slot in victims:
             self._unpublish(slot)
-            self._state[slot] = SlotState.FREE
+            self._state[slot] = _FREE
         self._free.give(victims)
         self._evictions += len(victims)
         return len(victims)
@@ -631,50 +653,51 @@ class Store:
                 self._unpublish(slot)
                 removed += 1
                 if claims[slot]:
-                    state[slot] = SlotState.ORPHANED
+                    state[slot] = _ORPHANED
                 else:
-                    state[slot] = SlotState.FREE
+                    state[slot] = _FREE
                     freed.append(slot)
                 continue
             slot = reserving.pop(key, None)
             if slot is not None:
                 # The writer may still be copying into this slot, so it stays held until
                 # that write settles; only then may another occupant have it.
-                state[slot] = SlotState.CANCELLED
+                state[slot] = _CANCELLED
                 self._owner[slot] = None
         self._free.give(freed)
         return removed
 
-    def _settle(self, reservation: Reservation, ok: Sequence[bool] | None) -> int:
+    def _settle(self, reservation: Reservation, ok: Sequence[bool] | np.ndarray | None) -> int:
         if reservation.token not in self._open_reservations:
             return 0
         self._open_reservations.discard(reservation.token)
+        if isinstance(ok, np.ndarray):
+            ok = ok.tolist()  # indexing a list is several times cheaper than an array
         generation, state, owner = self._generation, self._state, self._owner
-        slots = reservation.slots.tolist()
-        seen = reservation.generations.tolist()
+        index, reserving, admit = self._index, self._reserving, self._policy.admit
+        keys, seen = reservation.keys, reservation.generations.tolist()
         freed: list[int] = []
         published = 0
-        for position, slot in enumerate(slots):
+        for position, slot in enumerate(reservation.slots.tolist()):
             # Belt and braces: an open reservation's slots cannot have changed hands, but a
             # slot whose generation moved on belongs to someone else and is left alone.
             if slot < 0 or generation[slot] != seen[position]:
                 continue
             current = state[slot]
-            if current == SlotState.RESERVED:
-                key = reservation.keys[position]
-                del self._reserving[key]
+            if current == _RESERVED:
+                key = keys[position]
+                del reserving[key]
                 if ok is not None and ok[position]:
-                    self._index[key] = slot
-                    state[slot] = SlotState.PUBLISHED
-                    self._policy.admit(slot)
+                    index[key] = slot
+                    state[slot] = _PUBLISHED
+                    admit(slot)
                     published += 1
-                    self._reserved -= 1
                     continue
                 owner[slot] = None
-            elif current != SlotState.CANCELLED:
+            elif current != _CANCELLED:
                 continue
-            state[slot] = SlotState.FREE
+            state[slot] = _FREE
             freed.append(slot)
-            self._reserved -= 1
+        self._reserved -= published + len(freed)
         self._free.give(freed)
         return published

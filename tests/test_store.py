@@ -2,27 +2,37 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from unittest.mock import patch
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from kvcr_policy.errors import CapacityError, ClosedError
 from kvcr_policy.store import (
     EVICTION_POLICIES,
     Claim,
+    FIFOPolicy,
     Reservation,
     SlotState,
     Store,
     StoreStats,
+    _FreeExtents,  # the allocator's scan threshold is patched below
     count_extents,
 )
 
@@ -76,6 +86,45 @@ def test_without_a_fitting_run_the_fewest_runs_largest_first_are_used() -> None:
     assert count_extents(reservation.slots) == 2
 
 
+def reference_take(runs: Sequence[tuple[int, int]], count: int) -> list[int]:
+    """The allocation rule spelled out: first run that fits, else the largest runs first (lower
+    start first among equal lengths), in slot order."""
+    for start, length in runs:
+        if length >= count:
+            return list(range(start, start + count))
+    chosen = []
+    for start, length in sorted(runs, key=lambda run: -run[1]):
+        size = min(length, count)
+        chosen.append((start, size))
+        count -= size
+        if count == 0:
+            break
+    return [slot for start, size in sorted(chosen) for slot in range(start, start + size)]
+
+
+@pytest.mark.parametrize("vector_scan_from", [0, 1_000_000], ids=["numpy-scan", "python-scan"])
+@given(holes=st.lists(st.booleans(), min_size=200, max_size=200), data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_allocation_follows_first_fit_then_largest_first(
+    vector_scan_from: int, holes: list[bool], data: st.DataObject
+) -> None:
+    with patch.object(_FreeExtents, "_VECTOR_SCAN_FROM", vector_scan_from):
+        store = Store(200)
+        keys = keys_of("k", 200)
+        for key in keys:
+            put(store, [key])
+        store.delete([key for key, hole in zip(keys, holes, strict=True) if hole])
+        runs = store.snapshot().free_runs
+        free = sum(holes)
+        assert sum(length for _, length in runs) == free
+        if not free:
+            return
+        count = data.draw(st.integers(1, free))
+        reservation = store.reserve(keys_of("n", count))
+        assert reservation.slots.tolist() == reference_take(runs, count)
+        assert count_extents(reservation.slots) == count_extents(reference_take(runs, count))
+
+
 def test_freed_runs_merge_back_into_one_extent() -> None:
     store = Store(10)
     for key in keys_of("k", 10):
@@ -124,7 +173,7 @@ def test_commit_publishes_only_the_keys_written() -> None:
     store = Store(8)
     reservation = store.reserve(["a", "b", "c"])
     assert store.stats().reserved == 3
-    assert store.commit(reservation, [True, False, True]) == 2
+    assert store.commit(reservation, np.array([True, False, True])) == 2
     assert store.lookup(["a", "b", "c"]).tolist() == [0, -1, 2]
     stats = store.stats()
     assert (stats.reserved, stats.used, stats.free, stats.keys) == (0, 2, 6, 2)
@@ -237,6 +286,12 @@ def test_unknown_policy_lists_the_names() -> None:
     with pytest.raises(ValueError, match=r"'mru'.*fifo, lru"):
         Store(4, eviction="mru")
     assert {"lru", "fifo"} <= set(EVICTION_POLICIES)
+    store = Store(2, eviction=FIFOPolicy())  # or an instance, owned by this store alone
+    put(store, ["a"])
+    put(store, ["b"])
+    store.release(store.claim(["a"]))
+    put(store, ["c"])
+    assert store.contains_prefix(["a"]) == 0
 
 
 def test_claimed_slots_are_never_evicted_even_when_full() -> None:
@@ -415,7 +470,7 @@ def test_every_call_after_close_raises() -> None:
 
 CAPACITY = 4
 KEYS = keys_of("k", 7)
-key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=5)
+key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=3)
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -461,9 +516,8 @@ class StoreMachine(RuleBasedStateMachine):
         slots = {slot for slot, _ in self.published.values()}
         return slots | set(self.reserving.values()) | self.cancelled | self.orphans
 
-    # rules
-    @rule(keys=key_lists)
-    def reserve(self, keys: list[str]) -> None:
+    # model steps, each checked against the store
+    def start_write(self, keys: list[str]) -> Reservation | None:
         present = [key in self.published for key in keys]
         pending, needed, asked = [False] * len(keys), [], set()
         for position, key in enumerate(keys):
@@ -483,7 +537,7 @@ class StoreMachine(RuleBasedStateMachine):
         if cover == 0:
             with pytest.raises(CapacityError):
                 self.store.reserve(keys)
-            return
+            return None
         reservation = self.store.reserve(keys)
         for key in evicted:
             self.unpublish(key)
@@ -508,6 +562,7 @@ class StoreMachine(RuleBasedStateMachine):
             if hit:
                 self.touch(key)
         self.open[reservation.token] = reservation
+        return reservation
 
     def settle(self, reservation: Reservation, ok: list[bool]) -> int:
         published = 0
@@ -531,29 +586,62 @@ class StoreMachine(RuleBasedStateMachine):
         self.settled.append(self.open.pop(reservation.token))
         return published
 
-    @rule(data=st.data())
-    def commit(self, data: st.DataObject) -> None:
-        if not self.open:
-            return
-        reservation = self.open[data.draw(st.sampled_from(sorted(self.open)))]
-        ok = data.draw(
-            st.lists(st.booleans(), min_size=len(reservation.keys), max_size=len(reservation.keys))
-        )
+    def finish_write(self, reservation: Reservation, ok: list[bool]) -> None:
         expected = self.settle(reservation, ok)
         assert self.store.commit(reservation, ok) == expected
 
+    def start_read(self, keys: list[str]) -> Claim:
+        claim = self.store.claim(keys)
+        run = list(itertools.takewhile(self.published.__contains__, keys))
+        assert claim.keys == tuple(run)
+        assert claim.slots.tolist() == [self.published[key][0] for key in run]
+        assert claim.generations.tolist() == [self.published[key][1] for key in run]
+        for key in run:
+            self.claims[self.published[key][0]] += 1
+            self.touch(key)
+        self.live[claim.token] = claim
+        return claim
+
+    def finish_read(self, claim: Claim) -> None:
+        del self.live[claim.token]
+        for slot in claim.slots.tolist():
+            self.claims[slot] -= 1
+            if self.claims[slot] == 0:
+                self.orphans.discard(slot)
+        self.store.release(claim)
+        self.released.append(claim)
+
+    # rules
+    @rule(keys=key_lists)
+    def reserve(self, keys: list[str]) -> None:
+        self.start_write(keys)
+
+    @precondition(lambda self: self.open)
+    @rule(data=st.data())
+    def commit(self, data: st.DataObject) -> None:
+        reservation = self.open[data.draw(st.sampled_from(sorted(self.open)))]
+        size = len(reservation.keys)
+        self.finish_write(
+            reservation, data.draw(st.lists(st.booleans(), min_size=size, max_size=size))
+        )
+
+    @rule(keys=key_lists)
+    def put(self, keys: list[str]) -> None:
+        """A whole set: reserve, then every copy succeeds."""
+        reservation = self.start_write(keys)
+        if reservation is not None:
+            self.finish_write(reservation, [True] * len(reservation.keys))
+
+    @precondition(lambda self: self.open)
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
-        if not self.open:
-            return
         reservation = self.open[data.draw(st.sampled_from(sorted(self.open)))]
         self.settle(reservation, [False] * len(reservation.keys))
         self.store.abort(reservation)
 
+    @precondition(lambda self: self.settled)
     @rule(data=st.data(), commit=st.booleans())
     def settle_again(self, data: st.DataObject, commit: bool) -> None:
-        if not self.settled:
-            return
         reservation = data.draw(st.sampled_from(self.settled))
         if commit:
             assert self.store.commit(reservation, [True] * len(reservation.keys)) == 0
@@ -562,36 +650,22 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(keys=key_lists)
     def claim(self, keys: list[str]) -> None:
-        claim = self.store.claim(keys)
-        run = []
-        for key in keys:
-            if key not in self.published:
-                break
-            run.append(key)
-        assert claim.keys == tuple(run)
-        assert claim.slots.tolist() == [self.published[key][0] for key in run]
-        assert claim.generations.tolist() == [self.published[key][1] for key in run]
-        for key in run:
-            self.claims[self.published[key][0]] += 1
-            self.touch(key)
-        self.live[claim.token] = claim
+        self.start_read(keys)
 
+    @precondition(lambda self: self.live)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        if not self.live:
-            return
-        claim = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
-        for slot in claim.slots.tolist():
-            self.claims[slot] -= 1
-            if self.claims[slot] == 0:
-                self.orphans.discard(slot)
-        self.store.release(claim)
-        self.released.append(claim)
+        self.finish_read(self.live[data.draw(st.sampled_from(sorted(self.live)))])
 
+    @rule(keys=key_lists)
+    def get(self, keys: list[str]) -> None:
+        """A whole get: claim, copy, release."""
+        self.finish_read(self.start_read(keys))
+
+    @precondition(lambda self: self.released)
     @rule(data=st.data())
     def release_again(self, data: st.DataObject) -> None:
-        if self.released:
-            self.store.release(data.draw(st.sampled_from(self.released)))
+        self.store.release(data.draw(st.sampled_from(self.released)))
 
     def remove(self, keys: Sequence[str]) -> int:
         removed = 0
@@ -681,6 +755,14 @@ TestStoreLRU = StoreMachine.TestCase
 TestStoreLRU.settings = MACHINE_SETTINGS
 TestStoreFIFO = FIFOStoreMachine.TestCase
 TestStoreFIFO.settings = MACHINE_SETTINGS
+
+
+def test_machine_on_the_vectorised_allocator_path() -> None:
+    """The machine's tier is small, so its allocator scans in Python; rerun it vectorised."""
+    with patch.object(_FreeExtents, "_VECTOR_SCAN_FROM", 0):
+        run_state_machine_as_test(
+            StoreMachine, settings=settings(max_examples=40, stateful_step_count=40, deadline=None)
+        )
 
 
 # ---- threads --------------------------------------------------------------------------------
