@@ -7,6 +7,7 @@ and restored into consecutive pages is a handful of large copies once coalesced.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -139,8 +140,10 @@ class Pipeline:
         try:
             for _, remote in self._remote.values():
                 remote.close()
-            self.transport.close()
-            self.thread_tuning.restore()
+            try:
+                self.transport.close()
+            finally:
+                self.thread_tuning.restore()
             for pool in self._pools.values():
                 pool.store.close()
                 # Only after the transport finished every copy: detach (unpin), then unmap.
@@ -340,8 +343,13 @@ class Pipeline:
                 raise
             p.store.commit(reservation, ok.tolist())
             result = [False] * len(keys)
+            first: dict[str, bool] = {}
             for i in range(covered):
-                result[i] = bool(ok[i]) or reservation.present[i]
+                key = keys[i]
+                if key in first:  # a repeat within this request: as its first occurrence
+                    result[i] = first[key]
+                    continue
+                result[i] = first[key] = bool(ok[i]) or reservation.present[i]
             return result
 
     def get_pools(self, requests: Mapping[str, tuple[Sequence[str], Any]]) -> dict[str, list[bool]]:
@@ -431,32 +439,45 @@ class Pipeline:
             if on_ready is not None and not state["stop"] and ok[:stop].all():
                 on_ready(stop)
 
-        for start, stop in self.batching.read_batches(n):
-            if state["stop"]:
-                break
-            plain = build_descriptors(src_geo, src_idx[start:stop], dst_geo, dst_idx[start:stop])
-            prepared = self.coalescing.prepare(plain, self.allowed)
-            nbytes = plain.nbytes
-            while inflight and not window.admits(
-                len(inflight), state["pages"], state["bytes"], stop - start, nbytes
-            ):
+        try:
+            for start, stop in self.batching.read_batches(n):
+                if state["stop"]:
+                    break
+                plain = build_descriptors(
+                    src_geo, src_idx[start:stop], dst_geo, dst_idx[start:stop]
+                )
+                prepared = self.coalescing.prepare(plain, self.allowed)
+                nbytes = plain.nbytes
+                while inflight and not window.admits(
+                    len(inflight), state["pages"], state["bytes"], stop - start, nbytes
+                ):
+                    finish()
+                if state["stop"]:  # a batch that just finished missed a page
+                    break
+                try:
+                    future = self.transport.submit(CopyBatch(src, dst, prepared))
+                except ClosedError:
+                    raise
+                except Exception as err:  # a transport that refuses at submit fails the batch
+                    future = _failed(err)
+                inflight.append((future, start, stop, nbytes))
+                state["pages"] += stop - start
+                state["bytes"] += nbytes
+                self._stats.add(
+                    batches=1, descriptors_before=len(plain), descriptors_after=len(prepared)
+                )
+                self._stats.peak("inflight_batches", len(inflight))
+                self._stats.peak("inflight_bytes", state["bytes"])
+            while inflight:
                 finish()
-            try:
-                future = self.transport.submit(CopyBatch(src, dst, prepared))
-            except ClosedError:
-                raise
-            except Exception as err:  # a transport that refuses at submit fails the batch
-                future = _failed(err)
-            inflight.append((future, start, stop, nbytes))
-            state["pages"] += stop - start
-            state["bytes"] += nbytes
-            self._stats.add(
-                batches=1, descriptors_before=len(plain), descriptors_after=len(prepared)
-            )
-            self._stats.peak("inflight_batches", len(inflight))
-            self._stats.peak("inflight_bytes", state["bytes"])
-        while inflight:
-            finish()
+        except BaseException:
+            # Never let the caller release claims or abort reservations while copies from or
+            # into those slots are still running: wait for every batch already issued.
+            for future, *_ in inflight:
+                # Already failing: the first error is the one raised.
+                with contextlib.suppress(BaseException):
+                    future.result()
+            raise
         return ok
 
     # ---- reporting ----------------------------------------------------------------------

@@ -1,0 +1,1076 @@
+"""Tests of kvcr_policy.pipeline: byte-exact round trips, batching, windows, coalescing,
+fallback, lifetime, bad input and threads, with real bytes in small pools.
+
+Pages are compared through the buffer's axes (``tests.strategies.page_slice``), never through
+byte offsets, so the descriptor arithmetic is checked rather than repeated. Speed is never
+asserted; the tier is kept small with ``placement.capacity_bytes``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvcr_policy.errors import ClosedError, IndicesError, PoolError, UnsupportedError
+from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.loading import load_config
+from kvcr_policy.pipeline import Pipeline, build_pipeline
+from kvcr_policy.registry import Registry
+from kvcr_policy.store import Store
+from kvcr_policy.transports.base import CopyBatch
+from kvcr_policy.transports.memory import MemoryTransport
+from tests.strategies import (
+    BUFFER_KINDS,
+    copy_buffer,
+    page_bytes,
+    page_slice,
+    random_buffer,
+    raw_bytes,
+    scramble,
+    token_indices,
+)
+
+P = 4  # tokens per page in every test geometry
+CAPACITY = "1MiB"  # tier bytes per pool unless a test says otherwise
+
+MHA_CASES = [("layer_first", False), ("page_first", False), ("page_first_direct", False)]
+MHA_CASES += [("page_head", False)]
+MLA_CASES = [("layer_first", True), ("page_first", True), ("page_first_direct", True)]
+LAYOUT_CASES = MHA_CASES + MLA_CASES
+LAYOUT_IDS = [f"{'mla' if mla else 'mha'}-{layout}" for layout, mla in LAYOUT_CASES]
+
+Build = Callable[..., Pipeline]
+
+
+def geometry(
+    layout: str = "layer_first",
+    *,
+    mla: bool = False,
+    dtype: str = "float16",
+    pages: int = 16,
+    name: str = "kv",
+) -> PoolGeometry:
+    """3 layers, 2 heads (1 for MLA), head dim 8, page size 4."""
+    return PoolGeometry(
+        name=name,
+        layout=layout,  # type: ignore[arg-type]
+        layers=3,
+        heads=1 if mla else 2,
+        head_dim=8,
+        dtype=dtype,
+        page_size=P,
+        tokens=P * pages,
+        mla=mla,
+    )
+
+
+def expected_planes(layout: str, mla: bool, layers: int = 3) -> int:
+    """Contiguous fragments per page (DESIGN.md): 2·L in layer_first, else 2; half for MLA."""
+    halves = 1 if mla else 2
+    return halves * (layers if layout == "layer_first" else 1)
+
+
+def kind_dtype(kind: str) -> str:
+    return "bfloat16" if kind.startswith("torch") else "float16"
+
+
+def indices_for(kind: str, pages: Sequence[int]) -> Any:
+    """Token indices as the engine would pass them: a torch tensor for torch pools."""
+    array = token_indices(pages, P)
+    if kind.startswith("torch"):
+        import torch
+
+        return torch.from_numpy(array)
+    return array
+
+
+def keys_of(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(count)]
+
+
+def same_bytes(a: object, b: object) -> bool:
+    return bool(np.array_equal(raw_bytes(a), raw_bytes(b)))
+
+
+def after_restore(
+    before: object, original: object, geo: PoolGeometry, pairs: Sequence[tuple[int, int]]
+) -> object:
+    """``before`` with page ``dst`` replaced by page ``src`` of ``original`` for each pair."""
+    expected = copy_buffer(before)
+    for src, dst in pairs:
+        expected[page_slice(geo, int(dst))] = original[page_slice(geo, int(src))]  # type: ignore[index]
+    return expected
+
+
+def store_stats(pipeline: Pipeline, pool: str = "kv") -> dict[str, int]:
+    return pipeline.stats().pools[pool]["store"]
+
+
+@pytest.fixture(autouse=True)
+def keep_switch_interval() -> Iterator[None]:
+    """A failing test must not leave another test with a changed switch interval."""
+    previous = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(previous)
+
+
+@pytest.fixture
+def build(registry: Registry) -> Iterator[Build]:
+    """``build(profile, overrides, transport=None)``: a pipeline closed after the test.
+
+    ``environ={}`` keeps the developer's ``KVCR_POLICY_*`` variables out; the tier is small.
+    """
+    made: list[Pipeline] = []
+
+    def make(
+        profile: str = "default",
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        transport: Any = None,
+    ) -> Pipeline:
+        loaded = load_config(
+            profile,
+            environ={},
+            overrides={"placement.capacity_bytes": CAPACITY, **(overrides or {})},
+            registry=registry,
+        )
+        pipeline = build_pipeline(loaded, transport=transport)
+        made.append(pipeline)
+        return pipeline
+
+    yield make
+    for pipeline in made:
+        pipeline.close()
+
+
+def stored_pool(
+    build: Build,
+    profile: str = "default",
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    n: int = 8,
+    transport: Any = None,
+    seed: int = 0,
+) -> tuple[Pipeline, PoolGeometry, np.ndarray, np.ndarray, list[str]]:
+    """A pipeline with a numpy pool whose pages 0..n-1 are stored under k0..k(n-1).
+
+    Returns the pipeline, the geometry, the pool buffer, a copy of it as stored, and the keys.
+    """
+    geo = geometry(pages=32)
+    rng = np.random.default_rng(seed)
+    buf = random_buffer(geo, rng, "numpy-float16")
+    pipeline = build(profile, overrides, transport=transport)
+    pipeline.register_pool("kv", geo, buf)
+    keys = keys_of("k", n)
+    assert pipeline.set(keys, token_indices(range(n), P)) == [True] * n
+    return pipeline, geo, buf, copy_buffer(buf), keys  # type: ignore[return-value]
+
+
+# ---- byte-exact round trips -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["default", "throughput"])
+@pytest.mark.parametrize("kind", BUFFER_KINDS)
+@pytest.mark.parametrize(("layout", "mla"), LAYOUT_CASES, ids=LAYOUT_IDS)
+def test_round_trip_is_byte_exact_with_random_host_indices(
+    build: Build, layout: str, mla: bool, kind: str, profile: str
+) -> None:
+    rng = np.random.default_rng(zlib.crc32(f"{layout}/{mla}/{kind}/{profile}".encode()))
+    geo = geometry(layout, mla=mla, dtype=kind_dtype(kind))
+    buf = random_buffer(geo, rng, kind)
+    original = copy_buffer(buf)
+    n = 11
+    src = rng.permutation(geo.pages)[:n]
+    dst = rng.permutation(geo.pages)[:n]
+    keys = keys_of("key-", n)
+    # Batches of 3 pages: several batches, windows and (throughput) both copy threads at work.
+    overrides = {"batching.read_batch_pages": 3, "transport.options.min_parallel_bytes": 0}
+    pipeline = build(profile, overrides)
+    pipeline.register_pool("kv", geo, buf)
+
+    assert pipeline.set(keys, indices_for(kind, src)) == [True] * n
+    assert same_bytes(buf, original), "a set must not modify the pool"
+    scramble(buf, rng)
+    before = copy_buffer(buf)
+    assert pipeline.get(keys, indices_for(kind, dst)) == [True] * n
+
+    assert same_bytes(buf, after_restore(before, original, geo, list(zip(src, dst, strict=True))))
+    stats = pipeline.stats()
+    assert (stats.pages_written, stats.pages_read) == (n, n)
+    assert stats.bytes_written == stats.bytes_read == n * geo.page_bytes
+    assert stats.fallbacks == {}
+
+
+@pytest.mark.parametrize(("layout", "mla"), LAYOUT_CASES, ids=LAYOUT_IDS)
+def test_round_trip_is_byte_exact_when_descriptors_are_split(
+    build: Build, layout: str, mla: bool
+) -> None:
+    rng = np.random.default_rng(zlib.crc32(f"split/{layout}/{mla}".encode()))
+    geo = geometry(layout, mla=mla)
+    buf = random_buffer(geo, rng, "numpy-float16")
+    original = copy_buffer(buf)
+    src = rng.permutation(geo.pages)[:9]
+    dst = rng.permutation(geo.pages)[:9]
+    keys = keys_of("s", 9)
+    # 48 bytes is smaller than every fragment here (64 to 384 bytes) and divides none evenly.
+    pipeline = build("throughput", {"coalescing.split_bytes": 48})
+    pipeline.register_pool("kv", geo, buf)
+    assert pipeline.set(keys, token_indices(src, P)) == [True] * 9
+    scramble(buf, rng)
+    before = copy_buffer(buf)
+    assert pipeline.get(keys, token_indices(dst, P)) == [True] * 9
+    assert same_bytes(buf, after_restore(before, original, geo, list(zip(src, dst, strict=True))))
+    stats = pipeline.stats()
+    assert stats.descriptors_after > stats.descriptors_before
+
+
+def test_keys_of_one_pool_are_not_in_another(build: Build) -> None:
+    rng = np.random.default_rng(1)
+    kv = geometry("page_first")
+    swa = geometry("layer_first", mla=True, name="swa")
+    kv_buf = random_buffer(kv, rng, "numpy-float16")
+    swa_buf = random_buffer(swa, rng, "numpy-float16")
+    kv_orig, swa_orig = copy_buffer(kv_buf), copy_buffer(swa_buf)
+    pipeline = build()
+    pipeline.register_pool("kv", kv, kv_buf)
+    pipeline.register_pool("swa", swa, swa_buf)
+    keys = keys_of("k", 4)
+
+    results = pipeline.set_pools(
+        {"kv": (keys, token_indices([0, 1, 2, 3], P)), "swa": (keys[:2], token_indices([5, 6], P))}
+    )
+    assert results == {"kv": [True] * 4, "swa": [True, True]}
+    assert pipeline.exists(keys, "kv") == 4
+    assert pipeline.exists(keys, "swa") == 2
+    assert pipeline.exists_pools(keys, ["kv", "swa"]) == 2
+
+    scramble(kv_buf, rng)
+    scramble(swa_buf, rng)
+    kv_before, swa_before = copy_buffer(kv_buf), copy_buffer(swa_buf)
+    got = pipeline.get_pools(
+        {
+            "kv": (keys, token_indices([9, 8, 7, 6], P)),
+            "swa": (keys, token_indices([1, 2, 3, 4], P)),
+        }
+    )
+    assert got == {"kv": [True] * 4, "swa": [True, True, False, False]}
+    assert same_bytes(
+        kv_buf, after_restore(kv_before, kv_orig, kv, [(0, 9), (1, 8), (2, 7), (3, 6)])
+    )
+    assert same_bytes(swa_buf, after_restore(swa_before, swa_orig, swa, [(5, 1), (6, 2)]))
+
+
+# ---- HiCache semantics: exists, get, set ----------------------------------------------------
+
+
+def test_exists_counts_the_leading_run_in_query_batches(
+    build: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline, *_, keys = stored_pool(build, overrides={"batching.query_batch_keys": 3}, n=7)
+    asked: list[int] = []
+    contains_prefix = Store.contains_prefix
+
+    def spy(self: Store, batch: Sequence[str]) -> int:
+        asked.append(len(batch))
+        return contains_prefix(self, batch)
+
+    monkeypatch.setattr(Store, "contains_prefix", spy)
+
+    assert pipeline.exists(keys) == 7
+    assert asked == [3, 3, 1]
+    for miss_at in range(8):
+        asked.clear()
+        query = [*keys[:miss_at], "absent", *keys[miss_at:]]
+        assert pipeline.exists(query) == miss_at
+        # Batches after the one holding the miss are never asked.
+        assert len(asked) == miss_at // 3 + 1
+    asked.clear()
+    assert pipeline.exists([]) == 0
+    assert pipeline.exists(["absent", *keys]) == 0
+    assert asked == [3]
+
+
+def test_get_restores_only_the_leading_run_of_present_keys(build: Build) -> None:
+    pipeline, geo, buf, original, keys = stored_pool(build)
+    rng = np.random.default_rng(2)
+    scramble(buf, rng)
+    before = copy_buffer(buf)
+    query = [keys[0], keys[1], "absent", keys[3], keys[4]]
+    assert pipeline.get(query, token_indices([20, 21, 22, 23, 24], P)) == [True, True] + [False] * 3
+    # keys[3] is present, but after the miss: its page must not be written.
+    assert same_bytes(buf, after_restore(before, original, geo, [(0, 20), (1, 21)]))
+    assert store_stats(pipeline)["claimed"] == 0
+    assert pipeline.get(["absent"], token_indices([5], P)) == [False]
+    assert pipeline.get([], token_indices([], P)) == []
+
+
+def test_set_of_present_keys_succeeds_without_rewriting_them(build: Build) -> None:
+    pipeline, geo, buf, original, keys = stored_pool(build, n=4)
+    rng = np.random.default_rng(3)
+    written = pipeline.stats().pages_written
+    scramble(buf, rng)  # new bytes in the same pages: a rewrite would store them
+    more = [keys[0], keys[1], "new0", keys[2]]
+    assert pipeline.set(more, token_indices([0, 1, 10, 2], P)) == [True] * 4
+    stats = pipeline.stats()
+    assert stats.pages_written == written + 1
+    assert store_stats(pipeline)["keys"] == 5
+
+    fresh = copy_buffer(buf)
+    scramble(buf, rng)
+    before = copy_buffer(buf)
+    assert pipeline.get([*keys, "new0"], token_indices([20, 21, 22, 23, 24], P)) == [True] * 5
+    expected = after_restore(before, original, geo, [(0, 20), (1, 21), (2, 22), (3, 23)])
+    expected = after_restore(expected, fresh, geo, [(10, 24)])
+    assert same_bytes(buf, expected)
+
+
+def test_a_key_repeated_in_one_set_reports_what_its_first_occurrence_did(build: Build) -> None:
+    pipeline, _, _, _, keys = stored_pool(build, n=2)
+    assert pipeline.set(["r0", "r0", keys[0], "r1"], token_indices([4, 5, 6, 7], P)) == [True] * 4
+    assert pipeline.exists(["r0", keys[0], "r1"]) == 3
+
+
+def test_a_set_larger_than_the_tier_stores_the_leading_run(build: Build) -> None:
+    geo = geometry(pages=16)
+    buf = random_buffer(geo, np.random.default_rng(4), "numpy-float16")
+    pipeline = build(overrides={"placement.capacity_bytes": 5 * geo.page_bytes})
+    pipeline.register_pool("kv", geo, buf)
+    keys = keys_of("k", 7)
+    assert pipeline.set(keys, token_indices(range(7), P)) == [True] * 5 + [False] * 2
+    assert pipeline.exists(keys) == 5
+    stats = store_stats(pipeline)
+    assert (stats["capacity"], stats["keys"], stats["free"], stats["reserved"]) == (5, 5, 0, 0)
+
+
+def test_least_recently_used_key_is_evicted_first(build: Build) -> None:
+    geo = geometry(pages=16)
+    rng = np.random.default_rng(5)
+    buf = random_buffer(geo, rng, "numpy-float16")
+    original = copy_buffer(buf)
+    pipeline = build(overrides={"placement.capacity_bytes": 4 * geo.page_bytes})
+    pipeline.register_pool("kv", geo, buf)
+    keys = keys_of("k", 4)
+    assert pipeline.set(keys, token_indices(range(4), P)) == [True] * 4
+    assert pipeline.get([keys[0]], token_indices([8], P)) == [True]  # k0 is now the newest use
+    assert pipeline.set(["k4"], token_indices([4], P)) == [True]
+    assert [pipeline.exists([key]) for key in [*keys, "k4"]] == [1, 0, 1, 1, 1]
+    assert store_stats(pipeline)["evictions"] == 1
+
+    scramble(buf, rng)
+    before = copy_buffer(buf)
+    assert pipeline.get(["k4", "k0", "k3"], token_indices([9, 10, 11], P)) == [True] * 3
+    assert same_bytes(buf, after_restore(before, original, geo, [(4, 9), (0, 10), (3, 11)]))
+
+
+def test_delete_and_clear_forget_keys(build: Build) -> None:
+    pipeline, *_, keys = stored_pool(build)
+    assert pipeline.delete([keys[2], "absent"]) == 1
+    assert pipeline.exists(keys) == 2
+    assert pipeline.get(keys[2:3], token_indices([20], P)) == [False]
+    pipeline.clear()
+    assert pipeline.exists(keys) == 0
+    stats = store_stats(pipeline)
+    assert (stats["keys"], stats["free"]) == (0, stats["capacity"])
+
+
+# ---- coalescing ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("layout", "mla"), LAYOUT_CASES, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("split_bytes", [None, 100])
+def test_contiguous_prefix_coalesces_to_one_descriptor_per_plane_per_batch(
+    build: Build, layout: str, mla: bool, split_bytes: int | None
+) -> None:
+    geo = geometry(layout, mla=mla, pages=32)
+    rng = np.random.default_rng(6)
+    buf = random_buffer(geo, rng, "numpy-float16")
+    original = copy_buffer(buf)
+    batch, n = 4, 10
+    overrides: dict[str, Any] = {"batching.read_batch_pages": batch}
+    if split_bytes is not None:
+        overrides["coalescing.split_bytes"] = split_bytes
+    pipeline = build("throughput", overrides)
+    pipeline.register_pool("kv", geo, buf)
+
+    planes = expected_planes(layout, mla)
+    fragment = (1 if mla else 2) * 3 * (1 if mla else 2) * 8 * 2 * P // planes
+    sizes = [min(batch, n - start) for start in range(0, n, batch)]  # 4, 4, 2
+    if split_bytes is None:
+        per_call = planes * len(sizes)
+    else:  # each coalesced plane run of m pages is cut into ceil(m·fragment / split) pieces
+        per_call = sum(planes * math.ceil(m * fragment / split_bytes) for m in sizes)
+
+    assert pipeline.set(keys_of("k", n), token_indices(range(3, 3 + n), P)) == [True] * n
+    stats = pipeline.stats()
+    assert (stats.descriptors_before, stats.descriptors_after) == (planes * n, per_call)
+    assert stats.batches == len(sizes)
+
+    scramble(buf, rng)
+    before = copy_buffer(buf)
+    assert pipeline.get(keys_of("k", n), token_indices(range(20, 20 + n), P)) == [True] * n
+    stats = pipeline.stats()
+    assert (stats.descriptors_before, stats.descriptors_after) == (2 * planes * n, 2 * per_call)
+    pairs = [(3 + i, 20 + i) for i in range(n)]
+    assert same_bytes(buf, after_restore(before, original, geo, pairs))
+
+
+@pytest.mark.parametrize(("layout", "mla"), LAYOUT_CASES, ids=LAYOUT_IDS)
+def test_default_profile_sends_one_descriptor_per_fragment(
+    build: Build, layout: str, mla: bool
+) -> None:
+    geo = geometry(layout, mla=mla, pages=32)
+    buf = random_buffer(geo, np.random.default_rng(7), "numpy-float16")
+    pipeline = build()
+    pipeline.register_pool("kv", geo, buf)
+    n = 10
+    pipeline.set(keys_of("k", n), token_indices(range(n), P))
+    pipeline.get(keys_of("k", n), token_indices(range(10, 10 + n), P))
+    stats = pipeline.stats()
+    planes = expected_planes(layout, mla)
+    assert stats.descriptors_before == stats.descriptors_after == 2 * planes * n
+
+
+class PlainTransport(MemoryTransport):
+    """A memory transport that can neither coalesce nor split."""
+
+    name = "plain"
+    capabilities = frozenset()
+
+
+def test_coalescing_falls_back_to_plain_descriptors_on_a_transport_without_it(
+    build: Build,
+) -> None:
+    pipeline, geo, *_ = stored_pool(build, "throughput", transport=PlainTransport())
+    stats = pipeline.stats()
+    assert stats.descriptors_after == stats.descriptors_before == 8 * geo.fragments_per_page
+    assert pipeline.allowed == frozenset()
+
+
+def test_coalescing_on_unsupported_error_refuses_to_build(build: Build) -> None:
+    with pytest.raises(UnsupportedError, match="on_unsupported"):
+        build("throughput", {"coalescing.on_unsupported": "error"}, transport=PlainTransport())
+
+
+# ---- windows and delivery -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("window", "peak_batches", "peak_pages"),
+    [
+        ({}, 5, 10),  # unbounded: every batch is issued before the first completes
+        ({"batching.window_batches": 1}, 1, 2),
+        ({"batching.window_batches": 3}, 3, 6),
+        ({"batching.window_pages": 4}, 2, 4),
+        ({"batching.window_pages": 5}, 2, 4),
+        ({"batching.window_bytes": 3 * 2 * 768}, 3, 6),
+        ({"batching.window_bytes": 3 * 2 * 768 - 1}, 2, 4),
+    ],
+    ids=["unbounded", "batches1", "batches3", "pages4", "pages5", "bytes3", "bytes<3"],
+)
+def test_windows_bound_what_is_in_flight(
+    build: Build, window: dict[str, int], peak_batches: int, peak_pages: int
+) -> None:
+    overrides = {"batching.read_batch_pages": 2, **window}
+    pipeline, geo, buf, original, keys = stored_pool(build, overrides=overrides, n=10)
+    assert geo.page_bytes == 768
+    stats = pipeline.stats()
+    assert stats.batches == 5
+    assert stats.peak_inflight_batches == peak_batches
+    assert stats.peak_inflight_bytes == peak_pages * geo.page_bytes
+
+    ready: list[int] = []
+    scramble(buf, np.random.default_rng(8))
+    before = copy_buffer(buf)
+    assert pipeline.get(keys, token_indices(range(20, 30), P), on_ready=ready.append) == [True] * 10
+    assert ready == [2, 4, 6, 8, 10]
+    stats = pipeline.stats()
+    assert stats.peak_inflight_batches == peak_batches
+    assert stats.peak_inflight_bytes == peak_pages * geo.page_bytes
+    assert same_bytes(buf, after_restore(before, original, geo, [(i, 20 + i) for i in range(10)]))
+
+
+def test_on_ready_sees_complete_pages(build: Build) -> None:
+    """When on_ready(n) runs, the first n pages already hold their restored bytes."""
+    overrides = {"batching.read_batch_pages": 3, "batching.window_batches": 1}
+    pipeline, geo, buf, original, keys = stored_pool(build, overrides=overrides, n=8)
+    scramble(buf, np.random.default_rng(9))
+    dst = [31, 12, 25, 9, 16, 17, 30, 11]
+    problems: list[int] = []
+
+    def on_ready(count: int) -> None:
+        for i in range(count):
+            if page_bytes(buf, geo, dst[i]) != page_bytes(original, geo, i):
+                problems.append(i)
+
+    assert pipeline.get(keys, token_indices(dst, P), on_ready=on_ready) == [True] * 8
+    assert problems == []
+
+
+# ---- fallback -----------------------------------------------------------------------------
+
+
+def pool_pages(batch: CopyBatch, geo: PoolGeometry, buffer: object) -> set[int]:
+    """The pool pages a batch reads or writes (the pool is whichever side is ``buffer``)."""
+    d = batch.descriptors
+    offsets = d.dst if batch.dst.buffer is buffer else d.src
+    first = (offsets % geo.plane_bytes) // geo.fragment_bytes
+    last = ((offsets + d.length - 1) % geo.plane_bytes) // geo.fragment_bytes
+    return {
+        page for a, b in zip(first.tolist(), last.tolist(), strict=True) for page in range(a, b + 1)
+    }
+
+
+class Faults:
+    """The ``fault`` of a MemoryTransport: ``rule(batch, pool_pages)`` decides each batch.
+
+    ``rule`` returns None (copy all), a descriptor count to stop after, or raises. Every batch's
+    pool pages are recorded in ``seen``.
+    """
+
+    def __init__(self) -> None:
+        self.rule: Callable[[CopyBatch, set[int]], int | None] | None = None
+        self.geo: PoolGeometry | None = None
+        self.buffer: object = None
+        self.seen: list[set[int]] = []
+
+    def __call__(self, batch: CopyBatch) -> int | None:
+        assert self.geo is not None
+        pages = pool_pages(batch, self.geo, self.buffer)
+        self.seen.append(pages)
+        return None if self.rule is None else self.rule(batch, pages)
+
+
+def faulty_pool(
+    build: Build, overrides: Mapping[str, Any] | None = None, *, n: int = 10
+) -> tuple[Pipeline, Faults, PoolGeometry, np.ndarray, np.ndarray, list[str]]:
+    """``stored_pool`` over a MemoryTransport whose faults the test switches on later."""
+    faults = Faults()
+    faults.geo = geometry(pages=32)
+    pipeline, geo, buf, original, keys = stored_pool(
+        build, overrides=overrides, n=n, transport=MemoryTransport(fault=faults)
+    )
+    faults.buffer = buf
+    return pipeline, faults, geo, buf, original, keys
+
+
+def multi_page_cut(k: int) -> Callable[[CopyBatch, set[int]], int | None]:
+    """Cut every batch of more than one page after ``k`` descriptors (a per-page retry passes)."""
+    return lambda batch, pages: k if len(pages) > 1 else None
+
+
+@pytest.mark.parametrize("cut", [0, 1, 7, 11])
+def test_sparse_fallback_recovers_every_page_of_a_batch_cut_short(build: Build, cut: int) -> None:
+    # 6 fragments per page: cut 1 stops inside the first page, 7 and 11 inside the second.
+    overrides = {"batching.read_batch_pages": 4}
+    pipeline, faults, geo, buf, original, keys = faulty_pool(build, overrides)
+    faults.rule = multi_page_cut(cut)
+    scramble(buf, np.random.default_rng(10))
+    before = copy_buffer(buf)
+    ready: list[int] = []
+    dst = list(range(20, 30))
+    assert pipeline.get(keys, token_indices(dst, P), on_ready=ready.append) == [True] * 10
+    assert same_bytes(
+        buf, after_restore(before, original, geo, list(zip(range(10), dst, strict=True)))
+    )
+    assert ready == [4, 8, 10]
+    assert pipeline.stats().fallbacks == {"TransportError": 10}  # batches of 4, 4 and 2 pages
+
+    # A set through the same faults: retried page by page, every key stored intact.
+    stored = copy_buffer(buf)
+    assert pipeline.set(keys_of("n", 6), token_indices(range(10, 16), P)) == [True] * 6
+    faults.rule = None
+    scramble(buf, np.random.default_rng(11))
+    before = copy_buffer(buf)
+    assert pipeline.get(keys_of("n", 6), token_indices(range(0, 6), P)) == [True] * 6
+    assert same_bytes(buf, after_restore(before, stored, geo, [(10 + i, i) for i in range(6)]))
+    assert pipeline.stats().fallbacks == {"TransportError": 16}
+    assert store_stats(pipeline)["claimed"] == store_stats(pipeline)["reserved"] == 0
+
+
+def test_sparse_fallback_reports_exactly_the_pages_that_arrived(build: Build) -> None:
+    overrides = {"batching.read_batch_pages": 4}
+    pipeline, faults, geo, buf, original, keys = faulty_pool(build, overrides)
+    dst = [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]
+    broken = dst[5]  # a pool page that never takes a byte
+    faults.rule = lambda batch, pages: 0 if broken in pages else None
+    scramble(buf, np.random.default_rng(12))
+    before = copy_buffer(buf)
+    result = pipeline.get(keys, token_indices(dst, P))
+    assert result[:5] == [True] * 5 and result[5] is False
+    for i, page in enumerate(dst):
+        arrived = page_bytes(buf, geo, page) == page_bytes(original, geo, i)
+        assert result[i] == arrived, f"page {i}: reported {result[i]}, arrived {arrived}"
+        if not arrived:
+            assert page_bytes(buf, geo, page) == page_bytes(before, geo, page)
+    assert pipeline.stats().fallbacks == {"TransportError": 4}
+    assert store_stats(pipeline)["claimed"] == 0
+
+
+def test_get_issues_no_batch_after_the_first_miss(build: Build) -> None:
+    overrides = {"batching.read_batch_pages": 2, "batching.window_batches": 1}
+    pipeline, faults, geo, buf, original, keys = faulty_pool(build, overrides, n=8)
+    dst = list(range(20, 28))
+    faults.rule = lambda batch, pages: 0 if dst[3] in pages else None
+    scramble(buf, np.random.default_rng(13))
+    before = copy_buffer(buf)
+    faults.seen.clear()
+    ready: list[int] = []
+    result = pipeline.get(keys, token_indices(dst, P), on_ready=ready.append)
+    assert result == [True, True, True] + [False] * 5
+    assert ready == [2]
+    issued = set().union(*faults.seen)
+    assert issued.isdisjoint(dst[4:]), f"pages after the miss were issued: {issued & set(dst)}"
+    assert same_bytes(buf, after_restore(before, original, geo, [(i, dst[i]) for i in range(3)]))
+
+
+def test_a_set_with_a_broken_page_stores_every_other_key(build: Build) -> None:
+    overrides = {"batching.read_batch_pages": 4}
+    pipeline, faults, *_ = faulty_pool(build, overrides, n=1)
+    faults.rule = lambda batch, pages: 0 if 13 in pages else None
+    keys = keys_of("w", 8)
+    result = pipeline.set(keys, token_indices(range(10, 18), P))
+    assert result == [True, True, True, False, True, True, True, True]
+    assert pipeline.exists(keys) == 3
+    assert [pipeline.exists([key]) for key in keys] == [1, 1, 1, 0, 1, 1, 1, 1]
+    stats = store_stats(pipeline)
+    assert (stats["keys"], stats["reserved"]) == (8, 0)  # k0 and the seven written
+
+
+@pytest.mark.parametrize("profile", ["default", "throughput"])
+def test_miss_fallback_turns_a_failed_batch_into_misses(build: Build, profile: str) -> None:
+    overrides = {"fallback.strategy": "miss", "batching.read_batch_pages": 4}
+    faults = Faults()
+    faults.geo = geometry(pages=32)
+    pipeline, _, buf, _, keys = stored_pool(
+        build, profile, overrides, n=8, transport=MemoryTransport(fault=faults)
+    )
+    faults.buffer = buf
+    faults.rule = lambda batch, pages: 1 if 21 in pages else None
+    result = pipeline.get(keys, token_indices(range(16, 24), P))
+    assert result == [True] * 4 + [False] * 4
+    assert pipeline.stats().fallbacks == {"TransportError": 4}
+    assert pipeline.exists(keys) == 8, "a failed read does not lose stored keys"
+
+    faults.rule = lambda batch, pages: 0
+    assert pipeline.set(keys_of("m", 5), token_indices(range(8, 13), P)) == [False] * 5
+    assert pipeline.exists(keys_of("m", 5)) == 0
+    stats = store_stats(pipeline)
+    assert (stats["keys"], stats["reserved"], stats["claimed"]) == (8, 0, 0)
+
+
+def test_sparse_fallback_without_retries_counts_nothing_as_arrived(build: Build) -> None:
+    overrides = {"fallback.max_retries": 0, "batching.read_batch_pages": 4}
+    pipeline, faults, *_, keys = faulty_pool(build, overrides, n=4)
+    faults.rule = multi_page_cut(2)
+    assert pipeline.get(keys, token_indices(range(20, 24), P)) == [False] * 4
+
+
+def test_fallbacks_are_counted_by_reason(build: Build) -> None:
+    overrides = {"batching.read_batch_pages": 4}
+    pipeline, faults, *_, keys = faulty_pool(build, overrides, n=8)
+
+    def rule(batch: CopyBatch, pages: set[int]) -> int | None:
+        if len(pages) == 1:
+            return None
+        if 20 in pages:
+            raise RuntimeError("injected")
+        return 0
+
+    faults.rule = rule
+    assert pipeline.get(keys, token_indices(range(20, 28), P)) == [True] * 8
+    assert pipeline.stats().fallbacks == {"RuntimeError": 4, "TransportError": 4}
+
+
+def test_a_transport_refusing_at_submit_fails_only_that_batch(build: Build) -> None:
+    class Refusing(MemoryTransport):
+        def submit(self, batch: CopyBatch) -> Any:
+            if len(batch.descriptors) > 6:
+                raise OSError("no room on the queue")
+            return super().submit(batch)
+
+    geo = geometry(pages=32)
+    rng = np.random.default_rng(14)
+    buf = random_buffer(geo, rng, "numpy-float16")
+    original = copy_buffer(buf)
+    pipeline = build(overrides={"batching.read_batch_pages": 4}, transport=Refusing())
+    pipeline.register_pool("kv", geo, buf)
+    assert pipeline.set(keys_of("k", 6), token_indices(range(6), P)) == [True] * 6
+    scramble(buf, rng)
+    before = copy_buffer(buf)
+    assert pipeline.get(keys_of("k", 6), token_indices(range(10, 16), P)) == [True] * 6
+    assert same_bytes(buf, after_restore(before, original, geo, [(i, 10 + i) for i in range(6)]))
+    assert pipeline.stats().fallbacks == {"OSError": 12}
+
+
+class TrackingTransport(MemoryTransport):
+    """Holds batches of the gated pool pages until ``gate`` opens; counts finished copies."""
+
+    def __init__(self, gated: set[int], geo: PoolGeometry) -> None:
+        super().__init__()
+        self.gated, self.geo, self.buffer = gated, geo, None
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.finished = 0
+        self.lock = threading.Lock()
+
+    def copy(self, batch: CopyBatch) -> None:
+        if pool_pages(batch, self.geo, self.buffer) & self.gated:
+            self.entered.set()
+            assert self.gate.wait(10), "the test never opened the gate"
+        super().copy(batch)
+        with self.lock:
+            self.finished += 1
+
+
+def test_get_raising_from_on_ready_waits_for_its_batches(build: Build) -> None:
+    geo = geometry(pages=32)
+    transport = TrackingTransport({25}, geo)
+    overrides = {"batching.read_batch_pages": 2}
+    pipeline, _, buf, _, keys = stored_pool(build, overrides=overrides, n=8, transport=transport)
+    transport.buffer = buf
+    copies_before = transport.finished
+
+    def on_ready(count: int) -> None:
+        raise RuntimeError("the engine's callback failed")
+
+    timer = threading.Timer(0.5, transport.gate.set)
+    timer.start()
+    try:
+        with pytest.raises(RuntimeError, match="callback failed"):
+            pipeline.get(keys, token_indices(range(20, 28), P), on_ready=on_ready)
+        # Batches of pages (20,21) ... (26,27): all four must be over when get returns.
+        assert transport.finished - copies_before == 4
+        assert store_stats(pipeline)["claimed"] == 0
+    finally:
+        timer.cancel()
+        transport.gate.set()
+
+
+# ---- lifetime -----------------------------------------------------------------------------
+
+
+def closed_calls(
+    pipeline: Pipeline, geo: PoolGeometry, buf: object
+) -> dict[str, Callable[[], Any]]:
+    idx = token_indices([0], P)
+    return {
+        "exists": lambda: pipeline.exists(["k0"]),
+        "get": lambda: pipeline.get(["k0"], idx),
+        "set": lambda: pipeline.set(["z"], idx),
+        "delete": lambda: pipeline.delete(["k0"]),
+        "clear": lambda: pipeline.clear(),
+        "register_pool": lambda: pipeline.register_pool("other", geo, buf),
+        "get_pools": lambda: pipeline.get_pools({"kv": (["k0"], idx)}),
+        "set_pools": lambda: pipeline.set_pools({"kv": (["z"], idx)}),
+        "exists_pools": lambda: pipeline.exists_pools(["k0"], ["kv"]),
+    }
+
+
+def test_close_waits_for_in_flight_transfers(build: Build) -> None:
+    geo = geometry(pages=32)
+    transport = TrackingTransport({27}, geo)
+    overrides = {"batching.read_batch_pages": 2}
+    pipeline, _, buf, original, keys = stored_pool(
+        build, overrides=overrides, n=8, transport=transport
+    )
+    transport.buffer = buf
+    scramble(buf, np.random.default_rng(15))
+    before = copy_buffer(buf)
+    result: list[list[bool]] = []
+    getter = threading.Thread(
+        target=lambda: result.append(pipeline.get(keys, token_indices(range(20, 28), P)))
+    )
+    getter.start()
+    try:
+        assert transport.entered.wait(10)
+        closer = threading.Thread(target=pipeline.close)
+        closer.start()
+        closer.join(0.3)
+        assert closer.is_alive(), "close returned while a transfer was in flight"
+        assert pipeline.state == "closing"
+        with pytest.raises(ClosedError, match="closing"):
+            pipeline.exists(keys)
+        second = threading.Thread(target=pipeline.close)  # a second closer waits as well
+        second.start()
+        second.join(0.1)
+        assert second.is_alive()
+    finally:
+        transport.gate.set()
+    getter.join(10)
+    closer.join(10)
+    second.join(10)
+    assert not (getter.is_alive() or closer.is_alive() or second.is_alive())
+    assert result == [[True] * 8]
+    pairs = [(i, 20 + i) for i in range(8)]
+    assert same_bytes(buf, after_restore(before, original, geo, pairs))
+    assert pipeline.state == "closed"
+
+
+def test_calls_after_close_raise_and_close_is_idempotent(build: Build) -> None:
+    pipeline, geo, buf, *_ = stored_pool(build, n=2)
+    pipeline.close()
+    pipeline.close()
+    assert pipeline.state == "closed"
+    for call, run in closed_calls(pipeline, geo, buf).items():
+        with pytest.raises(ClosedError, match="closed") as info:
+            run()
+        assert call in str(info.value) or call.endswith("_pools"), str(info.value)
+    stats = pipeline.stats()  # still readable: the final counters
+    assert stats.pages_written == 2
+    assert pipeline.audit()["kv"]["state"] == "closed"
+
+
+def test_context_manager_closes(registry: Registry) -> None:
+    overrides = {"placement.capacity_bytes": CAPACITY}
+    loaded = load_config(environ={}, overrides=overrides, registry=registry)
+    with build_pipeline(loaded) as pipeline:
+        assert pipeline.state == "open"
+    assert pipeline.state == "closed"
+
+
+def test_thread_tuning_applies_while_open_and_is_restored_on_close(build: Build) -> None:
+    sys.setswitchinterval(0.005)
+    untouched = build()
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+    pipeline = build("throughput")
+    assert sys.getswitchinterval() == pytest.approx(0.0005)
+    pipeline.close()
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+    untouched.close()
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+
+
+def test_thread_tuning_is_restored_even_when_the_transport_fails_to_close(build: Build) -> None:
+    class BrokenClose(MemoryTransport):
+        def close(self) -> None:
+            super().close()
+            raise OSError("device lost")
+
+    sys.setswitchinterval(0.005)
+    pipeline = build("throughput", transport=BrokenClose())
+    assert sys.getswitchinterval() == pytest.approx(0.0005)
+    with pytest.raises(OSError, match="device lost"):
+        pipeline.close()
+    assert pipeline.state == "closed"
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+
+
+# ---- bad input ----------------------------------------------------------------------------
+
+
+BAD_INDICES: dict[str, tuple[Any, str]] = {
+    "misaligned": (np.arange(1, 1 + 2 * P), "multiple of page_size"),
+    "not consecutive": (np.array([0, 1, 3, 2, 4, 5, 6, 7]), "consecutive"),
+    "out of range": (token_indices([2, 32], P), "0 <= index < 128"),
+    "negative": (token_indices([-1, 2], P), "0 <= index"),
+    "too few": (token_indices([2], P), "2 keys but indices for 1 pages"),
+    "too many": (token_indices([2, 3, 4], P), "2 keys but indices for 3 pages"),
+    "not whole pages": (np.arange(8, 8 + P + 1), "multiple of page_size"),
+    "float": (token_indices([2, 3], P).astype(np.float64), "integer dtype"),
+    "bool": (np.ones(2 * P, dtype=bool), "integer dtype"),
+    "2-D": (token_indices([2, 3], P).reshape(2, P), "1-D"),
+}
+
+
+@pytest.mark.parametrize("call", ["get", "set"])
+@pytest.mark.parametrize("case", list(BAD_INDICES))
+def test_bad_indices_are_refused_and_corrupt_nothing(build: Build, call: str, case: str) -> None:
+    pipeline, geo, buf, original, keys = stored_pool(build, n=4)
+    indices, message = BAD_INDICES[case]
+    tier_before = store_stats(pipeline)
+    with pytest.raises(IndicesError, match=message) as info:
+        getattr(pipeline, call)(["k0", "new"] if call == "set" else keys[:2], indices)
+    assert "'kv'" in str(info.value)
+    assert same_bytes(buf, original), "a refused call wrote into the pool"
+    after = store_stats(pipeline)
+    assert after == tier_before
+    assert pipeline.exists([*keys, "new"]) == 4
+    scramble(buf, np.random.default_rng(16))
+    before = copy_buffer(buf)
+    assert pipeline.get(keys, token_indices([20, 21, 22, 23], P)) == [True] * 4
+    assert same_bytes(buf, after_restore(before, original, geo, [(i, 20 + i) for i in range(4)]))
+
+
+def test_other_integer_index_types_are_accepted(build: Build) -> None:
+    import torch
+
+    pipeline, geo, buf, original, keys = stored_pool(build, n=3)
+    forms = [
+        token_indices([20, 21, 22], P).astype(np.int32),
+        token_indices([20, 21, 22], P).astype(np.uint16),
+        torch.from_numpy(token_indices([20, 21, 22], P)).to(torch.int32),
+        token_indices([20, 21, 22], P).tolist(),
+    ]
+    for form in forms:
+        scramble(buf, np.random.default_rng(17))
+        before = copy_buffer(buf)
+        assert pipeline.get(keys, form) == [True] * 3
+        assert same_bytes(
+            buf, after_restore(before, original, geo, [(i, 20 + i) for i in range(3)])
+        )
+
+
+def test_unknown_pool_is_a_clear_error(build: Build) -> None:
+    pipeline, *_, keys = stored_pool(build, n=2)
+    for run in (
+        lambda: pipeline.get(keys, token_indices([5, 6], P), "mamba"),
+        lambda: pipeline.set(keys, token_indices([5, 6], P), "mamba"),
+        lambda: pipeline.exists(keys, "mamba"),
+        lambda: pipeline.delete(keys, "mamba"),
+    ):
+        with pytest.raises(PoolError, match=r"no pool named 'mamba'.*registered: kv"):
+            run()
+    assert pipeline.exists(keys) == 2
+
+
+def wrong_buffers(geo: PoolGeometry) -> dict[str, tuple[object, str]]:
+    good = np.zeros(geo.shape, dtype=np.float16)
+    return {
+        "dtype": (np.zeros(geo.shape, dtype=np.float32), "dtype: expected float16, got float32"),
+        "shape": (np.zeros((2, 3, geo.tokens + P, 2, 8), np.float16), "shape: expected"),
+        "strides": (np.zeros((2, 3, 2, geo.tokens, 8), np.float16).swapaxes(2, 3), "strides"),
+        "type": (good.tolist(), "type: expected a torch.Tensor or numpy.ndarray"),
+        "device": (good, "device: expected cuda, got cpu"),
+    }
+
+
+@pytest.mark.parametrize("field", ["dtype", "shape", "strides", "type", "device"])
+def test_a_refused_pool_names_the_field_and_other_pools_keep_working(
+    build: Build, field: str
+) -> None:
+    pipeline, geo, buf, original, keys = stored_pool(build, n=3)
+    bad_geo = geometry(name="bad", pages=32)
+    if field == "device":
+        bad_geo = PoolGeometry(**{**_fields(bad_geo), "device": "cuda"})
+    bad, message = wrong_buffers(bad_geo)[field]
+    with pytest.raises(PoolError, match=message) as info:
+        pipeline.register_pool("bad", bad_geo, bad)
+    assert "'bad'" in str(info.value)
+    assert "bad" in pipeline.refused and "bad" not in pipeline.pools
+    with pytest.raises(PoolError, match="'bad' was refused"):
+        pipeline.get(keys, token_indices([1, 2, 3], P), "bad")
+
+    # The good pool is untouched, and a later good pool registers fine.
+    assert pipeline.exists(keys) == 3
+    assert pipeline.get(keys, token_indices([20, 21, 22], P)) == [True] * 3
+    assert same_bytes(buf, after_restore(original, original, geo, [(i, 20 + i) for i in range(3)]))
+    second = np.zeros(geo.shape, np.float16)
+    pipeline.register_pool("bad", geo, second)
+    assert "bad" not in pipeline.refused
+    assert pipeline.set(["x"], token_indices([0], P), "bad") == [True]
+    assert pipeline.exists(["x"]) == 0  # the key is in pool "bad" only
+
+
+def _fields(geo: PoolGeometry) -> dict[str, Any]:
+    return {name: getattr(geo, name) for name in geo.__dataclass_fields__}
+
+
+def test_a_pool_name_is_registered_once(build: Build) -> None:
+    pipeline, geo, *_, keys = stored_pool(build, n=2)
+    with pytest.raises(PoolError, match="already registered"):
+        pipeline.register_pool("kv", geo, np.zeros(geo.shape, np.float16))
+    assert "kv" not in pipeline.refused
+    assert pipeline.get(keys, token_indices([9, 10], P)) == [True, True]
+
+
+def test_a_pool_on_a_device_the_transport_cannot_move_is_refused(build: Build) -> None:
+    class CudaOnly(MemoryTransport):
+        name = "cuda-only"
+        devices = frozenset({"cuda"})
+
+    pipeline = build(transport=CudaOnly())
+    geo = geometry()
+    with pytest.raises(PoolError, match=r"lives on cpu, but transport 'cuda-only' moves only cuda"):
+        pipeline.register_pool("kv", geo, np.zeros(geo.shape, np.float16))
+    assert "kv" in pipeline.refused
+
+
+@pytest.mark.cuda
+def test_a_gpu_pool_on_the_cpu_transport_is_refused(build: Build) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    geo = PoolGeometry(**{**_fields(geometry()), "device": "cuda"})
+    pipeline = build()
+    with pytest.raises(PoolError, match=r"lives on cuda:0, but transport 'cpu' moves only cpu"):
+        pipeline.register_pool(
+            "kv", geo, torch.zeros(geo.shape, dtype=torch.float16, device="cuda")
+        )
+    assert "kv" in pipeline.refused
+
+
+def test_a_tier_smaller_than_a_page_is_refused_naming_its_origin(build: Build) -> None:
+    geo = geometry()
+    pipeline = build(overrides={"placement.capacity_bytes": geo.page_bytes - 1})
+    with pytest.raises(PoolError, match=r"placement\.capacity_bytes.*holds no page"):
+        pipeline.register_pool("kv", geo, np.zeros(geo.shape, np.float16))
+
+
+# ---- threads ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["default", "throughput"])
+def test_four_threads_setting_and_getting_at_once_get_the_right_bytes(
+    build: Build, profile: str
+) -> None:
+    threads, rounds, universe = 4, 60, 14
+    geo = geometry(pages=threads * 4)
+    buf = np.zeros(geo.shape, np.float16)
+    shape = buf[page_slice(geo, 0)].shape
+    content = {
+        f"key{i}": np.random.default_rng(i).integers(0, 1 << 16, shape, np.uint16).view(np.float16)
+        for i in range(universe)
+    }
+    # 12 slots: 4 threads x 2 keys claimed or reserved at most, so eviction always has room.
+    overrides = {"placement.capacity_bytes": 12 * geo.page_bytes, "batching.read_batch_pages": 1}
+    pipeline = build(profile, overrides)
+    pipeline.register_pool("kv", geo, buf)
+    errors: list[str] = []
+    hits = [0] * threads
+    start = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        rng = np.random.default_rng(100 + t)
+        own = [4 * t + i for i in range(4)]  # pages 0-1 to set from, 2-3 to get into
+        start.wait()
+        for _ in range(rounds):
+            count = int(rng.integers(1, 3))
+            keys = [f"key{i}" for i in rng.choice(universe, count, replace=False)]
+            for key, page in zip(keys, own[:count], strict=True):
+                buf[page_slice(geo, page)] = content[key]
+            # A key another thread is writing right now is not present yet: False is fair.
+            if len(pipeline.set(keys, token_indices(own[:count], P))) != count:
+                errors.append(f"thread {t}: set {keys} gave a result of the wrong length")
+            keys = [f"key{i}" for i in rng.choice(universe, count, replace=False)]
+            for page in own[2:]:
+                buf[page_slice(geo, page)] = 0
+            result = pipeline.get(keys, token_indices(own[2 : 2 + count], P))
+            leading = result.index(False) if False in result else count
+            if any(result[leading:]):
+                errors.append(f"thread {t}: get {keys} returned {result}")
+            for key, page, ok in zip(keys, own[2 : 2 + count], result, strict=True):
+                if ok:
+                    hits[t] += 1
+                    got = page_bytes(buf, geo, page)
+                    if got != content[key].tobytes():
+                        errors.append(f"thread {t}: {key} restored wrong bytes")
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert not any(worker.is_alive() for worker in workers)
+    assert errors == []
+    assert sum(hits) > 0
+    stats = store_stats(pipeline)
+    assert stats["keys"] <= stats["capacity"] == 12
+    assert (stats["reserved"], stats["claimed"]) == (0, 0)
+    assert stats["used"] + stats["free"] == stats["capacity"]

@@ -1,0 +1,329 @@
+"""A Hypothesis state machine over a Pipeline on a tier of a few slots, so eviction is routine.
+
+Rules: set, get, exists, delete, clear, a get whose batches fail once (sparse fallback), a get
+paused mid-transfer while another thread churns the tier (its claim must hold), and close (then
+a fresh pipeline). The model remembers a version per key: deleting or clearing a key bumps it,
+so stale bytes of an earlier occupant can never pass for the key's current bytes.
+
+Properties: every page a get reports True holds exactly the bytes stored for that key; get's
+result is the leading run ``exists`` reported; a set that fits is then fully present; deleted
+keys are gone; the store never holds more than its capacity and leaves nothing reserved or
+claimed between calls; after close every call raises ClosedError.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+
+from kvcr_policy.errors import ClosedError
+from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.loading import load_config
+from kvcr_policy.pipeline import Pipeline, build_pipeline
+from kvcr_policy.plugins import make_plugin_manager
+from kvcr_policy.transports.base import CopyBatch
+from kvcr_policy.transports.memory import MemoryTransport
+from tests.strategies import distinct_pages, page_bytes, page_slice, token_indices
+
+P = 2
+PAGES = 8  # pool pages: sources and destinations are drawn from these
+CAPACITY = 4  # tier slots
+KEYS = [f"k{i}" for i in range(10)]
+CASES = [
+    ("layer_first", False),
+    ("page_first", False),
+    ("page_first_direct", False),
+    ("page_head", False),
+    ("layer_first", True),
+    ("page_first", True),
+    ("page_first_direct", True),
+]
+REGISTRY = make_plugin_manager(environ={}).registry
+
+key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=CAPACITY, unique=True)
+
+
+def content(geo: PoolGeometry, key: str, version: int) -> np.ndarray:
+    """The bytes of ``key`` at ``version``, shaped as one page of the pool."""
+    shape = np.zeros(geo.shape, np.uint8)[page_slice(geo, 0)].shape
+    rng = np.random.default_rng(zlib.crc32(f"{key}@{version}".encode()))
+    return rng.integers(0, 1 << 16, size=shape, dtype=np.uint16).view(np.float16)
+
+
+class OneShotFault:
+    """Fails the next ``armed`` batches after ``cut`` descriptors, then copies normally."""
+
+    def __init__(self) -> None:
+        self.armed = 0
+        self.cut = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: CopyBatch) -> int | None:
+        with self.lock:
+            if self.armed:
+                self.armed -= 1
+                return self.cut
+        return None
+
+
+class PipelineMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pipeline: Pipeline | None = None
+        self.version = dict.fromkeys(KEYS, 0)
+        self.stored: set[str] = set()  # keys that may be present: set since the last removal
+
+    # ---- setup and teardown -----------------------------------------------------------------
+
+    @initialize(case=st.sampled_from(CASES), batch=st.sampled_from([1, 2]))
+    def open(self, case: tuple[str, bool], batch: int) -> None:
+        layout, mla = case
+        self.geo = PoolGeometry(
+            name="kv",
+            layout=layout,  # type: ignore[arg-type]
+            layers=2,
+            heads=1 if mla else 2,
+            head_dim=4,
+            dtype="float16",
+            page_size=P,
+            tokens=P * PAGES,
+            mla=mla,
+        )
+        self.batch = batch
+        self._build()
+
+    def _build(self) -> None:
+        overrides = {
+            "placement.capacity_bytes": CAPACITY * self.geo.page_bytes,
+            "batching.read_batch_pages": self.batch,
+            "batching.query_batch_keys": 2,
+            "batching.window_batches": 1,  # so a get paused in on_ready holds back its rest
+        }
+        loaded = load_config(environ={}, overrides=overrides, registry=REGISTRY)
+        self.fault = OneShotFault()
+        self.pipeline = build_pipeline(loaded, transport=MemoryTransport(fault=self.fault))
+        self.buf = np.zeros(self.geo.shape, np.float16)
+        self.pipeline.register_pool("kv", self.geo, self.buf)
+        self.stored.clear()
+
+    def teardown(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    @property
+    def p(self) -> Pipeline:
+        assert self.pipeline is not None
+        return self.pipeline
+
+    def write_sources(self, keys: Sequence[str], pages: Sequence[int]) -> None:
+        for key, page in zip(keys, pages, strict=True):
+            self.buf[page_slice(self.geo, page)] = content(self.geo, key, self.version[key])
+
+    def garbage(self, pages: Sequence[int]) -> dict[int, bytes]:
+        for page in pages:
+            self.buf[page_slice(self.geo, page)] = np.float16(-7.5)
+        return {page: page_bytes(self.buf, self.geo, page) for page in pages}
+
+    def check_get(self, keys: Sequence[str], pages: Sequence[int], result: list[bool]) -> int:
+        """Every True page holds the key's bytes; every False page is untouched."""
+        assert len(result) == len(keys)
+        run = result.index(False) if False in result else len(result)
+        assert not any(result[run:]), f"get returned a True after a False: {result}"
+        for key, page, ok in zip(keys, pages, result, strict=True):
+            got = self.buf[page_slice(self.geo, page)].tobytes()
+            if ok:
+                assert key in self.stored, f"{key} was restored, but it was never stored"
+                assert got == content(self.geo, key, self.version[key]).tobytes(), key
+        return run
+
+    def store_stats(self) -> dict[str, int]:
+        return self.p.stats().pools["kv"]["store"]
+
+    def set_keys(self, keys: Sequence[str], pages: Sequence[int]) -> list[bool]:
+        self.write_sources(keys, pages)
+        result = self.p.set(keys, token_indices(pages, P))
+        assert len(result) == len(keys)
+        self.stored.update(key for key, ok in zip(keys, result, strict=True) if ok)
+        return result
+
+    # ---- rules ------------------------------------------------------------------------------
+
+    @rule(keys=key_lists, data=st.data())
+    def set(self, keys: list[str], data: st.DataObject) -> None:
+        pages = data.draw(distinct_pages(PAGES, min_size=len(keys), max_size=len(keys)))
+        # Nothing is claimed or reserved between rules, so a set of at most CAPACITY keys fits.
+        assert self.set_keys(keys, pages) == [True] * len(keys)
+        assert self.p.exists(keys) == len(keys)
+
+    @rule(keys=key_lists, data=st.data(), cut=st.integers(0, 12))
+    def set_through_one_failed_batch(self, keys: list[str], data: st.DataObject, cut: int) -> None:
+        pages = data.draw(distinct_pages(PAGES, min_size=len(keys), max_size=len(keys)))
+        before = sum(self.p.stats().fallbacks.values())
+        self.fault.cut, self.fault.armed = cut, 1
+        assert self.set_keys(keys, pages) == [True] * len(keys)  # the per-page retry succeeds
+        fired = self.fault.armed == 0  # a set of present keys copies nothing at all
+        self.fault.armed = 0
+        event(f"set fault fired: {fired}")
+        assert self.p.exists(keys) == len(keys)
+        after = sum(self.p.stats().fallbacks.values())
+        assert after >= before + (1 if fired and cut == 0 else 0)
+        assert after <= before + self.batch
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=6, unique=True), data=st.data())
+    def get(self, keys: list[str], data: st.DataObject) -> None:
+        pages = data.draw(distinct_pages(PAGES, min_size=len(keys), max_size=len(keys)))
+        present = self.p.exists(keys)
+        garbage = self.garbage(pages)
+        result = self.p.get(keys, token_indices(pages, P))
+        assert result == [True] * present + [False] * (len(keys) - present)
+        self.check_get(keys, pages, result)
+        for page, ok in zip(pages, result, strict=True):
+            if not ok:
+                assert page_bytes(self.buf, self.geo, page) == garbage[page]
+
+    @rule(keys=key_lists, data=st.data(), cut=st.integers(0, 12))
+    def get_through_one_failed_batch(self, keys: list[str], data: st.DataObject, cut: int) -> None:
+        pages = data.draw(distinct_pages(PAGES, min_size=len(keys), max_size=len(keys)))
+        present = self.p.exists(keys)
+        self.garbage(pages)
+        self.fault.cut, self.fault.armed = cut, 1
+        result = self.p.get(keys, token_indices(pages, P))
+        self.fault.armed = 0
+        # The failed batch is retried page by page, and the retries succeed.
+        assert result == [True] * present + [False] * (len(keys) - present)
+        self.check_get(keys, pages, result)
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=6))
+    def exists(self, keys: list[str]) -> None:
+        count = self.p.exists(keys)
+        assert 0 <= count <= len(keys)
+        assert set(keys[:count]) <= self.stored
+        if count < len(keys):
+            assert self.p.exists(keys[count : count + 1]) == 0
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True))
+    def delete(self, keys: list[str]) -> None:
+        present = sum(self.p.exists([key]) for key in keys)
+        assert self.p.delete(keys) == present
+        for key in keys:
+            self.version[key] += 1
+            self.stored.discard(key)
+            assert self.p.exists([key]) == 0
+
+    @rule()
+    def clear(self) -> None:
+        self.p.clear()
+        for key in KEYS:
+            self.version[key] += 1
+        self.stored.clear()
+        assert self.p.exists(KEYS[:1]) == 0
+        assert self.store_stats()["keys"] == 0
+
+    @rule(data=st.data())
+    def claimed_get_survives_churn(self, data: st.DataObject) -> None:
+        """A get paused after its first page holds its claim while other keys evict the rest."""
+        present = [key for key in KEYS if self.p.exists([key])]
+        if len(present) < 2:
+            return
+        keys = data.draw(
+            st.lists(
+                st.sampled_from(present), min_size=2, max_size=min(3, len(present)), unique=True
+            )
+        )
+        pages = data.draw(distinct_pages(PAGES, min_size=2 * len(keys), max_size=2 * len(keys)))
+        dst, src = pages[: len(keys)], pages[len(keys) :]
+        self.garbage(dst)
+        paused, resume = threading.Event(), threading.Event()
+        outcome: list[object] = []
+
+        def on_ready(count: int) -> None:
+            if not paused.is_set():
+                paused.set()
+                assert resume.wait(10)
+
+        def read() -> None:
+            try:
+                outcome.append(self.p.get(keys, token_indices(dst, P), on_ready=on_ready))
+            except BaseException as err:  # reported by the main thread
+                outcome.append(err)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            assert paused.wait(10), "the get never reached on_ready"
+            assert self.store_stats()["claimed"] == len(keys)
+            # Fresh keys that need every unclaimed slot, and more.
+            fresh = [key for key in KEYS if key not in keys][: len(src)]
+            for key in fresh:  # whatever they held before is gone: new bytes, new version
+                self.version[key] += 1
+                self.stored.discard(key)
+                self.p.delete([key])
+            result = self.set_keys(fresh, src[: len(fresh)])
+            room = CAPACITY - len(keys)
+            assert result == [True] * min(room, len(fresh)) + [False] * max(0, len(fresh) - room)
+            stats = self.store_stats()
+            assert stats["claimed"] == len(keys)
+            assert stats["keys"] <= CAPACITY
+        finally:
+            resume.set()
+            reader.join(10)
+        assert not reader.is_alive()
+        assert outcome and not isinstance(outcome[0], BaseException), outcome
+        result = outcome[0]
+        assert result == [True] * len(keys)
+        self.check_get(keys, dst, result)  # type: ignore[arg-type]
+        event(f"claimed get of {len(keys)} pages survived churn")
+
+    @rule()
+    def close(self) -> None:
+        pipeline = self.p
+        pipeline.close()
+        pipeline.close()
+        assert pipeline.state == "closed"
+        idx = token_indices([0], P)
+        for call in (
+            lambda: pipeline.exists(KEYS),
+            lambda: pipeline.get(KEYS[:1], idx),
+            lambda: pipeline.set(KEYS[:1], idx),
+            lambda: pipeline.delete(KEYS[:1]),
+            pipeline.clear,
+        ):
+            with pytest.raises(ClosedError):
+                call()
+        for key in KEYS:  # the next pipeline starts with an empty tier
+            self.version[key] += 1
+        self._build()
+
+    # ---- invariants -------------------------------------------------------------------------
+
+    @invariant()
+    def tier_within_capacity_and_settled(self) -> None:
+        if self.pipeline is None:
+            return
+        stats = self.store_stats()
+        assert stats["capacity"] == CAPACITY
+        assert stats["used"] + stats["reserved"] + stats["free"] == CAPACITY
+        assert stats["keys"] == stats["used"] <= CAPACITY
+        assert (stats["reserved"], stats["claimed"]) == (0, 0)
+        present = {key for key in KEYS if self.p.exists([key])}
+        assert present <= self.stored, (
+            f"present but deleted or never stored: {present - self.stored}"
+        )
+
+
+TestPipelineMachine = PipelineMachine.TestCase
+TestPipelineMachine.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
