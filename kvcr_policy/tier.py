@@ -230,7 +230,8 @@ def open_region(
         if numa_policy != "none":
             _apply_numa(region)
         _prefault(region)
-        _check_obtained(region, _audit(region))
+        first = _audit(region)
+        _check_obtained(region, first)
     except BaseException:
         region._finish(None)
         raise
@@ -238,7 +239,11 @@ def open_region(
         what = [f"{k}: {why}" for k, why in region._fallbacks] + region._warnings
         region._warnings.insert(0, f"tier {name!r}: placement not as asked: " + "; ".join(what))
         _LOG.warning("%s", region._warnings[0])
-    region._last = _audit(region)
+    # One smaps read per open (tens of ms in a large process): the check's audit, with the
+    # fallbacks and warnings it recorded.
+    region._last = dataclasses.replace(
+        first, fallbacks=tuple(region._fallbacks), warnings=tuple(region._warnings)
+    )
     return region
 
 
