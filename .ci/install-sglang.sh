@@ -51,14 +51,15 @@ pip() { "$PYTHON" -m pip install --quiet --disable-pip-version-check "$@"; }
 
 # An installed 2.13.0 (the CPU build the project installs first) satisfies this and is kept.
 pip -c "$pin" "torch==$TORCH_VERSION"
-# pip prints "sglang 0.5.23 requires ..., which is not installed" here: expected, harmless.
 pip --no-deps "sglang==$SGLANG_VERSION"
+# From here on pip reports "sglang 0.5.23 requires ..., which is not installed": expected.
 # Enough for hicache_storage (HiCacheStorage, HiCacheFile, PoolTransfer, ...) and the
 # storage backend factory.
 pip -c "$pin" numpy orjson psutil pybase64 requests packaging pillow starlette msgspec \
     pydantic pyzmq tqdm IPython aiohttp
-# Stubbing triton breaks torch inside pool_host, so it is installed for real (about 1 GB).
-pip --no-deps triton
+# Stubbing triton breaks torch inside pool_host, so it is installed for real (about 1 GB);
+# 3.9.0 is the release checked with torch 2.13.0.
+pip --no-deps "triton==3.9.0"
 # pool_host (HostKVCache) and pool_host.mha (MHATokenToKVPoolHost).
 pip -c "$pin" "transformers==5.19.0" dill "sentencepiece==0.2.1" "compressed-tensors==0.18.0" \
     loguru gguf

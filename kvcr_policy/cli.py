@@ -461,3 +461,4 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if isinstance(code, int) and code:
         sys.exit(code)
+from .peer.cli import register as _register_peer; _register_peer(app)  # noqa: E402, E702

@@ -8,6 +8,7 @@ with the environment variable that sets it.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,12 +20,14 @@ from .sources import env_name, known_leaves
 
 __all__ = [
     "FIELD_ORDER_FILE",
+    "INTEGRATION_SIGNATURES",
     "JSON_SCHEMA_FILE",
     "REGENERATE",
     "check_field_order",
     "check_schemas",
     "current_field_order",
     "json_schema",
+    "positional_parameters",
     "schemas_dir",
     "write_schemas",
 ]
@@ -39,9 +42,37 @@ def schemas_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "schemas"
 
 
+# Integration constructors whose positional signature is pinned beside the config types:
+# pinned name -> (module file under kvcr_policy/, class, method).
+INTEGRATION_SIGNATURES: dict[str, tuple[str, str, str]] = {
+    "KVCRPolicyStorage.__init__": ("integrations/sglang.py", "KVCRPolicyStorage", "__init__"),
+}
+
+
+def positional_parameters(path: Path, class_name: str, method: str) -> list[str]:
+    """Positional parameter names of ``class_name.method`` in ``path``, without ``self``.
+
+    Read with :mod:`ast`, not by import: the SGLang backend module imports SGLang, which the
+    contract check must not need.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    params = [*item.args.posonlyargs, *item.args.args]
+                    return [param.arg for param in params][1:]
+    message = f"{path}: no method {class_name}.{method} found; update INTEGRATION_SIGNATURES"
+    raise SchemaDriftError(message)
+
+
 def extra_positional_types() -> dict[str, list[str]]:
     """Positional signatures pinned beside the config types (integration constructors)."""
-    return {"KVCRPolicyStorage.__init__": ["storage_config", "kwargs"]}
+    package = Path(__file__).resolve().parent
+    return {
+        pinned: positional_parameters(package / module, class_name, method)
+        for pinned, (module, class_name, method) in INTEGRATION_SIGNATURES.items()
+    }
 
 
 def current_field_order() -> dict[str, list[str]]:

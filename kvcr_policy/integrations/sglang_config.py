@@ -1,0 +1,129 @@
+"""The ``extra_config`` of SGLang's dynamic HiCache backend: which keys are ours, which SGLang's.
+
+SGLang passes ``--hicache-storage-backend-extra-config`` (a JSON object) to the backend as
+``storage_config.extra_config``. kvcr_policy reads two keys of its own (:data:`OWN_KEYS`) and
+tolerates the keys SGLang 0.5.23 itself reads from the same object (:data:`SGLANG_KEYS`,
+:data:`SGLANG_PREFIXES`); anything else is a typo or a key of another backend, and is refused
+with the list of known keys, so that a misspelt ``"profil"`` cannot silently run the defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ..errors import ConfigError, ConfigIssue
+from ..sources import suggest
+
+__all__ = [
+    "EXTRA_CONFIG_ORIGIN",
+    "OWN_KEYS",
+    "SGLANG_KEYS",
+    "SGLANG_PREFIXES",
+    "BackendOptions",
+    "parse_extra_config",
+]
+
+EXTRA_CONFIG_ORIGIN: Final = "SGLang --hicache-storage-backend-extra-config"
+KWARGS_ORIGIN: Final = "KVCRPolicyStorage(storage_config, kwargs)"
+
+OWN_KEYS: Final[Mapping[str, str]] = {
+    "profile": "a bundled profile name (default, throughput) or the path of a TOML profile",
+    "overrides": "a JSON object of config overrides, dotted paths or nested tables",
+}
+
+# Keys SGLang 0.5.23 reads from the same JSON object, found in its source:
+#   backend_name, module_path, class_name  mem_cache/storage/backend_factory.py,
+#                                          StorageBackendFactory._create_dynamic_backend
+#   interface_v1                           managers/cache_controller.py, attach_storage_backend
+#   tp_lcm_size                            managers/cache_controller.py, _generate_storage_config
+#   hicache_storage_pass_prefix_keys       mem_cache/hybrid_cache/hybrid_cache_controller.py,
+#   prefetch_threshold, prefetch_timeout_*   parse_storage_backend_extra_config (popped there,
+#                                          but not on every path: decode_kvcache_offload_manager)
+#   allocator                              mem_cache/pool_host/common.py, get_allocator_type
+SGLANG_KEYS: Final = frozenset(
+    {
+        "backend_name",
+        "module_path",
+        "class_name",
+        "interface_v1",
+        "tp_lcm_size",
+        "hicache_storage_pass_prefix_keys",
+        "allocator",
+    }
+)
+SGLANG_PREFIXES: Final = ("prefetch_",)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """What kvcr_policy takes from ``extra_config`` (and the constructor's ``kwargs``)."""
+
+    profile: str | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    interface_v1: bool = False
+    # Where the profile was named ("" when it was not): shown in the start-up log.
+    profile_origin: str = ""
+
+
+def _is_sglang_key(key: str) -> bool:
+    return key in SGLANG_KEYS or key.startswith(SGLANG_PREFIXES)
+
+
+def _known() -> str:
+    return (
+        f"kvcr_policy reads {', '.join(OWN_KEYS)}; SGLang's own keys are tolerated: "
+        f"{', '.join(sorted(SGLANG_KEYS))}, {', '.join(p + '*' for p in SGLANG_PREFIXES)}"
+    )
+
+
+def _check(key: str, value: Any, origin: str, issues: list[ConfigIssue]) -> None:
+    path = f"extra_config.{key}"
+    if key == "profile" and not (isinstance(value, str) and value.strip()):
+        message = f"expected {OWN_KEYS['profile']}; got {value!r}"
+        issues.append(ConfigIssue(path, origin, message))
+    if key == "overrides" and not isinstance(value, Mapping):
+        message = (
+            f"expected {OWN_KEYS['overrides']}, e.g. "
+            f'{{"placement.capacity_bytes": "64GiB"}}; got {type(value).__name__} {value!r}'
+        )
+        issues.append(ConfigIssue(path, origin, message))
+
+
+def parse_extra_config(
+    extra_config: Mapping[str, Any] | None, kwargs: Mapping[str, Any] | None = None
+) -> BackendOptions:
+    """Validate ``extra_config`` and ``kwargs``; raise one :class:`ConfigError` for all problems.
+
+    ``kwargs`` (what SGLang's factory passes as the second positional argument, an empty dict
+    in 0.5.23) may carry kvcr_policy's own keys for programmatic use; it wins over
+    ``extra_config``. SGLang's keys are only allowed in ``extra_config``.
+    """
+    issues: list[ConfigIssue] = []
+    if extra_config is not None and not isinstance(extra_config, Mapping):
+        message = f"expected a JSON object; got {type(extra_config).__name__}"
+        raise ConfigError([ConfigIssue("extra_config", EXTRA_CONFIG_ORIGIN, message)])
+    sources = [(extra_config or {}, EXTRA_CONFIG_ORIGIN), (kwargs or {}, KWARGS_ORIGIN)]
+    chosen: dict[str, tuple[Any, str]] = {}
+    for source, origin in sources:
+        for key, value in source.items():
+            key = str(key)
+            if key in OWN_KEYS:
+                _check(key, value, origin, issues)
+                chosen[key] = (value, origin)
+            elif not (origin == EXTRA_CONFIG_ORIGIN and _is_sglang_key(key)):
+                nearest = suggest(key, [*OWN_KEYS, *sorted(SGLANG_KEYS)])
+                hint = f"did you mean {nearest!r}? " if nearest else ""
+                message = f"unknown key; {hint}({_known()})"
+                issues.append(ConfigIssue(f"extra_config.{key}", origin, message))
+    if issues:
+        raise ConfigError(issues, title="invalid kvcr_policy HiCache backend options")
+    profile, profile_origin = chosen.get("profile", (None, ""))
+    overrides, _ = chosen.get("overrides", ({}, ""))
+    return BackendOptions(
+        profile=profile,
+        overrides=dict(overrides),
+        interface_v1=bool((extra_config or {}).get("interface_v1", 0)),
+        profile_origin=f"{profile_origin} ['profile']" if profile_origin else "",
+    )

@@ -1,0 +1,140 @@
+"""SGLang host pools as kvcr_policy pools: geometry from the pool object, keys namespaced per rank.
+
+Duck-typed on purpose: importing SGLang's ``pool_host`` package drags in model configs (and
+torchvision), while the attributes read here are plain ones every ``HostKVCache`` sets. The
+pool's ``kv_buffer`` is then checked against the geometry by the pipeline
+(:func:`kvcr_policy.geometry.validate_buffer`), so a pool whose attributes and tensor disagree is
+refused, never misread.
+
+Attributes read, from SGLang 0.5.23 ``mem_cache/pool_host``:
+``base.py`` (HostKVCache): ``layout``, ``page_size``, ``size`` (tokens, with the padding page),
+``dtype``, ``dcp_size``, ``storage_format_tag``, ``stores_page_envelope``; ``mha.py``
+(MHATokenToKVPoolHost): ``layer_num``, ``head_num``, ``head_dim``, ``v_head_dim``,
+``kv_buffer``; ``mla.py`` (MLATokenToKVPoolHost): ``layer_num``, ``kv_cache_dim``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from ..errors import PoolError
+from ..geometry import PoolGeometry
+
+__all__ = ["Namespace", "flat_geometry", "geometry_of", "namespace_for", "pool_name"]
+
+# Pools SGLang shards by TP rank even for MLA models, whose KV is replicated across TP ranks
+# (HiCacheFile._get_suffixed_key keys only Mamba state by tp_config_suffix).
+TP_SHARDED_POOLS = frozenset({"mamba"})
+
+
+def pool_name(name: object) -> str:
+    """``PoolName.KV`` -> ``"kv"``: SGLang's pool names are ``str`` enums."""
+    value = getattr(name, "value", name)
+    return str(value)
+
+
+def _refuse(name: str, pool: object, what: str) -> NoReturn:
+    message = f"pool {name!r} ({type(pool).__name__}) refused: {what}"
+    raise PoolError(message)
+
+
+def geometry_of(pool: Any, name: str) -> PoolGeometry:
+    """The :class:`PoolGeometry` of an SGLang MHA or MLA host pool; :class:`PoolError` if none.
+
+    Refused, with the reason: pools without one ``kv_buffer`` tensor (Mamba, DSA indexer and
+    other state pools), DCP-sharded pools, page envelopes, asymmetric K/V head dims, and any
+    layout :class:`PoolGeometry` does not model (``page_unified``, ``page_first_kv_split``).
+    """
+    buffer = getattr(pool, "kv_buffer", None)
+    if buffer is None or not hasattr(buffer, "data_ptr"):
+        _refuse(name, pool, "no single kv_buffer tensor (only MHA and MLA KV pools are kept)")
+    if getattr(pool, "dcp_size", 1) != 1:
+        _refuse(name, pool, f"DCP-sharded pools (dcp_size={pool.dcp_size}) are not supported")
+    if getattr(pool, "stores_page_envelope", False):
+        _refuse(name, pool, "page-envelope host pools are not supported")
+    mla = hasattr(pool, "kv_cache_dim")
+    if mla:
+        heads, head_dim = 1, int(pool.kv_cache_dim)
+    else:
+        heads, head_dim = int(pool.head_num), int(pool.head_dim)
+        v_head_dim = int(getattr(pool, "v_head_dim", head_dim))
+        if v_head_dim != head_dim:
+            _refuse(name, pool, f"K head dim {head_dim} != V head dim {v_head_dim}")
+    return PoolGeometry(
+        name=name,
+        layout=pool.layout,
+        layers=int(pool.layer_num),
+        heads=heads,
+        head_dim=head_dim,
+        dtype=str(pool.dtype).removeprefix("torch."),
+        page_size=int(pool.page_size),
+        tokens=int(pool.size),
+        mla=mla,
+        device=str(buffer.device),
+    )
+
+
+def flat_geometry(name: str, page_bytes: int, pages: int) -> PoolGeometry:
+    """A pool of ``pages`` opaque pages of ``page_bytes`` bytes, each one contiguous fragment.
+
+    Used for the tensor (v0) API: one MLA ``page_first`` layer of one token per page, uint8.
+    """
+    return PoolGeometry(
+        name=name,
+        layout="page_first",
+        layers=1,
+        heads=1,
+        head_dim=page_bytes,
+        dtype="uint8",
+        page_size=1,
+        tokens=pages,
+        mla=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """The key prefix of one pool on one rank; ``label`` says what it encodes."""
+
+    label: str
+    prefix: str
+
+    def keys(self, keys: Sequence[str]) -> list[str]:
+        prefix = self.prefix
+        return [prefix + key for key in keys]
+
+
+def namespace_for(
+    storage_config: Any, name: str, geometry: PoolGeometry, *, format_tag: str | None = None
+) -> Namespace:
+    """Namespace keys by the rank's full coordinate, the pool and the geometry digest.
+
+    Model, TP rank and size, PP, attention-CP, DP rank and (when on) DCP come from SGLang's
+    ``HiCacheStorageConfig``. MLA KV is the same on every TP rank and SGLang writes it from one
+    rank only (``is_storage_writer``), so MLA pools other than Mamba state share it across TP
+    ranks, as HiCacheFile does.
+    """
+    c = storage_config
+    replicated = bool(getattr(c, "is_mla_model", False)) and name not in TP_SHARDED_POOLS
+    tp = "replicated" if replicated else f"{c.tp_rank}/{c.tp_size}"
+    parts = [
+        f"model={c.model_name or ''}",
+        f"tp={tp}",
+        f"pp={c.pp_rank}/{c.pp_size}",
+        f"cp={c.attn_cp_rank}/{c.attn_cp_size}",
+        f"dp={getattr(c, 'dp_rank', 0)}",
+    ]
+    dcp_size = getattr(c, "dcp_size", 1)
+    if dcp_size > 1:
+        parts.append(f"dcp={c.dcp_rank}/{dcp_size}")
+    parts += [f"pool={name}", f"geometry={geometry.digest()}"]
+    if format_tag:
+        parts.append(f"format={format_tag}")
+    label = ";".join(parts)
+    # A short digest, not the label, goes in every key: keys stay small in the store and on
+    # the wire to peers, and the label is logged once per pool.
+    prefix = hashlib.sha256(label.encode()).hexdigest()[:16] + ":"
+    return Namespace(label=label, prefix=prefix)

@@ -1,0 +1,225 @@
+"""Fixtures for the SGLang integration tests: real SGLang classes on a CPU-only machine.
+
+Tests that need SGLang skip with a reason when it is absent; ``bash .ci/install-sglang.sh``
+installs the pinned sglang==0.5.23 the way ``shared/notes/sglang-on-cpu.md`` says.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+SGLANG_MISSING = "sglang==0.5.23 is not installed; run `bash .ci/install-sglang.sh` (.ci/run does)"
+# Small enough for 2 cores and a shared CI box; every test's tier is one region of this size.
+TIER = "64MiB"
+
+
+def sglang_installed() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+@pytest.fixture(scope="session")
+def sg() -> SimpleNamespace:
+    """The SGLang names the tests use; skips the test when SGLang is not installed."""
+    if not sglang_installed():
+        pytest.skip(SGLANG_MISSING)
+    import torch
+
+    # Two busy cores: with two intra-op threads small tensor ops take milliseconds each.
+    torch.set_num_threads(1)
+    from kvcr_policy.integrations.sglang_cpu import stub_torchvision
+
+    # pool_host imports torchvision through a model config; PyPI's wheel needs CUDA torch.
+    stub_torchvision()
+    from sglang.srt.mem_cache import hicache_storage as hs
+    from sglang.srt.mem_cache.device_pool_info import (
+        KVBufferLayout,
+        KVBuffers,
+        MHABufferInfo,
+        MLABufferInfo,
+    )
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    from kvcr_policy.integrations import sglang as backend
+
+    return SimpleNamespace(
+        torch=torch,
+        hs=hs,
+        KVBufferLayout=KVBufferLayout,
+        KVBuffers=KVBuffers,
+        MHABufferInfo=MHABufferInfo,
+        MLABufferInfo=MLABufferInfo,
+        MHATokenToKVPoolHost=MHATokenToKVPoolHost,
+        MLATokenToKVPoolHost=MLATokenToKVPoolHost,
+        StorageBackendFactory=StorageBackendFactory,
+        backend=backend,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _sglang_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No SGLang test knob or kvcr_policy variable of the developer's shell leaks in."""
+    for name in list(os.environ):
+        if name.startswith(("KVCR_POLICY_", "SGLANG_HICACHE_FILE_BACKEND_", "SGLANG_TEST_HICACHE")):
+            monkeypatch.delenv(name)
+    yield
+
+
+def dynamic_extra(**extra: Any) -> dict[str, Any]:
+    """The extra_config that selects our backend through SGLang's dynamic loader."""
+    config: dict[str, Any] = {
+        "backend_name": "kvcr_policy",
+        "module_path": "kvcr_policy.integrations.sglang",
+        "class_name": "KVCRPolicyStorage",
+        "interface_v1": 1,
+        "overrides": {"placement.capacity_bytes": TIER},
+    }
+    config.update(extra)
+    return config
+
+
+@pytest.fixture
+def storage_config(sg: SimpleNamespace) -> Callable[..., Any]:
+    """``storage_config(extra_config, **fields)`` -> a real HiCacheStorageConfig."""
+
+    def make(extra_config: dict[str, Any] | None = None, **fields: Any) -> Any:
+        values: dict[str, Any] = dict(
+            tp_rank=0,
+            tp_size=1,
+            pp_rank=0,
+            pp_size=1,
+            attn_cp_rank=0,
+            attn_cp_size=1,
+            is_mla_model=False,
+            enable_storage_metrics=False,
+            is_page_first_layout=False,
+            model_name="test/model",
+        )
+        values.update(fields)
+        return sg.hs.HiCacheStorageConfig(extra_config=extra_config, **values)
+
+    return make
+
+
+@pytest.fixture
+def make_backend(sg: SimpleNamespace, storage_config: Callable[..., Any]) -> Iterator[Any]:
+    """``make_backend(**extra)``: our backend, built by SGLang's own StorageBackendFactory."""
+    made: list[Any] = []
+
+    def make(config_fields: dict[str, Any] | None = None, **extra: Any) -> Any:
+        config = storage_config(dynamic_extra(**extra), **(config_fields or {}))
+        backend = sg.StorageBackendFactory.create_backend("dynamic", config, None)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+def mha_pool(sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0) -> Any:
+    """A real MHATokenToKVPoolHost on CPU (L=3, H=2, D=16, bf16, P=4), filled with random bytes."""
+    torch = sg.torch
+    layers, heads, head_dim, page = 3, 2, 16, 4
+    device_tokens = 2 * page
+    k = tuple(torch.zeros(device_tokens, heads, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    v = tuple(torch.zeros(device_tokens, heads, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    pointers = [torch.tensor([t.data_ptr() for t in side], dtype=torch.uint64) for side in (k, v)]
+    info = sg.MHABufferInfo(
+        buffers=sg.KVBuffers(
+            k=k, v=v, k_data_ptrs=pointers[0], v_data_ptrs=pointers[1], layout=sg.KVBufferLayout.NHD
+        ),
+        page_size=page,
+        head_num=heads,
+        head_dim=head_dim,
+        v_head_dim=head_dim,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )
+    pool = sg.MHATokenToKVPoolHost(
+        info,
+        1.0,
+        0,
+        page,
+        layout,
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=device_tokens,
+        start_layer=0,
+        end_layer=layers,
+        host_token_capacity=pages * page,
+    )
+    fill_random(sg, pool, seed)
+    return pool
+
+
+def mla_pool(sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0) -> Any:
+    """A real MLATokenToKVPoolHost on CPU (L=3, kv_lora_rank 24 + rope 8, bf16, P=4)."""
+    torch = sg.torch
+    layers, page, rank, rope = 3, 4, 24, 8
+    buffers = tuple(torch.zeros(2 * page, 1, rank + rope, dtype=torch.bfloat16) for _ in range(3))
+    info = sg.MLABufferInfo(
+        buffers=buffers,
+        data_ptrs=torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64),
+        layer_indices=tuple(range(layers)),
+        device_layer_num=layers,
+        page_size=page,
+        kv_lora_rank=rank,
+        qk_rope_head_dim=rope,
+        kv_cache_dim=rank + rope,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )
+    pool = sg.MLATokenToKVPoolHost(
+        info,
+        1.0,
+        0,
+        page,
+        layout,
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=2 * page,
+        start_layer=0,
+        end_layer=layers,
+        target_layer_num=layers,
+        host_token_capacity=pages * page,
+    )
+    fill_random(sg, pool, seed)
+    return pool
+
+
+def fill_random(sg: SimpleNamespace, pool: Any, seed: int) -> None:
+    """Random bits straight into the host buffer (the device-to-host kernels need a GPU)."""
+    generator = sg.torch.Generator().manual_seed(seed)
+    flat = pool.kv_buffer.view(-1).view(sg.torch.int16)
+    flat.copy_(sg.torch.randint(-(2**15), 2**15, flat.shape, generator=generator))
+
+
+def page_bytes_of(sg: SimpleNamespace, pool: Any, page: int) -> Any:
+    """Page ``page``'s bytes as SGLang itself reads them (``get_data_page``), as int16."""
+    return pool.get_data_page(page * pool.page_size, flat=True).view(sg.torch.int16).clone()
+
+
+def token_indices(sg: SimpleNamespace, pool: Any, pages: list[int]) -> Any:
+    """Host token indices of ``pages``, the way HiCache passes them."""
+    size = pool.page_size
+    rows = [sg.torch.arange(p * size, (p + 1) * size, dtype=sg.torch.int64) for p in pages]
+    return sg.torch.cat(rows) if rows else sg.torch.zeros(0, dtype=sg.torch.int64)
+
+
+@pytest.fixture
+def kit(sg: SimpleNamespace) -> SimpleNamespace:
+    """Host pool helpers bound to the SGLang modules: mha, mla, page, indices."""
+    return SimpleNamespace(
+        mha=lambda layout, **kw: mha_pool(sg, layout, **kw),
+        mla=lambda layout, **kw: mla_pool(sg, layout, **kw),
+        page=lambda pool, page: page_bytes_of(sg, pool, page),
+        indices=lambda pool, pages: token_indices(sg, pool, pages),
+    )

@@ -1,0 +1,285 @@
+"""KVCRPolicyStorage against the real SGLang 0.5.23 classes: factory, host pools, v0/v1/v2.
+
+Every round trip compares bytes as SGLang itself reads them (``get_data_page``), never through
+kvcr_policy's own geometry, so a wrong layout model cannot pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvcr_policy.errors import ConfigError
+
+pytestmark = pytest.mark.sglang
+
+LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
+MLA_LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
+
+
+def _same(sg: SimpleNamespace, a: Any, b: Any) -> bool:
+    return bool(sg.torch.equal(a, b))
+
+
+def _round_trip(sg: SimpleNamespace, kit: SimpleNamespace, backend: Any, pool: Any) -> None:
+    rng = random.Random(7)
+    pages = rng.sample(range(pool.page_num), 24)
+    src, dst1, dst2 = pages[:8], pages[8:16], pages[16:24]
+    expected = [kit.page(pool, p) for p in src]
+
+    keys = [f"v1-{i}" for i in range(8)]
+    assert backend.batch_set_v1(keys, kit.indices(pool, src)) == [True] * 8
+    assert backend.batch_exists(keys) == 8
+    assert backend.batch_get_v1(keys, kit.indices(pool, dst1)) == [True] * 8
+    assert all(_same(sg, kit.page(pool, d), e) for d, e in zip(dst1, expected, strict=True))
+
+    kv = sg.hs.PoolName.KV
+    keys2 = [f"v2-{i}" for i in range(8)]
+    put = sg.hs.PoolTransfer(name=kv, host_indices=kit.indices(pool, src), keys=keys2)
+    assert backend.batch_set_v2([put]) == {kv: [True] * 8}
+    hit = backend.batch_exists_v2([*keys2, "absent"])
+    assert isinstance(hit, sg.hs.PoolTransferResult)
+    assert (hit.kv_hit_pages, hit.extra_pool_hit_pages) == (8, {kv: 8})
+    assert hit.restorable_prefix_pages == list(range(1, 9))
+    take = sg.hs.PoolTransfer(name=kv, host_indices=kit.indices(pool, dst2), keys=keys2)
+    assert backend.batch_get_v2([take]) == {kv: [True] * 8}
+    assert all(_same(sg, kit.page(pool, d), e) for d, e in zip(dst2, expected, strict=True))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_mha_pool_round_trips_through_v1_and_v2(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, layout: str
+) -> None:
+    backend = make_backend()
+    pool = kit.mha(layout)
+    backend.register_mem_pool_host(pool)
+    backend.register_mem_host_pool_v2(pool, sg.hs.PoolName.KV)  # the anchor, again: one pool
+    assert not backend.refused
+    _round_trip(sg, kit, backend, pool)
+
+
+@pytest.mark.parametrize("layout", MLA_LAYOUTS)
+def test_mla_pool_round_trips_through_v1_and_v2(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, layout: str
+) -> None:
+    backend = make_backend({"is_mla_model": True})
+    pool = kit.mla(layout)
+    backend.register_mem_pool_host(pool)
+    assert backend._bindings["kv"].geometry.mla
+    _round_trip(sg, kit, backend, pool)
+
+
+def test_factory_builds_our_class_with_the_throughput_profile(
+    sg: SimpleNamespace, make_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="kvcr_policy"):
+        backend = make_backend(profile="throughput", prefetch_threshold=256, tp_lcm_size=None)
+    assert type(backend) is sg.backend.KVCRPolicyStorage
+    assert backend.options.interface_v1
+    assert backend.loaded.config.batching.read_batch_pages == 256
+    text = caplog.text
+    assert "profile" in text and "throughput.toml" in text
+    assert "batching.read_batch_pages = 256 (from profile" in text
+    assert "placement.capacity_bytes = 67108864 (from override)" in text
+
+
+def test_bad_extra_config_is_refused_with_the_known_keys(make_backend: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_backend(profil="throughput", overrides=["x"])
+    text = str(caught.value)
+    assert "extra_config.profil" in text and "did you mean 'profile'" in text
+    assert "kvcr_policy reads profile, overrides" in text and "prefetch_*" in text
+    assert "extra_config.overrides" in text and "expected a JSON object" in text
+    with pytest.raises(ConfigError, match="no bundled profile or file named 'fast'"):
+        make_backend(profile="fast")
+    with pytest.raises(ConfigError, match=r"batching\.read_batch_pages"):
+        make_backend(overrides={"batching.read_batch_pages": 0})
+
+
+def test_factory_reports_a_missing_loader_field(sg: SimpleNamespace, storage_config: Any) -> None:
+    config = storage_config({"backend_name": "kvcr_policy", "class_name": "KVCRPolicyStorage"})
+    with pytest.raises(ValueError, match="Missing required field 'module_path'"):
+        sg.StorageBackendFactory.create_backend("dynamic", config, None)
+
+
+def test_usable_prefix_over_pools_matches_hicache_file(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, storage_config: Any, tmp_path: Any
+) -> None:
+    hs = sg.hs
+    kv, swa, mamba = hs.PoolName.KV, hs.PoolName.SWA, hs.PoolName.MAMBA
+    file_backend = hs.HiCacheFile(storage_config({"file_storage_path": str(tmp_path)}))
+    ours = make_backend()
+    kv_pool, swa_pool = kit.mha("page_first", seed=1), kit.mha("layer_first", seed=2)
+    keys = [f"k{i}" for i in range(6)]
+    for backend in (file_backend, ours):
+        backend.register_mem_pool_host(kv_pool)
+        backend.register_mem_host_pool_v2(kv_pool, kv)
+        backend.register_mem_host_pool_v2(swa_pool, swa)
+
+        def put(name: Any, pool: Any, chosen: list[int], backend: Any = backend) -> None:
+            transfer = hs.PoolTransfer(
+                name=name, host_indices=kit.indices(pool, chosen), keys=[keys[i] for i in chosen]
+            )
+            assert backend.batch_set_v2([transfer]) == {name: [True] * len(chosen)}
+
+        put(kv, kv_pool, [0, 1, 2, 3, 4, 5])
+        put(swa, swa_pool, [0, 1, 2, 4, 5])
+
+    def query(backend: Any, policy: Any, trailing: int) -> tuple[Any, ...]:
+        transfer = hs.PoolTransfer(name=swa, keys=keys[:trailing], hit_policy=policy)
+        result = backend.batch_exists_v2(keys, [transfer])
+        return result.kv_hit_pages, result.extra_pool_hit_pages, result.restorable_prefix_pages
+
+    for policy, trailing in [
+        (hs.PoolHitPolicy.ALL_PAGES, 1),
+        (hs.PoolHitPolicy.TRAILING_PAGES, 1),
+        (hs.PoolHitPolicy.TRAILING_PAGES, 2),
+        (hs.PoolHitPolicy.TRAILING_PAGES, 3),
+    ]:
+        assert query(ours, policy, trailing) == query(file_backend, policy, trailing)
+    assert query(ours, hs.PoolHitPolicy.ALL_PAGES, 1) == (3, {kv: 6, swa: 3}, [1, 2, 3])
+    assert query(ours, hs.PoolHitPolicy.TRAILING_PAGES, 2)[2] == [1, 2, 3, 6]
+
+    # A pool that cannot be kept (Mamba state has no kv_buffer) fails closed; others work.
+    ours.register_mem_host_pool_v2(SimpleNamespace(layout="layer_first"), mamba)
+    assert "mamba" in ours.refused
+    gone = hs.PoolTransfer(name=mamba, host_indices=kit.indices(swa_pool, [0]), keys=keys[:1])
+    assert ours.batch_get_v2([gone]) == {mamba: [False]}
+    assert ours.batch_exists_v2(keys, [gone]).kv_hit_pages == 0
+    assert ours.batch_exists(keys) == 6
+
+
+def test_tensor_api_round_trips_pages(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any
+) -> None:
+    backend = make_backend(interface_v1=0)
+    pool = kit.mha("layer_first")
+    backend.register_mem_pool_host(pool)
+    size = pool.page_size
+    pages = [pool.get_data_page(p * size, flat=True).clone() for p in (3, 9, 11)]
+    assert backend.batch_set(["a", "b", "c"], pages)
+    assert backend.set("d", pages[0]) and backend.exists("d") and not backend.exists("zz")
+    assert backend.batch_exists(["a", "b", "c", "zz", "d"]) == 3  # interface_v1=0: the v0 pages
+    dummies = [pool.get_dummy_flat_data_page() for _ in range(4)]
+    got = backend.batch_get(["a", "b", "c", "zz"], dummies)
+    assert got[3] is None
+    for page, restored in zip(pages, got[:3], strict=True):
+        assert _same(sg, restored.view(sg.torch.int16), page.view(sg.torch.int16))
+    one = backend.get("b", pool.get_dummy_flat_data_page())
+    assert _same(sg, one.view(sg.torch.int16), pages[1].view(sg.torch.int16))
+    assert backend.get("zz", pool.get_dummy_flat_data_page()) is None
+    assert not backend.set("e", sg.torch.zeros(3))  # wrong size: refused, not stored
+    with pytest.raises(NotImplementedError, match="target_sizes"):
+        backend.get("a", dummies[0], target_sizes=[1])
+
+
+def test_data_path_errors_become_shaped_misses(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any
+) -> None:
+    backend = make_backend()
+    pool = kit.mha("page_head")
+    backend.register_mem_pool_host(pool)
+    keys = ["x", "y"]
+    assert backend.batch_set_v1(keys, kit.indices(pool, [1])) == [False, False]  # too few
+    misaligned = kit.indices(pool, [1, 2]) + 1
+    assert backend.batch_get_v1(keys, misaligned) == [False, False]
+    other = sg.hs.PoolName.SWA
+    unknown = sg.hs.PoolTransfer(name=other, host_indices=kit.indices(pool, [1]), keys=["x"])
+    assert backend.batch_set_v2([unknown]) == {other: [False]}
+    assert backend.batch_set_v1(keys, kit.indices(pool, [1, 2])) == [True, True]
+    backend.close()
+    assert backend.batch_get_v1(keys, kit.indices(pool, [3, 4])) == [False, False]
+    assert backend.batch_exists(keys) == 0
+
+
+def test_random_failures_never_report_a_wrong_page(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE", "0.3")
+    backend = make_backend()
+    assert type(backend).__name__ == "HiCacheStorageFailureInjector"
+    pool = kit.mha("page_first_direct", pages=64)
+    backend.register_mem_pool_host(pool)
+    size = pool.page_size
+    # Keys are content hashes in SGLang: one key, one content, whatever page holds it.
+    content = {f"key{i}": kit.page(pool, i) for i in range(16)}
+    flat = {k: pool.get_data_page(i * size, flat=True).clone() for i, k in enumerate(content)}
+    stored: set[str] = set()
+    rng = random.Random(3)
+    for _ in range(60):
+        keys = rng.sample(sorted(content), rng.randint(1, 6))
+        pages = rng.sample(range(16, pool.page_num), len(keys))
+        if rng.random() < 0.5:
+            for key, page in zip(keys, pages, strict=True):
+                pool.set_from_flat_data_page(page * size, flat[key])
+            done = backend.batch_set_v1(keys, kit.indices(pool, pages))
+            stored.update(k for k, ok in zip(keys, done, strict=True) if ok)
+            continue
+        present = backend.batch_exists(keys)
+        assert set(keys[:present]) <= stored
+        done = backend.batch_get_v1(keys, kit.indices(pool, pages))
+        assert len(done) == len(keys)
+        for key, page, ok in zip(keys, pages, done, strict=True):
+            if ok:
+                assert key in stored
+                assert _same(sg, kit.page(pool, page), content[key])
+    assert stored, "the injector failed every call; raise the loop count"
+
+
+def test_get_stats_reports_pipeline_counters(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any
+) -> None:
+    backend = make_backend({"enable_storage_metrics": True})
+    pool = kit.mha("layer_first")
+    backend.register_mem_pool_host(pool)
+    backend.batch_set_v1(["s0", "s1"], kit.indices(pool, [0, 1]))
+    backend.batch_get_v1(["s0", "s1"], kit.indices(pool, [2, 3]))
+    stats = backend.get_stats()
+    assert stats.prefetch_pgs == [2] and stats.backup_pgs == [2]
+    assert len(stats.prefetch_bandwidth) == 1
+    assert stats.kvcr_policy["pages_read"] == 2 and stats.kvcr_policy["pages_written"] == 2
+    assert backend.get_stats().prefetch_pgs == []  # samples are drained, counters are not
+    backend.clear()
+    assert backend.batch_exists(["s0"]) == 0
+
+
+def test_keys_are_namespaced_per_rank_and_geometry(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any
+) -> None:
+    def prefix(fields: dict[str, Any], layout: str = "page_first", mla: bool = False) -> str:
+        backend = make_backend(fields)
+        backend.register_mem_pool_host(kit.mla(layout) if mla else kit.mha(layout))
+        return str(backend._bindings["kv"].namespace.prefix)
+
+    base = prefix({})
+    assert prefix({}) == base
+    assert prefix({"tp_rank": 1, "tp_size": 2}) != base
+    assert prefix({"dp_rank": 1}) != base
+    assert prefix({"pp_rank": 1, "pp_size": 2}) != base
+    assert prefix({"attn_cp_rank": 1, "attn_cp_size": 2}) != base
+    assert prefix({"model_name": "other"}) != base
+    assert prefix({}, layout="page_head") != base
+    mla = {"is_mla_model": True}
+    assert prefix({**mla, "tp_rank": 1, "tp_size": 2}, mla=True) == prefix(mla, mla=True)
+
+
+def test_a_pool_whose_buffer_disagrees_is_refused_alone(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = make_backend()
+    good, bad = kit.mha("page_first"), kit.mha("page_first")
+    bad.kv_buffer = bad.kv_buffer.transpose(2, 3)  # same bytes, not the layout it claims
+    swa = sg.hs.PoolName.SWA
+    with caplog.at_level(logging.ERROR, logger="kvcr_policy"):
+        backend.register_mem_pool_host(good)
+        backend.register_mem_host_pool_v2(bad, swa)
+        backend.register_mem_host_pool_v2(bad, swa)  # refused once, not retried
+    assert "buffer shape" in backend.refused["swa"]
+    assert [r.getMessage().count("fails closed") for r in caplog.records] == [1]
+    put = sg.hs.PoolTransfer(name=swa, host_indices=kit.indices(bad, [0]), keys=["a"])
+    assert backend.batch_set_v2([put]) == {swa: [False]}
+    assert backend.batch_set_v1(["a"], kit.indices(good, [0])) == [True]

@@ -1,0 +1,146 @@
+"""The SGLang backend's parts that need no SGLang: extra_config, pool geometry, key namespaces."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvcr_policy.contract import extra_positional_types
+from kvcr_policy.errors import ConfigError, PoolError
+from kvcr_policy.integrations.sglang_config import parse_extra_config
+from kvcr_policy.integrations.sglang_pools import flat_geometry, geometry_of, namespace_for
+
+LOADER = {"backend_name": "kvcr_policy", "module_path": "m", "class_name": "C"}
+
+
+def test_own_keys_are_read_and_sglang_keys_tolerated() -> None:
+    extra = {
+        **LOADER,
+        "interface_v1": 1,
+        "prefetch_threshold": 256,
+        "prefetch_timeout_base": 1,
+        "tp_lcm_size": 4,
+        "allocator": "default",
+        "hicache_storage_pass_prefix_keys": True,
+        "profile": "throughput",
+        "overrides": {"batching.read_batch_pages": 64},
+    }
+    options = parse_extra_config(extra, {})
+    assert options.profile == "throughput" and options.interface_v1
+    assert options.overrides == {"batching.read_batch_pages": 64}
+    assert "--hicache-storage-backend-extra-config" in options.profile_origin
+    assert not parse_extra_config(None).interface_v1
+
+
+def test_kwargs_win_over_extra_config_but_take_only_our_keys() -> None:
+    options = parse_extra_config({"profile": "default"}, {"profile": "throughput"})
+    assert options.profile == "throughput" and "kwargs" in options.profile_origin
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_extra_config({}, {"interface_v1": 1})
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_extra_config({"profil": "x", "profile": 3, "overrides": "a=b", "zzz": 1})
+    issues = {issue.path: issue for issue in caught.value.issues}
+    assert set(issues) == {
+        "extra_config.profil",
+        "extra_config.profile",
+        "extra_config.overrides",
+        "extra_config.zzz",
+    }
+    assert "did you mean 'profile'" in issues["extra_config.profil"].message
+    assert "backend_name" in issues["extra_config.zzz"].message
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        parse_extra_config(["profile"])  # type: ignore[arg-type]
+
+
+def _mha(**changes: Any) -> SimpleNamespace:
+    values: dict[str, Any] = dict(
+        layout="page_head", layer_num=2, head_num=2, head_dim=8, v_head_dim=8,
+        dtype="torch.bfloat16", page_size=4, size=32, kv_buffer=None,
+    )  # fmt: skip
+    values.update(changes)
+    if values["kv_buffer"] is None:
+        values["kv_buffer"] = SimpleNamespace(data_ptr=lambda: 0, device="cpu")
+    return SimpleNamespace(**values)
+
+
+def test_geometry_of_an_mha_and_an_mla_host_pool() -> None:
+    geometry = geometry_of(_mha(), "kv")
+    assert (geometry.layout, geometry.layers, geometry.heads, geometry.head_dim) == (
+        "page_head", 2, 2, 8,
+    )  # fmt: skip
+    assert (geometry.dtype, geometry.page_size, geometry.tokens, geometry.mla) == (
+        "bfloat16", 4, 32, False,
+    )  # fmt: skip
+    mla = geometry_of(_mha(layout="page_first", kv_cache_dim=24), "kv")
+    assert (mla.mla, mla.heads, mla.head_dim) == (True, 1, 24)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"kv_buffer": [1, 2]}, "no single kv_buffer"),
+        ({"v_head_dim": 16}, "V head dim 16"),
+        ({"dcp_size": 2}, "DCP"),
+        ({"stores_page_envelope": True}, "page-envelope"),
+        ({"layout": "page_unified"}, "layout"),
+        ({"layout": "page_head", "kv_cache_dim": 24}, "layout"),
+    ],
+)
+def test_pools_that_cannot_be_kept_are_refused(changes: dict[str, Any], reason: str) -> None:
+    with pytest.raises(PoolError, match=reason):
+        geometry_of(_mha(**changes), "kv")
+
+
+def _config(**changes: Any) -> SimpleNamespace:
+    values: dict[str, Any] = dict(
+        model_name="m", tp_rank=0, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0,
+        attn_cp_size=1, dp_rank=0, is_mla_model=False, dcp_size=1, dcp_rank=0,
+    )  # fmt: skip
+    values.update(changes)
+    return SimpleNamespace(**values)
+
+
+def test_namespaces_separate_ranks_pools_and_formats() -> None:
+    geometry = flat_geometry("kv", 64, 4)
+    base = namespace_for(_config(), "kv", geometry)
+    assert base.keys(["a"]) == [base.prefix + "a"] and base.prefix.endswith(":")
+    assert "tp=0/2" in base.label and f"geometry={geometry.digest()}" in base.label
+    others = [
+        namespace_for(_config(tp_rank=1), "kv", geometry),
+        namespace_for(_config(dp_rank=3), "kv", geometry),
+        namespace_for(_config(), "swa", geometry),
+        namespace_for(_config(), "kv", flat_geometry("kv", 128, 4)),
+        namespace_for(_config(), "kv", geometry, format_tag="mxfp8"),
+    ]
+    assert len({base.prefix, *(n.prefix for n in others)}) == 1 + len(others)
+    ranks = [_config(is_mla_model=True, tp_rank=r) for r in (0, 1)]
+    mla = [namespace_for(config, "kv", geometry) for config in ranks]
+    assert mla[0].prefix == mla[1].prefix and "tp=replicated" in mla[0].label
+    mamba = [namespace_for(config, "mamba", geometry) for config in ranks]
+    assert mamba[0].prefix != mamba[1].prefix  # Mamba state is TP-sharded even for MLA
+
+
+def test_constructor_signature_is_pinned_without_importing_sglang() -> None:
+    assert extra_positional_types() == {"KVCRPolicyStorage.__init__": ["storage_config", "kwargs"]}
+
+
+def test_import_without_sglang_names_the_install_command() -> None:
+    code = (
+        "import sys; sys.modules['sglang'] = None\n"
+        "try:\n"
+        "    import kvcr_policy.integrations.sglang\n"
+        "except ImportError as err:\n"
+        "    print(err)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert "needs SGLang 0.5.23" in out
+    assert "bash .ci/install-sglang.sh" in out and "kvcr-policy[sglang]" in out
