@@ -1,0 +1,126 @@
+"""UcxOptions: the ``[transport.options]`` of the ``ucx`` transport and of ``kvcr-policy serve``.
+
+Importable without ucxx, so that configs naming ``ucx`` validate (and ``show`` works) on a
+machine where the optional dependency is missing; only opening a connection needs ucxx.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+
+__all__ = ["Capability", "Tls", "UcxOptions", "parse_address"]
+
+Tls = Literal["auto", "sm", "tcp"]
+Capability = Literal["coalesce", "split"]
+ProgressMode = Literal["blocking", "polling", "thread"]
+
+
+def parse_address(text: str, *, where: str = "address") -> tuple[str, int]:
+    """``"host:port"`` (``"[v6]:port"`` for IPv6) -> ``(host, port)``; ValueError says why."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        message = f"{where}: expected HOST:PORT (e.g. 127.0.0.1:7480), got {text!r}"
+        raise ValueError(message)
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        message = f"{where}: port must be an integer in 0..65535, got {port_text!r} in {text!r}"
+        raise ValueError(message) from None
+    if not 0 <= port <= 65535:
+        message = f"{where}: port must be in 0..65535, got {port} in {text!r}"
+        raise ValueError(message)
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names the loopback interface (``localhost`` counts)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class UcxOptions(BaseModel):
+    """Options of the peer tier over UCX (client side and ``serve`` side alike).
+
+    UCX environment knobs (``rndv_thresh``, ``tcp_seg_size``, ``net_devices``,
+    ``rndv_frag_mem_type``, ``env``) are applied only where the user has not already set the
+    variable; the values in force are reported by the transport's ``describe()``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    peer: str | None = Field(
+        None, description="HOST:PORT of the `kvcr-policy serve` peer that holds the tier."
+    )
+    listen: str = Field(
+        "127.0.0.1:0",
+        description="Where `kvcr-policy serve` listens when --listen is not given (port 0: any).",
+    )
+    tls: Tls = Field(
+        "auto",
+        description="auto: shared memory with same-host peers, tcp (with error handling) else; "
+        "sm or tcp force one.",
+    )
+    progress_mode: ProgressMode = Field(
+        "blocking",
+        description="UCX progress: blocking (epoll), polling (spin) or thread; "
+        "env UCXPY_PROGRESS_MODE wins when set.",
+    )
+    rndv_thresh: ByteSize | None = Field(
+        None, description="UCX_RNDV_THRESH (ucxx sets 8192 when unset)."
+    )
+    tcp_seg_size: ByteSize | None = Field(
+        ByteSize(512 << 10),
+        description="UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE (>= 512k: 5x on loopback).",
+    )
+    net_devices: str | None = Field(
+        None, description="UCX_NET_DEVICES, e.g. 'lo' to keep tcp on loopback."
+    )
+    rndv_frag_mem_type: Literal["auto", "host", "cuda"] = Field(
+        "auto",
+        description="UCX_RNDV_FRAG_MEM_TYPE; auto: host unless a CUDA device is present "
+        "(ucxx would set cuda).",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Further UCX_* / UCXPY_* variables, applied if unset."
+    )
+    connect_timeout_s: float = Field(5.0, gt=0, description="Longest a connect may take.")
+    heartbeat_s: float = Field(
+        1.0,
+        ge=0,
+        description="Ping interval of an idle connection; a peer silent for 3 intervals is "
+        "dead. 0 disables (then only operation timeouts detect a dead peer).",
+    )
+    capabilities: tuple[Capability, ...] = Field(
+        ("coalesce", "split"),
+        description="What `serve` declares in the handshake (drop some to test fallback).",
+    )
+    check_addresses: bool = Field(
+        True,
+        description="`serve` validates each client's UCX worker address in a helper process "
+        "first (a malformed one aborts the process that unpacks it).",
+    )
+    max_tiers: int = Field(16, ge=1, le=1024, description="Most pools one `serve` holds.")
+
+    @field_validator("peer", "listen")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_address(value)
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _ucx_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in value if not name.startswith(("UCX_", "UCXPY_"))]
+        if bad:
+            message = f"env: only UCX_* and UCXPY_* variables may be set here, got {', '.join(bad)}"
+            raise ValueError(message)
+        return value

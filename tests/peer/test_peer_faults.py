@@ -1,0 +1,172 @@
+"""Faults across real processes: kill -9 of either side mid-transfer, restart, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import (
+    SERVER_SETS,
+    geometry,
+    need_ucxx,
+    new_keys,
+    pages_of,
+    pool_buffer,
+    token_indices,
+)
+
+pytestmark = [pytest.mark.ucx, pytest.mark.slow]
+
+BIG = {"pages": 64}  # 64 pages of 24 KiB x 6 planes... sized below per test
+
+
+def big_geometry(name: str) -> Any:
+    from kvcr_policy.geometry import PoolGeometry
+
+    # layer_first, 32 fragments of 64 KiB per page (2 MiB pages): the default profile sends
+    # 4,096 messages for 128 pages, long enough to be killed in the middle.
+    return PoolGeometry(
+        name=name,
+        layout="layer_first",
+        layers=16,
+        heads=8,
+        head_dim=128,
+        dtype="float16",
+        page_size=32,
+        tokens=32 * 256,
+    )
+
+
+HOLDER = """
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import new_keys, pool_buffer, token_indices
+from test_peer_faults import big_geometry
+from kvcr_policy import build_pipeline, load_config
+p = build_pipeline(load_config(overrides={{"transport.name": "ucx",
+    "transport.options.peer": {address!r}}}))
+geo = big_geometry("victim")
+buf = pool_buffer(geo, 3)
+p.register_pool("victim", geo, buf)
+keys = new_keys(128)
+assert all(p.set(keys, token_indices(geo, range(128)), "victim"))
+print("stored", flush=True)
+while True:
+    p.get(keys, token_indices(geo, range(128, 256)), "victim")
+    print("got", flush=True)
+"""
+
+
+def tier_counts(pipeline: Any, name: str) -> dict[str, int]:
+    tier = pipeline.stats().to_dict()["pools"][name]["peer"]["remote"]["tier"]
+    return {"claimed": tier["claimed"], "reserved": tier["reserved"]}
+
+
+def test_a_client_killed_mid_transfer_leaves_no_claim(peer: Any, connect: Any) -> None:
+    tests = os.path.dirname(__file__)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.format(tests=tests, address=peer.address)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "stored"
+        assert holder.stdout.readline().strip() == "got"  # reads are now back to back
+        time.sleep(0.05)
+    finally:
+        holder.kill()
+        holder.wait()
+    observer = connect()
+    geo = big_geometry("victim")
+    observer.register_pool("victim", geo, pool_buffer(geo))
+    deadline = time.monotonic() + 10
+    while tier_counts(observer, "victim") != {"claimed": 0, "reserved": 0}:
+        assert time.monotonic() < deadline, tier_counts(observer, "victim")
+        time.sleep(0.05)
+    assert observer.exists(["nothing"], "victim") == 0  # the server still serves
+
+
+def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(connect: Any) -> None:
+    need_ucxx()
+    from kvcr_policy.peer.bench import PeerProcess
+
+    server = PeerProcess(SERVER_SETS)
+    port = server.address.rsplit(":", 1)[1]
+    timeout = 3.0
+    pipeline = connect(address=server.address, **{"transport.op_timeout_s": timeout})
+    geo = big_geometry("doomed")
+    buffer = pool_buffer(geo, 5)
+    pipeline.register_pool("doomed", geo, buffer)
+    keys = new_keys(128)
+    assert all(pipeline.set(keys, token_indices(geo, range(128)), "doomed"))
+    view = pages_of(buffer, geo)
+    source = view[:, :128].copy()
+    results: list[tuple[list[bool], float]] = []
+
+    def reader() -> None:
+        for _ in range(200):
+            view[:, 128:] = 0
+            start = time.monotonic()
+            got = pipeline.get(keys, token_indices(geo, range(128, 256)), "doomed")
+            results.append((got, time.monotonic() - start))
+            arrived = np.flatnonzero(got)
+            # No partial page counts: every page reported present is byte-exact.
+            assert np.array_equal(view[:, 128 + arrived], source[:, arrived])
+            if not all(got):
+                return
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    while not results:
+        time.sleep(0.005)
+    time.sleep(0.02)
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    thread.join(timeout + 10)
+    assert not thread.is_alive(), "get hung after the server died"
+    got, seconds = results[-1]
+    assert not all(got)
+    assert seconds < timeout + 2.0
+
+    restarted = PeerProcess(SERVER_SETS, listen=f"127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 15
+        fresh = new_keys(4)
+        while not all(pipeline.set(fresh, token_indices(geo, range(4)), "doomed")):
+            assert time.monotonic() < deadline, "no reconnect after the restart"
+            time.sleep(0.2)
+        view[:, 128:132] = 0
+        assert all(pipeline.get(fresh, token_indices(geo, range(128, 132)), "doomed"))
+        assert np.array_equal(view[:, 128:132], view[:, :4])
+        assert pipeline.transport.describe()["connects"] >= 2
+    finally:
+        assert restarted.stop() == 0
+
+
+def test_sigterm_stops_cleanly_and_logs(connect: Any) -> None:
+    need_ucxx()
+    from kvcr_policy.peer.bench import PeerProcess
+
+    server = PeerProcess(SERVER_SETS)
+    pipeline = connect(address=server.address)
+    geo = geometry(name="term")
+    buffer = pool_buffer(geo)
+    pipeline.register_pool("term", geo, buffer)
+    keys = new_keys(2)
+    assert all(pipeline.set(keys, token_indices(geo, range(2)), "term"))
+    start = time.monotonic()
+    assert server.stop(timeout=30) == 0
+    assert time.monotonic() - start < 15
+    log = "\n".join(server.log)
+    assert f"listening on {server.address}" in log
+    assert "got SIGTERM" in log and "stopped" in log
+    # The client sees a dead peer as misses, not as an exception.
+    assert pipeline.get(keys, token_indices(geo, range(2, 4)), "term") == [False, False]

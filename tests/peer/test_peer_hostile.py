@@ -1,0 +1,131 @@
+"""Hostile frames over a real connection: error reply or closed connection, never a dead server."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from conftest import geometry, new_keys, pool_buffer, token_indices
+from hypothesis import HealthCheck, given, settings
+from peer_strategies import hostile_frames
+
+from kvcr_policy.peer import messages as m
+from kvcr_policy.peer.protocol import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
+
+pytestmark = pytest.mark.ucx
+
+
+def _connect(peer: Any, quiet_after: float = 3.0) -> socket.socket:
+    host, port = peer.address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock.settimeout(quiet_after)
+    return sock
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    """This process's UCX engine: a real worker address, so a HELLO gets its WELCOME."""
+    from kvcr_policy.peer.engine import acquire_engine
+    from kvcr_policy.peer.options import UcxOptions
+
+    engine = acquire_engine(UcxOptions())
+    yield engine
+    engine.release()
+
+
+def _replies(sock: socket.socket) -> tuple[list[m.Message], bool]:
+    """Frames the server sent until it closed (True) or went quiet (False)."""
+    reader = FrameReader(m.KINDS)
+    out: list[m.Message] = []
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return out, True
+            out.extend(m.decode(frame) for frame in reader.feed(data))
+    except (TimeoutError, ConnectionResetError):
+        return out, False
+
+
+def _hello(address: bytes) -> bytes:
+    return m.encode(m.Hello(3, 0, 0, 10_000, "hostile", address, "hostile"), 1)
+
+
+def _assert_alive(peer: Any, connect: Any) -> None:
+    assert peer.proc.poll() is None, "the server died"
+    pipeline = connect()
+    geo = geometry(name="alive")
+    pipeline.register_pool("alive", geo, pool_buffer(geo))
+    keys = new_keys(2)
+    assert pipeline.set(keys, token_indices(geo, range(2)), "alive") == [True, True]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        HEADER.pack(MAGIC, VERSION, int(m.Kind.HELLO), MAX_PAYLOAD + 1, 1),
+        HEADER.pack(MAGIC, VERSION + 7, int(m.Kind.HELLO), 0, 1),
+        m.encode(m.Exists(0, ["a"]), 1),  # a request before HELLO
+        HEADER.pack(MAGIC, VERSION, int(m.Kind.HELLO), 4, 1) + b"\xff\xff\xff\xff",
+    ],
+    ids=["http", "oversize", "version", "no-hello", "truncated-hello"],
+)
+def test_bad_openings_close_the_connection(peer: Any, data: bytes) -> None:
+    with _connect(peer) as sock:
+        sock.sendall(data)
+        _, closed = _replies(sock)
+    assert closed
+
+
+def _real_address() -> bytes:
+    from kvcr_policy.peer.engine import acquire_engine
+    from kvcr_policy.peer.options import UcxOptions
+
+    engine = acquire_engine(UcxOptions())
+    engine.release()  # the address stays a valid byte string to mutate
+    return engine.address
+
+
+@pytest.mark.parametrize("kind", ["noise", "version-assert"])
+def test_a_bad_worker_address_is_refused_not_fatal(peer: Any, connect: Any, kind: str) -> None:
+    # First byte 0x22 makes UCX 1.21 abort the process that unpacks the address
+    # (address.c: Assertion `*addr_version == UCP_OBJECT_VERSION_V2'); the server's
+    # checker process takes that hit instead of the server.
+    address = b"\x20\xa4\x92" + bytes(range(200))
+    if kind == "version-assert":
+        address = b"\x22" + _real_address()[1:]
+    with _connect(peer) as sock:
+        sock.sendall(_hello(address))
+        replies, closed = _replies(sock)
+    assert closed
+    assert any(isinstance(r, m.Error) and "worker address" in r.text for r in replies)
+    _assert_alive(peer, connect)
+
+
+def test_a_truncated_frame_then_silence_is_harmless(peer: Any, connect: Any) -> None:
+    with _connect(peer) as sock:
+        frame = m.encode(m.Exists(0, ["k"] * 100), 1)
+        sock.sendall(frame[: len(frame) // 2])
+    _assert_alive(peer, connect)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=hostile_frames())
+def test_hostile_frames_after_a_real_handshake(peer: Any, engine: Any, data: bytes) -> None:
+    with _connect(peer, quiet_after=0.3) as sock:
+        sock.sendall(_hello(engine.address))
+        header = sock.recv(HEADER.size, socket.MSG_WAITALL)
+        _, _, kind, length, _ = HEADER.unpack(header)
+        assert kind == m.Kind.WELCOME
+        sock.recv(length, socket.MSG_WAITALL)
+        sock.sendall(data)
+        _replies(sock)
+    assert peer.proc.poll() is None
+
+
+def test_the_server_survives_all_of_it_and_logs_why(peer: Any, connect: Any) -> None:
+    _assert_alive(peer, connect)
+    log = "\n".join(peer.log)
+    assert "protocol error" in log and "closing the connection" in log

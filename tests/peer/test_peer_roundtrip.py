@@ -1,0 +1,176 @@
+"""Real ucxx across two processes on loopback: byte-exact round trips, concurrency, handshake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import geometry, need_ucxx, new_keys, pages_of, pool_buffer, token_indices
+
+from kvcr_policy.errors import UnsupportedError
+
+pytestmark = pytest.mark.ucx
+
+CASES = [
+    ("layer_first", False, None),
+    ("layer_first", False, "throughput"),
+    ("page_first", False, "throughput"),
+    ("page_first_direct", False, None),
+    ("page_head", False, "throughput"),
+    ("layer_first", True, "throughput"),
+    ("page_first_direct", True, None),
+]
+
+
+def round_trip(pipeline: Any, geo: Any, n: int = 4, name: str = "kv", seed: int = 0) -> None:
+    """Store pages 0..n-1, restore them into n..2n-1 of the same buffer, compare bytes."""
+    buffer = pool_buffer(geo, seed)
+    pipeline.register_pool(name, geo, buffer)
+    keys = new_keys(n)
+    assert pipeline.set(keys, token_indices(geo, range(n)), name) == [True] * n
+    assert pipeline.exists([*keys, "absent"], name) == n
+    view = pages_of(buffer, geo)
+    view[:, n : 2 * n] = 0
+    assert pipeline.get(keys, token_indices(geo, range(n, 2 * n)), name) == [True] * n
+    assert np.array_equal(view[:, :n], view[:, n : 2 * n])
+
+
+@pytest.mark.parametrize(("layout", "mla", "profile"), CASES)
+def test_pages_round_trip_byte_exact(connect: Any, layout: str, mla: bool, profile: str) -> None:
+    geo = geometry(layout, mla=mla, name=f"{layout}-{mla}")
+    round_trip(connect(profile, **{"coalescing.split_bytes": 96}), geo, n=4, name=geo.name)
+
+
+def test_scattered_pages_partial_runs_delete_and_clear(connect: Any) -> None:
+    geo = geometry(pages=16, name="scatter")
+    pipeline = connect("throughput")
+    buffer = pool_buffer(geo, 1)
+    pipeline.register_pool("scatter", geo, buffer)
+    keys = new_keys(6)
+    src = np.array([5, 1, 2, 3, 9, 0])
+    assert pipeline.set(keys, token_indices(geo, src), "scatter") == [True] * 6
+    view = pages_of(buffer, geo)
+    expected = view[:, src].copy()
+    dst = np.array([15, 14, 10, 11, 12, 13])
+    view[:, dst] = 0
+    # A missing key in the middle: only the leading run is read.
+    wanted = [*keys[:3], "missing", *keys[3:]]
+    got = pipeline.get(wanted, token_indices(geo, [*dst[:3], 4, *dst[3:6]]), "scatter")
+    assert got[:3] == [True] * 3 and got[3] is False
+    assert np.array_equal(view[:, dst[:3]], expected[:, :3])
+    assert pipeline.delete(keys[:2], "scatter") == 2
+    assert pipeline.exists(keys, "scatter") == 0
+    assert pipeline.exists(keys[2:], "scatter") == 4
+    pipeline.clear()
+    assert pipeline.exists(keys[2:], "scatter") == 0
+    stats = pipeline.stats().to_dict()["pools"]["scatter"]["peer"]
+    assert stats["transport_used"] == "sm"
+    assert stats["remote"]["tier"]["claimed"] == 0 and stats["remote"]["tier"]["reserved"] == 0
+
+
+def test_tcp_is_chosen_when_asked_and_reported(connect: Any) -> None:
+    pipeline = connect("throughput", **{"transport.options.tls": "tcp"})
+    round_trip(pipeline, geometry(name="tcp"), n=3, name="tcp")
+    assert pipeline.transport.describe()["transport_used"] == "tcp"
+
+
+CLIENT = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+from conftest import geometry, new_keys, pages_of, pool_buffer, token_indices
+from kvcr_policy import build_pipeline, load_config
+p = build_pipeline(load_config(overrides={{"transport.name": "ucx",
+    "transport.options.peer": {address!r}}}))
+geo = geometry(pages=8, name="shared")
+buf = pool_buffer(geo, 7)
+p.register_pool("shared", geo, buf)
+for round in range(5):
+    keys = new_keys(4)
+    assert p.set(keys, token_indices(geo, range(4)), "shared") == [True] * 4
+    pages_of(buf, geo)[:, 4:] = 0
+    assert p.get(keys, token_indices(geo, range(4, 8)), "shared") == [True] * 4
+    assert np.array_equal(pages_of(buf, geo)[:, :4], pages_of(buf, geo)[:, 4:])
+p.close()
+print("client ok")
+"""
+
+
+def test_several_concurrent_clients(connect: Any, peer: Any) -> None:
+    import os
+
+    tests = os.path.dirname(__file__)
+    other = subprocess.Popen(
+        [sys.executable, "-c", CLIENT.format(tests=tests, address=peer.address)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            pipeline = connect("throughput" if i % 2 else None)
+            geo = geometry("page_first" if i % 2 else "layer_first", pages=8, name="shared")
+            for round in range(5):
+                round_trip_fresh(pipeline, geo, seed=10 * i + round, first=round == 0)
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    out, err = other.communicate(timeout=60)
+    assert not errors, errors
+    assert other.returncode == 0 and "client ok" in out, err[-2000:]
+
+
+_buffers: dict[int, tuple[Any, np.ndarray]] = {}
+
+
+def round_trip_fresh(pipeline: Any, geo: Any, *, seed: int, first: bool) -> None:
+    if first:
+        _buffers[id(pipeline)] = (geo, pool_buffer(geo, seed))
+        pipeline.register_pool("shared", geo, _buffers[id(pipeline)][1])
+    geo, buffer = _buffers[id(pipeline)]
+    view = pages_of(buffer, geo)
+    view[:, :4] = np.random.default_rng(seed).integers(0, 256, view[:, :4].shape, np.uint8)
+    keys = new_keys(4)
+    assert pipeline.set(keys, token_indices(geo, range(4)), "shared") == [True] * 4
+    view[:, 4:] = 0
+    assert pipeline.get(keys, token_indices(geo, range(4, 8)), "shared") == [True] * 4
+    assert np.array_equal(view[:, :4], view[:, 4:])
+
+
+@pytest.fixture
+def bare_peer() -> Any:
+    """An in-process server that declares no coalescing or split capability."""
+    need_ucxx()
+    from kvcr_policy import load_config
+    from kvcr_policy.peer.options import UcxOptions
+    from kvcr_policy.peer.server import PeerServer
+
+    loaded = load_config(overrides={"placement.capacity_bytes": "64MiB"})
+    server = PeerServer(loaded, options=UcxOptions(capabilities=(), check_addresses=False))
+    with server:
+        yield server
+
+
+def test_handshake_refuses_or_falls_back_without_capabilities(
+    connect: Any, bare_peer: Any, caplog: Any
+) -> None:
+    strict = connect(
+        "throughput", address=bare_peer.address, **{"coalescing.on_unsupported": "error"}
+    )
+    geo = geometry(name="bare")
+    with pytest.raises(UnsupportedError, match="cannot coalesce or split"):
+        strict.register_pool("bare", geo, pool_buffer(geo))
+    lenient = connect("throughput", address=bare_peer.address)
+    with caplog.at_level("WARNING"):
+        round_trip(lenient, geo, n=4, name="bare")
+    assert "sending plain descriptors" in caplog.text
