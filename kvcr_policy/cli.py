@@ -19,6 +19,7 @@ from rich.table import Table
 
 from .errors import KVCRPolicyError
 from .loading import LoadedConfig, bundled_profiles, load_config
+from .peer.cli import register as _register_peer
 from .sources import env_name, flatten
 
 __all__ = ["app", "main"]
@@ -338,7 +339,7 @@ def bench(
     from .bench import BenchSetup, run_bench, screen
 
     overrides = _overrides(set_)
-    say = _progress_printer(format)
+    bar, say = _progress_printer(format, total=3 + 4 * repeat)
     if target is Target.cuda:
         from .cuda_bench import run_cuda_bench
 
@@ -371,7 +372,11 @@ def bench(
         )
     else:
         setup = BenchSetup(profile, vs, geometry, layout, tokens, repeat, mla, scatter, overrides)
-        result = run_bench(setup, say)
+        if bar is not None:
+            with bar:
+                result = run_bench(setup, say)
+        else:
+            result = run_bench(setup, say)
     failed = False
     if screen_pct is not None and "orders" in result:
         result["screen"] = screen(result, screen_pct)
@@ -391,10 +396,25 @@ def bench(
         raise typer.Exit(1)
 
 
-def _progress_printer(format: PlainFormat) -> Any:
+def _progress_printer(format: PlainFormat, total: int) -> Any:
+    """A progress bar on stderr for people; nothing when stderr is not a terminal."""
     if not sys.stderr.isatty():
-        return None
-    return lambda message: err.print(f"[dim]… {message}[/dim]")
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    task = bar.add_task("bench", total=total)
+
+    def say(message: str) -> None:
+        bar.update(task, advance=1, description=message)
+
+    return bar, say
 
 
 def _print_bench(result: dict[str, Any]) -> None:
@@ -425,6 +445,9 @@ def _plot(result: dict[str, Any], path: str) -> None:
     limits = [r["limit_gbps"] for r in runs if r.get("side") == "P"]
     if limits:
         ax.plot(range(1, len(limits) + 1), limits, linestyle="--", color="grey", label="limit")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("run")
     ax.set_ylabel("GB/s")
     ax.set_ylim(bottom=0)
@@ -461,4 +484,7 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if isinstance(code, int) and code:
         sys.exit(code)
-from .peer.cli import register as _register_peer; _register_peer(app)  # noqa: E402, E702
+
+
+# `serve` lives with the peer tier it runs.
+_register_peer(app)
