@@ -205,6 +205,12 @@ def schema(
         if problems:
             for problem in problems:
                 err.print(f"✗ {problem}", highlight=False, markup=False)
+            hint = (
+                "Pinned fields never move, get renamed or disappear (integrators build these "
+                "types positionally): put them back, append new fields at the end, then run "
+                "`kvcr-policy schema --write` and commit schemas/."
+            )
+            err.print(hint, highlight=False, markup=False)
             raise typer.Exit(1)
         out.print("✓ schemas/ matches the code")
         return
