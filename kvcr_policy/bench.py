@@ -25,7 +25,14 @@ from .loading import LoadedConfig, load_config
 from .pipeline import Pipeline, build_pipeline
 from .transports.base import CopyBatch
 
-__all__ = ["BenchError", "BenchSetup", "measure_exists", "run_bench"]
+__all__ = [
+    "BenchError",
+    "BenchSetup",
+    "descriptor_summary",
+    "measure_exists",
+    "run_bench",
+    "screen",
+]
 
 Progress = Callable[[str], None]
 
@@ -219,15 +226,7 @@ def run_bench(setup: BenchSetup, progress: Progress | None = None) -> dict[str, 
             "P": {"name": setup.profile, "path": sides["P"].loaded.profile},
             "Q": {"name": setup.vs, "path": sides["Q"].loaded.profile},
         },
-        "descriptors": {
-            label: {
-                "before": s["descriptors_before"],
-                "after": s["descriptors_after"],
-                "batches": s["batches"],
-                "peak_inflight_batches": s["peak_inflight_batches"],
-            }
-            for label, s in stats.items()
-        },
+        "descriptors": descriptor_summary(stats),
         "transport": stats["P"]["transport"],
         "runs": runs,
     }
@@ -250,6 +249,19 @@ def measure_exists(profile: str, overrides: Mapping[str, Any], keys: int = 100_0
             if found != keys:
                 raise BenchError(f"exists found {found} of {keys} stored keys")
     return keys / statistics.median(timings)
+
+
+def descriptor_summary(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Descriptors before and after coalescing, batches and peak in flight, per profile."""
+    return {
+        label: {
+            "before": s["descriptors_before"],
+            "after": s["descriptors_after"],
+            "batches": s["batches"],
+            "peak_inflight_batches": s["peak_inflight_batches"],
+        }
+        for label, s in stats.items()
+    }
 
 
 def screen(result: dict[str, Any], percent: float) -> dict[str, Any]:

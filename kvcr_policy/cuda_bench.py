@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .bench import descriptor_summary
 from .errors import KVCRPolicyError
 from .geometry import PoolGeometry, preset
 from .loading import LoadedConfig, load_config
@@ -281,15 +282,7 @@ def _report(
         "profiles": {
             label: {"name": side.name, "path": side.loaded.profile} for label, side in sides.items()
         },
-        "descriptors": {
-            label: {
-                "before": s["descriptors_before"],
-                "after": s["descriptors_after"],
-                "batches": s["batches"],
-                "peak_inflight_batches": s["peak_inflight_batches"],
-            }
-            for label, s in stats.items()
-        },
+        "descriptors": descriptor_summary(stats),
         "transport": {label: s["transport"] for label, s in stats.items()},
         "runs": runs,
     }
