@@ -23,8 +23,11 @@ def test_bench_restores_verified_bytes_with_both_profiles_in_both_orders() -> No
     assert {r["order"] for r in result["runs"]} == {"P,Q", "Q,P"}
     assert len(result["runs"]) == 2 * 2 * 2  # repeat x orders x profiles
     assert all(r["verified"] for r in result["runs"])
-    ratio = result["restore_gbps"] / result["limit_gbps"]
-    assert result["ratio_to_limit"] == pytest.approx(ratio, rel=1e-2)
+    # Each restore is compared with the limit measured right before it.
+    p_ratios = sorted(r["ratio_to_limit"] for r in result["runs"] if r["side"] == "P")
+    assert p_ratios[0] <= result["ratio_to_limit"] <= p_ratios[-1]
+    for run in result["runs"]:
+        assert run["ratio_to_limit"] == pytest.approx(run["restore_gbps"] / run["limit_gbps"])
     # Coalescing is on in throughput only: fewer descriptors reach its transport.
     assert result["descriptors"]["P"]["after"] < result["descriptors"]["P"]["before"]
     assert result["descriptors"]["Q"]["after"] == result["descriptors"]["Q"]["before"]
