@@ -148,6 +148,33 @@ def _exists_rate(profile: str, overrides: Mapping[str, Any], keys: int, repeat: 
     return keys / statistics.median(timings)
 
 
+def _restore(
+    pipeline: Pipeline,
+    keys: list[str],
+    dst_idx: np.ndarray,
+    view: np.ndarray,
+    n_pages: int,
+    expected: np.ndarray,
+) -> dict[str, Any]:
+    """One run: the limit (one ucxx message of the same bytes, peer tier -> pool), then the
+    restore into the second half of the pool, verified by checksums."""
+    nbytes = view[:, :n_pages].nbytes
+    remote = pipeline.transport.remote_pool("kv")  # type: ignore[attr-defined]
+    start = time.perf_counter()
+    probed = remote.probe(nbytes)
+    limit_s = time.perf_counter() - start
+    view[:, n_pages:] = 0
+    start = time.perf_counter()
+    got = pipeline.get(keys, dst_idx)
+    seconds = time.perf_counter() - start
+    same = np.array_equal(_checksums(view[:, n_pages:]), expected)
+    return {
+        "restore_gbps": nbytes / seconds / 1e9,
+        "limit_gbps": nbytes / limit_s / 1e9,
+        "verified": bool(all(got)) and bool(same) and probed,
+    }
+
+
 def run_ucx_bench(
     profile: str,
     vs: str,
@@ -198,36 +225,25 @@ def run_ucx_bench(
                 raise KVCRPolicyError(f"the peer stored {sum(stored)} of {n_pages} pages")
         verified = True
         for rep in range(repeat):
-            order = (("P", profile), ("Q", vs)) if rep % 2 == 0 else (("Q", vs), ("P", profile))
-            for side, name in order:
-                with _pipeline(name, overrides, geometry, tensor) as pipeline:
-                    remote = pipeline.transport.remote_pool("kv")  # type: ignore[attr-defined]
-                    start = time.perf_counter()
-                    probed = remote.probe(nbytes)
-                    limit_s = time.perf_counter() - start
-                    view[:, n_pages:] = 0
-                    start = time.perf_counter()
-                    got = pipeline.get(keys, dst_idx)
-                    seconds = time.perf_counter() - start
-                    ok = bool(all(got)) and bool(
-                        np.array_equal(_checksums(view[:, n_pages:]), expected)
-                    )
-                    verified &= ok and probed
-                    described.setdefault(side, pipeline.transport.describe())
+            for order in (("P", "Q"), ("Q", "P")):
+                for side in order:
+                    name = profile if side == "P" else vs
+                    with _pipeline(name, overrides, geometry, tensor) as pipeline:
+                        run = _restore(pipeline, keys, dst_idx, view, n_pages, expected)
+                        described.setdefault(side, pipeline.transport.describe())
+                    verified &= run["verified"]
                     runs.append(
                         {
                             "repeat": rep,
                             "side": side,
                             "profile": name,
-                            "order": ",".join(s for s, _ in order),
-                            "restore_gbps": nbytes / seconds / 1e9,
-                            "limit_gbps": nbytes / limit_s / 1e9,
-                            "verified": ok,
+                            "order": ",".join(order),
+                            **run,
                         }
                     )
                     say(
-                        f"{name}: restore {runs[-1]['restore_gbps']:.2f} GB/s, limit "
-                        f"{runs[-1]['limit_gbps']:.2f} GB/s"
+                        f"{name}: restore {run['restore_gbps']:.2f} GB/s, limit "
+                        f"{run['limit_gbps']:.2f} GB/s"
                     )
     finally:
         peer_exit = peer.stop()
@@ -240,8 +256,9 @@ def run_ucx_bench(
     finally:
         meta_exit = meta_peer.stop()
 
-    def median(side: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs if r["side"] == side)
+    def median(side: str, key: str, order: str | None = None) -> float:
+        values = [r[key] for r in runs if r["side"] == side and order in (None, r["order"])]
+        return statistics.median(values)
 
     restore, baseline = median("P", "restore_gbps"), median("Q", "restore_gbps")
     limit = statistics.median(r["limit_gbps"] for r in runs)
@@ -266,6 +283,13 @@ def run_ucx_bench(
         "baseline_query_keys_per_s": round(query_vs),
         "transport_used": described.get("P", {}).get("transport_used"),
         "tls": tls,
+        "orders": {
+            order: {
+                "restore_gbps": round(median("P", "restore_gbps", order), 3),
+                "baseline_gbps": round(median("Q", "restore_gbps", order), 3),
+            }
+            for order in ("P,Q", "Q,P")
+        },
         "profiles": {"P": profile, "Q": vs},
         "peer": {"address": peer.address, "exit_code": peer_exit, "meta_exit_code": meta_exit},
         "transport": described.get("P", {}),

@@ -121,6 +121,12 @@ class Channel:
         except ProtocolError as err:
             self.fail(Err.PROTOCOL, f"protocol error: {err}")
 
+    def pump(self) -> None:
+        """Read what already arrived now (before judging the peer silent: this loop may have
+        been the one that stalled, in a long progress call, with the peer's bytes waiting)."""
+        if not self.closed:
+            self._on_event(1)
+
     def fail(self, code: int, text: str) -> None:
         """Tell the peer why (best effort), log it, and close."""
         log.warning("%s: %s; closing the connection", self.name, text)

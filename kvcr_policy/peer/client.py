@@ -5,6 +5,10 @@ hands and attaching every registered pool first if needed), hands the op to the 
 and waits for its result. A peer that cannot be reached is not retried again for
 ``retry_after_s``: during that time calls fail at once, so a dead peer costs the pipeline a
 fast miss, not a connect timeout per page. After a peer restarts, the next call reconnects.
+
+Trust: the server validates everything a client sends, the client's UCX worker address
+included (see :mod:`.addrcheck`); a client trusts the peer it was configured to use (it
+unpacks that peer's worker address as UCX does, without a checker process).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ log = logging.getLogger("kvcr_policy.peer.client")
 
 _TLS_CODE = {"auto": 0, "sm": 1, "tcp": 2}
 CAP_BITS = {"coalesce": 1, "split": 2}
+ATTACH_TIMEOUT_S = 120.0
 
 
 class Attachable(Protocol):
@@ -150,10 +155,14 @@ class PeerClient:
                 return
             ucx = self.engine.ucx
             conn.tls = "sm" if reply.tls == 1 else "tcp"
-            address = ucx.UCXAddress.create_from_buffer(reply.address)
-            conn.ep = ucx.UCXEndpoint.create_from_worker_address(
-                self.engine.worker, address, conn.tls == "tcp"
-            )
+            try:
+                address = ucx.UCXAddress.create_from_buffer(reply.address)
+                conn.ep = ucx.UCXEndpoint.create_from_worker_address(
+                    self.engine.worker, address, conn.tls == "tcp"
+                )
+            except Exception as err:
+                future.set_exception(TransportError(f"cannot reach the peer over UCX: {err}"))
+                return
             conn.start_heartbeat(options.heartbeat_s)
             future.set_result(reply)
 
@@ -172,8 +181,11 @@ class PeerClient:
             else:
                 future.set_result(reply)
 
-        self.engine.call(conn.request, message, attached)
-        reply = self._wait(future, self.op_timeout_s, "attach")
+        # A new tier may be pre-faulted first (seconds per GiB on a slow host); heartbeats show
+        # the peer is alive meanwhile, so the wait is longer than one operation's.
+        timeout = max(self.op_timeout_s, ATTACH_TIMEOUT_S)
+        self.engine.call(conn.request, message, attached, timeout)
+        reply = self._wait(future, timeout, "attach")
         return pool.target(reply.pool, reply.slots, caps)
 
     def _wait(self, future: Future[Any], timeout: float, what: str) -> Any:

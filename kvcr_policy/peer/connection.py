@@ -88,11 +88,18 @@ class Connection:
             self.channel.send(message, 0)
 
     def transfer(self, done: Callable[[Any], None], *, send: bool) -> RequestGroup:
-        """A request group counted against this connection until it completes."""
+        """A request group counted against this connection until it completes; one that has
+        not completed within ``op_timeout_s`` ends the connection (which cancels it)."""
         self.groups += 1
+        limit = self.op_timeout_s
+        what = "sends" if send else "receives"
+        deadline = self.engine.later(
+            limit, lambda: self.fail(f"{what} did not complete within {limit} s (op_timeout_s)")
+        )
 
         def finished(failed: Any) -> None:
             self.groups -= 1
+            deadline.cancel()
             self._sending.discard(group)
             try:
                 done(failed)
@@ -115,6 +122,9 @@ class Connection:
         now = time.monotonic()
         silent = now - self.channel.last_recv
         if silent > 3 * interval + 1.0:
+            self.channel.pump()
+            silent = now - self.channel.last_recv
+        if self.dead is None and silent > 3 * interval + 1.0:
             self.fail(f"peer silent for {silent:.1f} s (heartbeat every {interval} s)")
             return
         if now - self.channel.last_sent >= interval or silent >= interval:

@@ -93,7 +93,7 @@ class UcxOptions(BaseModel):
     )
     connect_timeout_s: float = Field(5.0, gt=0, description="Longest a connect may take.")
     heartbeat_s: float = Field(
-        1.0,
+        2.0,
         ge=0,
         description="Ping interval of an idle connection; a peer silent for 3 intervals is "
         "dead. 0 disables (then only operation timeouts detect a dead peer).",

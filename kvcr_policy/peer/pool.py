@@ -58,6 +58,7 @@ class PeerPool:
         self.name = name
         self.geometry = geometry
         self._buffer = endpoint.buffer  # keeps the pool memory alive while views exist
+        self.align = endpoint.address % m.ALIGN_BYTES
         self.view = memory_view(endpoint.address, endpoint.nbytes)
         self.batching = strategies["batching"]
         self.fallback = strategies["fallback"]
@@ -112,6 +113,7 @@ class PeerPool:
             g.mla,
             merge,
             split,
+            self.align,
         )
 
     def target(self, number: int, slots: int, capabilities: frozenset[str]) -> ops.Target:
@@ -160,7 +162,9 @@ class PeerPool:
         pages: np.ndarray,
         on_ready: Callable[[int], None] | None,
     ) -> np.ndarray:
-        """Batches within the window, in order; fallback per failed batch (see _finish)."""
+        """Batches within the window, in order; the fallback strategy for a failed batch. A read
+        stops issuing batches after a page that did not arrive (only the leading run is used),
+        as the local pipeline does; a write goes on, as the local store does."""
         n = len(keys)
         ok = np.zeros(n, dtype=bool)
         window = self.batching.window
@@ -195,7 +199,7 @@ class PeerPool:
             else:
                 ok[start:stop] = result[: stop - start]
             self.counters["batches"] += 1
-            if not ok[start:stop].all():
+            if reading and not ok[start:stop].all():
                 state["stop"] = True
             elif on_ready is not None and ok[:stop].all():
                 on_ready(stop)

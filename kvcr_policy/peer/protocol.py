@@ -255,7 +255,7 @@ class Reader:
             raise ProtocolError(f"{self._what}: {field} is not UTF-8 ({err.reason})") from None
         if len(text) == len(raw):  # all ASCII: character offsets are byte offsets
             ends = np.cumsum(lengths, dtype=np.int64).tolist()
-            starts = [0, *ends[:-1]]
+            starts = [0, *ends[:-1]] if ends else []
             return [text[a:b] for a, b in zip(starts, ends, strict=True)]
         keys, pos = [], 0
         for length in lengths.tolist():

@@ -19,9 +19,11 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import ClosedError, UnsupportedError
+from ..errors import ClosedError, KVCRPolicyError, UnsupportedError
+from ..geometry import PoolGeometry
 from ..loading import LoadedConfig, load_config
 from ..plugins import make_plugin_manager
 from . import messages as m
@@ -97,6 +99,7 @@ class PeerServer:
         self.tiers = Tiers(self._placement, capacity, self.options.max_tiers)
         if self.options.check_addresses:
             self._checker = AddressChecker()
+        self._opener = ThreadPoolExecutor(1, thread_name_prefix="kvcr-tier-open")
         self.engine.submit(self.engine.watch, listener, self._accept, False).result()
         self.state = "open"
         log.info(
@@ -137,6 +140,7 @@ class PeerServer:
                 self.engine.submit(self._close_all).result()
                 self._wait_sessions(2.0)
         self._wait_groups(5.0)
+        self._opener.shutdown(wait=True)
         leaked = self.engine.submit(self.tiers.close).result()
         if leaked:
             log.warning("tiers %s stay mapped: a transfer may still touch them", leaked)
@@ -230,6 +234,25 @@ class PeerServer:
             self.engine.call(then, ok)
 
         future.add_done_callback(report)
+
+    def open_tier(self, geometry: PoolGeometry, align: int, then: Callable[[Any], Any]) -> None:
+        """``then(tier or exception)`` on the engine thread; opening a tier (pre-faulting GiBs)
+        runs on a helper thread, so the engine keeps answering meanwhile."""
+        tier = self.tiers.find(geometry)
+        if tier is not None:
+            then(tier)
+            return
+
+        def run() -> None:
+            try:
+                result: Any = self.tiers.open(geometry, align)
+            except Exception as err:  # refused (capacity, placement): the client is told
+                if not isinstance(err, KVCRPolicyError):
+                    log.exception("opening tier %r failed", geometry.name)
+                result = err
+            self.engine.call(then, result)
+
+        self._opener.submit(run)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -9,23 +9,17 @@ when the server ends the session, after the client closed its side (or a linger 
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
-
 from ..errors import CapacityError, KVCRPolicyError, PoolError, UnsupportedError
-from ..geometry import Layout, PoolGeometry, check_pages
-from ..store import Claim as StoreClaim
-from ..store import Reservation
+from ..geometry import Layout, PoolGeometry
 from . import messages as m
 from .channel import Channel
-from .engine import RequestGroup, Timer
-from .plan import WirePlan, page_outcome, wire_plan
+from .engine import Timer
+from .serving import Attachment, Transfers
 from .tiers import Tier
 
 if TYPE_CHECKING:
@@ -36,36 +30,8 @@ __all__ = ["Session"]
 log = logging.getLogger("kvcr_policy.peer.server")
 
 MAX_ATTACHED = 64
-MAX_OPEN = 1024  # claims + reservations one client may hold at once
-_TAG_LIMIT = 1 << 64
-
-
-@dataclass(slots=True)
-class _Pool:
-    tier: Tier
-    client: PoolGeometry
-    merge: bool
-    split: int
-
-
-@dataclass(slots=True)
-class _Read:
-    pool: _Pool
-    claim: StoreClaim
-    pages: np.ndarray
-    timer: Timer
-    sending: bool = False
-
-
-@dataclass(slots=True)
-class _Write:
-    pool: _Pool
-    reservation: Reservation
-    todo: np.ndarray
-    request: int
-    timer: Timer
-    arrived: np.ndarray | None = None  # per todo key, once the receives completed
-    client_ok: np.ndarray | None = field(default=None)  # per covered key, from COMMIT
+#: A connection that has not completed its handshake by then is dropped (it holds a session).
+HELLO_TIMEOUT_S = 10.0
 
 
 class Session:
@@ -79,12 +45,8 @@ class Session:
         self.tls = ""
         self.state = "hello"  # hello -> checking -> ready -> draining -> closed
         self.heartbeat_s = 0.0
-        self.pools: list[_Pool] = []
-        self.reads: dict[int, _Read] = {}
-        self.writes: dict[int, _Write] = {}
-        self.groups = 0
-        self._sending: set[RequestGroup] = set()
-        self._ids = itertools.count(1)
+        self.pools: list[Attachment | None] = []
+        self.transfers = Transfers(self)
         self._beat: Timer | None = None
         self.channel = Channel(
             self.engine,
@@ -93,10 +55,20 @@ class Session:
             on_message=self._on_message,
             on_closed=self._on_closed,
         )
+        self._hello_timer = self.engine.later(HELLO_TIMEOUT_S, self._hello_overdue)
+
+    def _hello_overdue(self) -> None:
+        if self.state in ("hello", "checking"):
+            log.warning("client %s: no handshake within %s s", self.peer, HELLO_TIMEOUT_S)
+            self.channel.close(f"no handshake within {HELLO_TIMEOUT_S} s")
 
     @property
     def busy(self) -> bool:
-        return bool(self.reads or self.writes or self.groups)
+        return self.transfers.busy
+
+    @property
+    def groups(self) -> int:
+        return self.transfers.groups
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -114,29 +86,21 @@ class Session:
             self.channel.close("server stopping")
         elif self.state == "ready":
             self.state = "draining"
-            self._close_if_drained()
+            self.close_if_drained()
 
-    def _close_if_drained(self) -> None:
+    def close_if_drained(self) -> None:
         if self.state == "draining" and not self.busy:
             self.channel.linger(min(1.0, self.server.linger_s), "server stopping")
 
     def _on_closed(self, reason: str) -> None:
         self.state = "closed"
+        self._hello_timer.cancel()
         if self._beat is not None:
             self._beat.cancel()
-        for number, read in list(self.reads.items()):
-            if not read.sending:  # sending ones are released when their group completes
-                self._release(number)
-        for number, write in list(self.writes.items()):
-            if write.arrived is not None:  # receives done; otherwise their group aborts it
-                self._abort_write(number, write)
         if self.ep is not None:
             ep, self.ep = self.ep, None
-            self.engine.close_endpoint(
-                ep, self.tls == "tcp"
-            )  # cancels receives; their groups then settle
-        for group in list(self._sending):
-            self.engine.abandon(group)  # the client let go of our memory (see Channel/linger)
+            self.engine.close_endpoint(ep, self.tls == "tcp")  # cancels the receives
+        self.transfers.close()
         self.server.session_closed(self, reason)
 
     # ---- dispatch -------------------------------------------------------------------------
@@ -160,11 +124,8 @@ class Session:
             return
         try:
             handler(self, message, request)
-        except (PoolError, UnsupportedError) as err:
-            code = m.Err.UNSUPPORTED if isinstance(err, UnsupportedError) else m.Err.BAD_REQUEST
-            self.channel.send(m.Error(code, str(err)), request)
-        except CapacityError as err:
-            self.channel.send(m.Error(m.Err.CAPACITY, str(err)), request)
+        except (PoolError, UnsupportedError, CapacityError) as err:
+            self.channel.send(m.Error(_code(err), str(err)), request)
         except KVCRPolicyError as err:
             self.abort(m.Err.BAD_REQUEST, str(err))
         except Exception as err:  # a bug here must cost one session, never the server
@@ -218,16 +179,20 @@ class Session:
             return
         silent = time.monotonic() - self.channel.last_recv
         if silent > 3 * self.heartbeat_s + 1.0:
+            self.channel.pump()
+            silent = time.monotonic() - self.channel.last_recv
+        if not self.channel.closed and silent > 3 * self.heartbeat_s + 1.0:
             self.abort(m.Err.TIMEOUT, f"client silent for {silent:.1f} s")
             return
         self._beat = self.engine.later(self.heartbeat_s, self._check_alive)
 
-    def _pool(self, number: int) -> _Pool:
-        if number >= len(self.pools):
+    def pool(self, number: int) -> Attachment:
+        pool = self.pools[number] if number < len(self.pools) else None
+        if pool is None:
             raise PoolError(f"no attached pool number {number} (attached: {len(self.pools)})")
-        return self.pools[number]
+        return pool
 
-    def _deadline(self, what: str) -> Timer:
+    def deadline(self, what: str) -> Timer:
         timeout = self.server.op_timeout_s
         return self.engine.later(
             timeout, lambda: self.abort(m.Err.TIMEOUT, f"{what} exceeded {timeout} s")
@@ -255,215 +220,59 @@ class Session:
         missing = [c for c in asked if c not in self.server.capabilities]
         if missing:
             raise UnsupportedError(f"this peer does not {' or '.join(missing)} descriptors")
-        tier = self.server.tiers.open(client)
-        self.pools.append(_Pool(tier, client, msg.coalesce, int(msg.split_bytes)))
-        self.channel.send(m.Attached(len(self.pools) - 1, tier.slots), request)
+        number = len(self.pools)
+        self.pools.append(None)  # the number is taken now; the tier may take a while
+
+        def opened(tier: Tier | Exception) -> None:
+            if isinstance(tier, Exception):
+                self.channel.send(m.Error(_code(tier), str(tier)), request)
+                return
+            self.pools[number] = Attachment(tier, client, msg.coalesce, int(msg.split_bytes))
+            self.channel.send(m.Attached(number, tier.slots), request)
+
+        self.server.open_tier(client, msg.align, opened)
 
     def _exists(self, msg: m.Exists, request: int) -> None:
-        store = self._pool(msg.pool).tier.store
+        store = self.pool(msg.pool).tier.store
         self.channel.send(m.Count(store.contains_prefix(msg.keys)), request)
 
-    def _claim(self, msg: m.Claim, request: int) -> None:
-        pool = self._pool(msg.pool)
-        pages = check_pages(pool.client, msg.pages)
-        if len(self.reads) + len(self.writes) >= MAX_OPEN:
-            raise CapacityError(f"a connection may hold at most {MAX_OPEN} claims/reservations")
-        claim = pool.tier.store.claim(msg.keys)
-        if len(claim.slots) == 0:
-            pool.tier.store.release(claim)
-            self.channel.send(m.Claimed(0, claim.slots), request)
-            return
-        number = next(self._ids)
-        timer = self.engine.later(self.server.op_timeout_s, lambda: self._expire(number))
-        self.reads[number] = _Read(pool, claim, pages[: len(claim.slots)], timer)
-        self.channel.send(m.Claimed(number, claim.slots), request)
-
-    def _send(self, msg: m.Send, request: int) -> None:
-        read = self.reads.get(msg.handle)
-        if read is None or read.sending:
-            self.abort(m.Err.BAD_REQUEST, f"SEND names no open claim ({msg.handle})")
-            return
-        pool = read.pool
-        plan = wire_plan(
-            pool.tier.geometry,
-            read.claim.slots,
-            pool.client,
-            read.pages,
-            merge=pool.merge,
-            split_bytes=pool.split,
-        )
-        try:
-            plan.check(msg.count, msg.nbytes, msg.digest, "the client")
-            if msg.tag_base + plan.count > _TAG_LIMIT:
-                raise PoolError(f"tag base {msg.tag_base} leaves no room for {plan.count} tags")
-        except KVCRPolicyError as err:
-            self._release(msg.handle)
-            self.abort(m.Err.BAD_REQUEST, str(err))
-            return
-        read.sending = True
-        read.timer.cancel()
-        read.timer = self._deadline("sending a read")
-        number = msg.handle
-        self._transfer(
-            pool.tier, plan, msg.tag_base, True, lambda failed: self._sent(number, request, failed)
-        )
-
-    def _sent(self, number: int, request: int, failed: np.ndarray) -> None:
-        if self._release(number):
-            self.channel.send(m.Sent(number, not failed.any()), request)
-            self._close_if_drained()
-
-    def _expire(self, number: int) -> None:
-        read = self.reads.get(number)
-        if read is not None and not read.sending:
-            log.warning("client %s: claim %d expired before SEND; released", self.peer, number)
-            self._release(number)
-            self._close_if_drained()
-
-    def _release(self, number: int) -> bool:
-        read = self.reads.pop(number, None)
-        if read is None:
-            return False
-        read.timer.cancel()
-        read.pool.tier.store.release(read.claim)
-        return True
-
-    def _release_msg(self, msg: m.Release, request: int) -> None:
-        read = self.reads.get(msg.claim)
-        if read is not None and not read.sending:
-            self._release(msg.claim)
-            self._close_if_drained()
-
-    def _reserve(self, msg: m.Reserve, request: int) -> None:
-        pool = self._pool(msg.pool)
-        pages = check_pages(pool.client, msg.pages)
-        if len(self.reads) + len(self.writes) >= MAX_OPEN:
-            raise CapacityError(f"a connection may hold at most {MAX_OPEN} claims/reservations")
-        reservation = pool.tier.store.reserve(msg.keys)
-        covered = len(reservation.keys)
-        todo = np.flatnonzero(reservation.slots >= 0)
-        plan = wire_plan(
-            pool.client,
-            pages[:covered][todo],
-            pool.tier.geometry,
-            reservation.slots[todo],
-            merge=pool.merge,
-            split_bytes=pool.split,
-        )
-        number = next(self._ids)
-        write = _Write(pool, reservation, todo, request, self._deadline("a write"))
-        self.writes[number] = write
-        tag_base = self.engine.tags(plan.count)
-        self._transfer(
-            pool.tier, plan, tag_base, False, lambda failed: self._arrived(number, plan, failed)
-        )
-        reply_plan = m.Plan(number, tag_base, plan.count, plan.nbytes, plan.digest)
-        self.channel.send(m.Reserved(number, reservation.slots, reply_plan), request)
-
-    def _arrived(self, number: int, plan: WirePlan, failed: np.ndarray) -> None:
-        write = self.writes.get(number)
-        if write is None:
-            return
-        write.arrived = page_outcome(plan.descriptors, failed, len(write.todo))
-        if self.state == "closed":
-            self._abort_write(number, write)
-        else:
-            self._settle(number, write)
-
-    def _commit(self, msg: m.Commit, request: int) -> None:
-        write = self.writes.get(msg.reservation)
-        if write is None or write.client_ok is not None:
-            self.abort(m.Err.BAD_REQUEST, f"COMMIT names no open reservation ({msg.reservation})")
-            return
-        if len(msg.ok) != len(write.reservation.keys):
-            self.abort(m.Err.BAD_REQUEST, "COMMIT must carry one flag per reserved key")
-            return
-        write.client_ok = msg.ok
-        write.request = request
-        self._settle(msg.reservation, write)
-
-    def _settle(self, number: int, write: _Write) -> None:
-        if write.arrived is None or write.client_ok is None:
-            return
-        res = write.reservation
-        ok = np.zeros(len(res.keys), dtype=bool)
-        ok[write.todo] = write.arrived & write.client_ok[write.todo]
-        write.timer.cancel()
-        del self.writes[number]
-        write.pool.tier.store.commit(res, ok.tolist())
-        ok |= np.asarray(res.present, dtype=bool)
-        self.channel.send(m.Written(number, ok), write.request)
-        self._close_if_drained()
-
-    def _abort_write(self, number: int, write: _Write) -> None:
-        write.timer.cancel()
-        self.writes.pop(number, None)
-        write.pool.tier.store.abort(write.reservation)
-
-    def _transfer(self, tier: Tier, plan: WirePlan, tag_base: int, send: bool, done: Any) -> None:
-        d = plan.descriptors
-        offsets = (d.src if send else d.dst).tolist()
-        view = tier.view
-        assert view is not None and self.ep is not None
-        group = self._group(send, done)
-        for i, (offset, length) in enumerate(zip(offsets, d.length.tolist(), strict=True)):
-            self.engine.post(group, self.ep, send, view[offset : offset + length], tag_base + i)
-        self.engine.track(group)
-
-    def _group(self, send: bool, done: Any) -> RequestGroup:
-        self.groups += 1
-
-        def finished(failed: np.ndarray) -> None:
-            self.groups -= 1
-            self._sending.discard(group)
-            done(failed)
-
-        group = RequestGroup(finished, sending=send)
-        if send:
-            self._sending.add(group)
-        return group
-
     def _delete(self, msg: m.Delete, request: int) -> None:
-        self.channel.send(m.Count(self._pool(msg.pool).tier.store.delete(msg.keys)), request)
+        self.channel.send(m.Count(self.pool(msg.pool).tier.store.delete(msg.keys)), request)
 
     def _clear(self, msg: m.Clear, request: int) -> None:
-        self.channel.send(m.Count(self._pool(msg.pool).tier.store.clear()), request)
+        self.channel.send(m.Count(self.pool(msg.pool).tier.store.clear()), request)
 
     def _stats(self, msg: m.Stats, request: int) -> None:
-        data = {"tier": self._pool(msg.pool).tier.stats(), "server": self.server.describe()}
+        data = {"tier": self.pool(msg.pool).tier.stats(), "server": self.server.describe()}
         self.channel.send(m.StatsReply(json.dumps(data, default=str)), request)
-
-    def _probe(self, msg: m.Probe, request: int) -> None:
-        tier = self._pool(msg.pool).tier
-        if not 0 < msg.nbytes <= tier.region.size or msg.tag_base + 1 > _TAG_LIMIT:
-            raise PoolError(f"PROBE of {msg.nbytes} bytes: the tier holds {tier.region.size}")
-        view = tier.view
-        assert view is not None and self.ep is not None
-
-        def finished(failed: np.ndarray) -> None:
-            self.channel.send(m.Sent(0, not failed.any()), request)
-            self._close_if_drained()
-
-        group = self._group(True, finished)
-        self.engine.post(group, self.ep, True, view[: msg.nbytes], msg.tag_base)
-        self.engine.track(group)
 
     def _ping(self, msg: m.Ping, request: int) -> None:
         self.channel.send(m.Pong(), request)
 
 
+def _code(err: Exception) -> int:
+    """The ERROR code a refused request gets."""
+    if isinstance(err, UnsupportedError):
+        return m.Err.UNSUPPORTED
+    if isinstance(err, CapacityError):
+        return m.Err.CAPACITY
+    if isinstance(err, PoolError):
+        return m.Err.BAD_REQUEST
+    return m.Err.INTERNAL
+
+
 _HANDLERS: dict[type, Any] = {
     m.Attach: Session._attach,
     m.Exists: Session._exists,
-    m.Claim: Session._claim,
-    m.Send: Session._send,
-    m.Release: Session._release_msg,
-    m.Reserve: Session._reserve,
-    m.Commit: Session._commit,
+    m.Claim: lambda s, msg, r: s.transfers.claim(msg, r),
+    m.Send: lambda s, msg, r: s.transfers.send(msg, r),
+    m.Release: lambda s, msg, r: s.transfers.release_message(msg, r),
+    m.Reserve: lambda s, msg, r: s.transfers.reserve(msg, r),
+    m.Commit: lambda s, msg, r: s.transfers.commit(msg, r),
     m.Delete: Session._delete,
     m.Clear: Session._clear,
     m.Stats: Session._stats,
-    m.Probe: Session._probe,
+    m.Probe: lambda s, msg, r: s.transfers.probe(msg, r),
     m.Ping: Session._ping,
 }
 _WHILE_DRAINING = {m.Send, m.Release, m.Commit, m.Ping, m.Stats}

@@ -53,6 +53,7 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
         st.booleans(),
         st.booleans(),
         u64,
+        st.integers(0, m.ALIGN_BYTES - 1),
     ),
     st.builds(m.Attached, u32, u64),
     st.builds(m.Exists, u32, keys),

@@ -6,8 +6,8 @@ import socket
 from typing import Any
 
 import pytest
-from conftest import geometry, new_keys, pool_buffer, token_indices
 from hypothesis import HealthCheck, given, settings
+from peer_helpers import geometry, new_keys, pool_buffer, token_indices
 from peer_strategies import hostile_frames
 
 from kvcr_policy.peer import messages as m

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import geometry, need_ucxx, new_keys, pages_of, pool_buffer, token_indices
+from peer_helpers import geometry, need_ucxx, new_keys, pages_of, pool_buffer, token_indices
 
 from kvcr_policy.errors import UnsupportedError
 
@@ -81,7 +81,7 @@ def test_tcp_is_chosen_when_asked_and_reported(connect: Any) -> None:
 CLIENT = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
-from conftest import geometry, new_keys, pages_of, pool_buffer, token_indices
+from peer_helpers import geometry, new_keys, pages_of, pool_buffer, token_indices
 from kvcr_policy import build_pipeline, load_config
 p = build_pipeline(load_config(overrides={{"transport.name": "ucx",
     "transport.options.peer": {address!r}}}))
@@ -174,3 +174,52 @@ def test_handshake_refuses_or_falls_back_without_capabilities(
     with caplog.at_level("WARNING"):
         round_trip(lenient, geo, n=4, name="bare")
     assert "sending plain descriptors" in caplog.text
+
+
+def test_small_batches_in_a_window_deliver_in_order(connect: Any) -> None:
+    pipeline = connect(
+        "throughput",
+        **{
+            "batching.read_batch_pages": 2,
+            "batching.window_batches": 3,
+            "batching.window_pages": 4,
+        },
+    )
+    geo = geometry(pages=24, name="window")
+    buffer = pool_buffer(geo, 4)
+    pipeline.register_pool("window", geo, buffer)
+    keys = new_keys(12)
+    assert pipeline.set(keys, token_indices(geo, range(12)), "window") == [True] * 12
+    view = pages_of(buffer, geo)
+    view[:, 12:] = 0
+    ready: list[int] = []
+    got = pipeline.get(keys, token_indices(geo, range(12, 24)), "window", on_ready=ready.append)
+    assert got == [True] * 12
+    assert np.array_equal(view[:, :12], view[:, 12:])
+    assert ready == sorted(ready) and ready[-1] == 12 and len(ready) == 6
+    counters = pipeline.stats().to_dict()["pools"]["window"]["peer"]["counters"]
+    assert counters["batches"] == 12  # 6 to store, 6 to restore
+
+
+def test_effective_ucx_settings_are_reported(connect: Any) -> None:
+    pipeline = connect()
+    geo = geometry(name="report")
+    pipeline.register_pool("report", geo, pool_buffer(geo))
+    described = pipeline.transport.describe()
+    env = described["ucx_env"]["env"]
+    assert env["UCX_TCP_TX_SEG_SIZE"]["value"] == str(512 << 10)
+    assert {"value", "source"} <= set(env["UCX_RNDV_THRESH"])
+    assert described["progress_mode"] in ("blocking", "polling", "thread")
+    assert described["transport_used"] == "sm"
+
+
+def test_a_connection_without_handshake_is_dropped(bare_peer: Any, monkeypatch: Any) -> None:
+    import socket
+
+    from kvcr_policy.peer import session
+
+    monkeypatch.setattr(session, "HELLO_TIMEOUT_S", 0.3)
+    host, port = bare_peer.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.settimeout(5)
+        assert sock.recv(1) == b""  # closed by the server, not by our timeout
