@@ -7,23 +7,20 @@ and restored into consecutive pages is a handful of large copies once coalesced.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from .descriptors import build_descriptors
 from .errors import ClosedError, IndicesError, PoolError, UnsupportedError
 from .geometry import PoolGeometry, page_indices, validate_buffer
 from .loading import LoadedConfig, load_config
+from .mover import Mover
 from .plugins import PluginManager, make_plugin_manager
 from .stats import PipelineStats, StatsRecorder
 from .store import Store
@@ -35,7 +32,7 @@ from .strategies import (
     ThreadTuningStrategy,
 )
 from .tier import Region
-from .transports.base import CopyBatch, Endpoint, RemotePool, Transport
+from .transports.base import Endpoint, RemotePool, Transport
 
 __all__ = ["Pipeline", "build_pipeline"]
 
@@ -52,12 +49,6 @@ class _Pool:
     region: Region
     tier: Endpoint
     store: Store
-
-
-def _failed(err: BaseException) -> Future[None]:
-    future: Future[None] = Future()
-    future.set_exception(err)
-    return future
 
 
 class Pipeline:
@@ -105,6 +96,7 @@ class Pipeline:
         self._remote: dict[str, tuple[PoolGeometry, RemotePool]] = {}
         self.refused: dict[str, str] = {}
         self._stats = StatsRecorder()
+        self._mover = Mover(batching, coalescing, self.allowed, fallback, transport, self._stats)
         self._cond = threading.Condition()
         self._active = 0
         self.state = "open"
@@ -383,102 +375,12 @@ class Pipeline:
         pages: np.ndarray,
         on_ready: Callable[[int], None] | None,
     ) -> np.ndarray:
-        """Move pages in batches within the window; per-page success, in order.
-
-        A read stops issuing batches after the first page that did not arrive: HiCache uses
-        only the leading run, so later pages would be wasted bandwidth.
-        """
-        n = len(slots)
-        ok = np.zeros(n, dtype=bool)
+        """Tier slots to pool pages (read) or pool pages to tier slots; per-page success."""
+        tier = (p.tier, p.tier_geometry, slots)
+        pool = (p.endpoint, p.geometry, pages)
         if read:
-            src, dst, src_geo, dst_geo, src_idx, dst_idx = (
-                p.tier,
-                p.endpoint,
-                p.tier_geometry,
-                p.geometry,
-                slots,
-                pages,
-            )
-        else:
-            src, dst, src_geo, dst_geo, src_idx, dst_idx = (
-                p.endpoint,
-                p.tier,
-                p.geometry,
-                p.tier_geometry,
-                pages,
-                slots,
-            )
-        window = self.batching.window
-        inflight: deque[tuple[Future[None], int, int, int]] = deque()
-        state = {"pages": 0, "bytes": 0, "stop": False, "ready": 0}
-
-        def move_page(i: int) -> bool:
-            one = build_descriptors(src_geo, src_idx[i : i + 1], dst_geo, dst_idx[i : i + 1])
-            self.transport.copy(CopyBatch(src, dst, one))
-            return True
-
-        def finish() -> None:
-            future, start, stop, nbytes = inflight.popleft()
-            state["pages"] -= stop - start
-            state["bytes"] -= nbytes
-            try:
-                future.result()
-                ok[start:stop] = True
-            except Exception as err:
-                reason = type(err).__name__
-                log.warning("batch of %d pages failed (%s); falling back", stop - start, err)
-                self._stats.fallback(reason, stop - start)
-                ok[start:stop] = self.fallback.recover(stop - start, lambda i: move_page(start + i))
-                if read and not ok[start:stop].all():
-                    state["stop"] = True
-            moved = int(ok[start:stop].sum())
-            if read:
-                self._stats.add(pages_read=moved, bytes_read=moved * p.geometry.page_bytes)
-            else:
-                self._stats.add(pages_written=moved, bytes_written=moved * p.geometry.page_bytes)
-            if on_ready is not None and not state["stop"] and ok[:stop].all():
-                on_ready(stop)
-
-        try:
-            for start, stop in self.batching.read_batches(n):
-                if state["stop"]:
-                    break
-                plain = build_descriptors(
-                    src_geo, src_idx[start:stop], dst_geo, dst_idx[start:stop]
-                )
-                prepared = self.coalescing.prepare(plain, self.allowed)
-                nbytes = plain.nbytes
-                while inflight and not window.admits(
-                    len(inflight), state["pages"], state["bytes"], stop - start, nbytes
-                ):
-                    finish()
-                if state["stop"]:  # a batch that just finished missed a page
-                    break
-                try:
-                    future = self.transport.submit(CopyBatch(src, dst, prepared))
-                except ClosedError:
-                    raise
-                except Exception as err:  # a transport that refuses at submit fails the batch
-                    future = _failed(err)
-                inflight.append((future, start, stop, nbytes))
-                state["pages"] += stop - start
-                state["bytes"] += nbytes
-                self._stats.add(
-                    batches=1, descriptors_before=len(plain), descriptors_after=len(prepared)
-                )
-                self._stats.peak("inflight_batches", len(inflight))
-                self._stats.peak("inflight_bytes", state["bytes"])
-            while inflight:
-                finish()
-        except BaseException:
-            # Never let the caller release claims or abort reservations while copies from or
-            # into those slots are still running: wait for every batch already issued.
-            for future, *_ in inflight:
-                # Already failing: the first error is the one raised.
-                with contextlib.suppress(BaseException):
-                    future.result()
-            raise
-        return ok
+            return self._mover.move(True, tier, pool, on_ready)
+        return self._mover.move(False, pool, tier, on_ready)
 
     # ---- reporting ----------------------------------------------------------------------
 
