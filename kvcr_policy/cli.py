@@ -357,6 +357,8 @@ def bench(
             tokens=tokens,
             repeat=repeat,
             scatter=scatter,
+            mla=mla,
+            overrides=overrides,
         )
     elif transport is Via.ucx:
         from .peer.bench import run_ucx_bench
@@ -369,6 +371,7 @@ def bench(
             tokens=tokens,
             repeat=repeat,
             tls=ucx_tls,
+            mla=mla,
         )
     elif peer is not None:
         from .integrations.sglang_bench import run_peer_bench
