@@ -187,6 +187,14 @@ class TransportSection(Section):
         30.0, gt=0, description="Longest a single transfer may take before it counts as failed."
     )
     options: dict[str, Any] = _options_field()
+    stream_min_bytes: ByteSize | None = Field(
+        None,
+        gt=0,
+        description=(
+            "cpu transport: copies of at least this size use non-temporal stores (e.g. '1MiB'); "
+            "unset: plain memmove."
+        ),
+    )
 
 
 class PluginsSection(Section):

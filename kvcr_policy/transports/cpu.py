@@ -1,8 +1,7 @@
-"""The cpu transport: memmove over descriptors, several threads, the GIL released per copy."""
+"""The cpu transport: descriptors copied by several threads, the GIL released while copying."""
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -13,12 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..descriptors import Descriptors
 from ..errors import TransportError
 from ..schema import PolicyConfig
+from . import copy as host_copy
 from .base import CopyBatch, Transport, check_bounds
 
 __all__ = ["CpuOptions", "CpuTransport"]
 
-# ctypes.memmove is a CFUNCTYPE: the GIL is released for the duration of each call.
-_memmove = ctypes.memmove
 # Below this many bytes a batch is not worth handing to other threads.
 _MIN_PARALLEL_BYTES = 4 << 20
 
@@ -28,12 +26,6 @@ class CpuOptions(BaseModel):
     min_parallel_bytes: int = Field(
         _MIN_PARALLEL_BYTES, ge=0, description="Smaller batches are copied by one thread."
     )
-
-
-def _run(src_base: int, dst_base: int, d: Descriptors) -> None:
-    sources, targets = (d.src + src_base).tolist(), (d.dst + dst_base).tolist()
-    for s, t, n in zip(sources, targets, d.length.tolist(), strict=True):
-        _memmove(t, s, n)
 
 
 def _shares(d: Descriptors, parts: int) -> list[Descriptors]:
@@ -57,6 +49,8 @@ class CpuTransport(Transport):
         super().__init__(workers=max(1, threads))
         self.threads = threads
         self.min_parallel_bytes = options.min_parallel_bytes
+        stream = config.transport.stream_min_bytes
+        self.stream_from = int(stream) if stream is not None and host_copy.STREAM else 0
         self._copiers = (
             ThreadPoolExecutor(threads, thread_name_prefix="kvcr-cpu-copy") if threads > 1 else None
         )
@@ -64,8 +58,9 @@ class CpuTransport(Transport):
     def copy(self, batch: CopyBatch) -> None:
         check_bounds(batch)
         d = batch.descriptors
+        dst, src, stream = batch.dst.address, batch.src.address, self.stream_from
         if self._copiers is None or d.nbytes < self.min_parallel_bytes:
-            _run(batch.src.address, batch.dst.address, d)
+            host_copy.copy_descriptors(dst, src, d, stream)
             return
         if len(d) < self.threads:
             # Few large descriptors: cut them so every thread gets a share.
@@ -73,7 +68,7 @@ class CpuTransport(Transport):
 
             d = split(d, max(1, -(-d.nbytes // self.threads)))
         futures: list[Future[None]] = [
-            self._copiers.submit(_run, batch.src.address, batch.dst.address, part)
+            self._copiers.submit(host_copy.copy_descriptors, dst, src, part, stream)
             for part in _shares(d, self.threads)
         ]
         done, _ = wait(futures)
@@ -82,7 +77,12 @@ class CpuTransport(Transport):
             raise TransportError(f"cpu copy failed: {errors[0]}") from errors[0]
 
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), "threads": self.threads}
+        return {
+            **super().describe(),
+            "threads": self.threads,
+            "copy": "native" if host_copy.NATIVE else "ctypes.memmove",
+            "stream_min_bytes": self.stream_from or None,
+        }
 
     def close(self) -> None:
         super().close()
