@@ -45,7 +45,11 @@ def test_knobs_apply_only_where_the_user_has_not_spoken() -> None:
 def test_defaults_keep_ucx_choices_except_the_measured_ones() -> None:
     wanted = desired_env(UcxOptions())
     assert wanted["UCX_TCP_TX_SEG_SIZE"] == str(512 << 10)
-    assert "UCX_TLS" not in wanted and "UCX_RNDV_THRESH" not in wanted
+    assert "UCX_RNDV_THRESH" not in wanted
+    # Cross-memory attach is left out unless asked for: a peer dying mid-transfer over it
+    # aborts this process (UCX has no error handling on shared-memory endpoints).
+    assert wanted["UCX_TLS"] == "^cma"
+    assert "UCX_TLS" not in desired_env(UcxOptions(cma=True))
     assert progress_mode(UcxOptions(), {}) == ("blocking", "config transport.options.progress_mode")
     with pytest.raises(ValueError, match="UCXPY_PROGRESS_MODE"):
         progress_mode(UcxOptions(), {"UCXPY_PROGRESS_MODE": "thread-polling"})
