@@ -112,7 +112,8 @@ class UcxOptions(BaseModel):
         False,
         description="Let same-host transfers use cross-memory attach (about 20% faster for "
         "large messages here), at a price: shared-memory endpoints have no error handling, so "
-        "UCX aborts this process when the peer dies mid-transfer. Off: UCX_TLS=^cma.",
+        "UCX aborts this process when the peer dies mid-transfer. Off: UCX_TLS=self,posix,tcp "
+        "unless UCX_TLS is set (set it for RDMA fabrics).",
     )
 
     @field_validator("peer", "listen")

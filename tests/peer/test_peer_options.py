@@ -48,7 +48,7 @@ def test_defaults_keep_ucx_choices_except_the_measured_ones() -> None:
     assert "UCX_RNDV_THRESH" not in wanted
     # Cross-memory attach is left out unless asked for: a peer dying mid-transfer over it
     # aborts this process (UCX has no error handling on shared-memory endpoints).
-    assert wanted["UCX_TLS"] == "^cma"
+    assert wanted["UCX_TLS"] == "self,posix,tcp"
     assert "UCX_TLS" not in desired_env(UcxOptions(cma=True))
     assert progress_mode(UcxOptions(), {}) == ("blocking", "config transport.options.progress_mode")
     with pytest.raises(ValueError, match="UCXPY_PROGRESS_MODE"):
