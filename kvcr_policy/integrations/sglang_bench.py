@@ -88,10 +88,12 @@ def _planes(pool: Any, geometry: PoolGeometry) -> np.ndarray:
     return flat.reshape(geometry.fragments_per_page, -1, geometry.fragment_bytes)
 
 
-def _storage_config(extra_config: dict[str, Any]) -> Any:
+def single_rank_config(extra_config: dict[str, Any] | None = None, **fields: Any) -> Any:
+    """A real HiCacheStorageConfig of one rank (tp = pp = attention-cp = 1); ``fields``
+    replace any of its values."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
-    return HiCacheStorageConfig(
+    values: dict[str, Any] = dict(
         tp_rank=0,
         tp_size=1,
         pp_rank=0,
@@ -102,8 +104,9 @@ def _storage_config(extra_config: dict[str, Any]) -> Any:
         enable_storage_metrics=False,
         is_page_first_layout=False,
         model_name="kvcr-policy-bench",
-        extra_config=extra_config,
     )
+    values.update(fields)
+    return HiCacheStorageConfig(extra_config=extra_config, **values)
 
 
 @contextmanager
@@ -115,7 +118,7 @@ def _file_peer(pool: Any, root: str) -> Iterator[Any]:
     # The env var would win over extra_config's folder (HiCacheFile.__init__).
     saved = os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
     try:
-        peer = HiCacheFile(_storage_config({"file_storage_path": folder}), file_path=folder)
+        peer = HiCacheFile(single_rank_config({"file_storage_path": folder}), file_path=folder)
         peer.register_mem_host_pool_v2(pool, PoolName.KV)
         yield peer
     finally:
@@ -297,7 +300,7 @@ def _run(
     if profile is not None:
         extra["profile"] = profile
     n, page_size = pages.n, pages.geometry.page_size
-    ours = KVCRPolicyStorage(_storage_config(extra), {})
+    ours = KVCRPolicyStorage(single_rank_config(extra), {})
     try:
         ours.register_mem_pool_host(pool)
         with _file_peer(pool, root) as peer:

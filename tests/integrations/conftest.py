@@ -89,21 +89,10 @@ def dynamic_extra(**extra: Any) -> dict[str, Any]:
 def storage_config(sg: SimpleNamespace) -> Callable[..., Any]:
     """``storage_config(extra_config, **fields)`` -> a real HiCacheStorageConfig."""
 
+    from kvcr_policy.integrations.sglang_bench import single_rank_config
+
     def make(extra_config: dict[str, Any] | None = None, **fields: Any) -> Any:
-        values: dict[str, Any] = dict(
-            tp_rank=0,
-            tp_size=1,
-            pp_rank=0,
-            pp_size=1,
-            attn_cp_rank=0,
-            attn_cp_size=1,
-            is_mla_model=False,
-            enable_storage_metrics=False,
-            is_page_first_layout=False,
-            model_name="test/model",
-        )
-        values.update(fields)
-        return sg.hs.HiCacheStorageConfig(extra_config=extra_config, **values)
+        return single_rank_config(extra_config, **{"model_name": "test/model", **fields})
 
     return make
 
