@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from .backends.dram.transports.base import CopyBatch
 from .descriptors import Descriptors
 from .errors import KVCRPolicyError
 from .geometry import PRESETS, PoolGeometry, preset
 from .loading import LoadedConfig, load_config
 from .pipeline import Pipeline, build_pipeline
-from .transports.base import CopyBatch
 
 __all__ = [
     "BenchError",

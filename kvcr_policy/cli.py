@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .backends.peer.cli import register as _register_peer
 from .errors import KVCRPolicyError
 from .loading import LoadedConfig, bundled_profiles, load_config
-from .peer.cli import register as _register_peer
 from .sources import env_name, flatten
 
 __all__ = ["app", "main"]
@@ -292,8 +292,8 @@ def audit(
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
     """Open a tier region as the profile places it and report where its pages really landed."""
+    from .backends.dram.tier import format_audit
     from .plugins import make_plugin_manager
-    from .tier import format_audit
 
     loaded = _load(profile, set_)
     config = loaded.config
@@ -361,7 +361,7 @@ def bench(
             overrides=overrides,
         )
     elif transport is Via.ucx:
-        from .peer.bench import run_ucx_bench
+        from .backends.peer.bench import run_ucx_bench
 
         result = run_ucx_bench(
             profile,

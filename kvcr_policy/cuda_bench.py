@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from .backends.dram.transports.cuda import CudaUnavailableError, require_cuda
 from .bench import descriptor_summary
 from .errors import KVCRPolicyError
 from .geometry import PoolGeometry, preset
 from .loading import LoadedConfig, load_config
 from .pipeline import Pipeline, build_pipeline
-from .transports.cuda import CudaUnavailableError, require_cuda
 
 __all__ = ["CudaBenchError", "CudaUnavailableError", "run_cuda_bench"]
 

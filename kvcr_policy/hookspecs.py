@@ -45,7 +45,7 @@ def kvcr_register_transports(register: RegisterTransport) -> None:
     built. All implementations are called; return values are ignored. ``factory(config,
     options)`` receives the whole frozen :class:`~kvcr_policy.schema.PolicyConfig` and the
     validated options of ``[transport.options]`` and returns an object implementing
-    :class:`kvcr_policy.transports.base.Transport`.
+    :class:`kvcr_policy.backends.dram.transports.base.Transport`.
     """
 
 

@@ -15,12 +15,12 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from .backends.dram.transports.base import CopyBatch, Endpoint, Transport
 from .descriptors import build_descriptors
 from .errors import ClosedError
 from .geometry import PoolGeometry
 from .stats import StatsRecorder
 from .strategies import BatchingStrategy, CoalescingStrategy, FallbackStrategy
-from .transports.base import CopyBatch, Endpoint, Transport
 
 __all__ = ["Mover"]
 

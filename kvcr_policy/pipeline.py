@@ -17,13 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from .backends.dram.store import Store
+from .backends.dram.tier import Region
+from .backends.dram.transports.base import Endpoint, RemotePool, Transport
 from .errors import ClosedError, IndicesError, PoolError, UnsupportedError
 from .geometry import PoolGeometry, page_indices, validate_buffer
 from .loading import LoadedConfig, load_config
 from .mover import Mover
 from .plugins import PluginManager, make_plugin_manager
 from .stats import PipelineStats, StatsRecorder
-from .store import Store
 from .strategies import (
     BatchingStrategy,
     CoalescingStrategy,
@@ -31,8 +33,6 @@ from .strategies import (
     PlacementStrategy,
     ThreadTuningStrategy,
 )
-from .tier import Region
-from .transports.base import Endpoint, RemotePool, Transport
 
 __all__ = ["Pipeline", "build_pipeline"]
 

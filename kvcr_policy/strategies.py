@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
+    from .backends.dram.store import Store
+    from .backends.dram.tier import Region
     from .descriptors import Descriptors
-    from .store import Store
-    from .tier import Region
 
 __all__ = [
     "BatchingStrategy",

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcr_policy.backends.dram.transports import copy as host_copy
 from kvcr_policy.descriptors import Descriptors
-from kvcr_policy.transports import copy as host_copy
 
 SIZE = 1 << 16
 

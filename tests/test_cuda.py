@@ -16,15 +16,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from kvcr_policy.backends.dram.transports.base import CopyBatch, Endpoint
+from kvcr_policy.backends.dram.transports.cuda import (
+    NO_CUDA,
+    CudaOptions,
+    CudaUnavailableError,
+    require_cuda,
+)
+from kvcr_policy.backends.dram.transports.cuda_gather import choose_kernel, plan_rows
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, KVCRPolicyError, PoolError, TransportError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
-from kvcr_policy.transports.base import CopyBatch, Endpoint
-from kvcr_policy.transports.cuda import NO_CUDA, CudaOptions, CudaUnavailableError, require_cuda
-from kvcr_policy.transports.cuda_gather import choose_kernel, plan_rows
 from tests.strategies import descriptors
 
 torch = pytest.importorskip("torch")

@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvcr_policy.backends.dram.store import Store
+from kvcr_policy.backends.dram.transports.base import CopyBatch
+from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.errors import ClosedError, IndicesError, PoolError, UnsupportedError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.registry import Registry
-from kvcr_policy.store import Store
-from kvcr_policy.transports.base import CopyBatch
-from kvcr_policy.transports.memory import MemoryTransport
 from tests.strategies import (
     BUFFER_KINDS,
     copy_buffer,

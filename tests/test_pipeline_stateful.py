@@ -28,13 +28,13 @@ from hypothesis.stateful import (
     rule,
 )
 
+from kvcr_policy.backends.dram.transports.base import CopyBatch
+from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.errors import ClosedError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
-from kvcr_policy.transports.base import CopyBatch
-from kvcr_policy.transports.memory import MemoryTransport
 from tests.strategies import distinct_pages, page_bytes, page_slice, token_indices
 
 P = 2

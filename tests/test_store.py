@@ -1,4 +1,4 @@
-"""Tests of kvcr_policy.store: allocation, eviction, reservations, claims, lifetime, threads."""
+"""Tests of the DRAM store: allocation, eviction, reservations, claims, lifetime, threads."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from kvcr_policy.errors import CapacityError, ClosedError
-from kvcr_policy.store import (
+from kvcr_policy.backends.dram.store import (
     EVICTION_POLICIES,
     Claim,
     FIFOPolicy,
@@ -35,6 +34,7 @@ from kvcr_policy.store import (
     _FreeExtents,  # the allocator's scan threshold is patched below
     count_extents,
 )
+from kvcr_policy.errors import CapacityError, ClosedError
 
 
 def put(store: Store, keys: Sequence[str]) -> Reservation:

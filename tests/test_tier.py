@@ -1,4 +1,4 @@
-"""Tests for kvcr_policy.tier: regions, placement audit, prefer/require, close and leaks.
+"""Tests for the DRAM tier region: regions, placement audit, prefer/require, close and leaks.
 
 Real syscalls run on node 0. This machine has one NUMA node (and THP in ``madvise`` mode), so
 multi-node topologies and a THP-less kernel are faked with temporary /sys trees through
@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from kvcr_policy import _os
+from kvcr_policy.backends.dram.tier import PlacementAudit, Region, format_audit, open_region
 from kvcr_policy.errors import ClosedError, PlacementError
-from kvcr_policy.tier import PlacementAudit, Region, format_audit, open_region
 
 MIB = 1 << 20
-LOGGER = "kvcr_policy.tier"
+LOGGER = "kvcr_policy.backends.dram.tier"
 needs_numa = pytest.mark.skipif(not _os.has_numa_syscalls(), reason="NUMA syscalls unavailable")
 needs_thp = pytest.mark.skipif(
     not _os.has_thp(), reason=f"THP mode is {_os.thp_mode()}, huge pages cannot be had"

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcr_policy.backends.dram.transports.base import CopyBatch, Endpoint, Transport, check_bounds
+from kvcr_policy.backends.dram.transports.cpu import CpuOptions, CpuTransport
+from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, TransportError
 from kvcr_policy.schema import PolicyConfig
-from kvcr_policy.transports.base import CopyBatch, Endpoint, Transport, check_bounds
-from kvcr_policy.transports.cpu import CpuOptions, CpuTransport
-from kvcr_policy.transports.memory import MemoryTransport
 from tests.strategies import descriptors
 
 

@@ -9,8 +9,8 @@ from ..registry import NoOptions, RegisterStrategy
 from ..schema import PlacementSection
 
 if TYPE_CHECKING:
-    from ..store import Store
-    from ..tier import Region
+    from ..backends.dram.store import Store
+    from ..backends.dram.tier import Region
 
 __all__ = ["AnonymousPlacement"]
 
@@ -25,7 +25,7 @@ class AnonymousPlacement:
         self.section = section
 
     def open_region(self, name: str, size: int) -> Region:
-        from ..tier import open_region
+        from ..backends.dram.tier import open_region
 
         s = self.section
         return open_region(
@@ -39,7 +39,7 @@ class AnonymousPlacement:
         )
 
     def new_store(self, capacity: int) -> Store:
-        from ..store import Store
+        from ..backends.dram.store import Store
 
         return Store(capacity, eviction=self.section.eviction)
 

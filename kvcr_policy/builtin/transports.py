@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends.dram.transports.cpu import CpuOptions, CpuTransport
+from ..backends.dram.transports.cuda import CudaOptions
+from ..backends.dram.transports.memory import MemoryOptions, MemoryTransport
+from ..backends.peer.transport import (  # imports ucxx only when a pool attaches
+    UcxOptions,
+    UcxTransport,
+)
 from ..hookspecs import hookimpl
 from ..registry import RegisterTransport
-from ..transports.cpu import CpuOptions, CpuTransport
-from ..transports.cuda import CudaOptions
-from ..transports.memory import MemoryOptions, MemoryTransport
-from ..transports.ucx import UcxOptions, UcxTransport  # imports ucxx only when a pool attaches
 
 __all__: list[str] = []
 
 
 def _cuda(config: Any, options: CudaOptions) -> Any:
     # torch is imported only when a cuda transport is built, never at plugin registration.
-    from ..transports.cuda import CudaTransport
+    from ..backends.dram.transports.cuda import CudaTransport
 
     return CudaTransport(config, options)
 

@@ -32,10 +32,10 @@ from typing import Any, cast
 
 import numpy as np
 
+from ..backends.dram.transports.base import CopyBatch, Endpoint
 from ..descriptors import Descriptors
 from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
 from ..loading import load_config
-from ..transports.base import CopyBatch, Endpoint
 
 __all__ = ["run_peer_bench"]
 

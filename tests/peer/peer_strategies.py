@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
+from kvcr_policy.backends.peer import messages as m
+from kvcr_policy.backends.peer.protocol import HEADER, MAGIC, VERSION
 from kvcr_policy.geometry import LAYOUTS
-from kvcr_policy.peer import messages as m
-from kvcr_policy.peer.protocol import HEADER, MAGIC, VERSION
 
 __all__ = ["frames", "hostile_frames", "messages"]
 

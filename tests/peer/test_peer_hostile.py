@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from peer_helpers import geometry, new_keys, pool_buffer, token_indices
 from peer_strategies import hostile_frames
 
-from kvcr_policy.peer import messages as m
-from kvcr_policy.peer.protocol import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
+from kvcr_policy.backends.peer import messages as m
+from kvcr_policy.backends.peer.protocol import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
 
 pytestmark = pytest.mark.ucx
 
@@ -26,8 +26,8 @@ def _connect(peer: Any, quiet_after: float = 3.0) -> socket.socket:
 @pytest.fixture(scope="module")
 def engine() -> Any:
     """This process's UCX engine: a real worker address, so a HELLO gets its WELCOME."""
-    from kvcr_policy.peer.engine import acquire_engine
-    from kvcr_policy.peer.options import UcxOptions
+    from kvcr_policy.backends.peer.engine import acquire_engine
+    from kvcr_policy.backends.peer.options import UcxOptions
 
     engine = acquire_engine(UcxOptions())
     yield engine
@@ -80,8 +80,8 @@ def test_bad_openings_close_the_connection(peer: Any, data: bytes) -> None:
 
 
 def _real_address() -> bytes:
-    from kvcr_policy.peer.engine import acquire_engine
-    from kvcr_policy.peer.options import UcxOptions
+    from kvcr_policy.backends.peer.engine import acquire_engine
+    from kvcr_policy.backends.peer.options import UcxOptions
 
     engine = acquire_engine(UcxOptions())
     engine.release()  # the address stays a valid byte string to mutate

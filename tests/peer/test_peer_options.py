@@ -8,8 +8,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from kvcr_policy.peer.env import apply_env, desired_env, progress_mode
-from kvcr_policy.peer.options import UcxOptions, is_loopback, parse_address
+from kvcr_policy.backends.peer.env import apply_env, desired_env, progress_mode
+from kvcr_policy.backends.peer.options import UcxOptions, is_loopback, parse_address
 
 
 def test_addresses_parse_and_bad_ones_say_why() -> None:

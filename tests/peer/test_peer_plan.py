@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import page_transfers
 
+from kvcr_policy.backends.peer.plan import page_outcome, wire_plan
 from kvcr_policy.errors import TransportError
-from kvcr_policy.peer.plan import page_outcome, wire_plan
 
 
 @given(page_transfers(), st.booleans(), st.sampled_from([0, 1, 3, 64]))

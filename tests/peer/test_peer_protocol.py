@@ -10,9 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from peer_strategies import frames, hostile_frames, messages
 
-from kvcr_policy.errors import ProtocolError
-from kvcr_policy.peer import messages as m
-from kvcr_policy.peer.protocol import (
+from kvcr_policy.backends.peer import messages as m
+from kvcr_policy.backends.peer.protocol import (
     HEADER,
     MAGIC,
     MAX_KEYS,
@@ -24,6 +23,7 @@ from kvcr_policy.peer.protocol import (
     Writer,
     pack_frame,
 )
+from kvcr_policy.errors import ProtocolError
 
 
 def _same(a: m.Message, b: m.Message) -> bool:

@@ -152,8 +152,8 @@ def bare_peer() -> Any:
     """An in-process server that declares no coalescing or split capability."""
     need_ucxx()
     from kvcr_policy import load_config
-    from kvcr_policy.peer.options import UcxOptions
-    from kvcr_policy.peer.server import PeerServer
+    from kvcr_policy.backends.peer.options import UcxOptions
+    from kvcr_policy.backends.peer.server import PeerServer
 
     loaded = load_config(overrides={"placement.capacity_bytes": "64MiB"})
     server = PeerServer(loaded, options=UcxOptions(capabilities=(), check_addresses=False))
@@ -216,7 +216,7 @@ def test_effective_ucx_settings_are_reported(connect: Any) -> None:
 def test_a_connection_without_handshake_is_dropped(bare_peer: Any, monkeypatch: Any) -> None:
     import socket
 
-    from kvcr_policy.peer import session
+    from kvcr_policy.backends.peer import session
 
     monkeypatch.setattr(session, "HELLO_TIMEOUT_S", 0.3)
     host, port = bare_peer.address.rsplit(":", 1)

@@ -1,0 +1,142 @@
+"""The transport interface: one batch of descriptors between two buffers, nothing more.
+
+A transport moves the bytes a :class:`CopyBatch` describes; the pipeline owns batching,
+windows, claims and fallback. ``submit`` returns a future so several batches can be in flight;
+the default runs ``copy`` on a small thread pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvcr_policy.descriptors import Descriptors
+from kvcr_policy.errors import ClosedError, TransportError
+
+__all__ = ["CopyBatch", "Endpoint", "RemotePool", "Transport", "check_bounds"]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One side of a copy: a buffer's base address, its size, its device, and the buffer."""
+
+    address: int
+    nbytes: int
+    device: str = "cpu"
+    buffer: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyBatch:
+    """Copy ``descriptors`` (offsets relative to each endpoint) from ``src`` to ``dst``."""
+
+    src: Endpoint
+    dst: Endpoint
+    descriptors: Descriptors
+
+
+def check_bounds(batch: CopyBatch) -> None:
+    """Refuse a batch any of whose descriptors falls outside either buffer (vectorised)."""
+    d = batch.descriptors
+    if len(d) == 0:
+        return
+    bad = (d.length <= 0) | (d.src < 0) | (d.dst < 0)
+    bad |= d.src + d.length > batch.src.nbytes
+    bad |= d.dst + d.length > batch.dst.nbytes
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        message = (
+            f"descriptor {i} (src {int(d.src[i])}, dst {int(d.dst[i])}, length "
+            f"{int(d.length[i])}) falls outside its buffers (src {batch.src.nbytes} bytes, "
+            f"dst {batch.dst.nbytes} bytes); refusing the batch instead of corrupting memory"
+        )
+        raise TransportError(message)
+
+
+class RemotePool(Protocol):
+    """One pool whose tier is held by a peer (transports with ``remote = True``).
+
+    The pipeline validates keys and indices and then delegates; the remote side owns batching
+    on the wire, windows, claims and fallback, using the strategies it was attached with.
+    """
+
+    def exists(self, keys: Sequence[str]) -> int: ...
+
+    def get(
+        self, keys: Sequence[str], pages: np.ndarray, on_ready: Callable[[int], None] | None
+    ) -> np.ndarray: ...
+
+    def set(self, keys: Sequence[str], pages: np.ndarray) -> np.ndarray: ...
+
+    def delete(self, keys: Sequence[str]) -> int: ...
+
+    def clear(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+class Transport:
+    """Base class: subclasses implement :meth:`copy`; :meth:`submit` adds concurrency."""
+
+    name = "base"
+    #: True when the tier lives on a peer: the pipeline then calls :meth:`attach_pool`.
+    remote = False
+    #: What the transport can do with descriptors: {"coalesce", "split"}.
+    capabilities: frozenset[str] = frozenset()
+    #: Devices the endpoints may live on.
+    devices: frozenset[str] = frozenset({"cpu"})
+
+    def __init__(self, workers: int = 1) -> None:
+        self._workers = max(1, workers)
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def copy(self, batch: CopyBatch) -> None:
+        """Move every byte of ``batch``; return when done; raise TransportError on failure."""
+        raise NotImplementedError
+
+    def submit(self, batch: CopyBatch) -> Future[None]:
+        """Start ``batch``; the future completes when its bytes have moved."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"transport {self.name!r} is closed; build a new pipeline")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self._workers, thread_name_prefix=f"kvcr-{self.name}"
+                )
+            return self._pool.submit(self.copy, batch)
+
+    def attach_pool(
+        self, name: str, geometry: Any, pool: Endpoint, strategies: Mapping[str, Any]
+    ) -> RemotePool:
+        """For remote transports: the peer-held tier of one pool (``strategies`` by kind)."""
+        raise NotImplementedError(f"transport {self.name!r} keeps its tier locally")
+
+    def attach_region(self, region: Endpoint, pool: Endpoint) -> None:
+        """Prepare a tier region for copies to and from ``pool`` (e.g. pin it for DMA).
+
+        Called once per pool by :meth:`Pipeline.register_pool`, before any copy.
+        """
+
+    def detach_region(self, region: Endpoint) -> None:
+        """Undo :meth:`attach_region`; called by :meth:`Pipeline.close` after the last copy."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the transport reports about itself (shown in stats and the benchmark)."""
+        return {"name": self.name, "capabilities": sorted(self.capabilities)}
+
+    def close(self) -> None:
+        """Wait for submitted batches, then release resources; idempotent."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)

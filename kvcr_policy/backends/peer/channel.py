@@ -1,0 +1,156 @@
+"""Channel: one framed, non-blocking control socket, driven by the engine thread.
+
+Inbound bytes are cut into frames by a bounded :class:`~.protocol.FrameReader`
+and decoded; a malformed frame closes the channel with a log line (after a best-effort ERROR
+frame). Outbound frames queue in a bounded outbox: a peer that stops reading is disconnected,
+never allowed to grow our memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+
+from kvcr_policy.errors import ProtocolError
+
+from .engine import Engine, Timer
+from .messages import KINDS, Err, Error, Message, decode, encode
+from .protocol import MAX_PAYLOAD, FrameReader
+
+__all__ = ["Channel"]
+
+log = logging.getLogger("kvcr_policy.backends.peer.channel")
+
+#: Queued outbound bytes beyond which a peer that does not read is dropped.
+MAX_OUTBOX = 64 << 20
+_RECV_CHUNK = 1 << 20
+
+
+class Channel:
+    """See the module docstring. ``on_message(message, request_id)`` and ``on_closed(reason)``
+    run on the engine thread; ``on_closed`` exactly once."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sock: socket.socket,
+        *,
+        name: str,
+        on_message: Callable[[Message, int], None],
+        on_closed: Callable[[str], None],
+        max_payload: int = MAX_PAYLOAD,
+    ) -> None:
+        self.engine = engine
+        self.sock = sock
+        self.name = name
+        self.on_message = on_message
+        self.on_closed = on_closed
+        self.reader = FrameReader(KINDS, max_payload)
+        self.last_recv = self.last_sent = time.monotonic()
+        self.closed = False
+        self.lingering = False
+        self._out: deque[memoryview] = deque()
+        self._out_bytes = 0
+        self._linger_timer: Timer | None = None
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):  # not a TCP socket (a socketpair in tests)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        engine.watch(sock, self._on_event, write=False)
+
+    def send(self, message: Message, request: int = 0) -> None:
+        if self.closed or self.lingering:
+            return
+        frame = encode(message, request)
+        self._out.append(memoryview(frame))
+        self._out_bytes += len(frame)
+        if self._out_bytes > MAX_OUTBOX:
+            self.close(f"peer does not read its replies ({self._out_bytes} bytes queued)")
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._out:
+            head = self._out[0]
+            try:
+                sent = self.sock.send(head)
+            except BlockingIOError:
+                break
+            except OSError as err:
+                self.close(f"send failed: {err}")
+                return
+            self._out_bytes -= sent
+            self.last_sent = time.monotonic()
+            if sent < len(head):
+                self._out[0] = head[sent:]
+                break
+            self._out.popleft()
+        self.engine.watch(self.sock, self._on_event, write=bool(self._out))
+        if self.lingering and not self._out:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_WR)
+
+    def _on_event(self, mask: int) -> None:
+        if self.closed:
+            return
+        if mask & 2:  # selectors.EVENT_WRITE
+            self._flush()
+        if not (mask & 1) or self.closed:
+            return
+        try:
+            data = self.sock.recv(_RECV_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError as err:
+            self.close(f"receive failed: {err}")
+            return
+        if not data:
+            self.close("peer closed the connection")
+            return
+        self.last_recv = time.monotonic()
+        if self.lingering:
+            return  # draining until the peer closes its side
+        try:
+            for frame in self.reader.feed(data):
+                message = decode(frame)
+                self.on_message(message, frame.request)
+                if self.closed or self.lingering:
+                    return
+        except ProtocolError as err:
+            self.fail(Err.PROTOCOL, f"protocol error: {err}")
+
+    def pump(self) -> None:
+        """Read what already arrived now (before judging the peer silent: this loop may have
+        been the one that stalled, in a long progress call, with the peer's bytes waiting)."""
+        if not self.closed:
+            self._on_event(1)
+
+    def fail(self, code: int, text: str) -> None:
+        """Tell the peer why (best effort), log it, and close."""
+        log.warning("%s: %s; closing the connection", self.name, text)
+        self.send(Error(code, text))
+        self.close(text)
+
+    def linger(self, timeout: float, reason: str) -> None:
+        """Stop handling frames, flush, half-close, and close once the peer closes its side (or
+        after ``timeout``): the peer then no longer touches memory we are about to reuse."""
+        if self.closed or self.lingering:
+            return
+        self.lingering = True
+        self._flush()
+        self._linger_timer = self.engine.later(timeout, lambda: self.close(reason))
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        self.engine.unwatch(self.sock)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self._out.clear()
+        self.on_closed(reason)

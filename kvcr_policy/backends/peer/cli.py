@@ -1,0 +1,92 @@
+"""``kvcr-policy serve``: run a peer tier until SIGTERM or SIGINT.
+
+On start it prints one JSON line to stdout, ``{"listening": "HOST:PORT", "pid": ...}``, so
+scripts and tests learn the port when ``--listen`` asks for port 0; the same is logged. A
+signal stops it cleanly (see :meth:`PeerServer.stop`) and it exits 0.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["register", "serve_command"]
+
+
+def serve_command(
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen",
+            "-l",
+            help="HOST:PORT to listen on (default transport.options.listen: 127.0.0.1:0).",
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile", "-p", help="Bundled profile name or path (else KVCR_POLICY_PROFILE)."
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Override one value: KEY=VALUE."),
+    ] = None,
+    grace: Annotated[
+        float | None,
+        typer.Option(help="Seconds in-flight requests get on SIGTERM (default op_timeout_s)."),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+) -> None:
+    """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
+    from kvcr_policy.loading import load_config
+
+    from .server import PeerServer
+
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    overrides: dict[str, Any] = {}
+    for pair in set_ or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
+        overrides[key.strip()] = value
+    loaded = load_config(profile=profile, overrides=overrides)
+    server = PeerServer(loaded, listen=listen)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        logging.getLogger("kvcr_policy.backends.peer.server").info(
+            "got %s", signal.Signals(signum).name
+        )
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: stacks to stderr
+    try:
+        server.start()
+        line = {"listening": server.address, "pid": os.getpid(), **server.describe()}
+        sys.stdout.write(json.dumps(line, default=str) + "\n")
+        sys.stdout.flush()
+        while not stop.wait(0.2):
+            pass
+    finally:
+        server.stop(grace)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` to the ``kvcr-policy`` app."""
+    app.command("serve")(serve_command)

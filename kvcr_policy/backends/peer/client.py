@@ -1,0 +1,287 @@
+"""PeerClient: one peer as seen from the pipeline's threads: connect, reconnect, run ops.
+
+Any thread may call :meth:`PeerClient.run`; it gets a live connection (connecting, shaking
+hands and attaching every registered pool first if needed), hands the op to the engine thread
+and waits for its result. A peer that cannot be reached is not retried again for
+``retry_after_s``: during that time calls fail at once, so a dead peer costs the pipeline a
+fast miss, not a connect timeout per page. After a peer restarts, the next call reconnects.
+
+Trust: the server validates everything a client sends, the client's UCX worker address
+included (see :mod:`.addrcheck`); a client trusts the peer it was configured to use (it
+unpacks that peer's worker address as UCX does, without a checker process).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Protocol
+
+from kvcr_policy.errors import ClosedError, TransportError, UnsupportedError
+
+from . import messages as m
+from .connection import Connection
+from .engine import Engine
+from .host import host_id
+from .ops import Target, error_of
+from .options import UcxOptions, parse_address
+
+__all__ = ["PeerClient"]
+
+log = logging.getLogger("kvcr_policy.backends.peer.client")
+
+_TLS_CODE = {"auto": 0, "sm": 1, "tcp": 2}
+CAP_BITS = {"coalesce": 1, "split": 2}
+ATTACH_TIMEOUT_S = 120.0
+
+
+class Attachable(Protocol):
+    """What the client needs from a pool to attach it on each new connection."""
+
+    def attach_message(self, capabilities: frozenset[str]) -> m.Attach: ...
+
+    def target(self, number: int, slots: int, capabilities: frozenset[str]) -> Target: ...
+
+
+class PeerClient:
+    """See the module docstring."""
+
+    def __init__(self, engine: Engine, options: UcxOptions, op_timeout_s: float, name: str) -> None:
+        if options.peer is None:
+            message = (
+                "transport 'ucx' needs a peer: set transport.options.peer = 'HOST:PORT' "
+                "(the address `kvcr-policy serve` logs)"
+            )
+            raise TransportError(message)
+        self.engine = engine
+        self.options = options
+        self.address = options.peer
+        self.host, self.port = parse_address(options.peer, where="transport.options.peer")
+        self.op_timeout_s = op_timeout_s
+        self.retry_after_s = min(1.0, op_timeout_s)
+        self.name = name
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._targets: dict[int, Target] = {}  # id(pool) -> Target on the current connection
+        self._pools: dict[int, Attachable] = {}
+        self._down_until = 0.0
+        self._last_error = ""
+        self._closed = False
+        self.connects = 0
+
+    # ---- connection ---------------------------------------------------------------------
+
+    def connection(self) -> Connection:
+        """A live, attached connection (see the module docstring); raises TransportError."""
+        conn = self._conn
+        if conn is not None and conn.dead is None:
+            return conn
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"peer client {self.address} is closed")
+            conn = self._conn
+            if conn is not None and conn.dead is None:
+                return conn
+            now = time.monotonic()
+            if now < self._down_until:
+                message = (
+                    f"peer {self.address} is unreachable ({self._last_error}); next attempt in "
+                    f"{self._down_until - now:.2f} s"
+                )
+                raise TransportError(message)
+            try:
+                conn = self._connect()
+            except Exception as err:
+                self._last_error = str(err)
+                self._down_until = time.monotonic() + self.retry_after_s
+                if isinstance(err, (TransportError, UnsupportedError)):
+                    raise
+                raise TransportError(f"peer {self.address}: {err}") from err
+            self._conn = conn
+            self.connects += 1
+            return conn
+
+    def _connect(self) -> Connection:
+        timeout = self.options.connect_timeout_s
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        except OSError as err:
+            raise TransportError(f"cannot connect to peer {self.address}: {err}") from err
+        conn: Connection = self.engine.submit(
+            Connection, self.engine, sock, self.address, self.op_timeout_s
+        ).result()
+        try:
+            welcome = self._wait(self._hello(conn), timeout, "handshake")
+            conn.welcome = welcome
+            targets = {}
+            for key, pool in list(self._pools.items()):
+                targets[key] = self._attach(conn, pool)
+            self._targets = targets
+        except BaseException:
+            self.engine.call(conn.fail, "handshake or attach failed")
+            raise
+        log.info(
+            "connected to peer %s over %s (capabilities %s)",
+            self.address,
+            conn.tls,
+            ", ".join(sorted(conn.capabilities)) or "none",
+        )
+        return conn
+
+    def _hello(self, conn: Connection) -> Future[Any]:
+        future: Future[Any] = Future()
+        options = self.options
+        caps = sum(CAP_BITS.values())
+        hello = m.Hello(
+            caps,
+            _TLS_CODE[options.tls],
+            int(options.heartbeat_s * 1000),
+            int(min(self.op_timeout_s, 3600) * 1000),
+            host_id(),
+            self.engine.address,
+            self.name,
+        )
+
+        def welcomed(reply: Any) -> None:
+            error = error_of(reply, "HELLO")
+            if error is None and not isinstance(reply, m.Welcome):
+                error = TransportError(f"expected WELCOME, got {reply.KIND.name}")
+            if error is not None:
+                future.set_exception(error)
+                return
+            ucx = self.engine.ucx
+            conn.tls = "sm" if reply.tls == 1 else "tcp"
+            try:
+                address = ucx.UCXAddress.create_from_buffer(reply.address)
+                conn.ep = ucx.UCXEndpoint.create_from_worker_address(
+                    self.engine.worker, address, conn.tls == "tcp"
+                )
+            except Exception as err:
+                future.set_exception(TransportError(f"cannot reach the peer over UCX: {err}"))
+                return
+            conn.start_heartbeat(options.heartbeat_s)
+            future.set_result(reply)
+
+        self.engine.call(conn.request, hello, welcomed, options.connect_timeout_s)
+        return future
+
+    def _attach(self, conn: Connection, pool: Attachable) -> Target:
+        caps = conn.capabilities
+        message = pool.attach_message(caps)
+        future: Future[Any] = Future()
+
+        def attached(reply: Any) -> None:
+            error = error_of(reply, "ATTACH")
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(reply)
+
+        # A new tier may be pre-faulted first (seconds per GiB on a slow host); heartbeats show
+        # the peer is alive meanwhile, so the wait is longer than one operation's.
+        timeout = max(self.op_timeout_s, ATTACH_TIMEOUT_S)
+        self.engine.call(conn.request, message, attached, timeout)
+        reply = self._wait(future, timeout, "attach")
+        return pool.target(reply.pool, reply.slots, caps)
+
+    def _wait(self, future: Future[Any], timeout: float, what: str) -> Any:
+        try:
+            return future.result(timeout + 1.0)
+        except FutureTimeout:
+            raise TransportError(f"peer {self.address}: {what} took over {timeout} s") from None
+
+    # ---- pools and ops ------------------------------------------------------------------
+
+    def register(self, pool: Attachable) -> Target:
+        """Remember ``pool`` (attached again on every reconnect) and attach it now."""
+        self._pools[id(pool)] = pool
+        try:
+            conn = self.connection()
+            with self._lock:
+                target = self._targets.get(id(pool))  # attached by that connect already
+                if target is None:
+                    target = self._attach(conn, pool)
+                    self._targets[id(pool)] = target
+        except BaseException:
+            self._pools.pop(id(pool), None)
+            raise
+        return target
+
+    def unregister(self, pool: Attachable) -> None:
+        self._pools.pop(id(pool), None)
+        self._targets.pop(id(pool), None)
+
+    def capabilities(self) -> frozenset[str]:
+        return self.connection().capabilities
+
+    def run(self, pool: Attachable, op: Callable[..., None], *args: Any, timeout: float) -> Any:
+        """Run ``op(conn, target, *args, done)`` on the engine thread; its result, or raise."""
+        result = self.wait(self.start(pool, op, *args), timeout, op.__name__)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def wait(self, future: Future[Any], timeout: float, what: str) -> Any:
+        """The result of a started op (an exception is returned, not raised)."""
+        try:
+            return self._wait(future, timeout, what)
+        except TransportError as err:
+            return err
+
+    def start(self, pool: Attachable, op: Callable[..., None], *args: Any) -> Future[Any]:
+        """Start ``op(conn, target, *args, done)`` on the engine thread; a future of its result
+        (an exception instance when it failed; never raises)."""
+        future: Future[Any] = Future()
+        try:
+            conn = self.connection()
+            target = self._targets[id(pool)]
+        except (TransportError, KeyError) as err:
+            future.set_result(err if isinstance(err, TransportError) else TransportError(str(err)))
+            return future
+
+        def done(result: Any) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        def start() -> None:
+            try:
+                op(conn, target, *args, done)
+            except Exception as err:
+                done(err)
+
+        self.engine.call(start)
+        return future
+
+    def request(self, pool: Attachable, make: Callable[[int], m.Message], timeout: float) -> Any:
+        """One request/reply for ``pool`` (``make(pool number)`` builds it); the reply."""
+
+        def op(conn: Connection, target: Target, done: Callable[[Any], None]) -> None:
+            conn.request(make(target.number), lambda reply: done(error_of(reply, "") or reply))
+
+        return self.run(pool, op, timeout=timeout)
+
+    def describe(self) -> dict[str, Any]:
+        conn = self._conn
+        return {
+            "peer": self.address,
+            "transport_used": conn.tls if conn is not None and conn.dead is None else None,
+            "connected": conn is not None and conn.dead is None,
+            "connects": self.connects,
+            "capabilities": sorted(conn.capabilities) if conn is not None else [],
+            "last_error": self._last_error or (conn.dead if conn is not None else None),
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            self.engine.submit(lambda: conn.fail("client closed", expected=True)).result(10)
+            deadline = time.monotonic() + 5.0
+            while not conn.channel.closed and time.monotonic() < deadline:
+                time.sleep(0.005)

@@ -1,0 +1,190 @@
+"""Connection: the client side of one control socket and its UCX endpoint (engine thread).
+
+Requests are sent with :meth:`Connection.request`; each reply (or an ERROR for it) goes to
+the request's callback, and each request has a deadline. When anything goes wrong (the peer
+closes, goes silent, times out, or says something that makes no sense) :meth:`fail` ends the
+connection in the one safe order: close the endpoint, which cancels every receive and send
+posted on it, let those complete, and only then close the socket, so a server that sees the
+socket close knows this side no longer reads its memory. Every waiting callback then gets a
+:class:`~kvcr_policy.errors.TransportError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvcr_policy.errors import TransportError
+
+from . import messages as m
+from .channel import Channel
+from .engine import Engine, RequestGroup, Timer
+
+__all__ = ["Connection", "Reply"]
+
+log = logging.getLogger("kvcr_policy.backends.peer.client")
+
+#: A reply callback receives the reply message, an ERROR message, or a TransportError.
+Reply = Callable[[Any], None]
+
+
+@dataclass(slots=True)
+class _Pending:
+    kind: str
+    callback: Reply
+    timer: Timer
+
+
+class Connection:
+    """See the module docstring; built by :class:`~kvcr_policy.backends.peer.client.PeerClient`."""
+
+    def __init__(self, engine: Engine, sock: Any, peer: str, op_timeout_s: float) -> None:
+        self.engine = engine
+        self.peer = peer
+        self.op_timeout_s = op_timeout_s
+        self.ep: Any = None
+        self.welcome: m.Welcome | None = None
+        self.tls = ""
+        self.dead: str | None = None
+        self.pools: dict[int, tuple[int, int]] = {}  # id(PeerPool) -> (pool number, tier slots)
+        self.groups = 0
+        self._sending: set[RequestGroup] = set()
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._beat: Timer | None = None
+        self._closing: Timer | None = None
+        self.channel = Channel(
+            engine,
+            sock,
+            name=f"peer {peer}",
+            on_message=self._on_message,
+            on_closed=self._on_closed,
+        )
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        mask = self.welcome.capabilities if self.welcome else 0
+        return frozenset(name for bit, name in ((1, "coalesce"), (2, "split")) if mask & bit)
+
+    def request(self, message: m.Message, callback: Reply, timeout: float | None = None) -> None:
+        if self.dead is not None:
+            callback(TransportError(f"peer {self.peer}: connection ended: {self.dead}"))
+            return
+        number = next(self._ids)
+        limit = self.op_timeout_s if timeout is None else timeout
+        kind = message.KIND.name
+        timer = self.engine.later(
+            limit, lambda: self.fail(f"{kind} got no reply within {limit} s (op_timeout_s)")
+        )
+        self._pending[number] = _Pending(kind, callback, timer)
+        self.channel.send(message, number)
+
+    def notify(self, message: m.Message) -> None:
+        """Send a message that has no reply (RELEASE)."""
+        if self.dead is None:
+            self.channel.send(message, 0)
+
+    def transfer(self, done: Callable[[Any], None], *, send: bool) -> RequestGroup:
+        """A request group counted against this connection until it completes; one that has
+        not completed within ``op_timeout_s`` ends the connection (which cancels it)."""
+        self.groups += 1
+        limit = self.op_timeout_s
+        what = "sends" if send else "receives"
+        deadline = self.engine.later(
+            limit, lambda: self.fail(f"{what} did not complete within {limit} s (op_timeout_s)")
+        )
+
+        def finished(failed: Any) -> None:
+            self.groups -= 1
+            deadline.cancel()
+            self._sending.discard(group)
+            try:
+                done(failed)
+            finally:
+                self._close_when_settled()
+
+        group = RequestGroup(finished, sending=send)
+        if send:
+            self._sending.add(group)
+        self.engine.track(group)
+        return group
+
+    def start_heartbeat(self, interval: float) -> None:
+        if interval > 0:
+            self._beat = self.engine.later(interval, lambda: self._heartbeat(interval))
+
+    def _heartbeat(self, interval: float) -> None:
+        if self.dead is not None:
+            return
+        now = time.monotonic()
+        silent = now - self.channel.last_recv
+        if silent > 3 * interval + 1.0:
+            self.channel.pump()
+            silent = now - self.channel.last_recv
+        if self.dead is None and silent > 3 * interval + 1.0:
+            self.fail(f"peer silent for {silent:.1f} s (heartbeat every {interval} s)")
+            return
+        if now - self.channel.last_sent >= interval or silent >= interval:
+            self.channel.send(m.Ping(), 0)
+        self._beat = self.engine.later(interval, lambda: self._heartbeat(interval))
+
+    def _on_message(self, message: m.Message, request: int) -> None:
+        if isinstance(message, m.Pong):
+            return
+        pending = self._pending.pop(request, None)
+        if pending is None:
+            if isinstance(message, m.Error):
+                self.fail(f"the peer ended the session: {message.text}")
+            else:
+                self.fail(f"unexpected {message.KIND.name} for request {request}")
+            return
+        pending.timer.cancel()
+        try:
+            pending.callback(message)
+        except Exception as err:  # a reply that breaks its handler breaks the connection
+            log.exception("peer %s: handling %s failed", self.peer, message.KIND.name)
+            self.fail(f"bad {message.KIND.name} reply: {err}")
+
+    def fail(self, reason: str, *, expected: bool = False) -> None:
+        """End the connection (see the module docstring); idempotent."""
+        if self.dead is not None:
+            return
+        self.dead = reason
+        log.log(
+            logging.INFO if expected else logging.WARNING,
+            "peer %s: %s; connection closed",
+            self.peer,
+            reason,
+        )
+        if self._beat is not None:
+            self._beat.cancel()
+        if self.ep is not None:
+            ep, self.ep = self.ep, None
+            self.engine.close_endpoint(ep, self.tls == "tcp")  # cancels the receives posted on it
+        for group in list(self._sending):
+            self.engine.abandon(group)  # sends only read our memory; COMMIT never follows
+        pending, self._pending = self._pending, {}
+        error = TransportError(f"peer {self.peer}: {reason}")
+        for entry in pending.values():
+            entry.timer.cancel()
+            try:
+                entry.callback(error)
+            except Exception:
+                log.exception("peer %s: failing %s", self.peer, entry.kind)
+        # Cancelled requests complete on the next progress; close the socket after that.
+        self._closing = self.engine.later(2.0, lambda: self.channel.close(reason))
+        self._close_when_settled()
+
+    def _close_when_settled(self) -> None:
+        if self.dead is not None and self.groups == 0:
+            self.engine.call(self.channel.close, self.dead)
+
+    def _on_closed(self, reason: str) -> None:
+        if self._closing is not None:
+            self._closing.cancel()
+        if self.dead is None:
+            self.fail(reason)

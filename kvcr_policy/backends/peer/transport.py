@@ -1,0 +1,122 @@
+"""The ucx transport: pools whose tier is held by a peer (``kvcr-policy serve``) over UCX.
+
+It keeps no local tier (``remote = True``): :meth:`UcxTransport.attach_pool` returns a
+:class:`~.pool.PeerPool` and the pipeline delegates every call for that pool
+to it. ucxx is imported only when the first pool attaches, on the engine thread, after the
+UCX environment knobs of ``[transport.options]`` were applied (see
+:mod:`kvcr_policy.backends.peer.env`); without ucxx installed the transport still validates and
+says what to install when it is used.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from kvcr_policy.errors import ClosedError, TransportError, UnsupportedError
+from kvcr_policy.schema import PolicyConfig
+
+from ..dram.transports.base import CopyBatch, Endpoint, RemotePool, Transport
+from .options import UcxOptions
+
+__all__ = ["UcxOptions", "UcxTransport", "ucxx_available"]
+
+
+def ucxx_available() -> bool:
+    """Whether the optional dependency ucxx (PyPI ucxx-cu12) can be imported."""
+    return importlib.util.find_spec("ucxx") is not None
+
+
+class UcxTransport(Transport):
+    """See the module docstring."""
+
+    name = "ucx"
+    remote = True
+    capabilities = frozenset({"coalesce", "split"})
+    devices = frozenset({"cpu"})
+
+    def __init__(self, config: PolicyConfig, options: UcxOptions) -> None:
+        super().__init__(workers=1)
+        self.config = config
+        self.options = options
+        self._engine: Any = None
+        self._client: Any = None
+        self._pools: list[Any] = []
+        self._attach_lock = threading.Lock()
+
+    def _connect(self) -> Any:
+        if self._client is not None:
+            return self._client
+        if not ucxx_available():
+            message = (
+                "transport 'ucx' needs ucxx, which is not installed: "
+                "pip install 'kvcr-policy[ucx]' (PyPI ucxx-cu12)"
+            )
+            raise TransportError(message)
+        from .client import PeerClient
+        from .engine import acquire_engine
+
+        engine = acquire_engine(self.options)
+        try:
+            client = PeerClient(
+                engine, self.options, self.config.transport.op_timeout_s, name=f"pid {os.getpid()}"
+            )
+        except BaseException:
+            engine.release()
+            raise
+        self._engine, self._client = engine, client
+        return client
+
+    def attach_pool(
+        self, name: str, geometry: Any, pool: Endpoint, strategies: Mapping[str, Any]
+    ) -> RemotePool:
+        from .pool import PeerPool
+
+        with self._attach_lock:
+            if self._closed:
+                raise ClosedError("transport 'ucx' is closed; build a new pipeline")
+            client = self._connect()
+            remote = PeerPool(client, name, geometry, pool, strategies, self.config)
+            self._pools.append(remote)
+            return remote
+
+    def remote_pool(self, name: str) -> Any:
+        """The PeerPool attached for pool ``name`` (its ``probe`` is the benchmark's limit)."""
+        for remote in self._pools:
+            if remote.name == name and not remote._closed:
+                return remote
+        raise KeyError(f"no pool {name!r} is attached to transport 'ucx'")
+
+    def copy(self, batch: CopyBatch) -> None:
+        message = (
+            "transport 'ucx' moves pages between a pool and a peer's tier; it has no local "
+            "tier to copy to (the pipeline delegates ucx pools to their PeerPool)"
+        )
+        raise UnsupportedError(message)
+
+    def describe(self) -> dict[str, Any]:
+        data: dict[str, Any] = {**super().describe(), "tls": self.options.tls}
+        if self._client is not None:
+            data.update(self._client.describe())
+        if self._engine is not None:
+            data["progress_mode"] = self._engine.progress_mode
+            data["ucx_env"] = self._engine.env.to_dict()
+        return data
+
+    def close(self) -> None:
+        with self._attach_lock:
+            already = self._closed
+            super().close()
+            if already:
+                return
+            for remote in self._pools:
+                remote.close()
+            client, self._client = self._client, None
+            engine, self._engine = self._engine, None
+        if client is not None:
+            client.close()
+        if engine is not None:
+            engine.release()
