@@ -1,0 +1,155 @@
+"""The tier-backend seam: what any place that holds pages does for the pipeline.
+
+A backend is built once per pipeline by the factory a plugin registered under its name
+(``kvcr_register_backends``), from the frozen config, its own options model and a
+:class:`BackendContext`. The pipeline attaches each registered pool and then only calls the
+objects below; the :class:`~kvcr_policy.mover.Mover` drives every transfer (batches, delivery
+windows, descriptor shaping through the coalescing strategy, fallback), so a backend moves one
+batch at a time and never loops over a call's pages itself::
+
+    TierBackend                         one per pipeline
+      .capabilities, .devices           descriptor shapes it accepts; memory a pool may live in
+      .attach(PoolSpec) -> PoolTier     one registered pool
+      .describe() -> dict               stats().transport
+      .close()                          after every pool tier closed; idempotent
+
+    PoolTier                            one pool on one backend
+      .contains(keys) -> int            leading keys present (one metadata-query batch)
+      .begin(read, keys, pages)         -> Transfer for one get or set call
+      .delete(keys) -> int, .clear()
+      .probe(nbytes)                    the backend's largest single move, tier -> pool (limits)
+      .stats() -> dict, .audit() -> dict | None
+      .close()                          waits for in-flight work; frees nothing a transfer may
+                                        still touch; calls after it raise ClosedError
+
+    Transfer                            the keys of one call, in order
+      .limit                            keys it covers from the start (a read: the claimed run)
+      .needs                            bool mask over those keys: pages to move (None: all)
+      .submit(positions, shape)         -> Future of per-position success (bool array)
+      .retry(position) -> bool          one page alone, synchronously (the fallback's unit)
+      .finish(moved) -> list[bool]      publish / release; the call's result per key
+      .abort()                          undo after an exception; never while a batch runs
+
+``shape(plain)`` is the mover's: it takes the plain descriptors of a batch (``src`` and ``dst``
+relative to each side's buffer, one per fragment, built with
+:func:`~kvcr_policy.descriptors.build_descriptors`) and returns what to move, merged and cut
+by the configured coalescing strategy within the backend's capabilities. A backend that moves
+bytes by descriptors calls it once per batch; one that does not (an engine with its own data
+path) declares no capabilities and may ignore it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..descriptors import Descriptors
+    from ..geometry import PoolGeometry
+    from ..loading import LoadedConfig
+    from ..schema import PolicyConfig
+    from ..strategies import PlacementStrategy
+
+__all__ = [
+    "BackendContext",
+    "Endpoint",
+    "PoolSpec",
+    "PoolTier",
+    "Shape",
+    "TierBackend",
+    "Transfer",
+]
+
+#: The mover's descriptor shaping for one batch: plain descriptors in, descriptors to move out.
+Shape = Callable[["Descriptors"], "Descriptors"]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One side of a copy: a buffer's base address, its size, its device, and the buffer."""
+
+    address: int
+    nbytes: int
+    device: str = "cpu"
+    buffer: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A validated pool: its name, its geometry and its memory."""
+
+    name: str
+    geometry: PoolGeometry
+    endpoint: Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class BackendContext:
+    """What a backend factory gets besides its options: the load and resolved objects.
+
+    ``transport`` is the configured transport object (``transport.name``), already built;
+    ``placement`` the configured placement strategy, for backends that place memory.
+    """
+
+    loaded: LoadedConfig
+    placement: PlacementStrategy
+    transport: Any
+
+    @property
+    def config(self) -> PolicyConfig:
+        return self.loaded.config
+
+
+class Transfer(Protocol):
+    """The keys of one get or set call on one pool; see the module docstring."""
+
+    limit: int
+    needs: np.ndarray | None
+
+    def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]: ...
+
+    def retry(self, position: int) -> bool: ...
+
+    def finish(self, moved: np.ndarray) -> list[bool]: ...
+
+    def abort(self) -> None: ...
+
+
+class PoolTier(Protocol):
+    """One registered pool on one backend; see the module docstring."""
+
+    def contains(self, keys: Sequence[str]) -> int: ...
+
+    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> Transfer: ...
+
+    def delete(self, keys: Sequence[str]) -> int: ...
+
+    def clear(self) -> None: ...
+
+    def probe(self, nbytes: int) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def audit(self) -> dict[str, Any] | None: ...
+
+    def close(self) -> None: ...
+
+
+class TierBackend(Protocol):
+    """A place that holds pages; see the module docstring."""
+
+    name: str
+    #: Descriptor shapes the backend accepts: a subset of {"coalesce", "split"}.
+    capabilities: frozenset[str]
+    #: Devices a pool's memory may live on ("cpu", "cuda").
+    devices: frozenset[str]
+
+    def attach(self, pool: PoolSpec) -> PoolTier: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
