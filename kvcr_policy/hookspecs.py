@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from .registry import RegisterStrategy, RegisterTransport
+    from .registry import RegisterBackend, RegisterStrategy, RegisterTransport
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
 
@@ -46,6 +46,21 @@ def kvcr_register_transports(register: RegisterTransport) -> None:
     options)`` receives the whole frozen :class:`~kvcr_policy.schema.PolicyConfig` and the
     validated options of ``[transport.options]`` and returns an object implementing
     :class:`kvcr_policy.backends.dram.transports.base.Transport`.
+    """
+
+
+@hookspec
+def kvcr_register_backends(register: RegisterBackend) -> None:
+    """Register named tier backends by calling ``register(name, factory, options=...)``.
+
+    Called by :func:`kvcr_policy.plugins.make_plugin_manager` once per plugin, when a manager is
+    built. All implementations are called; return values are ignored. ``factory(context,
+    options)`` receives a :class:`~kvcr_policy.backends.base.BackendContext` (the loaded config,
+    the resolved placement strategy and the configured transport object) and the validated
+    options of ``[backend.options]``, and returns an object implementing
+    :class:`kvcr_policy.backends.base.TierBackend`. It is called once per pipeline, by
+    :func:`kvcr_policy.pipeline.build_pipeline`, when ``backend.name`` names it (or ``auto``
+    resolves to it).
     """
 
 

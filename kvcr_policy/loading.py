@@ -196,10 +196,13 @@ def _validate_strategies(
     option_origins: dict[str, str] = {}
     named = [(section, kind, "strategy") for section, kind in STRATEGY_SECTIONS.items()]
     named.append(("transport", "transport", "name"))
+    named.append(("backend", "backend", "name"))
     for section_name, kind, key in named:
         section = getattr(config, section_name)
         name = getattr(section, key)
         path = f"{section_name}.{key}"
+        if kind == "backend":
+            name = registry.backend_for(name, config.transport.name)
         spec = registry.find(kind, name)
         if spec is None:
             names = registry.names(kind)
@@ -207,8 +210,9 @@ def _validate_strategies(
             hint = f"; did you mean {nearest!r}?" if nearest else ""
             # The name may belong to a plugin that was blocked or failed: say which were skipped.
             skipped = ", ".join(f"{b.name} ({b.reason})" for b in registry.broken)
+            noun = kind if kind in {"transport", "backend"} else f"{kind} strategy"
             message = (
-                f"unknown {kind} {'transport' if kind == 'transport' else 'strategy'} "
+                f"unknown {noun} "
                 f"{name!r}{hint} (registered: {', '.join(names) or 'none'}; "
                 + (f"skipped plugins: {skipped}; " if skipped else "")
                 + "`kvcr-policy plugins` lists them and who provides them)"

@@ -1,8 +1,11 @@
-"""Mover: one side-to-side transfer in batches, within the delivery window, with fallback.
+"""Mover: the one loop that drives every tier backend.
 
-The pipeline owns pools, claims and reservations; the mover owns the loop that turns a run of
-pages into descriptor batches, keeps at most the window in flight, delivers results in order
-and hands failed batches to the fallback strategy.
+It cuts a call into batches (the batching strategy), keeps at most the delivery window in
+flight, shapes each batch's descriptors through the coalescing strategy object (within what
+the backend accepts), delivers results in order, and hands a failed batch to the fallback
+strategy, page by page. Backends only move the batches they are given
+(:class:`~kvcr_policy.backends.base.Transfer`), so a third-party strategy takes effect on every
+backend alike.
 """
 
 from __future__ import annotations
@@ -10,15 +13,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 import numpy as np
 
-from .backends.dram.transports.base import CopyBatch, Endpoint, Transport
-from .descriptors import build_descriptors
-from .errors import ClosedError
-from .geometry import PoolGeometry
+from .backends.base import PoolTier, Transfer
+from .descriptors import Descriptors
+from .errors import CapacityError, ClosedError
 from .stats import StatsRecorder
 from .strategies import BatchingStrategy, CoalescingStrategy, FallbackStrategy
 
@@ -27,14 +29,14 @@ __all__ = ["Mover"]
 log = logging.getLogger("kvcr_policy.pipeline")
 
 
-def _failed(err: BaseException) -> Future[None]:
-    future: Future[None] = Future()
+def _failed(err: BaseException) -> Future[np.ndarray]:
+    future: Future[np.ndarray] = Future()
     future.set_exception(err)
     return future
 
 
 class Mover:
-    """Runs page transfers with the strategies one pipeline resolved at build time."""
+    """Runs transfers with the strategies one pipeline resolved at build time."""
 
     def __init__(
         self,
@@ -42,94 +44,106 @@ class Mover:
         coalescing: CoalescingStrategy,
         allowed: frozenset[str],
         fallback: FallbackStrategy,
-        transport: Transport,
         stats: StatsRecorder,
     ) -> None:
         self.batching = batching
         self.coalescing = coalescing
         self.allowed = allowed
         self.fallback = fallback
-        self.transport = transport
         self._stats = stats
+
+    def shape(self, plain: Descriptors) -> Descriptors:
+        """One batch's descriptors as the coalescing strategy shapes them (counted)."""
+        prepared = self.coalescing.prepare(plain, self.allowed)
+        self._stats.add(descriptors_before=len(plain), descriptors_after=len(prepared))
+        return prepared
+
+    def count(self, pool: PoolTier, keys: Sequence[str]) -> int:
+        """How many keys from the start ``pool`` holds, asked in metadata-query batches."""
+        for start, stop in self.batching.query_batches(len(keys)):
+            found = pool.contains(keys[start:stop])
+            if found < stop - start:
+                return start + found
+        return len(keys)
 
     def move(
         self,
+        transfer: Transfer,
         read: bool,
-        src: tuple[Endpoint, PoolGeometry, np.ndarray],
-        dst: tuple[Endpoint, PoolGeometry, np.ndarray],
+        page_bytes: int,
         on_ready: Callable[[int], None] | None = None,
     ) -> np.ndarray:
-        """Copy page ``src[2][i]`` to page ``dst[2][i]`` for every i; per-page success, in order.
+        """Move the pages ``transfer`` covers; per position of ``transfer.limit``, whether it
+        moved (False where nothing needed moving).
 
-        ``src`` and ``dst`` are (endpoint, geometry, page indices). A read stops issuing
-        batches after the first page that did not arrive: HiCache uses only the leading run,
-        so later pages would be wasted bandwidth.
+        A read stops issuing batches after the first page that did not arrive: HiCache uses
+        only the leading run, so later pages would be wasted bandwidth. ``on_ready(n)`` is told,
+        in order, how many leading pages of a read are complete.
         """
-        src_ep, src_geo, src_idx = src
-        dst_ep, dst_geo, dst_idx = dst
-        page_bytes = src_geo.page_bytes
-        n = len(src_idx)
-        ok = np.zeros(n, dtype=bool)
+        limit = transfer.limit
+        ok = np.zeros(limit, dtype=bool)
+        needs = transfer.needs
+        order = np.arange(limit) if needs is None else np.flatnonzero(needs[:limit])
         window = self.batching.window
-        inflight: deque[tuple[Future[None], int, int, int]] = deque()
-        state = {"pages": 0, "bytes": 0, "stop": False}
-
-        def move_page(i: int) -> bool:
-            one = build_descriptors(src_geo, src_idx[i : i + 1], dst_geo, dst_idx[i : i + 1])
-            self.transport.copy(CopyBatch(src_ep, dst_ep, one))
-            return True
+        inflight: deque[tuple[Future[np.ndarray], int, int]] = deque()
+        state = {"pages": 0, "stop": False}
+        error: list[BaseException] = []
 
         def finish() -> None:
-            future, start, stop, nbytes = inflight.popleft()
-            state["pages"] -= stop - start
-            state["bytes"] -= nbytes
+            future, start, stop = inflight.popleft()
+            positions = order[start:stop]
+            count = stop - start
+            state["pages"] -= count
             try:
-                future.result()
-                ok[start:stop] = True
+                ok[positions] = future.result()[:count]
+            except CapacityError as err:
+                # The tier is full: nothing more fits. With nothing stored at all, say so.
+                if start == 0:
+                    error.append(err)
+                state["stop"] = True
             except Exception as err:
-                reason = type(err).__name__
-                log.warning("batch of %d pages failed (%s); falling back", stop - start, err)
-                self._stats.fallback(reason, stop - start)
-                ok[start:stop] = self.fallback.recover(stop - start, lambda i: move_page(start + i))
-                if read and not ok[start:stop].all():
-                    state["stop"] = True
-            moved = int(ok[start:stop].sum())
+                log.warning("batch of %d pages failed (%s); falling back", count, err)
+                self._stats.fallback(type(err).__name__, count)
+                ok[positions] = self.fallback.recover(
+                    count, lambda i: transfer.retry(int(positions[i]))
+                )
+            done = ok[positions]
+            moved = int(done.sum())
             if read:
                 self._stats.add(pages_read=moved, bytes_read=moved * page_bytes)
+                if not done.all():
+                    state["stop"] = True
             else:
                 self._stats.add(pages_written=moved, bytes_written=moved * page_bytes)
-            if on_ready is not None and not state["stop"] and ok[:stop].all():
+            if on_ready is not None and not state["stop"]:
                 on_ready(stop)
 
         try:
-            for start, stop in self.batching.read_batches(n):
+            for start, stop in self.batching.read_batches(len(order)):
                 if state["stop"]:
                     break
-                plain = build_descriptors(
-                    src_geo, src_idx[start:stop], dst_geo, dst_idx[start:stop]
-                )
-                prepared = self.coalescing.prepare(plain, self.allowed)
-                nbytes = plain.nbytes
+                count = stop - start
                 while inflight and not window.admits(
-                    len(inflight), state["pages"], state["bytes"], stop - start, nbytes
+                    len(inflight),
+                    state["pages"],
+                    state["pages"] * page_bytes,
+                    count,
+                    count * page_bytes,
                 ):
                     finish()
                 if state["stop"]:  # a batch that just finished missed a page
                     break
                 try:
-                    future = self.transport.submit(CopyBatch(src_ep, dst_ep, prepared))
+                    future = transfer.submit(order[start:stop], self.shape)
                 except ClosedError:
                     raise
-                except Exception as err:  # a transport that refuses at submit fails the batch
+                except Exception as err:  # a backend that refuses at submit fails the batch
                     future = _failed(err)
-                inflight.append((future, start, stop, nbytes))
-                state["pages"] += stop - start
-                state["bytes"] += nbytes
-                self._stats.add(
-                    batches=1, descriptors_before=len(plain), descriptors_after=len(prepared)
-                )
+                inflight.append((future, start, stop))
+                state["pages"] += count
+                self._stats.add(batches=1)
                 self._stats.peak("inflight_batches", len(inflight))
-                self._stats.peak("inflight_bytes", state["bytes"])
+                self._stats.peak("inflight_bytes", state["pages"] * page_bytes)
             while inflight:
                 finish()
         except BaseException:
@@ -140,4 +154,6 @@ class Mover:
                 with contextlib.suppress(BaseException):
                     future.result()
             raise
+        if error:
+            raise error[0]
         return ok

@@ -1,8 +1,9 @@
-"""build_pipeline and Pipeline: pools, the DRAM tier, batches, windows, fallback, lifetime.
+"""build_pipeline and Pipeline: pools, one tier backend, the mover, lifetime.
 
-A Pipeline stores and restores KV pages between registered pools and a process-owned DRAM
-tier that mirrors each pool's layout (slots in place of pages), so a prefix stored together
-and restored into consecutive pages is a handful of large copies once coalesced.
+A Pipeline stores and restores KV pages between registered pools and the tier backend the
+configuration names (``backend.name``: the process-owned DRAM tier, a peer over UCX, or a
+plugin's). It validates pools, keys and indices, hands each call to the
+:class:`~kvcr_policy.mover.Mover`, and owns the lifetime; it never branches on the backend.
 """
 
 from __future__ import annotations
@@ -12,19 +13,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from .backends.dram.store import Store
-from .backends.dram.tier import Region
-from .backends.dram.transports.base import Endpoint, RemotePool, Transport
+from .backends.base import BackendContext, Endpoint, PoolSpec, PoolTier, TierBackend
 from .errors import ClosedError, IndicesError, PoolError, UnsupportedError
 from .geometry import PoolGeometry, page_indices, validate_buffer
 from .loading import LoadedConfig, load_config
 from .mover import Mover
 from .plugins import PluginManager, make_plugin_manager
+from .schema import STRATEGY_SECTIONS
 from .stats import PipelineStats, StatsRecorder
 from .strategies import (
     BatchingStrategy,
@@ -39,24 +39,15 @@ __all__ = ["Pipeline", "build_pipeline"]
 log = logging.getLogger("kvcr_policy.pipeline")
 
 
-@dataclass(frozen=True, slots=True)
-class _Pool:
-    """One registered pool: its buffer, and the tier region and store that mirror it."""
-
-    geometry: PoolGeometry
-    endpoint: Endpoint
-    tier_geometry: PoolGeometry
-    region: Region
-    tier: Endpoint
-    store: Store
-
-
 class Pipeline:
-    """Moves KV pages between registered pools and the DRAM tier; see DESIGN.md, "The engine".
+    """Moves KV pages between registered pools and one tier backend; see DESIGN.md.
 
-    Lifetime: open -> closing -> closed. :meth:`close` waits for in-flight calls, restores
-    thread tuning, and never unmaps memory a transfer may still touch; calls after it raise
-    :class:`ClosedError`.
+    The pipeline holds the pools, the backend and the lifetime; the :class:`Mover` drives
+    every transfer. It never branches on the kind of backend.
+
+    Lifetime: open -> closing -> closed. :meth:`close` waits for in-flight calls, closes the
+    backend (which never unmaps memory a transfer may still touch) and restores thread tuning;
+    calls after it raise :class:`ClosedError`.
     """
 
     def __init__(
@@ -69,7 +60,8 @@ class Pipeline:
         placement: PlacementStrategy,
         thread_tuning: ThreadTuningStrategy,
         fallback: FallbackStrategy,
-        transport: Transport,
+        transport: Any,
+        backend: TierBackend,
     ) -> None:
         self.loaded = loaded
         self.config = loaded.config
@@ -80,23 +72,24 @@ class Pipeline:
         self.thread_tuning = thread_tuning
         self.fallback = fallback
         self.transport = transport
-        missing = coalescing.needs - transport.capabilities
+        self.backend = backend
+        missing = coalescing.needs - backend.capabilities
         if missing:
             what = ", ".join(sorted(missing))
             origin = loaded.origin("coalescing.strategy")
             message = (
-                f"transport {transport.name!r} cannot {what} descriptors, which "
-                f"coalescing.strategy {self.config.coalescing.strategy!r} (from {origin}) asks for"
+                f"backend {backend.name!r} (transport {getattr(transport, 'name', '?')!r}) "
+                f"cannot {what} descriptors, which coalescing.strategy "
+                f"{self.config.coalescing.strategy!r} (from {origin}) asks for"
             )
             if self.config.coalescing.on_unsupported == "error":
                 raise UnsupportedError(message + "; set coalescing.on_unsupported = 'fallback'")
             log.warning("%s; sending plain descriptors (coalescing.on_unsupported)", message)
-        self.allowed = coalescing.needs & transport.capabilities
-        self._pools: dict[str, _Pool] = {}
-        self._remote: dict[str, tuple[PoolGeometry, RemotePool]] = {}
+        self.allowed = coalescing.needs & backend.capabilities
+        self._pools: dict[str, tuple[PoolGeometry, PoolTier]] = {}
         self.refused: dict[str, str] = {}
         self._stats = StatsRecorder()
-        self._mover = Mover(batching, coalescing, self.allowed, fallback, transport, self._stats)
+        self._mover = Mover(batching, coalescing, self.allowed, fallback, self._stats)
         self._cond = threading.Condition()
         self._active = 0
         self.state = "open"
@@ -130,17 +123,10 @@ class Pipeline:
             self.state = "closing"
             self._cond.wait_for(lambda: self._active == 0)
         try:
-            for _, remote in self._remote.values():
-                remote.close()
             try:
-                self.transport.close()
+                self.backend.close()
             finally:
                 self.thread_tuning.restore()
-            for pool in self._pools.values():
-                pool.store.close()
-                # Only after the transport finished every copy: detach (unpin), then unmap.
-                self.transport.detach_region(pool.tier)
-                pool.region.close()
         finally:
             final = self.stats().to_dict()
             with self._cond:
@@ -157,88 +143,40 @@ class Pipeline:
     # ---- pools --------------------------------------------------------------------------
 
     def register_pool(self, name: str, geometry: PoolGeometry, buffer: Any) -> None:
-        """Validate ``buffer`` against ``geometry`` and give the pool its own tier region.
+        """Validate ``buffer`` against ``geometry`` and attach the pool to the backend.
 
         A pool that fails validation is refused with a :class:`PoolError` naming the field;
         pools registered before or after it keep working.
         """
         with self._operation("register_pool"):
-            if name in self._pools or name in self._remote:
+            if name in self._pools:
                 message = f"pool {name!r} is already registered; pick another name"
                 raise PoolError(message)
             try:
                 if geometry.name != name:
                     geometry = replace(geometry, name=name)
                 info = validate_buffer(geometry, buffer)
-                devices = self.transport.devices
-                if info.device.split(":")[0] not in devices:
-                    message = (
-                        f"pool {name!r} lives on {info.device}, but transport "
-                        f"{self.transport.name!r} moves only {', '.join(sorted(devices))} "
-                        "memory; choose transport.name = 'cuda' for GPU pools"
-                    )
-                    raise PoolError(message)
-                capacity_bytes = int(self.config.placement.capacity_bytes)
-                slots = capacity_bytes // geometry.page_bytes
-                if slots < 1:
-                    message = (
-                        f"pool {name!r}: placement.capacity_bytes ({capacity_bytes}, from "
-                        f"{self.loaded.origin('placement.capacity_bytes')}) holds no page of "
-                        f"{geometry.page_bytes} bytes; raise it"
-                    )
-                    raise PoolError(message)
+                endpoint = Endpoint(info.address, info.nbytes, info.device, buffer)
+                tier = self.backend.attach(PoolSpec(name, geometry, endpoint))
             except PoolError as err:
                 self.refused[name] = str(err)
                 raise
-            endpoint = Endpoint(info.address, info.nbytes, info.device, buffer)
-            if self.transport.remote:
-                strategies = {
-                    "batching": self.batching,
-                    "coalescing": self.coalescing,
-                    "fallback": self.fallback,
-                    "allowed": self.allowed,
-                }
-                remote = self.transport.attach_pool(name, geometry, endpoint, strategies)
-                self._remote[name] = (geometry, remote)
-                self.refused.pop(name, None)
-                log.info("pool %r registered on a peer tier: %s", name, geometry)
-                return
-            tier_geometry = replace(
-                geometry, name=f"{name}.tier", tokens=slots * geometry.page_size, device="cpu"
-            )
-            region = self.placement.open_region(f"tier:{name}", tier_geometry.nbytes)
-            tier = Endpoint(region.address, tier_geometry.nbytes, "cpu", region)
-            try:
-                self.transport.attach_region(tier, endpoint)
-            except BaseException:
-                region.close()
-                raise
-            store = self.placement.new_store(slots)
-            self._pools[name] = _Pool(geometry, endpoint, tier_geometry, region, tier, store)
+            self._pools[name] = (geometry, tier)
             self.refused.pop(name, None)
-            log.info("pool %r registered: %s, %d tier slots", name, geometry, slots)
+            log.info("pool %r registered on backend %r: %s", name, self.backend.name, geometry)
 
     @property
     def pools(self) -> dict[str, PoolGeometry]:
-        local = {name: pool.geometry for name, pool in self._pools.items()}
-        return {**local, **{name: geo for name, (geo, _) in self._remote.items()}}
+        return {name: geometry for name, (geometry, _) in self._pools.items()}
 
-    def _name(self, name: str | None) -> str:
-        if name is not None:
-            return name
-        names = [*self._pools, *self._remote]
-        return names[0] if len(names) == 1 else "kv"
-
-    def _peer(self, name: str | None) -> tuple[PoolGeometry, RemotePool] | None:
-        return self._remote.get(self._name(name)) if self._remote else None
-
-    def _pool(self, name: str | None) -> _Pool:
-        name = self._name(name)
+    def _pool(self, name: str | None) -> tuple[PoolGeometry, PoolTier]:
+        if name is None:
+            name = next(iter(self._pools)) if len(self._pools) == 1 else "kv"
         pool = self._pools.get(name)
         if pool is None:
             if name in self.refused:
                 raise PoolError(f"pool {name!r} was refused: {self.refused[name]}")
-            known = ", ".join([*self._pools, *self._remote]) or "none"
+            known = ", ".join(self._pools) or "none"
             raise PoolError(f"no pool named {name!r} is registered (registered: {known})")
         return pool
 
@@ -258,15 +196,7 @@ class Pipeline:
         """How many keys from the start are present, asked in metadata-query batches."""
         with self._operation("exists"):
             self._stats.add(keys_queried=len(keys))
-            peer = self._peer(pool)
-            if peer is not None:
-                return peer[1].exists(keys)
-            store = self._pool(pool).store
-            for start, stop in self.batching.query_batches(len(keys)):
-                found = store.contains_prefix(keys[start:stop])
-                if found < stop - start:
-                    return start + found
-            return len(keys)
+            return self._mover.count(self._pool(pool)[1], keys)
 
     def exists_pools(self, keys: Sequence[str], pools: Sequence[str]) -> int:
         """The usable prefix over several pools: the minimum of their counts."""
@@ -288,61 +218,30 @@ class Pipeline:
         many leading pages are complete, so a caller can use them before the call returns.
         """
         with self._operation("get"):
-            keys = list(keys)
-            peer = self._peer(pool)
-            if peer is not None:
-                pages = self._pages(peer[0], keys, indices)
-                ok = peer[1].get(keys, pages, on_ready)
-                self._stats.add(
-                    pages_read=int(ok.sum()), bytes_read=int(ok.sum()) * peer[0].page_bytes
-                )
-                return [bool(x) for x in ok] + [False] * (len(keys) - len(ok))
-            p = self._pool(pool)
-            pages = self._pages(p.geometry, keys, indices)
-            claim = p.store.claim(keys)
-            try:
-                n = len(claim.slots)
-                ok = self._transfer(True, p, claim.slots, pages[:n], on_ready)
-            finally:
-                p.store.release(claim)
-            result = [False] * len(keys)
-            result[:n] = ok.tolist()
-            return result
+            return self._move(True, list(keys), indices, pool, on_ready)
 
     def set(self, keys: Sequence[str], indices: Any, pool: str | None = None) -> list[bool]:
         """Store the pool pages at ``indices`` under ``keys``; True per key now present."""
         with self._operation("set"):
-            keys = list(keys)
-            peer = self._peer(pool)
-            if peer is not None:
-                pages = self._pages(peer[0], keys, indices)
-                ok = peer[1].set(keys, pages)
-                self._stats.add(
-                    pages_written=int(ok.sum()), bytes_written=int(ok.sum()) * peer[0].page_bytes
-                )
-                return [bool(x) for x in ok] + [False] * (len(keys) - len(ok))
-            p = self._pool(pool)
-            pages = self._pages(p.geometry, keys, indices)
-            reservation = p.store.reserve(keys)
-            try:
-                covered = len(reservation.keys)
-                todo = np.flatnonzero(reservation.slots >= 0)
-                moved = self._transfer(False, p, reservation.slots[todo], pages[todo], None)
-                ok = np.zeros(covered, dtype=bool)
-                ok[todo] = moved
-            except BaseException:
-                p.store.abort(reservation)
-                raise
-            p.store.commit(reservation, ok.tolist())
-            result = [False] * len(keys)
-            first: dict[str, bool] = {}
-            for i in range(covered):
-                key = keys[i]
-                if key in first:  # a repeat within this request: as its first occurrence
-                    result[i] = first[key]
-                    continue
-                result[i] = first[key] = bool(ok[i]) or reservation.present[i]
-            return result
+            return self._move(False, list(keys), indices, pool, None)
+
+    def _move(
+        self,
+        read: bool,
+        keys: list[str],
+        indices: Any,
+        pool: str | None,
+        on_ready: Callable[[int], None] | None,
+    ) -> list[bool]:
+        geometry, tier = self._pool(pool)
+        pages = self._pages(geometry, keys, indices)
+        transfer = tier.begin(read, keys, pages)
+        try:
+            moved = self._mover.move(transfer, read, geometry.page_bytes, on_ready)
+        except BaseException:
+            transfer.abort()
+            raise
+        return transfer.finish(moved)
 
     def get_pools(self, requests: Mapping[str, tuple[Sequence[str], Any]]) -> dict[str, list[bool]]:
         """:meth:`get` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""
@@ -354,62 +253,34 @@ class Pipeline:
 
     def delete(self, keys: Sequence[str], pool: str | None = None) -> int:
         with self._operation("delete"):
-            peer = self._peer(pool)
-            if peer is not None:
-                return peer[1].delete(keys)
-            return self._pool(pool).store.delete(keys)
+            return self._pool(pool)[1].delete(keys)
 
     def clear(self) -> None:
         """Forget every key of every pool (claimed slots are freed once released)."""
         with self._operation("clear"):
-            for pool in self._pools.values():
-                pool.store.clear()
-            for _, remote in self._remote.values():
-                remote.clear()
+            for _, tier in self._pools.values():
+                tier.clear()
 
-    def _transfer(
-        self,
-        read: bool,
-        p: _Pool,
-        slots: np.ndarray,
-        pages: np.ndarray,
-        on_ready: Callable[[int], None] | None,
-    ) -> np.ndarray:
-        """Tier slots to pool pages (read) or pool pages to tier slots; per-page success."""
-        tier = (p.tier, p.tier_geometry, slots)
-        pool = (p.endpoint, p.geometry, pages)
-        if read:
-            return self._mover.move(True, tier, pool, on_ready)
-        return self._mover.move(False, pool, tier, on_ready)
+    def probe(self, nbytes: int, pool: str | None = None) -> None:
+        """Move ``nbytes`` from the tier into the pool's first bytes in the backend's largest
+        single operation: the limit a benchmark compares restores with."""
+        with self._operation("probe"):
+            self._pool(pool)[1].probe(nbytes)
 
     # ---- reporting ----------------------------------------------------------------------
 
     def stats(self) -> PipelineStats:
-        pools = {}
-        for name, pool in self._pools.items():
-            store_stats = pool.store.stats() if not pool.store.closed else None
-            pools[name] = {
-                "page_bytes": pool.geometry.page_bytes,
-                "slots": pool.store.capacity,
-                "store": _asdict(store_stats) if store_stats is not None else None,
-            }
-        for name, (_, remote) in self._remote.items():
-            pools[name] = {"peer": remote.stats()}
-        return self._stats.snapshot(pools, self.transport.describe())
+        pools = {name: tier.stats() for name, (_, tier) in self._pools.items()}
+        return self._stats.snapshot(pools, self.backend.describe())
 
     def audit(self) -> dict[str, Any]:
-        """The placement audit of every pool's tier region."""
-        return {name: pool.region.audit().to_dict() for name, pool in self._pools.items()}
+        """The placement audit of every pool whose backend places memory."""
+        audits = {name: tier.audit() for name, (_, tier) in self._pools.items()}
+        return {name: audit for name, audit in audits.items() if audit is not None}
 
 
-def _asdict(value: Any) -> dict[str, Any]:
-    return {name: getattr(value, name) for name in value.__dataclass_fields__}
-
-
-def build_pipeline(
-    loaded: LoadedConfig | None = None, *, transport: Transport | None = None
-) -> Pipeline:
-    """Resolve every configured strategy and the transport once, and open a Pipeline.
+def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None) -> Pipeline:
+    """Resolve every configured strategy, the transport and the backend once; open a Pipeline.
 
     ``transport`` replaces the configured one (tests inject a faulty memory transport).
     """
@@ -424,15 +295,14 @@ def build_pipeline(
     if transport is None:
         spec = registry.get("transport", config.transport.name)
         transport = spec.create(config, options=config.transport.options)
-    pipeline = Pipeline(
-        loaded,
-        pm,
-        batching=make("batching", config.batching),
-        coalescing=make("coalescing", config.coalescing),
-        placement=make("placement", config.placement),
-        thread_tuning=make("thread_tuning", config.thread_tuning),
-        fallback=make("fallback", config.fallback),
-        transport=transport,
-    )
+    strategies = {kind: make(kind, getattr(config, kind)) for kind in STRATEGY_SECTIONS}
+    context = BackendContext(loaded, strategies["placement"], transport)
+    name = registry.backend_for(config.backend.name, config.transport.name)
+    backend = registry.get("backend", name).create(context, options=config.backend.options)
+    try:
+        pipeline = Pipeline(loaded, pm, transport=transport, backend=backend, **strategies)
+    except BaseException:
+        backend.close()
+        raise
     pm.call_safely("kvcr_pipeline_opened", pipeline=pipeline)
     return pipeline

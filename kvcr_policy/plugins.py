@@ -39,6 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcr_policy.builtin.thread_tuning",
     "kvcr_policy.builtin.fallback",
     "kvcr_policy.builtin.transports",
+    "kvcr_policy.builtin.backends",
 )
 
 
@@ -99,6 +100,8 @@ def _collect(pm: PluginManager, plugin: str) -> None:
     strategies(register=_registrar(pm, plugin, None))
     transports = pm.subset_hook_caller("kvcr_register_transports", remove_plugins=others)
     transports(register=_registrar(pm, plugin, "transport"))
+    backends = pm.subset_hook_caller("kvcr_register_backends", remove_plugins=others)
+    backends(register=_registrar(pm, plugin, "backend"))
 
 
 def _add_plugin(

@@ -14,6 +14,7 @@ __all__ = [
     "KINDS",
     "BrokenPlugin",
     "NoOptions",
+    "RegisterBackend",
     "RegisterStrategy",
     "RegisterTransport",
     "Registry",
@@ -43,6 +44,17 @@ class RegisterStrategy(Protocol):
 
 
 class RegisterTransport(Protocol):
+    def __call__(
+        self,
+        name: str,
+        factory: Callable[..., Any],
+        *,
+        options: type[BaseModel] = ...,
+        description: str = ...,
+    ) -> None: ...
+
+
+class RegisterBackend(Protocol):
     def __call__(
         self,
         name: str,
@@ -112,11 +124,19 @@ class Registry:
             raise PluginError(message)
         return spec
 
+    def backend_for(self, backend: str, transport: str) -> str:
+        """The backend that ``backend.name`` means: itself, or for ``auto`` the backend the
+        transport class declares (its ``backend`` attribute; ``dram`` when it has none)."""
+        if backend != "auto":
+            return backend
+        spec = self.find("transport", transport)
+        return str(getattr(spec.factory, "backend", "dram")) if spec is not None else "dram"
+
     def names(self, kind: str) -> list[str]:
         return sorted(name for k, name in self.specs if k == kind)
 
     def by_kind(self) -> dict[str, list[Spec]]:
-        kinds: dict[str, list[Spec]] = {kind: [] for kind in (*KINDS, "transport")}
+        kinds: dict[str, list[Spec]] = {kind: [] for kind in (*KINDS, "transport", "backend")}
         for spec in sorted(self.specs.values(), key=lambda s: (s.kind, s.name)):
             kinds.setdefault(spec.kind, []).append(spec)
         return kinds

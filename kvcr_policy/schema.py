@@ -14,6 +14,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 __all__ = [
     "ENV_PREFIX",
     "POSITIONAL_TYPES",
+    "BackendSection",
     "BatchingSection",
     "CoalescingSection",
     "FallbackSection",
@@ -209,6 +210,23 @@ class PluginsSection(Section):
     )
 
 
+class BackendSection(Section):
+    """Where pages live: the tier backend, chosen by name, and its own options."""
+
+    name: str = Field(
+        "auto",
+        description=(
+            "Registered tier backend: 'dram' (a process-owned region per pool), 'peer' (a "
+            "`kvcr-policy serve` tier over UCX) or a plugin's; 'auto' takes the one the "
+            "transport belongs to ('peer' for 'ucx', else 'dram')."
+        ),
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the chosen backend, validated by that backend's own model.",
+    )
+
+
 class PolicyConfig(Section):
     """The whole validated configuration. Frozen: plugins read it, never change it."""
 
@@ -219,6 +237,7 @@ class PolicyConfig(Section):
     fallback: FallbackSection = Field(default_factory=FallbackSection)
     transport: TransportSection = Field(default_factory=TransportSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
+    backend: BackendSection = Field(default_factory=BackendSection)
 
 
 #: Every public config type whose positional order is pinned in schemas/field-order.json.
@@ -231,6 +250,7 @@ POSITIONAL_TYPES: tuple[type[Section], ...] = (
     FallbackSection,
     TransportSection,
     PluginsSection,
+    BackendSection,
 )
 
 #: Strategy sections and the registry kind that names their strategy.

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackendContext",
+    "check_device",
     "Endpoint",
     "PoolSpec",
     "PoolTier",
@@ -102,6 +103,19 @@ class BackendContext:
     @property
     def config(self) -> PolicyConfig:
         return self.loaded.config
+
+
+def check_device(spec: PoolSpec, devices: frozenset[str], mover: str) -> None:
+    """Refuse a pool whose memory ``mover`` (e.g. "transport 'cpu'") cannot move."""
+    device = spec.endpoint.device
+    if device.split(":")[0] not in devices:
+        from ..errors import PoolError
+
+        message = (
+            f"pool {spec.name!r} lives on {device}, but {mover} moves only "
+            f"{', '.join(sorted(devices))} memory; choose transport.name = 'cuda' for GPU pools"
+        )
+        raise PoolError(message)
 
 
 class Transfer(Protocol):

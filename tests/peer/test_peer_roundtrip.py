@@ -197,8 +197,9 @@ def test_small_batches_in_a_window_deliver_in_order(connect: Any) -> None:
     assert got == [True] * 12
     assert np.array_equal(view[:, :12], view[:, 12:])
     assert ready == sorted(ready) and ready[-1] == 12 and len(ready) == 6
-    counters = pipeline.stats().to_dict()["pools"]["window"]["peer"]["counters"]
-    assert counters["batches"] == 12  # 6 to store, 6 to restore
+    stats = pipeline.stats()
+    assert stats.batches == 12  # 6 to store, 6 to restore
+    assert stats.peak_inflight_batches == 2  # window_pages 4 holds two batches of 2 pages
 
 
 def test_effective_ucx_settings_are_reported(connect: Any) -> None:

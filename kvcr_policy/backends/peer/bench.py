@@ -159,7 +159,7 @@ def _restore(
     """One run: the limit (one ucxx message of the same bytes, peer tier -> pool), then the
     restore into the second half of the pool, verified by checksums."""
     nbytes = view[:, :n_pages].nbytes
-    remote = pipeline.transport.remote_pool("kv")  # type: ignore[attr-defined]
+    remote = pipeline.transport.remote_pool("kv")
     start = time.perf_counter()
     probed = remote.probe(nbytes)
     limit_s = time.perf_counter() - start

@@ -1,11 +1,10 @@
 """The ucx transport: pools whose tier is held by a peer (``kvcr-policy serve``) over UCX.
 
-It keeps no local tier (``remote = True``): :meth:`UcxTransport.attach_pool` returns a
-:class:`~.pool.PeerPool` and the pipeline delegates every call for that pool
-to it. ucxx is imported only when the first pool attaches, on the engine thread, after the
-UCX environment knobs of ``[transport.options]`` were applied (see
-:mod:`kvcr_policy.backends.peer.env`); without ucxx installed the transport still validates and
-says what to install when it is used.
+It keeps no local tier: it belongs to the ``peer`` backend (:mod:`.backend`), for which
+:meth:`UcxTransport.attach_pool` returns the :class:`~.pool.PeerPool` of each pool. ucxx is
+imported only when the first pool attaches, on the engine thread, after the UCX environment
+knobs of ``[transport.options]`` were applied (see :mod:`.env`); without ucxx installed the
+transport still validates and says what to install when it is used.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 from kvcr_policy.errors import ClosedError, TransportError, UnsupportedError
 from kvcr_policy.schema import PolicyConfig
 
-from ..dram.transports.base import CopyBatch, Endpoint, RemotePool, Transport
+from ..dram.transports.base import CopyBatch, Endpoint, Transport
 from .options import UcxOptions
 
 __all__ = ["UcxOptions", "UcxTransport", "ucxx_available"]
@@ -34,7 +33,7 @@ class UcxTransport(Transport):
     """See the module docstring."""
 
     name = "ucx"
-    remote = True
+    backend = "peer"
     capabilities = frozenset({"coalesce", "split"})
     devices = frozenset({"cpu"})
 
@@ -72,7 +71,7 @@ class UcxTransport(Transport):
 
     def attach_pool(
         self, name: str, geometry: Any, pool: Endpoint, strategies: Mapping[str, Any]
-    ) -> RemotePool:
+    ) -> Any:
         from .pool import PeerPool
 
         with self._attach_lock:

@@ -8,27 +8,17 @@ the default runs ``copy`` on a small thread pool.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from kvcr_policy.backends.base import Endpoint
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, TransportError
 
-__all__ = ["CopyBatch", "Endpoint", "RemotePool", "Transport", "check_bounds"]
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One side of a copy: a buffer's base address, its size, its device, and the buffer."""
-
-    address: int
-    nbytes: int
-    device: str = "cpu"
-    buffer: Any = None
+__all__ = ["CopyBatch", "Endpoint", "Transport", "check_bounds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,36 +48,12 @@ def check_bounds(batch: CopyBatch) -> None:
         raise TransportError(message)
 
 
-class RemotePool(Protocol):
-    """One pool whose tier is held by a peer (transports with ``remote = True``).
-
-    The pipeline validates keys and indices and then delegates; the remote side owns batching
-    on the wire, windows, claims and fallback, using the strategies it was attached with.
-    """
-
-    def exists(self, keys: Sequence[str]) -> int: ...
-
-    def get(
-        self, keys: Sequence[str], pages: np.ndarray, on_ready: Callable[[int], None] | None
-    ) -> np.ndarray: ...
-
-    def set(self, keys: Sequence[str], pages: np.ndarray) -> np.ndarray: ...
-
-    def delete(self, keys: Sequence[str]) -> int: ...
-
-    def clear(self) -> None: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
-
-
 class Transport:
     """Base class: subclasses implement :meth:`copy`; :meth:`submit` adds concurrency."""
 
     name = "base"
-    #: True when the tier lives on a peer: the pipeline then calls :meth:`attach_pool`.
-    remote = False
+    #: The backend that ``backend.name = "auto"`` picks for this transport.
+    backend = "dram"
     #: What the transport can do with descriptors: {"coalesce", "split"}.
     capabilities: frozenset[str] = frozenset()
     #: Devices the endpoints may live on.
@@ -114,20 +80,14 @@ class Transport:
                 )
             return self._pool.submit(self.copy, batch)
 
-    def attach_pool(
-        self, name: str, geometry: Any, pool: Endpoint, strategies: Mapping[str, Any]
-    ) -> RemotePool:
-        """For remote transports: the peer-held tier of one pool (``strategies`` by kind)."""
-        raise NotImplementedError(f"transport {self.name!r} keeps its tier locally")
-
     def attach_region(self, region: Endpoint, pool: Endpoint) -> None:
         """Prepare a tier region for copies to and from ``pool`` (e.g. pin it for DMA).
 
-        Called once per pool by :meth:`Pipeline.register_pool`, before any copy.
+        Called once per pool when the ``dram`` backend attaches it, before any copy.
         """
 
     def detach_region(self, region: Endpoint) -> None:
-        """Undo :meth:`attach_region`; called by :meth:`Pipeline.close` after the last copy."""
+        """Undo :meth:`attach_region`; called when the backend closes, after the last copy."""
 
     def describe(self) -> dict[str, Any]:
         """What the transport reports about itself (shown in stats and the benchmark)."""

@@ -1,0 +1,251 @@
+"""The ``dram`` backend: each pool's pages in a process-owned region that mirrors its layout.
+
+Per pool, the placement strategy opens a region of ``placement.capacity_bytes`` (slots in place
+of pages, so a prefix stored together restores as a few large copies once coalesced) and a
+:class:`~.store.Store` maps keys to slots. Bytes move with the configured copy transport
+(``cpu`` threads, ``cuda`` streams, ``memory`` for tests). A read claims the slots of its
+leading present run for the whole call; a write reserves slots and publishes exactly the pages
+that arrived. Close order: the transport finishes every copy, then each store closes, each
+region is detached (unpinned) and only then unmapped.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ...descriptors import Descriptors, build_descriptors
+from ...errors import ClosedError, PoolError
+from ...geometry import PoolGeometry
+from ..base import BackendContext, Endpoint, PoolSpec, Shape, check_device
+from .store import Claim, Reservation, Store
+from .tier import Region
+from .transports.base import CopyBatch, Transport
+
+__all__ = ["DramBackend", "DramPool"]
+
+
+def _asdict(value: Any) -> dict[str, Any]:
+    return {name: getattr(value, name) for name in value.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    endpoint: Endpoint
+    geometry: PoolGeometry
+
+
+class _Transfer:
+    """One get or set on one DRAM pool: the claim or reservation it holds, and its batches."""
+
+    def __init__(self, pool: DramPool, read: bool, keys: list[str], pages: np.ndarray) -> None:
+        self.pool = pool
+        self.read = read
+        self.keys = keys
+        self.pages = pages
+        self.claim: Claim | None = None
+        self.reservation: Reservation | None = None
+        if read:
+            self.claim = pool.store.claim(keys)
+            self.slots = self.claim.slots
+            self.limit = len(self.slots)
+            self.needs: np.ndarray | None = None
+        else:
+            self.reservation = pool.store.reserve(keys)
+            self.slots = self.reservation.slots
+            self.limit = len(self.reservation.keys)
+            self.needs = self.slots >= 0
+
+    def _batch(self, positions: np.ndarray, shape: Shape | None) -> CopyBatch:
+        pool, tier = self.pool.pool_side, self.pool.tier_side
+        slots, pages = self.slots[positions], self.pages[positions]
+        if self.read:
+            src, dst, src_idx, dst_idx = tier, pool, slots, pages
+        else:
+            src, dst, src_idx, dst_idx = pool, tier, pages, slots
+        plain = build_descriptors(src.geometry, src_idx, dst.geometry, dst_idx)
+        shaped = plain if shape is None else shape(plain)
+        return CopyBatch(src.endpoint, dst.endpoint, shaped)
+
+    def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
+        batch = self._batch(positions, shape)
+        moved = self.pool.transport.submit(batch)
+        done: Future[np.ndarray] = Future()
+        count = len(positions)
+
+        def settle(future: Future[None]) -> None:
+            error = future.exception()
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(np.ones(count, dtype=bool))
+
+        moved.add_done_callback(settle)
+        return done
+
+    def retry(self, position: int) -> bool:
+        self.pool.transport.copy(self._batch(np.array([position]), None))
+        return True
+
+    def finish(self, moved: np.ndarray) -> list[bool]:
+        store, keys = self.pool.store, self.keys
+        result = [False] * len(keys)
+        if self.claim is not None:
+            store.release(self.claim)
+            result[: self.limit] = moved.tolist()
+            return result
+        reservation = self.reservation
+        assert reservation is not None
+        ok = moved & (self.slots >= 0)
+        store.commit(reservation, ok.tolist())
+        first: dict[str, bool] = {}
+        for i in range(self.limit):
+            key = keys[i]
+            if key in first:  # a repeat within this request: as its first occurrence
+                result[i] = first[key]
+                continue
+            result[i] = first[key] = bool(ok[i]) or reservation.present[i]
+        return result
+
+    def abort(self) -> None:
+        if self.claim is not None:
+            self.pool.store.release(self.claim)
+        elif self.reservation is not None:
+            self.pool.store.abort(self.reservation)
+
+
+class DramPool:
+    """One pool's region, store and endpoints; the :class:`~..base.PoolTier` of ``dram``."""
+
+    def __init__(
+        self,
+        spec: PoolSpec,
+        tier_geometry: PoolGeometry,
+        region: Region,
+        store: Store,
+        transport: Transport,
+    ) -> None:
+        self.name = spec.name
+        self.geometry = spec.geometry
+        self.region = region
+        self.store = store
+        self.transport = transport
+        self.pool_side = _Side(spec.endpoint, spec.geometry)
+        self.tier_side = _Side(Endpoint(region.address, tier_geometry.nbytes, "cpu", region),
+                               tier_geometry)  # fmt: skip
+
+    def contains(self, keys: Any) -> int:
+        return self.store.contains_prefix(keys)
+
+    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> _Transfer:
+        return _Transfer(self, read, keys, pages)
+
+    def delete(self, keys: Any) -> int:
+        return self.store.delete(keys)
+
+    def clear(self) -> None:
+        self.store.clear()
+
+    def probe(self, nbytes: int) -> None:
+        tier, pool = self.tier_side.endpoint, self.pool_side.endpoint
+        if nbytes > min(tier.nbytes, pool.nbytes):
+            message = (
+                f"pool {self.name!r}: probe of {nbytes} bytes exceeds the pool ({pool.nbytes}) "
+                f"or its tier ({tier.nbytes}); probe fewer bytes"
+            )
+            raise PoolError(message)
+        one = Descriptors.from_arrays([0], [0], [nbytes])
+        self.transport.submit(CopyBatch(tier, pool, one)).result()
+
+    def stats(self) -> dict[str, Any]:
+        store = self.store.stats() if not self.store.closed else None
+        return {
+            "page_bytes": self.geometry.page_bytes,
+            "slots": self.store.capacity,
+            "store": _asdict(store) if store is not None else None,
+        }
+
+    def audit(self) -> dict[str, Any] | None:
+        return self.region.audit().to_dict()
+
+    def close(self) -> None:
+        """After the transport finished every copy: close the store, unpin, then unmap."""
+        self.store.close()
+        self.transport.detach_region(self.tier_side.endpoint)
+        self.region.close()
+
+
+class DramBackend:
+    """The built-in ``dram`` backend; see the module docstring."""
+
+    name = "dram"
+
+    def __init__(self, context: BackendContext, options: Any) -> None:
+        transport = context.transport
+        if not isinstance(transport, Transport) or transport.backend != "dram":
+            name = getattr(transport, "name", type(transport).__name__)
+            message = (
+                f"backend 'dram' moves bytes with a copy transport (cpu, cuda, memory); "
+                f"transport {name!r} (from {context.loaded.origin('transport.name')}) is not "
+                "one: choose a copy transport, or backend.name = 'auto'"
+            )
+            raise PoolError(message)
+        self.transport = transport
+        self.capabilities = transport.capabilities
+        self.devices = transport.devices
+        self.placement = context.placement
+        self.loaded = context.loaded
+        self._pools: list[DramPool] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def attach(self, spec: PoolSpec) -> DramPool:
+        check_device(spec, self.devices, f"transport {self.transport.name!r}")
+        geometry = spec.geometry
+        capacity_bytes = int(self.loaded.config.placement.capacity_bytes)
+        slots = capacity_bytes // geometry.page_bytes
+        if slots < 1:
+            message = (
+                f"pool {spec.name!r}: placement.capacity_bytes ({capacity_bytes}, from "
+                f"{self.loaded.origin('placement.capacity_bytes')}) holds no page of "
+                f"{geometry.page_bytes} bytes; raise it"
+            )
+            raise PoolError(message)
+        tier_geometry = replace(
+            geometry, name=f"{spec.name}.tier", tokens=slots * geometry.page_size, device="cpu"
+        )
+        with self._lock:
+            if self._closed:
+                raise ClosedError("backend 'dram' is closed; build a new pipeline")
+            region = self.placement.open_region(f"tier:{spec.name}", tier_geometry.nbytes)
+            tier = Endpoint(region.address, tier_geometry.nbytes, "cpu", region)
+            try:
+                self.transport.attach_region(tier, spec.endpoint)
+            except BaseException:
+                region.close()
+                raise
+            store = self.placement.new_store(slots)
+            pool = DramPool(spec, tier_geometry, region, store, self.transport)
+            self._pools.append(pool)
+        return pool
+
+    def describe(self) -> dict[str, Any]:
+        return self.transport.describe()
+
+    def close(self) -> None:
+        """Wait for every copy the transport runs, then close each pool; idempotent.
+
+        If the transport fails to close, a copy may still touch the regions: they stay mapped
+        (leaked, and the error propagates) rather than being freed under a running copy.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.transport.close()
+        for pool in self._pools:
+            pool.close()
