@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from .errors import ArgumentError, OsCallError
+
 __all__ = [
     "MADV_DONTFORK", "MADV_HUGEPAGE", "MADV_POPULATE_WRITE", "MPOL_BIND", "MPOL_DEFAULT",
     "MPOL_INTERLEAVE", "MPOL_NAMES", "MPOL_PREFERRED", "PROC_ROOT_ENV", "SYS_ROOT_ENV",
@@ -85,16 +87,6 @@ _ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
 _DEFAULT_HUGE_PAGE = 2 << 20
 
 _roots: dict[str, Path] = {}
-
-
-class OsCallError(OSError):
-    """A system call failed; ``call`` names it, ``errno`` says why, the message says both."""
-
-    def __init__(self, call: str, err: int, detail: str = "") -> None:
-        name = errno.errorcode.get(err, f"errno {err}")
-        text = f"{call} failed with {name} ({os.strerror(err)})"
-        super().__init__(err, f"{text}: {detail}" if detail else text)
-        self.call = call
 
 
 # --- roots ------------------------------------------------------------------------------------
@@ -287,7 +279,7 @@ def mbind(address: int, length: int, mode: int, nodes: Sequence[int], flags: int
     ``MPOL_PREFERRED`` uses only the first node of the mask (mm/mempolicy.c).
     """
     if any(node < 0 for node in nodes):
-        raise ValueError(f"NUMA node numbers are >= 0, got {list(nodes)}")
+        raise ArgumentError(f"NUMA node numbers are >= 0, got {list(nodes)}")
     if mode == MPOL_DEFAULT or not nodes:
         mask, maxnode = None, 0
     else:

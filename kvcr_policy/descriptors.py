@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
-from kvcr_policy.errors import PoolError
+from kvcr_policy.errors import ArgumentError, PoolError, UsageError
 from kvcr_policy.geometry import PoolGeometry, check_pages, fragment_offsets
 
 __all__ = ["Descriptors", "build_descriptors", "coalesce", "split"]
@@ -59,12 +59,12 @@ class Descriptors:
             if not isinstance(array, np.ndarray) or array.dtype != np.int64 or array.ndim != 1:
                 got = getattr(array, "dtype", type(array).__name__)
                 message = f"Descriptors.{field.name}: expected a 1-D int64 array, got {got}"
-                raise TypeError(message)
+                raise UsageError(message)
             if len(array) != n:
                 message = (
                     f"Descriptors.{field.name}: expected length {n} (as src), got {len(array)}"
                 )
-                raise ValueError(message)
+                raise ArgumentError(message)
 
     @classmethod
     def from_arrays(
@@ -208,7 +208,7 @@ def split(d: Descriptors, limit: int) -> Descriptors:
     """
     if limit <= 0:
         message = f"split limit: expected a positive byte count, got {limit}"
-        raise ValueError(message)
+        raise ArgumentError(message)
     if len(d) == 0 or int(d.length.max()) <= limit:
         return d
     pieces = np.maximum(1, -(-d.length // limit))

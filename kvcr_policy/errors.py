@@ -6,14 +6,25 @@ Every error a user can meet derives from :class:`KVCRPolicyError`; catching it c
     ├── ConfigError            a load failed: all of its problems, each with where it came from
     ├── PluginError            a plugin failed to import or register, or a strategy name is unknown
     ├── SchemaDriftError       committed schemas/ files no longer match the code
+    ├── UsageError             an API was called with the wrong kind or number of arguments
+    ├── ArgumentError          an argument of the right kind holds a value the API cannot take
     ├── PoolError              a pool was refused: its tensor does not match its geometry
     │   └── IndicesError       indices are misaligned, out of range or of the wrong type
     ├── PlacementError         a `require`d placement (huge pages, NUMA) could not be had
+    ├── OsCallError            a system call failed (``call`` and ``errno`` say which and why)
     ├── CapacityError          the tier has no free or evictable slot left
     ├── TransportError         a transfer failed (the pipeline turns it into misses)
     │   ├── UnsupportedError   the transport cannot do what the config asks (coalesce, split)
+    │   │   └── CudaUnavailableError   the cuda transport where no CUDA device is visible
     │   └── ProtocolError      a peer sent a malformed, truncated or oversize frame
+    ├── UnimplementedError     an engine API that this backend deliberately does not provide
+    ├── BenchError             a benchmark could not run or its bytes did not verify
     └── ClosedError            a call reached an object that is closing or closed
+
+Where a built-in exception type is what callers of a Python API expect, the class derives from
+it too (``UsageError`` is a ``TypeError``, ``ArgumentError`` a ``ValueError``, ``OsCallError``
+an ``OSError``), so ``except ValueError`` keeps working while ``except KVCRPolicyError`` catches
+everything.
 
 Messages say what is wrong, where the value came from, what was expected, what was given and how
 to fix it; they are bound first and then raised, so the text is what a user reads.
@@ -21,23 +32,31 @@ to fix it; they are bound first and then raised, so the text is what a user read
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "ArgumentError",
+    "BenchError",
     "CapacityError",
     "ClosedError",
     "ConfigError",
     "ConfigIssue",
+    "CudaUnavailableError",
     "IndicesError",
     "KVCRPolicyError",
+    "OsCallError",
     "PlacementError",
     "PluginError",
     "PoolError",
     "ProtocolError",
     "SchemaDriftError",
     "TransportError",
+    "UnimplementedError",
     "UnsupportedError",
+    "UsageError",
 ]
 
 
@@ -106,3 +125,33 @@ class ProtocolError(TransportError):
 
 class ClosedError(KVCRPolicyError, RuntimeError):
     """A call reached a pipeline, tier, transport or server that is closing or closed."""
+
+
+class UsageError(KVCRPolicyError, TypeError):
+    """An API was called with the wrong kind or number of arguments."""
+
+
+class ArgumentError(KVCRPolicyError, ValueError):
+    """An argument of the right kind holds a value the API cannot take."""
+
+
+class OsCallError(KVCRPolicyError, OSError):
+    """A system call failed; ``call`` names it, ``errno`` says why, the message says both."""
+
+    def __init__(self, call: str, err: int, detail: str = "") -> None:
+        name = errno.errorcode.get(err, f"errno {err}")
+        text = f"{call} failed with {name} ({os.strerror(err)})"
+        super().__init__(err, f"{text}: {detail}" if detail else text)
+        self.call = call
+
+
+class CudaUnavailableError(UnsupportedError):
+    """The cuda transport was asked for where torch sees no CUDA device."""
+
+
+class UnimplementedError(KVCRPolicyError, NotImplementedError):
+    """An engine API that this backend deliberately does not provide (it says what instead)."""
+
+
+class BenchError(KVCRPolicyError):
+    """A benchmark could not run (bad arguments, missing dependency) or did not verify."""

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 
+from .errors import UsageError
+
 __all__ = [
     "ENV_PREFIX",
     "POSITIONAL_TYPES",
@@ -46,11 +48,11 @@ class Section(BaseModel):
                     f"{type(self).__name__} takes at most {len(names)} positional arguments "
                     f"({', '.join(names)}); got {len(args)}"
                 )
-                raise TypeError(message)
+                raise UsageError(message)
             for name, value in zip(names, args, strict=False):  # fewer args than fields is fine
                 if name in data:
                     message = f"{type(self).__name__} got {name!r} both by position and by name"
-                    raise TypeError(message)
+                    raise UsageError(message)
                 data[name] = value
         super().__init__(**data)
 

@@ -56,13 +56,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackendContext",
-    "check_device",
     "Endpoint",
     "PoolSpec",
     "PoolTier",
     "Shape",
     "TierBackend",
     "Transfer",
+    "check_device",
 ]
 
 #: The mover's descriptor shaping for one batch: plain descriptors in, descriptors to move out.

@@ -50,7 +50,7 @@ except ImportError as err:  # bind the message, then raise (STYLE.md)
     )
     raise ImportError(_message) from err
 
-from ..errors import KVCRPolicyError
+from ..errors import KVCRPolicyError, UnimplementedError
 from ..geometry import PoolGeometry
 from ..loading import PROFILE_ENV, LoadedConfig, load_config
 from ..pipeline import Pipeline, build_pipeline
@@ -350,7 +350,7 @@ class KVCRPolicyStorage(HiCacheStorage):
                 "kvcr_policy's tensor API moves whole pages and takes no target_sizes; "
                 "use interface_v1 for zero-copy transfers"
             )
-            raise NotImplementedError(message)
+            raise UnimplementedError(message)
 
     def batch_set(
         self,

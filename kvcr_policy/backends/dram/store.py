@@ -44,7 +44,7 @@ from kvcr_policy.backends.dram.eviction import (
     LRUPolicy,
 )
 from kvcr_policy.backends.dram.extents import _FreeExtents, count_extents
-from kvcr_policy.errors import CapacityError, ClosedError
+from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError
 
 __all__ = [
     "EVICTION_POLICIES",
@@ -166,7 +166,7 @@ class Store:
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             message = f"store of pool {pool!r}: capacity must be an int >= 1 slot, got {capacity!r}"
-            raise ValueError(message)
+            raise ArgumentError(message)
         if isinstance(eviction, str):
             factory = EVICTION_POLICIES.get(eviction)
             if factory is None:
@@ -175,7 +175,7 @@ class Store:
                     f"store of pool {pool!r}: unknown eviction policy {eviction!r}; "
                     f"expected one of: {names}"
                 )
-                raise ValueError(message)
+                raise ArgumentError(message)
             eviction = factory()
         self._capacity = capacity
         self._pool = pool
@@ -284,7 +284,7 @@ class Store:
                 f"covering {len(reservation.keys)} keys; pass one flag per key of "
                 "reservation.keys"
             )
-            raise ValueError(message)
+            raise ArgumentError(message)
         with self._lock:
             self._check_open("commit")
             return self._settle(reservation, ok)

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcr_policy import _os
-from kvcr_policy.errors import ClosedError, PlacementError
+from kvcr_policy.errors import ArgumentError, ClosedError, PlacementError
 
 __all__ = ["PlacementAudit", "Region", "format_audit", "open_region"]
 
@@ -251,19 +251,19 @@ def _validate(
     size: int, prefault: bool, huge: str, policy: str, nodes: Sequence[int], mode: str
 ) -> _Request:
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-        raise ValueError(f"size must be a positive int (bytes), got {size!r}")
+        raise ArgumentError(f"size must be a positive int (bytes), got {size!r}")
     for what, got, allowed in (
         ("huge_pages", huge, ("off", "prefer", "require")),
         ("numa_policy", policy, ("none", "preferred", "bind", "interleave")),
         ("numa_mode", mode, ("prefer", "require")),
     ):
         if got not in allowed:
-            raise ValueError(f"{what} must be one of {allowed}, got {got!r}")
+            raise ArgumentError(f"{what} must be one of {allowed}, got {got!r}")
     clean = tuple(dict.fromkeys(nodes))
     if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in clean):
-        raise ValueError(f"numa_nodes must be node numbers >= 0, got {list(nodes)!r}")
+        raise ArgumentError(f"numa_nodes must be node numbers >= 0, got {list(nodes)!r}")
     if (policy == "none") != (not clean):
-        raise ValueError(
+        raise ArgumentError(
             f"numa_policy={policy!r} with numa_nodes={list(clean)}: a policy needs nodes and "
             "nodes need a policy (set both, or neither)"
         )

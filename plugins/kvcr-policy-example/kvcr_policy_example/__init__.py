@@ -1,12 +1,44 @@
-"""kvcr-policy-example: a third-party kvcr_policy plugin registering the ``adaptive`` batching.
+"""kvcr-policy-example: a third-party kvcr_policy plugin.
 
-kvcr_policy finds this module through the ``kvcr_policy`` entry-point group (name ``example``)
-and registers it exactly like its built-in plugins: pluggy collects the ``kvcr_*`` hook
-implementations below.
+It registers the ``adaptive`` batching strategy (batches sized in bytes), the ``pieces``
+coalescing strategy (merged runs cut into N pieces) and the ``dict`` tier backend (pages as
+bytes in a dict). kvcr_policy finds this module through the ``kvcr_policy`` entry-point group
+(name ``example``) and registers it exactly like its built-in plugins: pluggy collects the
+``kvcr_*`` hook implementations below.
 """
 
 from __future__ import annotations
 
-from .batching import AdaptiveBatching, AdaptiveOptions, kvcr_register_strategies
+from typing import TYPE_CHECKING
 
-__all__ = ["AdaptiveBatching", "AdaptiveOptions", "kvcr_register_strategies"]
+from kvcr_policy import hookimpl
+
+from . import batching, coalescing, dict_backend
+from .batching import AdaptiveBatching, AdaptiveOptions
+from .coalescing import Pieces, PiecesOptions
+from .dict_backend import DictBackend, DictOptions
+
+if TYPE_CHECKING:
+    from kvcr_policy.registry import RegisterBackend, RegisterStrategy
+
+__all__ = [
+    "AdaptiveBatching",
+    "AdaptiveOptions",
+    "DictBackend",
+    "DictOptions",
+    "Pieces",
+    "PiecesOptions",
+    "kvcr_register_backends",
+    "kvcr_register_strategies",
+]
+
+
+@hookimpl
+def kvcr_register_strategies(register: RegisterStrategy) -> None:
+    batching.kvcr_register_strategies(register)
+    coalescing.kvcr_register_strategies(register)
+
+
+@hookimpl
+def kvcr_register_backends(register: RegisterBackend) -> None:
+    dict_backend.kvcr_register_backends(register)

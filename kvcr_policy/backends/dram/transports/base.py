@@ -16,7 +16,7 @@ import numpy as np
 
 from kvcr_policy.backends.base import Endpoint
 from kvcr_policy.descriptors import Descriptors
-from kvcr_policy.errors import ClosedError, TransportError
+from kvcr_policy.errors import ClosedError, TransportError, UnimplementedError
 
 __all__ = ["CopyBatch", "Endpoint", "Transport", "check_bounds"]
 
@@ -67,7 +67,9 @@ class Transport:
 
     def copy(self, batch: CopyBatch) -> None:
         """Move every byte of ``batch``; return when done; raise TransportError on failure."""
-        raise NotImplementedError
+        raise UnimplementedError(
+            f"transport {self.name!r} implements no copy(); subclass Transport and define it"
+        )
 
     def submit(self, batch: CopyBatch) -> Future[None]:
         """Start ``batch``; the future completes when its bytes have moved."""

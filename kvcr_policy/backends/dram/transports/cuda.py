@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
-from kvcr_policy.errors import ClosedError, TransportError, UnsupportedError
+from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
 from kvcr_policy.schema import PolicyConfig
 
 from .base import CopyBatch, Endpoint, Transport, check_bounds
@@ -54,10 +54,6 @@ NO_CUDA = "no CUDA device visible"
 # cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): usable from every
 # device, and mapped into the device address space so kernels can read it (the gather path).
 _REGISTER_FLAGS = 0x01 | 0x02
-
-
-class CudaUnavailableError(UnsupportedError):
-    """The cuda transport was asked for where torch sees no CUDA device."""
 
 
 class CudaOptions(BaseModel):

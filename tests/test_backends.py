@@ -1,0 +1,331 @@
+"""The pipeline's behaviour on every tier backend: the built-in ``dram`` and ``peer`` and the
+example plugin's third-party ``dict`` backend, the latter selected by a TOML profile.
+
+The same tests run on all three: byte-exact store and restore, leading-run semantics, claims
+that keep a page being read from eviction, fallback page by page, delivery windows, lifetime.
+The peer runs as a real ``kvcr-policy serve`` process over ucxx on loopback.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.backends.dram.transports.base import CopyBatch
+from kvcr_policy.backends.dram.transports.memory import MemoryTransport
+from kvcr_policy.errors import CapacityError, ClosedError
+from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.pipeline import Pipeline
+from tests.conftest import EXAMPLE_MISSING, example_installed
+
+BACKENDS = ["dram", "peer", "dict"]
+P = 4
+SLOTS = 16  # tier capacity in pages, on every backend
+
+
+def geometry(pages: int = 48, name: str = "kv") -> PoolGeometry:
+    return PoolGeometry(
+        name=name,
+        layout="layer_first",
+        layers=3,
+        heads=2,
+        head_dim=16,
+        dtype="float16",
+        page_size=P,
+        tokens=P * pages,
+    )
+
+
+PAGE_BYTES = geometry().page_bytes
+
+
+def pool_buffer(geo: PoolGeometry, seed: int = 0) -> np.ndarray:
+    buffer = np.empty(geo.shape, dtype=np.float16)
+    raw = buffer.view(np.uint8).reshape(-1)
+    raw[:] = np.random.default_rng(seed).integers(0, 256, raw.size, dtype=np.uint8)
+    return buffer
+
+
+def pages_of(buffer: np.ndarray, geo: PoolGeometry) -> np.ndarray:
+    """(planes, pages, fragment bytes): page p is [:, p]."""
+    return buffer.view(np.uint8).reshape(geo.fragments_per_page, geo.pages, geo.fragment_bytes)
+
+
+def tokens(pages: Any) -> np.ndarray:
+    pages = np.asarray(pages, dtype=np.int64)
+    return (pages[:, None] * P + np.arange(P)).reshape(-1)
+
+
+def fresh_keys(n: int) -> list[str]:
+    salt = uuid.uuid4().hex[:8]
+    return [f"{salt}-{i}" for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def small_peer() -> Iterator[Any]:
+    """A `kvcr-policy serve` whose tier holds SLOTS pages per pool (module-wide)."""
+    try:
+        import ucxx  # noqa: F401
+    except Exception as err:
+        pytest.skip(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+    from kvcr_policy.backends.peer.bench import PeerProcess
+
+    server = PeerProcess(
+        {
+            "transport.name": "ucx",
+            "transport.op_timeout_s": 10,
+            "placement.capacity_bytes": SLOTS * PAGE_BYTES,
+            "transport.options.heartbeat_s": 0.5,
+        }
+    )
+    yield server
+    server.stop()
+
+
+Make = Callable[..., Pipeline]
+
+
+@pytest.fixture(params=BACKENDS)
+def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
+    """``make(profile, overrides, transport=None)``: a pipeline on the parametrized backend,
+    closed after the test; its tier holds SLOTS pages of :func:`geometry`."""
+    name = request.param
+    opened: list[Pipeline] = []
+    base: dict[str, Any] = {"placement.capacity_bytes": SLOTS * PAGE_BYTES}
+    selector: Path | None = None
+    if name == "peer":
+        server = request.getfixturevalue("small_peer")
+        base = {
+            "transport.name": "ucx",
+            "transport.options.peer": server.address,
+            "transport.options.heartbeat_s": 0.5,
+            "transport.op_timeout_s": 10,
+        }
+    elif name == "dict":
+        if not example_installed():
+            pytest.skip(EXAMPLE_MISSING)
+        # A third-party backend chosen by a TOML profile, exactly as a deployment would.
+        selector = tmp_path / "dict.toml"
+        selector.write_text(
+            textwrap.dedent(
+                f"""
+                [backend]
+                name = "dict"
+
+                [backend.options]
+                capacity_pages = {SLOTS}
+                threads = 2
+                """
+            ),
+            encoding="utf-8",
+        )
+
+    def build(
+        profile: str = "default",
+        overrides: dict[str, Any] | None = None,
+        *,
+        transport: Any = None,
+    ) -> Pipeline:
+        values = {**base, **(overrides or {})}
+        if selector is not None:
+            # The profile picks the backend; the named profile's values come in as overrides.
+            named = load_config(profile, environ={}).changed()
+            values = {path: value for path, (value, _) in named.items()} | values
+            loaded = load_config(selector, environ={}, overrides=values)
+        else:
+            loaded = load_config(profile, environ={}, overrides=values)
+        pipeline = build_pipeline(loaded, transport=transport)
+        assert pipeline.backend.name == name
+        opened.append(pipeline)
+        return pipeline
+
+    build.backend = name  # type: ignore[attr-defined]
+    yield build
+    for pipeline in opened:
+        pipeline.close()
+
+
+def stored(make: Make, profile: str = "default", n: int = 12, **overrides: Any) -> Any:
+    geo = geometry()
+    buffer = pool_buffer(geo)
+    pipeline = make(profile, overrides)
+    pipeline.register_pool("kv", geo, buffer)
+    keys = fresh_keys(n)
+    assert pipeline.set(keys, tokens(range(n))) == [True] * n
+    return pipeline, geo, buffer, keys
+
+
+# ---- store and restore ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["default", "throughput"])
+def test_restore_is_byte_exact(make: Make, profile: str) -> None:
+    pipeline, geo, buffer, keys = stored(make, profile)
+    view = pages_of(buffer, geo)
+    expected = view[:, :12].copy()
+    view[:, 20:32] = 0
+    assert pipeline.get(keys, tokens(range(20, 32))) == [True] * 12
+    assert np.array_equal(view[:, 20:32], expected)
+    stats = pipeline.stats()
+    assert stats.pages_read == 12 and stats.pages_written == 12
+
+
+def test_exists_and_get_use_the_leading_run(make: Make) -> None:
+    pipeline, geo, buffer, keys = stored(make, n=6)
+    asked = [*keys[:3], "absent", *keys[3:]]
+    assert pipeline.exists(asked) == 3
+    view = pages_of(buffer, geo)
+    expected = view[:, :3].copy()
+    view[:, 30:37] = 0
+    got = pipeline.get(asked, tokens(range(30, 37)))
+    assert got == [True] * 3 + [False] * 4
+    assert np.array_equal(view[:, 30:33], expected)
+    assert not view[:, 33:37].any()  # nothing after the first miss is read
+
+
+def test_a_set_of_present_keys_succeeds_and_delete_and_clear_forget(make: Make) -> None:
+    pipeline, _, _, keys = stored(make, n=4)
+    assert pipeline.set(keys, tokens(range(10, 14))) == [True] * 4
+    assert pipeline.delete(keys[:2]) == 2
+    assert pipeline.exists(keys) == 0
+    assert pipeline.exists(keys[2:]) == 2
+    pipeline.clear()
+    assert pipeline.exists(keys[2:]) == 0
+
+
+# ---- claims -----------------------------------------------------------------------------------
+
+
+def test_a_page_being_read_is_never_evicted_or_overwritten(make: Make) -> None:
+    """A full tier, a restore in small batches, and at each delivered batch a set of new keys
+    that needs evictions: every page the restore reports must carry its stored bytes."""
+    overrides = {"batching.read_batch_pages": 2, "batching.window_batches": 2}
+    pipeline, geo, buffer, keys = stored(make, n=SLOTS, **overrides)
+    view = pages_of(buffer, geo)
+    expected = view[:, :SLOTS].copy()
+    intruders = fresh_keys(4 * SLOTS)
+    pressure: list[Any] = []
+
+    def on_ready(count: int) -> None:
+        batch = intruders[len(pressure) * 4 : len(pressure) * 4 + 4]
+        view[:, 40:44] = 0xA5  # bytes that must never reach the tier under a claimed key
+        try:
+            pressure.append(pipeline.set(batch, tokens(range(40, 44))))
+        except CapacityError as err:  # every slot claimed: refusing is correct
+            pressure.append(err)
+
+    view[:, 20:36] = 0
+    got = pipeline.get(keys, tokens(range(20, 20 + SLOTS)), on_ready=on_ready)
+    assert pressure, "on_ready never ran"
+    lead = got.index(False) if False in got else len(got)
+    assert got == [True] * lead + [False] * (len(got) - lead)
+    assert lead >= 2  # the first batch was delivered before any pressure
+    assert np.array_equal(view[:, 20 : 20 + lead], expected[:, :lead])
+
+
+# ---- fallback ---------------------------------------------------------------------------------
+
+
+def _faulty(make: Make) -> tuple[dict[str, Any], Any]:
+    """Overrides and transport that make every second batch fail after part of it moved."""
+    if make.backend == "dict":  # type: ignore[attr-defined]
+        return {"backend.options.fail_every": 2}, None
+    if make.backend == "peer":  # type: ignore[attr-defined]
+        pytest.skip("the peer's injected faults are in tests/peer/test_peer_faults.py")
+    count = {"n": 0}
+
+    def fault(batch: CopyBatch) -> int | None:
+        # Only batches of several pages fail (a page has 6 fragments here): retries get through.
+        if len(batch.descriptors) <= geometry().fragments_per_page:
+            return None
+        count["n"] += 1
+        return 1 if count["n"] % 2 == 0 else None
+
+    return {}, MemoryTransport(fault=fault)
+
+
+def test_failed_batches_fall_back_page_by_page_and_stay_exact(make: Make) -> None:
+    faults, transport = _faulty(make)
+    geo = geometry()
+    buffer = pool_buffer(geo, 3)
+    pipeline = make("default", {"batching.read_batch_pages": 3, **faults}, transport=transport)
+    pipeline.register_pool("kv", geo, buffer)
+    keys = fresh_keys(12)
+    assert pipeline.set(keys, tokens(range(12))) == [True] * 12
+    view = pages_of(buffer, geo)
+    expected = view[:, :12].copy()
+    view[:, 20:32] = 0
+    assert pipeline.get(keys, tokens(range(20, 32))) == [True] * 12
+    assert np.array_equal(view[:, 20:32], expected)
+    assert sum(pipeline.stats().fallbacks.values()) > 0
+
+
+# ---- windows ----------------------------------------------------------------------------------
+
+
+def test_the_window_bounds_batches_in_flight_and_delivery_is_in_order(make: Make) -> None:
+    overrides = {"batching.read_batch_pages": 2, "batching.window_batches": 2}
+    pipeline, geo, buffer, keys = stored(make, n=12, **overrides)
+    view = pages_of(buffer, geo)
+    expected = view[:, :12].copy()
+    view[:, 20:32] = 0
+    ready: list[int] = []
+    assert pipeline.get(keys, tokens(range(20, 32)), on_ready=ready.append) == [True] * 12
+    assert ready == [2, 4, 6, 8, 10, 12]
+    assert np.array_equal(view[:, 20:32], expected)
+    stats = pipeline.stats()
+    assert 1 <= stats.peak_inflight_batches <= 2
+    assert stats.batches == 12  # 6 to store, 6 to restore
+
+
+# ---- the test coalescer of the example plugin -------------------------------------------------
+
+
+def test_a_third_party_coalescer_shapes_what_the_backend_moves(make: Make) -> None:
+    if not example_installed():
+        pytest.skip(EXAMPLE_MISSING)
+    overrides = {"coalescing.strategy": "pieces", "coalescing.options.pieces": 3}
+    pipeline, geo, buffer, keys = stored(make, n=8, **overrides)
+    view = pages_of(buffer, geo)
+    expected = view[:, :8].copy()
+    view[:, 20:28] = 0
+    assert pipeline.get(keys, tokens(range(20, 28))) == [True] * 8
+    assert np.array_equal(view[:, 20:28], expected)
+    stats = pipeline.stats()
+    planes = geo.fragments_per_page
+    if pipeline.backend.capabilities >= {"coalesce", "split"}:
+        # One merged run per plane and direction (8 consecutive pages), cut into 3 pieces.
+        assert stats.descriptors_after == 2 * planes * 3
+    else:  # a backend that takes no shaped descriptors gets them plain
+        assert stats.descriptors_after == stats.descriptors_before
+
+
+# ---- lifetime ---------------------------------------------------------------------------------
+
+
+def test_close_waits_for_a_running_call_and_later_calls_raise(make: Make) -> None:
+    pipeline, _, _, keys = stored(make, n=12, **{"batching.read_batch_pages": 1})
+    started, results = threading.Event(), []
+
+    def restore() -> None:
+        results.append(pipeline.get(keys, tokens(range(20, 32)), on_ready=lambda n: started.set()))
+
+    worker = threading.Thread(target=restore)
+    worker.start()
+    assert started.wait(30)
+    pipeline.close()
+    worker.join(30)
+    assert results == [[True] * 12]  # close waited for the whole call
+    with pytest.raises(ClosedError):
+        pipeline.get(keys, tokens(range(20, 32)))
+    with pytest.raises(ClosedError):
+        pipeline.exists(keys)
+    pipeline.close()  # idempotent
