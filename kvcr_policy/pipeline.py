@@ -415,7 +415,7 @@ def build_pipeline(
     """
     loaded = loaded or load_config()
     config = loaded.config
-    pm = make_plugin_manager(config)
+    pm = loaded.plugin_manager or make_plugin_manager(config)
     registry = pm.registry
 
     def make(kind: str, section: Any) -> Any:

@@ -29,7 +29,7 @@ from kvcr_policy.errors import ConfigError, PluginError
 from kvcr_policy.loading import load_config
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import NoOptions, Registry, Spec
-from kvcr_policy.schema import BatchingSection
+from kvcr_policy.schema import BatchingSection, PluginsSection, PolicyConfig
 from kvcr_policy.strategies import BatchingStrategy
 
 EXAMPLE_DIST = "kvcr-policy-example"
@@ -200,7 +200,8 @@ def test_trace_hooks_prints_hook_calls(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_builtins_are_registered_like_plugins() -> None:
-    registry = make_plugin_manager(environ={"KVCR_POLICY_PLUGINS": ""}).registry
+    no_third_party = PolicyConfig(plugins=PluginsSection(allow=()))
+    registry = make_plugin_manager(no_third_party).registry
     providers = {spec.plugin for spec in registry.specs.values()}
     assert {"builtin.batching", "builtin.coalescing", "builtin.fallback"} <= providers
     assert {spec.distribution for spec in registry.specs.values()} == {"kvcr-policy"}
@@ -310,9 +311,8 @@ def test_blocked_example_cannot_be_selected(write_profile: ProfileWriter) -> Non
 
 @needs_example
 def test_block_list_reports_the_plugin_as_blocked() -> None:
-    registry = make_plugin_manager(
-        environ={"KVCR_POLICY_DISABLE_PLUGINS": "other, example"}
-    ).registry
+    registry = load_config(environ={"KVCR_POLICY_DISABLE_PLUGINS": "other, example"}).registry
+    assert registry is not None
     assert registry.find("batching", "adaptive") is None
     (blocked,) = [b for b in registry.broken if b.name == "example"]
     assert (blocked.distribution, blocked.blocked) == (EXAMPLE_DIST, True)
@@ -321,7 +321,8 @@ def test_block_list_reports_the_plugin_as_blocked() -> None:
 @needs_example
 @pytest.mark.parametrize(("allow", "loaded"), [("example", True), ("other", False), ("", False)])
 def test_allow_list(allow: str, loaded: bool) -> None:
-    registry = make_plugin_manager(environ={"KVCR_POLICY_PLUGINS": allow}).registry
+    registry = load_config(environ={"KVCR_POLICY_PLUGINS": allow}).registry
+    assert registry is not None
     assert (registry.find("batching", "adaptive") is not None) is loaded
     assert registry.find("batching", "fixed") is not None  # built-ins always load
     if not loaded:
