@@ -292,7 +292,7 @@ def _variables_source(
         origin = origin_of(name)
         raw = variables[name]
         if raw is None:  # a .env line with a name and no '='
-            issues.append(ConfigIssue(name, origin, f"{name} has no value; write {name}=VALUE"))
+            issues.append(ConfigIssue(name, origin, f"no value; write {name}=VALUE"))
             continue
         if rest in RESERVED_ENV:
             if rest not in reserved_ok:
@@ -341,6 +341,7 @@ def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else f"not UTF-8 text ({err.reason})"
         return {}, [ConfigIssue("<dotenv>", where, f"cannot read the .env file: {reason}")]
+    bindings = list(parse_stream(io.StringIO(text)))
     issues = [
         ConfigIssue(
             "<dotenv>",
@@ -348,11 +349,13 @@ def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
             f"line {binding.original.line}: cannot parse {binding.original.string.strip()!r}; "
             "expected NAME=VALUE (quote a value that holds spaces, quotes or '#')",
         )
-        for binding in parse_stream(io.StringIO(text))
+        for binding in bindings
         if binding.error
     ]
     if issues:
-        return {}, issues
+        # The load fails; the well-formed lines are still checked, so that it reports every
+        # problem at once (python-dotenv would log the bad lines a second time).
+        return {b.key: b.value for b in bindings if b.key is not None}, issues
     reader = DotEnvSettingsSource(PolicySettings, env_file=path, case_sensitive=True)
     return dict(reader.env_vars), []
 
