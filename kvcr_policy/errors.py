@@ -88,7 +88,19 @@ class ConfigError(KVCRPolicyError, ValueError):
 
 
 class PluginError(KVCRPolicyError):
-    """A plugin failed to import or register, or a configured strategy name is unknown."""
+    """A plugin failed to import or register, or a configured strategy name is unknown.
+
+    ``plugin`` is the name of the plugin at fault (its entry-point name, or ``builtin.<module>``)
+    and ``distribution`` the distribution that ships it; both are None when the error is not
+    about one plugin (a name that nothing registered).
+    """
+
+    def __init__(
+        self, message: str, *, plugin: str | None = None, distribution: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.plugin = plugin
+        self.distribution = distribution
 
 
 class SchemaDriftError(KVCRPolicyError):

@@ -1,14 +1,15 @@
 """load_config: sources in precedence order, deep merge, origins, one validation.
 
-Precedence, highest first: explicit overrides > ``KVCR_POLICY_*`` env > the selected profile >
-schema defaults. ``KVCR_POLICY_PROFILE`` (or the ``profile`` argument, which wins) selects a
-profile by bundled name or by path.
+Precedence, highest first, is :data:`PRECEDENCE`: explicit overrides > ``KVCR_POLICY_*`` env >
+a ``.env`` file > the selected profile > schema defaults. ``KVCR_POLICY_PROFILE`` (from the
+environment, else from ``.env``; the ``profile`` argument wins over both) selects a profile by
+bundled name or by path. The sources themselves are in :mod:`kvcr_policy.sources`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,22 +17,29 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue
-from .provenance import DEFAULT, origin_for
+from .provenance import DEFAULT, dotenv_origin, origin_for
 from .schema import ENV_PREFIX, STRATEGY_SECTIONS, PolicyConfig
 from .sources import (
+    DOTENV_FILE,
     Leaves,
+    dotenv_source,
     env_source,
     flatten,
     known_leaves,
     override_source,
     profile_source,
+    read_dotenv,
     suggest,
 )
 
 if TYPE_CHECKING:
+    from .plugins import PluginManager
     from .registry import Registry
 
-__all__ = ["LoadedConfig", "bundled_profiles", "load_config", "resolve_profile"]
+__all__ = ["PRECEDENCE", "LoadedConfig", "bundled_profiles", "load_config", "resolve_profile"]
+
+#: Where values come from, highest precedence first; the README lists the same order.
+PRECEDENCE: tuple[str, ...] = ("override", "env", "dotenv", "profile", DEFAULT)
 
 PROFILE_ENV = ENV_PREFIX + "PROFILE"
 
@@ -44,6 +52,9 @@ class LoadedConfig:
     origins: Mapping[str, str]
     profile: str | None = None
     registry: Registry | None = field(default=None, compare=False, repr=False)
+    #: The plugin manager that validated this config, reused by build_pipeline; None when the
+    #: caller supplied a registry (build_pipeline then makes one from ``config``).
+    plugin_manager: PluginManager | None = field(default=None, compare=False, repr=False)
 
     def origin(self, path: str) -> str:
         """Where the value at ``path`` came from."""
@@ -134,35 +145,69 @@ def _merge(*sources: Leaves) -> tuple[dict[str, Any], dict[str, str]]:
     return values, origins
 
 
+Reader = Callable[[], tuple[Leaves, list[ConfigIssue]]]
+
+
+def _dotenv_file(dotenv: str | os.PathLike[str] | bool) -> Path | None:
+    """The .env file to read: ``True`` is ``./.env`` when present, a path must exist."""
+    if dotenv is False:
+        return None
+    if dotenv is True:
+        default = Path(DOTENV_FILE)
+        return default.resolve() if default.is_file() else None
+    return Path(os.fspath(dotenv)).expanduser().resolve()
+
+
 def load_config(
     profile: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     *,
     registry: Registry | None = None,
+    dotenv: str | os.PathLike[str] | bool = True,
 ) -> LoadedConfig:
     """Load, merge and validate the configuration; report every problem of the load at once.
 
     ``environ`` defaults to ``os.environ``; ``overrides`` take dotted paths or nested tables.
-    Strategy options are validated by the options model each strategy registered; ``registry``
-    defaults to a fresh one from :func:`kvcr_policy.plugins.make_plugin_manager`.
+    ``dotenv`` is the ``.env`` file to read: ``True`` reads ``.env`` in the working directory if
+    there is one, a path names another file (which must exist), ``False`` reads none. Strategy
+    options are validated by the options model each strategy registered; ``registry`` defaults
+    to the one of a fresh :func:`kvcr_policy.plugins.make_plugin_manager`, kept as
+    ``plugin_manager`` for :func:`kvcr_policy.pipeline.build_pipeline`.
     """
     env = dict(os.environ if environ is None else environ)
     issues: list[ConfigIssue] = []
-    chosen = profile if profile is not None else env.get(PROFILE_ENV) or None
-    where = "argument profile" if profile is not None else f"env {PROFILE_ENV}"
+    dotenv_path = _dotenv_file(dotenv)
+    dotenv_vars: dict[str, str | None] = {}
+    if dotenv_path is not None:
+        dotenv_vars, found = read_dotenv(dotenv_path)
+        issues += found
+
+    if profile is not None:
+        chosen: str | os.PathLike[str] | None = profile
+        where = "argument profile"
+    elif env.get(PROFILE_ENV):
+        chosen, where = env[PROFILE_ENV], f"env {PROFILE_ENV}"
+    else:
+        chosen = dotenv_vars.get(PROFILE_ENV) or None
+        where = dotenv_origin(str(dotenv_path), PROFILE_ENV)
     profile_path = resolve_profile(chosen, where) if chosen is not None else None
 
-    profile_leaves: Leaves = {}
-    if profile_path is not None:
-        profile_leaves, found = profile_source(profile_path)
+    readers: dict[str, Reader] = {
+        "override": lambda: override_source(overrides or {}),
+        "env": lambda: env_source(env),
+        "dotenv": lambda: dotenv_source(dotenv_vars, dotenv_path) if dotenv_path else ({}, []),
+        "profile": lambda: profile_source(profile_path) if profile_path else ({}, []),
+    }
+    layers: list[Leaves] = []
+    for kind in reversed(PRECEDENCE):  # lowest first, so that later ones win
+        if kind == DEFAULT:
+            continue  # schema defaults are filled in by validation; _merge marks their origin
+        leaves, found = readers[kind]()
         issues += found
-    env_leaves, found = env_source(env)
-    issues += found
-    override_leaves, found = override_source(overrides or {})
-    issues += found
+        layers.append(leaves)
 
-    values, origins = _merge(profile_leaves, env_leaves, override_leaves)
+    values, origins = _merge(*layers)
     try:
         config = PolicyConfig.model_validate(_unflatten(values))
     except ValidationError as err:
@@ -171,10 +216,14 @@ def load_config(
     if issues:
         raise ConfigError(issues)
 
+    plugin_manager = None
     if registry is None:
         from .plugins import make_plugin_manager
 
-        registry = make_plugin_manager(config, environ=env).registry
+        # Allow and block lists come from ``config`` only; the trace switch may sit in .env.
+        trace_env = {**{k: v for k, v in dotenv_vars.items() if v is not None}, **env}
+        plugin_manager = make_plugin_manager(config, environ=trace_env)
+        registry = plugin_manager.registry
     config, option_origins, found = _validate_strategies(config, origins, registry)
     if found:
         raise ConfigError(found)
@@ -184,6 +233,7 @@ def load_config(
         origins=dict(sorted(origins.items())),
         profile=str(profile_path) if profile_path else None,
         registry=registry,
+        plugin_manager=plugin_manager,
     )
 
 

@@ -286,7 +286,7 @@ def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None)
     """
     loaded = loaded or load_config()
     config = loaded.config
-    pm = make_plugin_manager(config)
+    pm = loaded.plugin_manager or make_plugin_manager(config)
     registry = pm.registry
 
     def make(kind: str, section: Any) -> Any:

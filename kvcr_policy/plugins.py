@@ -79,13 +79,13 @@ def _registrar(pm: PluginManager, plugin: str, kind_fixed: str | None) -> Callab
                     f"plugin {plugin!r} registered a strategy of unknown kind {kind!r}; "
                     f"kinds are {', '.join(KINDS)}"
                 )
-                raise PluginError(message)
+                raise PluginError(message, plugin=plugin, distribution=distribution)
         else:
             kind = kind_fixed
             name, factory = args
         if not (isinstance(options, type) and issubclass(options, BaseModel)):
             message = f"plugin {plugin!r}: options of {kind} {name!r} must be a pydantic model"
-            raise PluginError(message)
+            raise PluginError(message, plugin=plugin, distribution=distribution)
         doc = description or (getattr(factory, "__doc__", None) or "").strip().split("\n")[0]
         spec = Spec(kind, name, factory, options, doc, plugin, distribution, version)
         pm.registry.add(spec)
@@ -123,15 +123,9 @@ def _add_plugin(
                 f"plugin {name!r} ({distribution} {version}) failed to register: {reason} "
                 "(plugins.strict is true; set it false to skip broken plugins)"
             )
-            raise PluginError(message) from err
+            raise PluginError(message, plugin=name, distribution=distribution) from err
         log.warning("plugin %r (%s) skipped: %s", name, distribution, reason)
         pm.registry.broken.append(BrokenPlugin(name, distribution, reason))
-
-
-def _split_names(raw: str | None) -> tuple[str, ...] | None:
-    if raw is None:
-        return None
-    return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
 def make_plugin_manager(
@@ -140,20 +134,18 @@ def make_plugin_manager(
     """A fresh plugin manager with the built-in and the installed plugins registered.
 
     Third-party plugins come from the ``kvcr_policy`` entry-point group; ``plugins.allow``
-    (env ``KVCR_POLICY_PLUGINS``) lists the only ones to load, ``plugins.block`` (env
-    ``KVCR_POLICY_DISABLE_PLUGINS``) those never to load; built-ins always load. A plugin that
+    lists the only ones to load, ``plugins.block`` those never to load; built-ins always load.
+    Both are read from ``config`` only (``load_config`` fills them from a profile or from
+    ``KVCR_POLICY_PLUGINS`` / ``KVCR_POLICY_DISABLE_PLUGINS``), so the manager that builds a
+    pipeline loads exactly the plugins its configuration was validated with. A plugin that
     fails to import or register is reported in ``registry.broken`` and skipped, or raises
-    :class:`PluginError` when ``plugins.strict`` is true. ``KVCR_POLICY_TRACE_HOOKS=1`` prints
-    every hook call to stderr.
+    :class:`PluginError` when ``plugins.strict`` is true. ``KVCR_POLICY_TRACE_HOOKS=1`` in
+    ``environ`` (default ``os.environ``) prints every hook call to stderr.
     """
     env = os.environ if environ is None else environ
     section = config.plugins if config is not None else PluginsSection()
-    allow = (
-        section.allow
-        if section.allow is not None
-        else _split_names(env.get(ENV_PREFIX + "PLUGINS"))
-    )
-    block = set(section.block) | set(_split_names(env.get(ENV_PREFIX + "DISABLE_PLUGINS")) or ())
+    allow = section.allow
+    block = set(section.block)
 
     pm = PluginManager()
     if env.get(TRACE_ENV, "").strip() not in {"", "0", "false", "no"}:
@@ -182,7 +174,7 @@ def make_plugin_manager(
                     f"plugin {ep.name!r} ({dist} {dist_version}, {ep.value}) {reason} "
                     "(plugins.strict is true; set it false to skip broken plugins)"
                 )
-                raise PluginError(message) from err
+                raise PluginError(message, plugin=ep.name, distribution=dist) from err
             log.warning("plugin %r (%s) skipped: %s", ep.name, dist, reason)
             pm.registry.broken.append(BrokenPlugin(ep.name, dist, reason))
             continue

@@ -5,6 +5,7 @@ An origin is a short string, one of::
     default
     profile /path/to/NAME.toml [table]
     env KVCR_POLICY_SECTION__FIELD
+    dotenv /path/to/.env KVCR_POLICY_SECTION__FIELD
     override
 
 ``origins`` maps every leaf path (``"batching.read_batch_pages"``) to its origin.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["DEFAULT", "OVERRIDE", "env_origin", "origin_for", "profile_origin"]
+__all__ = ["DEFAULT", "OVERRIDE", "dotenv_origin", "env_origin", "origin_for", "profile_origin"]
 
 DEFAULT = "default"
 OVERRIDE = "override"
@@ -28,6 +29,11 @@ def profile_origin(path: str, table: str) -> str:
 def env_origin(name: str) -> str:
     """The origin of a value read from the environment variable ``name``."""
     return f"env {name}"
+
+
+def dotenv_origin(path: str, name: str) -> str:
+    """The origin of a value read from the variable ``name`` of the .env file at ``path``."""
+    return f"dotenv {path} {name}"
 
 
 def origin_for(origins: Mapping[str, str], path: str) -> str:

@@ -110,7 +110,8 @@ class Registry:
                 f"({first.distribution}) and by plugin {spec.plugin!r} ({spec.distribution}); "
                 "block one of them with KVCR_POLICY_DISABLE_PLUGINS"
             )
-            raise PluginError(message)
+            # The error is about the plugin that came second: it is the one refused.
+            raise PluginError(message, plugin=spec.plugin, distribution=spec.distribution)
         self.specs[key] = spec
 
     def find(self, kind: str, name: str) -> Spec | None:
@@ -121,7 +122,7 @@ class Registry:
         if spec is None:
             names = ", ".join(self.names(kind)) or "none"
             message = f"no {kind} named {name!r} is registered (registered: {names})"
-            raise PluginError(message)
+            raise PluginError(message, plugin=None, distribution=None)
         return spec
 
     def backend_for(self, backend: str, transport: str) -> str:

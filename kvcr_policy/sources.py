@@ -1,23 +1,46 @@
 """Configuration sources: each turns one input into flat leaf values with their origins.
 
-A source returns ``{leaf path: (raw value, origin)}`` plus the problems it found; loading merges
-the sources in precedence order and validates once. Keeping sources separate (as
-pydantic-settings does, one provider per source) is what lets every value remember who set it.
+The inputs are read by pydantic-settings' own sources, configured once by
+:class:`PolicySettings`: ``TomlConfigSettingsSource`` reads a profile, ``EnvSettingsSource``
+reads ``KVCR_POLICY_*`` variables (prefix, ``__`` nesting, JSON for complex fields) and
+``DotEnvSettingsSource`` reads a ``.env`` file. A source here returns ``{leaf path: (raw value,
+origin)}`` plus the problems it found; loading merges the sources in precedence order and
+validates once. Keeping sources separate (in pydantic-settings each source is a callable
+returning a dict) is what lets every value remember who set it.
+
+What this module adds to pydantic-settings: an unknown file key or ``KVCR_POLICY_*`` variable is
+an error naming the nearest valid one (pydantic-settings ignores unknown prefixed variables); the
+aliased and reserved variables; comma-separated lists and ``none`` for optional values; and a
+problem reported per variable rather than per section.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
+import io
 import json
+import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
+from dotenv.parser import parse_stream
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 from .errors import ConfigIssue
-from .provenance import OVERRIDE, env_origin, profile_origin
+from .provenance import OVERRIDE, dotenv_origin, env_origin, profile_origin
 from .schema import ENV_PREFIX, PolicyConfig
 
 if sys.version_info >= (3, 11):
@@ -26,14 +49,19 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 __all__ = [
+    "ALIASED_ENV",
+    "DOTENV_FILE",
     "RESERVED_ENV",
     "Leaves",
+    "PolicySettings",
+    "dotenv_source",
     "env_name",
     "env_source",
     "flatten",
     "known_leaves",
     "override_source",
     "profile_source",
+    "read_dotenv",
     "suggest",
 ]
 
@@ -48,6 +76,9 @@ RESERVED_ENV: dict[str, str] = {
     "SYS_ROOT": "reads /sys from another root (tests)",
 }
 
+#: Reserved variables a .env file may set; the others are read from the process environment.
+DOTENV_RESERVED = ("PROFILE", "TRACE_HOOKS")
+
 #: Variables that feed one config field under a name of their own (issue: plugins allow/block).
 ALIASED_ENV: dict[str, str] = {
     "PLUGINS": "plugins.allow",
@@ -55,6 +86,22 @@ ALIASED_ENV: dict[str, str] = {
 }
 
 _OPTIONS = "options"
+_NONE_WORDS = frozenset({"", "none", "null"})
+
+
+class PolicySettings(BaseSettings, PolicyConfig):
+    """PolicyConfig's sections with the rules by which pydantic-settings' sources read them.
+
+    Never instantiated: loading calls the sources one by one, so each value keeps its origin.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False, env_file=".env"
+    )
+
+
+#: The .env file read by default, relative to the working directory.
+DOTENV_FILE = str(PolicySettings.model_config["env_file"])
 
 
 def _model_fields(model: type[BaseModel]) -> Iterator[tuple[str, Any]]:
@@ -121,12 +168,15 @@ def _check_path(path: str, where: str, known: dict[str, Any]) -> ConfigIssue | N
 def profile_source(path: Path) -> tuple[Leaves, list[ConfigIssue]]:
     """Leaf values of one TOML profile, each with ``profile <path> [<table>]`` as origin."""
     where = str(path)
+    if not path.is_file():  # pydantic-settings skips a missing file; a chosen profile must exist
+        reason = os.strerror(errno.EISDIR if path.is_dir() else errno.ENOENT)
+        return {}, [ConfigIssue("<profile>", where, f"cannot read the profile: {reason}")]
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = TomlConfigSettingsSource(PolicySettings, toml_file=path)()
     except OSError as err:
         issue = ConfigIssue("<profile>", where, f"cannot read the profile: {err.strerror}")
         return {}, [issue]
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         issue = ConfigIssue("<profile>", where, f"not valid TOML: {err}")
         return {}, [issue]
     known = known_leaves()
@@ -143,18 +193,27 @@ def profile_source(path: Path) -> tuple[Leaves, list[ConfigIssue]]:
     return leaves, issues
 
 
-def _parse_env_value(raw: str, annotation: Any) -> Any:
-    """Env values are strings: decode lists, None and JSON; pydantic converts the rest."""
+def _decode(raw: str, annotation: Any) -> Any:
+    """A string value as env spells it: lists comma-separated or JSON, ``none`` unsets.
+
+    These are the project's spellings on top of pydantic-settings (which only knows JSON); an
+    empty variable is an empty list for a list field (``KVCR_POLICY_PLUGINS=`` allows no
+    third-party plugin) and unsets any other optional field.
+    """
     text = raw.strip()
     args = get_args(annotation)
     nullable = type(None) in args
-    if nullable and text.lower() in {"", "none", "null"}:
-        return None
     kinds = {get_origin(arg) or arg for arg in args} | {get_origin(annotation) or annotation}
     if kinds & {list, tuple}:
         if text.startswith("["):
             return json.loads(text)
+        if nullable and text and text.lower() in _NONE_WORDS:
+            return None
         return [part.strip() for part in text.split(",") if part.strip()]
+    if nullable and text.lower() in _NONE_WORDS:
+        return None
+    if kinds & {dict}:
+        return json.loads(text)
     if annotation is Any or annotation is None:
         try:
             return json.loads(text)
@@ -163,44 +222,155 @@ def _parse_env_value(raw: str, annotation: Any) -> Any:
     return raw
 
 
-def env_source(environ: Mapping[str, str]) -> tuple[Leaves, list[ConfigIssue]]:
-    """Leaf values from ``KVCR_POLICY_*`` variables; an unknown variable is a problem.
+class _VariableSource(EnvSettingsSource):
+    """pydantic-settings' env source over given variables, with the project's list spelling."""
 
-    pydantic-settings ignores unknown prefixed variables, which hides typos such as
-    ``KVCR_POLICY_BATCHING__READ_BATCH_PAGE``; here they are reported with the nearest name.
+    def __init__(self, variables: Mapping[str, str]) -> None:
+        self._variables = variables
+        self.problem: ValueError | None = None
+        super().__init__(PolicySettings)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # The seam DotEnvSettingsSource overrides too: read a mapping instead of os.environ.
+        return parse_env_vars(
+            self._variables, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo | None, value: Any) -> Any:
+        annotation = field.annotation if field is not None else Any
+        try:
+            return _decode(value, annotation)
+        except ValueError as err:
+            self.problem = err  # a union field swallows decode errors; they are still errors
+            raise
+
+
+def _dig(nested: Mapping[str, Any], path: str) -> Any:
+    node: Any = nested
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def _read_variable(path: str, raw: str, known: dict[str, Any]) -> Leaves | ValueError:
+    """The leaves one variable sets (raw values, no origin yet), or why it cannot be parsed.
+
+    Each variable goes through the env source alone: every leaf it yields is known to be that
+    variable's, and a bad value is reported for the variable instead of aborting its section.
     """
+    source = _VariableSource({ENV_PREFIX + "__".join(path.split(".")): raw})
+    try:
+        value = _dig(source(), path)
+    except SettingsError as err:
+        cause = source.problem or err.__cause__
+        return cause if isinstance(cause, ValueError) else ValueError(str(err))
+    if path.endswith("." + _OPTIONS) and isinstance(value, Mapping):  # a JSON options table
+        return {f"{path}.{key}": item for key, item in value.items()}
+    if isinstance(value, str):  # fields pydantic-settings leaves as text: scalars, open options
+        try:
+            value = _decode(value, known.get(path, Any))
+        except ValueError as err:
+            return err
+    return {path: value}
+
+
+def _variables_source(
+    variables: Mapping[str, str | None],
+    origin_of: Callable[[str], str],
+    fix: str,
+    reserved_ok: tuple[str, ...] = tuple(RESERVED_ENV),
+) -> tuple[Leaves, list[ConfigIssue]]:
     known = known_leaves()
     env_names = {env_name(path): path for path in known}
     leaves: Leaves = {}
     issues: list[ConfigIssue] = []
-    for name in sorted(environ):
+    for name in sorted(variables):
         upper = name.upper()
         if not upper.startswith(ENV_PREFIX):
             continue
         rest = upper[len(ENV_PREFIX) :]
-        if rest in RESERVED_ENV:
+        origin = origin_of(name)
+        raw = variables[name]
+        if raw is None:  # a .env line with a name and no '='
+            issues.append(ConfigIssue(name, origin, f"no value; write {name}=VALUE"))
             continue
-        origin = env_origin(name)
-        if rest in ALIASED_ENV:
-            path = ALIASED_ENV[rest]
-        else:
-            path = ".".join(part.lower() for part in rest.split("__"))
+        if rest in RESERVED_ENV:
+            if rest not in reserved_ok:
+                message = (
+                    f"{name} has no effect in a .env file: it is read from the process "
+                    "environment only; export it instead"
+                )
+                issues.append(ConfigIssue(name, origin, message))
+            continue
+        path = ALIASED_ENV.get(rest) or ".".join(part.lower() for part in rest.split("__"))
         if path not in known and not _is_open(path):
             nearest = suggest(upper, list(env_names) + [ENV_PREFIX + r for r in RESERVED_ENV])
             hint = ""
             if nearest:
                 target = env_names.get(nearest, "a reserved variable")
                 hint = f"; did you mean {nearest} ({target})?"
-            message = f"unknown variable {name}{hint} (unset it, or fix its name)"
+            message = f"unknown variable {name}{hint} ({fix})"
             issues.append(ConfigIssue(path, origin, message))
             continue
-        try:
-            value = _parse_env_value(environ[name], known.get(path, Any))
-        except ValueError as err:
-            issues.append(ConfigIssue(path, origin, f"cannot parse {environ[name]!r}: {err}"))
+        found = _read_variable(path, raw, known)
+        if isinstance(found, ValueError):
+            issues.append(ConfigIssue(path, origin, f"cannot parse {raw!r}: {found}"))
             continue
-        leaves[path] = (value, origin)
+        leaves.update({leaf: (value, origin) for leaf, value in found.items()})
     return leaves, issues
+
+
+def env_source(environ: Mapping[str, str]) -> tuple[Leaves, list[ConfigIssue]]:
+    """Leaf values from ``KVCR_POLICY_*`` variables; an unknown variable is a problem.
+
+    pydantic-settings ignores unknown prefixed variables, which hides typos such as
+    ``KVCR_POLICY_BATCHING__READ_BATCH_PAGE``; here they are reported with the nearest name.
+    """
+    return _variables_source(environ, env_origin, "unset it, or fix its name")
+
+
+def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
+    """The variables of a ``.env`` file as pydantic-settings reads them, names as written.
+
+    python-dotenv only logs a line it cannot parse and skips it; here that is a problem naming
+    the line, so a typo cannot silently drop a setting.
+    """
+    where = f"dotenv {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else f"not UTF-8 text ({err.reason})"
+        return {}, [ConfigIssue("<dotenv>", where, f"cannot read the .env file: {reason}")]
+    bindings = list(parse_stream(io.StringIO(text)))
+    issues = [
+        ConfigIssue(
+            "<dotenv>",
+            where,
+            f"line {binding.original.line}: cannot parse {binding.original.string.strip()!r}; "
+            "expected NAME=VALUE (quote a value that holds spaces, quotes or '#')",
+        )
+        for binding in bindings
+        if binding.error
+    ]
+    if issues:
+        # The load fails; the well-formed lines are still checked, so that it reports every
+        # problem at once (python-dotenv would log the bad lines a second time).
+        return {b.key: b.value for b in bindings if b.key is not None}, issues
+    reader = DotEnvSettingsSource(PolicySettings, env_file=path, case_sensitive=True)
+    return dict(reader.env_vars), []
+
+
+def dotenv_source(
+    variables: Mapping[str, str | None], path: Path
+) -> tuple[Leaves, list[ConfigIssue]]:
+    """Leaf values from the ``KVCR_POLICY_*`` variables of a ``.env`` file at ``path``."""
+    where = str(path)
+    return _variables_source(
+        variables,
+        lambda name: dotenv_origin(where, name),
+        f"remove it from {where}, or fix its name",
+        reserved_ok=DOTENV_RESERVED,
+    )
 
 
 def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIssue]]:
@@ -218,7 +388,7 @@ def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIs
             continue
         if isinstance(value, str):
             try:
-                value = _parse_env_value(value, known.get(path, Any))
+                value = _decode(value, known.get(path, Any))
             except ValueError as err:
                 issues.append(ConfigIssue(path, OVERRIDE, f"cannot parse {value!r}: {err}"))
                 continue

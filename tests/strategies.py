@@ -7,12 +7,14 @@ whole buffers.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import get_args, get_origin
 
 import numpy as np
 from hypothesis import strategies as st
 
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, PoolGeometry
+from kvcr_policy.sources import known_leaves
 
 __all__ = [
     "PageTransfer",
@@ -186,10 +188,20 @@ def config_leaves(draw: st.DrawFn) -> dict[str, object]:
     return {path: value for path, value in leaves.items() if path in keep}
 
 
+#: Config leaves whose type is a list or tuple (optional or not).
+_LIST_LEAVES = frozenset(
+    path
+    for path, annotation in known_leaves().items()
+    if {get_origin(a) or a for a in (annotation, *get_args(annotation))} & {list, tuple}
+)
+
+
 def env_text(path: str, value: object) -> st.SearchStrategy[str]:
     """The ways a ``KVCR_POLICY_*`` variable may spell ``value`` of the leaf at ``path``."""
     if value is None:
-        return st.sampled_from(("none", "null", "", "None", " NULL "))
+        # An empty variable is an empty list for a list field (KVCR_POLICY_PLUGINS=), else None.
+        empty = () if path in _LIST_LEAVES else ("",)
+        return st.sampled_from(("none", "null", "None", " NULL ", *empty))
     if isinstance(value, bool):
         return st.sampled_from(("true", "1", "yes", "True") if value else ("false", "0", "no"))
     if isinstance(value, int):

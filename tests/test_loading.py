@@ -1,7 +1,7 @@
 """Tests for kvcr_policy.loading: precedence pair by pair, origins, errors, round trips.
 
-Precedence, highest first: override > env > profile > default. As in pydantic-settings' own
-tests, each pair of sources gets one short test.
+Precedence, highest first: override > env > .env > profile > default. As in pydantic-settings'
+own tests, each pair of sources gets one short test.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcr_policy.errors import ConfigError
-from kvcr_policy.loading import LoadedConfig, bundled_profiles, load_config
+from kvcr_policy.loading import PRECEDENCE, LoadedConfig, bundled_profiles, load_config
 from kvcr_policy.registry import Registry
 from kvcr_policy.schema import PolicyConfig
 from kvcr_policy.sources import env_name, known_leaves
@@ -33,11 +33,22 @@ def profile(write_profile: ProfileWriter) -> Path:
     return write_profile("[batching]\nread_batch_pages = 32\n")
 
 
+@pytest.fixture
+def dotenv(tmp_path: Path) -> Path:
+    path = tmp_path / "site.env"
+    path.write_text(f"{ENV}=48\n", encoding="utf-8")
+    return path
+
+
 def _value_and_origin(loaded: LoadedConfig) -> tuple[int, str]:
     return loaded.config.batching.read_batch_pages, loaded.origin(LEAF)
 
 
 # --- precedence, one pair per test ---
+
+
+def test_precedence_is_declared_once_in_readme_order() -> None:
+    assert PRECEDENCE == ("override", "env", "dotenv", "profile", "default")
 
 
 def test_profile_beats_default(profile: Path) -> None:
@@ -67,6 +78,26 @@ def test_override_beats_profile(profile: Path) -> None:
 
 def test_override_beats_env() -> None:
     loaded = load_config(environ={ENV: "64"}, overrides={LEAF: 16})
+    assert _value_and_origin(loaded) == (16, "override")
+
+
+def test_dotenv_beats_default(dotenv: Path) -> None:
+    loaded = load_config(environ={}, dotenv=dotenv)
+    assert _value_and_origin(loaded) == (48, f"dotenv {dotenv} {ENV}")
+
+
+def test_dotenv_beats_profile(profile: Path, dotenv: Path) -> None:
+    loaded = load_config(profile, environ={}, dotenv=dotenv)
+    assert _value_and_origin(loaded) == (48, f"dotenv {dotenv} {ENV}")
+
+
+def test_env_beats_dotenv(dotenv: Path) -> None:
+    loaded = load_config(environ={ENV: "64"}, dotenv=dotenv)
+    assert _value_and_origin(loaded) == (64, f"env {ENV}")
+
+
+def test_override_beats_dotenv(dotenv: Path) -> None:
+    loaded = load_config(environ={}, overrides={LEAF: 16}, dotenv=dotenv)
     assert _value_and_origin(loaded) == (16, "override")
 
 

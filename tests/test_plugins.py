@@ -29,7 +29,7 @@ from kvcr_policy.errors import ConfigError, PluginError
 from kvcr_policy.loading import load_config
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import NoOptions, Registry, Spec
-from kvcr_policy.schema import BatchingSection
+from kvcr_policy.schema import BatchingSection, PluginsSection, PolicyConfig
 from kvcr_policy.strategies import BatchingStrategy
 
 EXAMPLE_DIST = "kvcr-policy-example"
@@ -113,6 +113,24 @@ def test_plugin_that_fails_to_import_raises_in_strict_mode(
     message = str(caught.value)
     assert "plugin 'broken' (kvcr-test-broken 1.2.3, kvcr_test_no_such_module)" in message
     assert "plugins.strict is true" in message
+    assert (caught.value.plugin, caught.value.distribution) == ("broken", "kvcr-test-broken")
+
+
+def test_plugin_failing_to_register_raises_naming_it_in_strict_mode(
+    fake_dist: Callable[..., None], write_profile: ProfileWriter
+) -> None:
+    body = "register('bogus', 'thing', lambda section, options: None)"
+    fake_dist(
+        "kvcr-test-badkind",
+        {"badkind": "kvcr_test_badkind"},
+        {"kvcr_test_badkind": _registering(body)},
+    )
+    with pytest.raises(PluginError, match="unknown kind 'bogus'") as caught:
+        load_config(write_profile("[plugins]\nstrict = true\n"), environ={})
+    assert (caught.value.plugin, caught.value.distribution) == ("badkind", "kvcr-test-badkind")
+    # The registering callback itself names the plugin too, before the manager wraps it.
+    assert isinstance(caught.value.__cause__, PluginError)
+    assert caught.value.__cause__.plugin == "badkind"
 
 
 def test_broken_plugin_listed_by_the_cli(
@@ -157,8 +175,9 @@ def test_duplicate_registration_raises_in_strict_mode(
 ) -> None:
     body = "register('batching', 'fixed', lambda section, options: None)"
     fake_dist("kvcr-test-dup", {"dup": "kvcr_test_dup"}, {"kvcr_test_dup": _registering(body)})
-    with pytest.raises(PluginError, match=r"by plugin 'builtin\.batching'.*by plugin 'dup'"):
+    with pytest.raises(PluginError, match=r"by plugin 'builtin\.batching'.*by plugin 'dup'") as got:
         load_config(write_profile("[plugins]\nstrict = true\n"), environ={})
+    assert (got.value.plugin, got.value.distribution) == ("dup", "kvcr-test-dup")
 
 
 def test_registry_add_refuses_a_second_spec() -> None:
@@ -167,8 +186,17 @@ def test_registry_add_refuses_a_second_spec() -> None:
 
     registry = Registry()
     registry.add(spec("a"))
-    with pytest.raises(PluginError, match=r"plugin 'a' \(dist-a\) and by plugin 'b' \(dist-b\)"):
+    with pytest.raises(
+        PluginError, match=r"plugin 'a' \(dist-a\) and by plugin 'b' \(dist-b\)"
+    ) as caught:
         registry.add(spec("b"))
+    assert (caught.value.plugin, caught.value.distribution) == ("b", "dist-b")  # the refused one
+
+
+def test_unknown_name_is_a_plugin_error_about_no_plugin() -> None:
+    with pytest.raises(PluginError, match="no batching named 'nothing'") as caught:
+        Registry().get("batching", "nothing")
+    assert (caught.value.plugin, caught.value.distribution) == (None, None)
 
 
 def test_observer_exceptions_are_logged_not_raised(
@@ -190,6 +218,80 @@ def test_observer_exceptions_are_logged_not_raised(
     assert "plugin 'observer' failed in kvcr_pipeline_opened; ignored" in caplog.text
 
 
+WATCHER = """
+    from kvcr_policy import hookimpl
+
+    OPENED = []
+
+    @hookimpl
+    def kvcr_pipeline_opened(pipeline):
+        OPENED.append(pipeline)
+"""
+
+
+def _watched(build: Callable[[], object]) -> list[object]:
+    """The pipelines the ``watch`` plugin saw open while ``build`` ran (none if not loaded)."""
+    build()
+    module = sys.modules.get("kvcr_test_watch")
+    return list(getattr(module, "OPENED", []))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("KVCR_POLICY_DISABLE_PLUGINS", "watch"), ("KVCR_POLICY_PLUGINS", "")],
+    ids=["blocked", "not-allowed"],
+)
+def test_blocked_plugin_stays_blocked_when_the_environment_changes_before_build(
+    fake_dist: Callable[..., None], monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    from kvcr_policy.pipeline import build_pipeline
+
+    fake_dist("kvcr-test-watch", {"watch": "kvcr_test_watch"}, {"kvcr_test_watch": WATCHER})
+    monkeypatch.setenv(name, value)
+    loaded = load_config()
+    assert loaded.registry is not None
+    assert "watch" in [b.name for b in loaded.registry.broken if b.blocked]
+    monkeypatch.delenv(name)  # were it read again, nothing would keep the plugin out now
+    assert _watched(lambda: build_pipeline(loaded).close()) == []
+    # The same plugin, not kept out at load time, does see the pipeline: the check can fail.
+    assert len(_watched(lambda: build_pipeline(load_config()).close())) == 1
+
+
+def test_build_reuses_the_plugin_manager_of_the_load(fake_dist: Callable[..., None]) -> None:
+    from kvcr_policy.pipeline import build_pipeline
+
+    fake_dist("kvcr-test-watch", {"watch": "kvcr_test_watch"}, {"kvcr_test_watch": WATCHER})
+    loaded = load_config(environ={})
+    assert loaded.plugin_manager is not None
+    assert loaded.registry is loaded.plugin_manager.registry
+    pipeline = build_pipeline(loaded)
+    pipeline.close()
+    assert _watched(lambda: None) == [pipeline]
+    assert "PluginManager" not in repr(loaded)
+    assert loaded == load_config(environ={})  # managers are not compared
+
+
+def test_loaded_config_without_a_manager_still_builds(registry: Registry) -> None:
+    from kvcr_policy.loading import LoadedConfig
+    from kvcr_policy.pipeline import build_pipeline
+
+    given = load_config(environ={}, registry=registry)
+    assert given.plugin_manager is None  # the caller's registry, no manager of the load's own
+    older = LoadedConfig(given.config, given.origins, given.profile)
+    with build_pipeline(older) as pipeline:
+        assert pipeline.config == given.config
+
+
+def test_environment_alone_does_not_block_a_plugin(fake_dist: Callable[..., None]) -> None:
+    body = "register('batching', 'watched', lambda section, options: None)"
+    fake_dist("kvcr-test-w2", {"w2": "kvcr_test_w2"}, {"kvcr_test_w2": _registering(body)})
+    environ = {"KVCR_POLICY_DISABLE_PLUGINS": "w2", "KVCR_POLICY_PLUGINS": ""}
+    registry = make_plugin_manager(PolicyConfig(), environ=environ).registry
+    assert registry.find("batching", "watched") is not None  # allow/block: config only
+    blocked = PolicyConfig(plugins=PluginsSection(block=("w2",)))
+    assert make_plugin_manager(blocked).registry.find("batching", "watched") is None
+
+
 def test_trace_hooks_prints_hook_calls(capsys: pytest.CaptureFixture[str]) -> None:
     make_plugin_manager(environ={"KVCR_POLICY_TRACE_HOOKS": "1"})
     traced = capsys.readouterr().err
@@ -200,7 +302,8 @@ def test_trace_hooks_prints_hook_calls(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_builtins_are_registered_like_plugins() -> None:
-    registry = make_plugin_manager(environ={"KVCR_POLICY_PLUGINS": ""}).registry
+    no_third_party = PolicyConfig(plugins=PluginsSection(allow=()))
+    registry = make_plugin_manager(no_third_party).registry
     providers = {spec.plugin for spec in registry.specs.values()}
     assert {"builtin.batching", "builtin.coalescing", "builtin.fallback"} <= providers
     assert {spec.distribution for spec in registry.specs.values()} == {"kvcr-policy"}
@@ -310,9 +413,8 @@ def test_blocked_example_cannot_be_selected(write_profile: ProfileWriter) -> Non
 
 @needs_example
 def test_block_list_reports_the_plugin_as_blocked() -> None:
-    registry = make_plugin_manager(
-        environ={"KVCR_POLICY_DISABLE_PLUGINS": "other, example"}
-    ).registry
+    registry = load_config(environ={"KVCR_POLICY_DISABLE_PLUGINS": "other, example"}).registry
+    assert registry is not None
     assert registry.find("batching", "adaptive") is None
     (blocked,) = [b for b in registry.broken if b.name == "example"]
     assert (blocked.distribution, blocked.blocked) == (EXAMPLE_DIST, True)
@@ -321,7 +423,8 @@ def test_block_list_reports_the_plugin_as_blocked() -> None:
 @needs_example
 @pytest.mark.parametrize(("allow", "loaded"), [("example", True), ("other", False), ("", False)])
 def test_allow_list(allow: str, loaded: bool) -> None:
-    registry = make_plugin_manager(environ={"KVCR_POLICY_PLUGINS": allow}).registry
+    registry = load_config(environ={"KVCR_POLICY_PLUGINS": allow}).registry
+    assert registry is not None
     assert (registry.find("batching", "adaptive") is not None) is loaded
     assert registry.find("batching", "fixed") is not None  # built-ins always load
     if not loaded:

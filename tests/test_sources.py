@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy.sources import (
+    dotenv_source,
     env_name,
     env_source,
     flatten,
     known_leaves,
     override_source,
     profile_source,
+    read_dotenv,
     suggest,
 )
 
@@ -126,6 +128,10 @@ def test_env_source_reads_only_prefixed_variables() -> None:
         ("KVCR_POLICY_BATCHING__WINDOW_PAGES", "", None),
         ("KVCR_POLICY_PLUGINS", "a,b", ["a", "b"]),
         ("KVCR_POLICY_PLUGINS", "[]", []),
+        ("KVCR_POLICY_PLUGINS", "", []),  # an empty allow-list: no third-party plugin loads
+        ("KVCR_POLICY_PLUGINS", "none", None),  # no allow-list: every plugin loads
+        ("KVCR_POLICY_DISABLE_PLUGINS", "", []),
+        ("KVCR_POLICY_COALESCING__STRATEGY", "none", "none"),  # a name, not an unset value
         ("KVCR_POLICY_BATCHING__OPTIONS__PAGE_BYTES", "16", 16),
         ("KVCR_POLICY_BATCHING__OPTIONS__PAGE_BYTES", "16MiB", "16MiB"),
     ],
@@ -149,6 +155,112 @@ def test_env_source_names_nearest_variable_for_a_typo() -> None:
 def test_env_source_reports_bad_json() -> None:
     _, issues = env_source({"KVCR_POLICY_PLACEMENT__NUMA_NODES": "[0,"})
     assert "cannot parse '[0,'" in issues[0].message
+
+
+def test_env_source_reports_each_bad_variable_of_one_section() -> None:
+    # pydantic-settings stops at the first bad value of a section; each variable is its own.
+    leaves, issues = env_source(
+        {
+            "KVCR_POLICY_PLUGINS": "[a,",
+            "KVCR_POLICY_DISABLE_PLUGINS": '["b"',
+            "KVCR_POLICY_PLUGINS__STRICT": "true",
+        }
+    )
+    assert leaves == {"plugins.strict": ("true", "env KVCR_POLICY_PLUGINS__STRICT")}
+    assert [(i.path, i.origin) for i in issues] == [
+        ("plugins.block", "env KVCR_POLICY_DISABLE_PLUGINS"),
+        ("plugins.allow", "env KVCR_POLICY_PLUGINS"),
+    ]
+    assert all(i.message.startswith("cannot parse ") for i in issues)
+
+
+def test_env_source_takes_a_json_options_table_leaf_by_leaf() -> None:
+    name = "KVCR_POLICY_BATCHING__OPTIONS"
+    leaves, issues = env_source({name: '{"page_bytes": "16MiB", "n": 2}'})
+    assert issues == []
+    assert leaves == {
+        "batching.options.page_bytes": ("16MiB", f"env {name}"),
+        "batching.options.n": (2, f"env {name}"),
+    }
+
+
+def test_env_source_keeps_the_variable_name_as_written() -> None:
+    name = "kvcr_policy_Batching__Read_Batch_Pages"
+    assert env_source({name: "8"}) == ({"batching.read_batch_pages": ("8", f"env {name}")}, [])
+
+
+# --- .env files ---
+
+
+def _dotenv(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / ".env"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_read_dotenv_reads_names_as_written_and_quoted_values(tmp_path: Path) -> None:
+    path = _dotenv(
+        tmp_path,
+        "# a comment\nexport KVCR_POLICY_PROFILE=throughput\n"
+        "KVCR_POLICY_PLACEMENT__NUMA_NODES='0, 1'  # inline comment\nOTHER_APP=x\n",
+    )
+    variables, issues = read_dotenv(path)
+    assert issues == []
+    assert variables == {
+        "KVCR_POLICY_PROFILE": "throughput",
+        "KVCR_POLICY_PLACEMENT__NUMA_NODES": "0, 1",
+        "OTHER_APP": "x",
+    }
+
+
+def test_dotenv_source_origins_name_file_and_variable(tmp_path: Path) -> None:
+    path = _dotenv(tmp_path, "KVCR_POLICY_PLACEMENT__NUMA_NODES=0,1\nOTHER_APP=x\n")
+    leaves, issues = dotenv_source(read_dotenv(path)[0], path)
+    assert issues == []
+    name = "KVCR_POLICY_PLACEMENT__NUMA_NODES"
+    assert leaves == {"placement.numa_nodes": (["0", "1"], f"dotenv {path} {name}")}
+
+
+def test_dotenv_source_names_nearest_variable_for_a_typo(tmp_path: Path) -> None:
+    path = _dotenv(tmp_path, "KVCR_POLICY_FALLBACK__MAX_RETRY=2\n")
+    leaves, issues = dotenv_source(read_dotenv(path)[0], path)
+    assert leaves == {}
+    (issue,) = issues
+    assert issue.origin == f"dotenv {path} KVCR_POLICY_FALLBACK__MAX_RETRY"
+    assert "did you mean KVCR_POLICY_FALLBACK__MAX_RETRIES (fallback.max_retries)?" in (
+        issue.message
+    )
+    assert f"remove it from {path}, or fix its name" in issue.message
+
+
+def test_read_dotenv_reports_each_malformed_line(tmp_path: Path) -> None:
+    path = _dotenv(tmp_path, 'KVCR_POLICY_A=1\nKVCR_POLICY_B 2\nKVCR_POLICY_C="open\n')
+    variables, issues = read_dotenv(path)
+    assert [issue.origin for issue in issues] == [f"dotenv {path}"] * 2
+    assert issues[0].message.startswith("line 2: cannot parse 'KVCR_POLICY_B 2'; expected NAME=")
+    assert issues[1].message.startswith("line 3: cannot parse 'KVCR_POLICY_C=\"open'")
+    assert variables == {"KVCR_POLICY_A": "1"}  # still checked, so the load reports it too
+
+
+def test_dotenv_source_reports_a_name_without_value(tmp_path: Path) -> None:
+    path = _dotenv(tmp_path, "KVCR_POLICY_FALLBACK__MAX_RETRIES\n")
+    _, issues = dotenv_source(read_dotenv(path)[0], path)
+    assert issues[0].message == "no value; write KVCR_POLICY_FALLBACK__MAX_RETRIES=VALUE"
+
+
+def test_dotenv_source_refuses_variables_read_from_the_process_only(tmp_path: Path) -> None:
+    path = _dotenv(tmp_path, "KVCR_POLICY_PROC_ROOT=/x\nKVCR_POLICY_TRACE_HOOKS=0\n")
+    leaves, issues = dotenv_source(read_dotenv(path)[0], path)
+    assert leaves == {}
+    (issue,) = issues
+    assert issue.origin == f"dotenv {path} KVCR_POLICY_PROC_ROOT"
+    assert "read from the process environment only; export it instead" in issue.message
+
+
+def test_read_dotenv_reports_an_unreadable_file(tmp_path: Path) -> None:
+    variables, issues = read_dotenv(tmp_path / "missing.env")
+    assert variables == {}
+    assert issues[0].message == "cannot read the .env file: No such file or directory"
 
 
 def test_override_source_takes_dotted_and_nested_keys() -> None:

@@ -1,0 +1,145 @@
+"""Tests for the ``.env`` source of load_config: where it is found, what it may set, its errors.
+
+Precedence pairs with the other sources are in test_loading.py; the source alone is in
+test_sources.py. Each test here runs in its own working directory (tmp_path), because the
+default ``.env`` is the one in the working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kvcr_policy.cli import main
+from kvcr_policy.errors import ConfigError
+from kvcr_policy.loading import bundled_profiles, load_config
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+ENV = "KVCR_POLICY_BATCHING__READ_BATCH_PAGES"
+LEAF = "batching.read_batch_pages"
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _write(folder: Path, text: str, name: str = ".env") -> Path:
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _issues(**kwargs: object) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(**kwargs)  # type: ignore[arg-type]
+    return [issue.render() for issue in caught.value.issues]
+
+
+def test_dotenv_in_the_working_directory_is_read_by_default(cwd: Path) -> None:
+    path = _write(cwd, f"{ENV}=48\n")
+    loaded = load_config(environ={})
+    assert loaded.config.batching.read_batch_pages == 48
+    assert loaded.origin(LEAF) == f"dotenv {path} {ENV}"
+    assert loaded.changed() == {LEAF: (48, f"dotenv {path} {ENV}")}
+
+
+def test_dotenv_false_reads_none(cwd: Path) -> None:
+    _write(cwd, f"{ENV}=48\n")
+    assert load_config(environ={}, dotenv=False).origin(LEAF) == "default"
+
+
+def test_no_dotenv_file_is_no_source(cwd: Path) -> None:
+    assert load_config(environ={}).origin(LEAF) == "default"
+
+
+def test_dotenv_argument_names_another_file(cwd: Path, tmp_path: Path) -> None:
+    _write(cwd, f"{ENV}=48\n")
+    other = _write(tmp_path, f"{ENV}=24\n", name="site.env")
+    loaded = load_config(environ={}, dotenv=other)
+    assert loaded.origin(LEAF) == f"dotenv {other} {ENV}"
+
+
+def test_a_named_dotenv_file_must_exist(cwd: Path) -> None:
+    (issue,) = _issues(environ={}, dotenv="nowhere.env")
+    assert issue == (
+        f"<dotenv> (from dotenv {cwd / 'nowhere.env'}): "
+        "cannot read the .env file: No such file or directory"
+    )
+
+
+def test_dotenv_does_not_change_the_process_environment(cwd: Path) -> None:
+    _write(cwd, f"{ENV}=48\nKVCR_TEST_OTHER_APP=1\n")
+    load_config(environ={})
+    assert ENV not in os.environ
+    assert "KVCR_TEST_OTHER_APP" not in os.environ
+
+
+def test_dotenv_selects_the_profile(cwd: Path) -> None:
+    _write(cwd, "KVCR_POLICY_PROFILE=throughput\n")
+    loaded = load_config(environ={})
+    assert loaded.profile == str(bundled_profiles()["throughput"])
+
+
+def test_env_profile_beats_the_dotenv_profile(cwd: Path) -> None:
+    _write(cwd, "KVCR_POLICY_PROFILE=throughput\n")
+    loaded = load_config(environ={"KVCR_POLICY_PROFILE": "default"})
+    assert loaded.profile == str(bundled_profiles()["default"])
+
+
+def test_unknown_dotenv_profile_quotes_the_file(cwd: Path) -> None:
+    path = _write(cwd, "KVCR_POLICY_PROFILE=throughputt\n")
+    (issue,) = _issues(environ={})
+    assert issue.startswith(f"profile (from dotenv {path} KVCR_POLICY_PROFILE): ")
+    assert "did you mean 'throughput'?" in issue
+
+
+def test_unknown_dotenv_variable_names_the_nearest(cwd: Path) -> None:
+    path = _write(cwd, "KVCR_POLICY_BATCHING__READ_BATCH_PAGE=64\n")
+    (issue,) = _issues(environ={})
+    assert issue.startswith(
+        f"batching.read_batch_page (from dotenv {path} KVCR_POLICY_BATCHING__READ_BATCH_PAGE): "
+    )
+    assert "did you mean KVCR_POLICY_BATCHING__READ_BATCH_PAGES (batching.read_batch_pages)?" in (
+        issue
+    )
+
+
+def test_malformed_dotenv_line_is_reported_with_the_other_problems(cwd: Path) -> None:
+    path = _write(cwd, f"{ENV}=many\nKVCR_POLICY_FALLBACK__MAX_RETRIES 2\n")
+    issues = _issues(environ={})
+    assert issues == [
+        f"<dotenv> (from dotenv {path}): line 2: cannot parse "
+        "'KVCR_POLICY_FALLBACK__MAX_RETRIES 2'; expected NAME=VALUE "
+        "(quote a value that holds spaces, quotes or '#')",
+        f"{LEAF} (from dotenv {path} {ENV}): expected: input should be a valid integer, "
+        "unable to parse string as an integer; got 'many'",
+    ]
+
+
+def test_dotenv_can_turn_on_hook_tracing(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write(cwd, "KVCR_POLICY_TRACE_HOOKS=1\n")
+    load_config(environ={})
+    assert "kvcr_register_strategies [hook]" in capsys.readouterr().err
+
+
+def test_dotenv_can_block_a_plugin_like_the_environment(cwd: Path) -> None:
+    _write(cwd, "KVCR_POLICY_DISABLE_PLUGINS=someone\n")
+    loaded = load_config(environ={})
+    assert loaded.config.plugins.block == ("someone",)
+    assert loaded.origin("plugins.block") == (f"dotenv {cwd / '.env'} KVCR_POLICY_DISABLE_PLUGINS")
+
+
+def test_show_prints_the_dotenv_origin(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(cwd, f"{ENV}=48\n")
+    main(["show", "--format", "json"])
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["config"]["batching"]["read_batch_pages"] == 48
+    assert shown["origins"][LEAF] == f"dotenv {path} {ENV}"
+    main(["show", "--format", "toml"])
+    assert f"read_batch_pages = 48  # dotenv {path} {ENV}" in capsys.readouterr().out
