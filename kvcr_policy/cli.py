@@ -222,10 +222,9 @@ def plugins(
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
     """Registered strategies and transports by kind, who provides them, and skipped plugins."""
-    from .plugins import make_plugin_manager
-
     loaded = load_config()
-    registry = make_plugin_manager(loaded.config).registry
+    registry = loaded.registry
+    assert registry is not None  # every load_config result carries the registry it used
     kinds = {
         kind: [
             {
@@ -293,11 +292,11 @@ def audit(
 ) -> None:
     """Open a tier region as the profile places it and report where its pages really landed."""
     from .backends.dram.tier import format_audit
-    from .plugins import make_plugin_manager
 
     loaded = _load(profile, set_)
     config = loaded.config
-    registry = make_plugin_manager(config).registry
+    registry = loaded.registry
+    assert registry is not None  # every load_config result carries the registry it used
     spec = registry.get("placement", config.placement.strategy)
     placement = spec.create(config.placement, options=config.placement.options)
     region = placement.open_region("audit", _parse_size(size))
