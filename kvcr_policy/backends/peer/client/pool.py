@@ -2,9 +2,11 @@
 
 It owns what the local pipeline does for its own tier: metadata queries in query batches
 (one round trip each), reads and writes in read batches bounded by the delivery window
-(batches, pages, bytes in flight), and the fallback strategy for a batch that failed. A peer
-that went away turns into misses (logged and counted), never into an exception on the data
-path; a full tier raises CapacityError, as the local store does.
+(batches, pages, bytes in flight), and the fallback strategy for a batch that failed. Every
+batch's descriptors are shaped by the configured coalescing strategy (:meth:`PeerPool.shape`),
+within what both the pipeline and the peer allow. A peer that went away turns into misses
+(logged and counted), never into an exception on the data path; a full tier raises
+CapacityError, as the local store does.
 """
 
 from __future__ import annotations
@@ -19,27 +21,28 @@ from typing import Any
 
 import numpy as np
 
+from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import CapacityError, ClosedError, TransportError, UnsupportedError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.schema import PolicyConfig
 
-from ..dram.transports.base import Endpoint
-from . import messages as m
+from ...dram.transports.base import Endpoint
+from ..requests import memory_view
+from ..wire import messages as m
+from ..wire.payload import MAX_DESCRIPTORS, MAX_KEYS
 from . import ops
 from .client import PeerClient
-from .engine import memory_view
-from .protocol import MAX_KEYS
 
 __all__ = ["PeerPool"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.pool")
 
 
-def _cap(batches: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Batches cut to at most MAX_KEYS entries (one request names at most that many)."""
+def _cap(batches: list[tuple[int, int]], most: int = MAX_KEYS) -> list[tuple[int, int]]:
+    """Batches cut to at most ``most`` entries (one request names at most MAX_KEYS)."""
     out: list[tuple[int, int]] = []
     for start, stop in batches:
-        out.extend((a, min(a + MAX_KEYS, stop)) for a in range(start, stop, MAX_KEYS))
+        out.extend((a, min(a + most, stop)) for a in range(start, stop, most))
     return out
 
 
@@ -63,12 +66,12 @@ class PeerPool:
         self.view = memory_view(endpoint.address, endpoint.nbytes)
         self.batching = strategies["batching"]
         self.fallback = strategies["fallback"]
-        coalescing = strategies["coalescing"]
-        allowed = frozenset(strategies.get("allowed", frozenset({"coalesce", "split"})))
-        wanted = coalescing.needs & allowed
-        self.want_merge = "coalesce" in wanted
-        split = config.coalescing.split_bytes
-        self.want_split = int(split) if split is not None and "split" in wanted else 0
+        self.coalescing = strategies["coalescing"]
+        # What the pipeline lets the strategy use; narrowed to what the peer accepts on connect.
+        self.allowed = frozenset(strategies.get("allowed", self.coalescing.needs))
+        self.usable = self.allowed
+        # Plain descriptors of one batch must fit one SEND or POST.
+        self.batch_pages = max(1, min(MAX_KEYS, MAX_DESCRIPTORS // geometry.fragments_per_page))
         self.on_unsupported = config.coalescing.on_unsupported
         self.timeout = config.transport.op_timeout_s
         self.counters: Counter[str] = Counter()
@@ -78,12 +81,13 @@ class PeerPool:
 
     # ---- what the client asks of a pool ---------------------------------------------------
 
-    def _negotiate(self, capabilities: frozenset[str]) -> tuple[bool, int]:
-        missing = [
-            name
-            for name, wanted in (("coalesce", self.want_merge), ("split", self.want_split))
-            if wanted and name not in capabilities
-        ]
+    def shape(self, descriptors: Descriptors) -> Descriptors:
+        """The descriptors to move for one batch: the coalescing strategy's, within ``usable``."""
+        prepared: Descriptors = self.coalescing.prepare(descriptors, self.usable)
+        return prepared
+
+    def _negotiate(self, capabilities: frozenset[str]) -> None:
+        missing = sorted(self.allowed - capabilities)
         if missing:
             message = (
                 f"pool {self.name!r}: peer {self.client.address} cannot {' or '.join(missing)} "
@@ -94,13 +98,10 @@ class PeerPool:
             if not self._warned:
                 log.warning("%s; sending plain descriptors (coalescing.on_unsupported)", message)
                 self._warned = True
-        return (
-            self.want_merge and "coalesce" in capabilities,
-            self.want_split if "split" in capabilities else 0,
-        )
+        self.usable = self.allowed & capabilities
 
     def attach_message(self, capabilities: frozenset[str]) -> m.Attach:
-        merge, split = self._negotiate(capabilities)
+        self._negotiate(capabilities)
         g = self.geometry
         return m.Attach(
             g.name,
@@ -112,14 +113,12 @@ class PeerPool:
             g.page_size,
             g.tokens,
             g.mla,
-            merge,
-            split,
             self.align,
         )
 
     def target(self, number: int, slots: int, capabilities: frozenset[str]) -> ops.Target:
-        merge, split = self._negotiate(capabilities)
-        return ops.Target.make(number, self.geometry, slots, self.view, merge, split)
+        self._negotiate(capabilities)
+        return ops.Target.make(number, self.geometry, slots, self.view)
 
     # ---- RemotePool -----------------------------------------------------------------------
 
@@ -192,6 +191,7 @@ class PeerPool:
                         op,
                         keys[start + i : start + i + 1],
                         pages[start + i : start + i + 1],
+                        self.shape,
                         timeout=self.timeout,
                     )
                     return bool(one[0])
@@ -205,7 +205,7 @@ class PeerPool:
             elif on_ready is not None and ok[:stop].all():
                 on_ready(stop)
 
-        for start, stop in _cap(self.batching.read_batches(n)):
+        for start, stop in _cap(self.batching.read_batches(n), self.batch_pages):
             if state["stop"]:
                 break
             count = stop - start
@@ -219,7 +219,7 @@ class PeerPool:
                 finish()
             if state["stop"]:
                 break
-            future = self.client.start(self, op, keys[start:stop], pages[start:stop])
+            future = self.client.start(self, op, keys[start:stop], pages[start:stop], self.shape)
             inflight.append((future, start, stop))
             state["pages"] += count
         while inflight:
