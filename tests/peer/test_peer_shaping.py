@@ -182,9 +182,9 @@ def _attach(raw: Raw, geo: Any) -> tuple[int, Any]:
 
 
 def _outside(cover: Cover, tier: Any, how: str) -> tuple[np.ndarray, np.ndarray]:
-    offsets, lengths = cover.offset.copy(), cover.length.copy()
+    offsets, lengths = cover.ranges()
     if how == "another slot":  # the first fragment's bytes of a slot not claimed
-        taken = set((cover.offset // tier.fragment_bytes).tolist())
+        taken = set(cover.fragments.tolist())
         other = next(i for i in range(tier.pages) if i not in taken)
         offsets[0] = other * tier.fragment_bytes
     elif how == "past the tier":

@@ -10,7 +10,7 @@ COMMIT what was sent -> WRITTEN.
 ``shape`` (:data:`kvcr_policy.backends.base.Shape`) gets the plain descriptors of the batch
 (:func:`~kvcr_policy.descriptors.build_descriptors`, tier -> pool for a read, pool -> tier for
 a write) and returns those to move: any merge and cut of them
-(:func:`~..wire.coverage.check_moves` refuses anything else before a byte moves). Descriptor
+(:meth:`~..wire.coverage.Cover.check` refuses anything else before a byte moves). Descriptor
 ``i`` is UCX message ``tag_base + i``. A page counts only if every message that touched its
 bytes completed.
 """
@@ -35,13 +35,16 @@ from kvcr_policy.geometry import PoolGeometry
 
 from ...base import Shape
 from ..wire import messages as m
-from ..wire.coverage import Cover, check_moves
+from ..wire.coverage import Cover
+from ..wire.payload import MAX_DESCRIPTORS
 from .connection import Connection
 
 __all__ = ["Target", "error_of", "probe", "read", "write"]
 
 #: ``done(result)``: a bool array per requested page, or an exception.
 Done = Callable[[Any], None]
+#: Source offsets above this are refused before the shift is computed (no int64 overflow).
+_HUGE = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +106,36 @@ def _guard(
     return run
 
 
-def _shaped(shape: Shape, plain: Descriptors, what: str) -> Descriptors:
-    """What ``shape`` makes of ``plain``, checked (TransportError: nothing moves)."""
+def _shaped(shape: Shape, plain: Descriptors, cover: Cover, what: str) -> Descriptors:
+    """What ``shape`` makes of ``plain``, checked against ``cover`` (TransportError: nothing
+    moves; a strategy's bug fails the batch, never the connection)."""
+    for array in (plain.src, plain.dst, plain.length):
+        array.flags.writeable = False  # so that ``plain`` returned as is needs no check
     try:
         shaped = shape(plain)
     except KVCRPolicyError:
         raise
-    except Exception as err:  # a strategy's bug: this batch fails, the connection stays
+    except Exception as err:
         message = f"{what}: the coalescing strategy failed: {type(err).__name__}: {err}"
         raise TransportError(message) from err
-    return check_moves(plain, shaped, what)
+    if not isinstance(shaped, Descriptors):
+        got = type(shaped).__name__
+        message = f"{what}: expected Descriptors from the coalescing strategy, got {got}"
+        raise TransportError(message)
+    if len(shaped) > MAX_DESCRIPTORS:
+        message = (
+            f"{what}: the coalescing strategy returned {len(shaped)} descriptors for one batch; "
+            f"one request carries at most {MAX_DESCRIPTORS}: cut fewer pieces or lower "
+            "batching.read_batch_pages"
+        )
+        raise TransportError(message)
+    if shaped is not plain:
+        src = shaped.src
+        if len(src) and (int(src.min()) < 0 or int(src.max()) > _HUGE):
+            raise TransportError(f"{what}: a descriptor's source offset is out of range")
+        what += " (descriptors from the coalescing strategy)"
+        cover.check(shaped.dst, shaped.length, src - shaped.dst, what=what, error=TransportError)
+    return shaped
 
 
 def _post(
@@ -154,14 +177,15 @@ def read(
         if count == 0:
             done(np.zeros(n, dtype=bool))
             return
-        plain = build_descriptors(target.tier, slots, target.geometry, pages[:count])
         try:
-            d = _shaped(shape, plain, f"reading {count} pages into pool {target.geometry.name!r}")
+            plain = build_descriptors(target.tier, slots, target.geometry, pages[:count])
+            pool = Cover.of_moves(target.tier, slots, target.geometry, pages[:count])
+            what = f"reading {count} pages into pool {target.geometry.name!r}"
+            d = _shaped(shape, plain, pool, what)
         except KVCRPolicyError as err:
             conn.notify(m.Release(reply.claim))
             done(err)
             return
-        pool = Cover.of_destinations(plain, count, len(target.view))
         tag_base = conn.worker.tags(len(d))
 
         def received(failed: np.ndarray) -> None:
@@ -217,15 +241,16 @@ def write(
         if len(todo) == 0:
             conn.request(m.Commit(reply.reservation, flags), written)
             return
-        plain = build_descriptors(target.geometry, pages[:covered][todo], target.tier, slots[todo])
-        what = f"writing {len(todo)} pages of pool {target.geometry.name!r}"
+        sources = pages[:covered][todo]
         try:
-            d = _shaped(shape, plain, what)
+            plain = build_descriptors(target.geometry, sources, target.tier, slots[todo])
+            tier = Cover.of_moves(target.geometry, sources, target.tier, slots[todo])
+            what = f"writing {len(todo)} pages of pool {target.geometry.name!r}"
+            d = _shaped(shape, plain, tier, what)
         except KVCRPolicyError as err:
             conn.notify(m.Release(reply.reservation))
             done(err)
             return
-        tier = Cover.of_destinations(plain, len(todo), target.tier.nbytes)
 
         def sent(failed: np.ndarray) -> None:
             flags[todo] = tier.outcome(d.dst, d.length, failed)

@@ -4,20 +4,23 @@ a failed message fails.
 The client hands each batch's plain descriptors (one per page fragment, see
 :func:`~kvcr_policy.descriptors.build_descriptors`) to its coalescing strategy and moves what
 comes back, merged and cut in any way. A list is accepted only if it moves exactly the bytes of
-the plain list:
+the plain list, which :meth:`Cover.check` verifies on one side of the transfer:
 
-- :func:`check_moves` (the client, which knows both sides): every byte goes from the same
-  source byte to the same destination byte as in the plain list, as often: nothing outside the
-  request's pages, nothing twice, nothing missed, nothing sent to another page.
-- :meth:`Cover.check` (the server, which is told the tier side only): the tier ranges cover
-  exactly the bytes of the slots it claimed or reserved for the request, and have only the
-  shapes it accepts (``coalesce``: a range over several fragments; ``split``: part of one).
+- the server, told the tier side only, checks that the ranges cover exactly the bytes of the
+  slots it claimed or reserved for the request (:meth:`Cover.of_pages`), in shapes it accepts
+  (``coalesce``: a range over several fragments; ``split``: part of one);
+- the client, which knows both sides, checks the destination side and each range's shift
+  (source minus destination offset) against the plain list (:meth:`Cover.of_moves`): every byte
+  goes from the same source byte to the same destination byte, as often.
 
-Both are one vectorised test. Two lists of byte ranges, each range tagged with a key (its shift
-``dst - src`` for moves; 0 for one side), cover every (key, byte) equally often exactly when the
-running sum of +1 at each start and -1 at each end of one list, and the opposite for the other,
-taken in (key, offset) order, is zero after every offset. Lengths are checked first (at least
-one byte, no offset or length past the buffer), so no sum can overflow.
+So nothing outside the request, nothing twice, nothing missed and nothing sent elsewhere. A
+buffer is tiled by fragments (fragment ``f`` of page ``p`` is fragment number
+``f * pages + p``), so the check needs no sort of the plain list: each range's first and last
+fragment numbers are looked up among the request's (sorted pages, broadcast over the planes);
+all fragments in between must be the request's with the range's shift, the ranges must not
+overlap, and together they must hold as many bytes as the request. A request that names a page
+twice (a read of a repeated key) is checked by a sweep instead: +1 at each range's start and -1
+at its end, the opposite for the plain ranges, summed in (shift, offset) order, must stay zero.
 
 :meth:`Cover.outcome` turns failed messages into failed pages from the bytes each message
 covered (never from the ``page`` ranges a strategy returned): a page counts only if every
@@ -31,17 +34,17 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kvcr_policy.descriptors import Descriptors
-from kvcr_policy.errors import ProtocolError, TransportError
-from kvcr_policy.geometry import PoolGeometry, fragment_offsets
+from kvcr_policy.errors import KVCRPolicyError, PoolError, ProtocolError
+from kvcr_policy.geometry import PoolGeometry, check_pages
 
 from .payload import MAX_DESCRIPTORS
 
-__all__ = ["Cover", "check_moves"]
+__all__ = ["Cover"]
 
 Int64Array = npt.NDArray[np.int64]
+ANY_SHAPE = frozenset({"coalesce", "split"})
 
-#: Offsets and lengths above this are refused before any sum (no int64 overflow).
+#: Offsets above this are refused before any arithmetic (no int64 overflow).
 _HUGE = 1 << 62
 
 
@@ -77,167 +80,223 @@ def _first_difference(
     return int(key[first]), int(offset[first]), int(depth[wrong[0]])
 
 
-def _as_ranges(values: object, what: str, name: str) -> Int64Array:
+def _ints(values: object, what: str, name: str, error: type[KVCRPolicyError]) -> Int64Array:
     array = np.asarray(values)
     if array.ndim != 1 or array.dtype.kind not in "iu":
         message = f"{what}: {name} must be a 1-D integer array, got {array.dtype} {array.shape}"
-        raise ProtocolError(message)
+        raise error(message)
     return array.astype(np.int64, copy=False)
 
 
-def _check_bounds(offsets: Int64Array, lengths: Int64Array, limit: int, what: str) -> None:
-    if len(offsets) != len(lengths):
-        message = f"{what}: {len(offsets)} offsets but {len(lengths)} lengths; expected pairs"
-        raise ProtocolError(message)
-    if len(offsets) > MAX_DESCRIPTORS:
-        message = f"{what}: {len(offsets)} descriptors exceed the limit of {MAX_DESCRIPTORS}"
-        raise ProtocolError(message)
-    bad = (offsets < 0) | (offsets > limit) | (lengths < 1) | (lengths > limit)
-    ends = np.where(bad, 0, offsets) + np.where(bad, 0, lengths)  # in range: no overflow
-    bad |= ends > limit
-    if bad.any():
-        i = int(np.argmax(bad))
-        message = (
-            f"{what}: descriptor {i} (offset {int(offsets[i])}, {int(lengths[i])} bytes) is "
-            f"not a range of at least one byte inside the {limit}-byte buffer"
-        )
-        raise ProtocolError(message)
+def _sorted_fragments(
+    geometry: PoolGeometry, pages: object
+) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """Fragment numbers of ``pages`` in ascending order, the page position of each, and the
+    order that sorts the pages."""
+    page_array = check_pages(geometry, pages)
+    order = np.argsort(page_array, kind="stable").astype(np.int64)
+    planes = np.arange(geometry.fragments_per_page, dtype=np.int64) * geometry.pages
+    fragments = np.add.outer(planes, page_array[order]).ravel()  # sorted: pages < plane stride
+    return fragments, np.tile(order, geometry.fragments_per_page), order
 
 
 @dataclass(frozen=True, slots=True)
 class Cover:
-    """The bytes one side of one request may move: a range per (page, fragment) and the
-    position of its page in the request. Ranges of two pages are equal (the same page twice)
-    or disjoint; ``limit`` is the size of the buffer the offsets are relative to."""
+    """The fragments one side of one request may move: their numbers (sorted; repeated for a
+    page named twice), each one's shift (source minus destination offset; 0 when only one side
+    is known), the position of its page in the request, and the buffer they tile."""
 
-    offset: Int64Array
-    length: Int64Array
+    fragment_bytes: int
+    fragments: Int64Array
+    shift: Int64Array
     position: Int64Array
     count: int
     limit: int
 
     @classmethod
-    def of_pages(cls, geometry: PoolGeometry, pages: npt.ArrayLike) -> Cover:
-        """Every fragment of ``pages`` (in range; checked) of a buffer laid out as ``geometry``."""
-        offsets = fragment_offsets(geometry, pages)
-        planes, n = offsets.shape
-        return cls(
-            offset=offsets.ravel(),
-            length=np.full(planes * n, geometry.fragment_bytes, dtype=np.int64),
-            position=np.tile(np.arange(n, dtype=np.int64), planes),
-            count=n,
-            limit=geometry.nbytes,
-        )
+    def of_pages(cls, geometry: PoolGeometry, pages: object) -> Cover:
+        """Every fragment of ``pages`` (checked in range) of a buffer laid out as ``geometry``."""
+        fragments, position, order = _sorted_fragments(geometry, pages)
+        zero = np.zeros(len(fragments), dtype=np.int64)
+        return cls(geometry.fragment_bytes, fragments, zero, position, len(order), geometry.nbytes)
 
     @classmethod
-    def of_destinations(cls, plain: Descriptors, count: int, limit: int) -> Cover:
-        """The destination side of plain descriptors (``page`` is the position)."""
-        return cls(plain.dst, plain.length, plain.page, count, limit)
+    def of_moves(
+        cls,
+        src: PoolGeometry,
+        src_pages: object,
+        dst: PoolGeometry,
+        dst_pages: object,
+    ) -> Cover:
+        """The destination fragments of the plain copy ``src_pages[i] -> dst_pages[i]`` (as
+        :func:`~kvcr_policy.descriptors.build_descriptors` builds it; same page layout), each
+        with the shift that carries its source bytes onto it."""
+        same = (src.fragments_per_page, src.fragment_bytes) == (
+            dst.fragments_per_page,
+            dst.fragment_bytes,
+        )
+        fragments, position, order = _sorted_fragments(dst, dst_pages)
+        source = check_pages(src, src_pages)
+        if not same or len(source) != len(order):
+            message = (
+                f"pools {src.name!r} -> {dst.name!r}: expected one source page per destination "
+                f"page ({len(order)}, got {len(source)}) and the same page layout"
+            )
+            raise PoolError(message)
+        n = len(order)
+        # Fragment f of page p starts at (f * pages + p) * fragment_bytes on either side.
+        planes = np.arange(dst.fragments_per_page, dtype=np.int64)[:, None] * (
+            src.pages - dst.pages
+        )
+        by_page = source[order] - fragments[:n]  # fragments[:n] are the sorted pages (plane 0)
+        shift = (planes + by_page[None, :]) * dst.fragment_bytes
+        return cls(dst.fragment_bytes, fragments, shift.ravel(), position, n, dst.nbytes)
 
     @property
     def nbytes(self) -> int:
-        return int(self.length.sum())
+        return len(self.fragments) * self.fragment_bytes
 
-    def _ranges(self) -> tuple[Int64Array, Int64Array, Int64Array]:
-        """Distinct ranges (sorted starts, ends) and the distinct index of every range."""
-        starts, first, inverse = np.unique(self.offset, return_index=True, return_inverse=True)
-        return starts, starts + self.length[first], inverse.reshape(-1)
+    def ranges(self) -> tuple[Int64Array, Int64Array]:
+        """The plain ranges (offsets, lengths): one per fragment, in offset order."""
+        fb = self.fragment_bytes
+        return self.fragments * fb, np.full(len(self.fragments), fb, dtype=np.int64)
 
     def check(
-        self, offsets: object, lengths: object, *, accepts: frozenset[str], what: str
+        self,
+        offsets: object,
+        lengths: object,
+        shifts: object = None,
+        *,
+        accepts: frozenset[str] = ANY_SHAPE,
+        what: str,
+        error: type[KVCRPolicyError] = ProtocolError,
     ) -> None:
-        """Raise ProtocolError unless ``offsets``/``lengths`` cover exactly these bytes (each as
-        often as a plain list would) in shapes ``accepts`` allows; see the module docstring."""
-        off = _as_ranges(offsets, what, "offsets")
-        length = _as_ranges(lengths, what, "lengths")
-        _check_bounds(off, length, self.limit, what)
-        zero = np.zeros(len(off), dtype=np.int64)
-        plain_zero = np.zeros(len(self.offset), dtype=np.int64)
-        wrong = _first_difference(off, length, zero, self.offset, self.length, plain_zero)
-        if wrong is not None:
-            _, at, excess = wrong
-            how = "outside the request or more than once" if excess > 0 else "never"
+        """Raise ``error`` unless the ranges ``offsets``/``lengths`` (with ``shifts``, when this
+        cover has them) are exactly these fragments' bytes, each as often, in shapes
+        ``accepts`` allows; see the module docstring."""
+        off = _ints(offsets, what, "offsets", error)
+        length = _ints(lengths, what, "lengths", error)
+        n = len(off)
+        zero = np.zeros(n, dtype=np.int64)
+        shift = zero if shifts is None else _ints(shifts, what, "shifts", error)
+        if len(length) != n or len(shift) != n:
+            message = f"{what}: {n} offsets but {len(length)} lengths; expected pairs"
+            raise error(message)
+        if n > MAX_DESCRIPTORS:
+            raise error(f"{what}: {n} descriptors exceed the limit of {MAX_DESCRIPTORS}")
+        bad = (off < 0) | (off > self.limit) | (length < 1) | (length > self.limit)
+        bad |= (shift > _HUGE) | (shift < -_HUGE)
+        bad |= np.where(bad, 0, off) + np.where(bad, 0, length) > self.limit
+        if bad.any():
+            i = int(np.argmax(bad))
             message = (
-                f"{what}: {len(off)} descriptors of {int(length.sum())} bytes do not cover "
-                f"exactly the {self.count} slots ({self.nbytes} bytes) of the request: byte "
-                f"{at} is covered {how}; expected every byte of those slots exactly once"
+                f"{what}: descriptor {i} (offset {int(off[i])}, {int(length[i])} bytes) is not "
+                f"a range of at least one byte inside the {self.limit}-byte buffer"
             )
-            raise ProtocolError(message)
-        if {"coalesce", "split"} <= accepts or len(off) == 0:
+            raise error(message)
+        fb = self.fragment_bytes
+        if len(self.fragments) > 1 and (self.fragments[1:] == self.fragments[:-1]).any():
+            self._sweep(off, length, shift, what, error)
+        else:
+            self._match(off, length, shift, what, error)
+        if accepts >= ANY_SHAPE:
             return
-        starts, ends, _ = self._ranges()
-        first = np.searchsorted(starts, off, side="right") - 1
-        last = np.searchsorted(starts, off + length - 1, side="right") - 1
-        for name, bad in (
+        first, last = off // fb, (off + length - 1) // fb
+        for name, wrong in (
             ("coalesce", first != last),
-            ("split", (off != starts[first]) | (off + length != ends[last])),
+            ("split", (off % fb != 0) | ((off + length) % fb != 0)),
         ):
-            if name not in accepts and bad.any():
-                i = int(np.argmax(bad))
+            if name not in accepts and wrong.any():
+                i = int(np.argmax(wrong))
                 message = (
                     f"{what}: descriptor {i} (offset {int(off[i])}, {int(length[i])} bytes) "
                     f"needs '{name}', which this peer does not accept"
                 )
-                raise ProtocolError(message)
+                raise error(message)
+
+    def _match(
+        self,
+        off: Int64Array,
+        length: Int64Array,
+        shift: Int64Array,
+        what: str,
+        error: type[KVCRPolicyError],
+    ) -> None:
+        """The check for distinct pages: look each range's ends up among the fragments.
+
+        Ranges are taken in offset order (lists arrive mostly sorted, and sorted lookups are
+        several times faster), which is also the order the overlap test needs."""
+        fb, fragments = self.fragment_bytes, self.fragments
+        order = np.argsort(off, kind="stable")
+        start, end = off[order], off[order] + length[order]
+        first, last = start // fb, (end - 1) // fb
+        lo = np.searchsorted(fragments, first, side="left")
+        hi = np.searchsorted(fragments, last, side="right")
+        inside = hi - lo == last - first + 1  # every fragment it touches is the request's
+        if len(fragments):
+            # Runs of consecutive fragments with one shift: a range inside one run maps as a
+            # whole onto the plain list's bytes.
+            step = np.ones(len(fragments), dtype=np.int64)
+            step[1:] = (np.diff(fragments) != 1) | (np.diff(self.shift) != 0)
+            run = np.cumsum(step)
+            at = np.minimum(lo, len(fragments) - 1)
+            to = np.clip(hi - 1, 0, len(fragments) - 1)
+            inside &= (run[at] == run[to]) & (self.shift[at] == shift[order])
+        if not inside.all():
+            i = int(order[np.argmax(~inside)])
+            message = (
+                f"{what}: descriptor {i} (offset {int(off[i])}, {int(length[i])} bytes) covers "
+                f"bytes outside the {self.count} pages of the request or moves them elsewhere; "
+                "expected merges and cuts of the plain descriptors only"
+            )
+            raise error(message)
+        overlap = start[1:] < end[:-1]
+        if overlap.any():
+            j = int(np.argmax(overlap))
+            a, b = int(order[j]), int(order[j + 1])
+            raise error(f"{what}: descriptors {a} and {b} overlap at byte {int(off[b])}")
+        total = int(length.sum())
+        if total != self.nbytes:
+            message = (
+                f"{what}: {len(off)} descriptors cover {total} of the {self.nbytes} bytes of the "
+                f"{self.count} pages of the request; expected every byte exactly once"
+            )
+            raise error(message)
+
+    def _sweep(
+        self,
+        off: Int64Array,
+        length: Int64Array,
+        shift: Int64Array,
+        what: str,
+        error: type[KVCRPolicyError],
+    ) -> None:
+        """The check when a page is named twice: compare coverage counts per (shift, byte)."""
+        fb = self.fragment_bytes
+        plain = np.full(len(self.fragments), fb, dtype=np.int64)
+        wrong = _first_difference(off, length, shift, self.fragments * fb, plain, self.shift)
+        if wrong is not None:
+            _, at, excess = wrong
+            how = "outside the request or too often" if excess > 0 else "too rarely"
+            message = (
+                f"{what}: {len(off)} descriptors of {int(length.sum())} bytes do not cover "
+                f"exactly the {self.count} pages ({self.nbytes} bytes) of the request: byte "
+                f"{at} is covered {how}; expected each byte as often as the request names it"
+            )
+            raise error(message)
 
     def outcome(self, offsets: Int64Array, lengths: Int64Array, failed: np.ndarray) -> np.ndarray:
-        """Per position: True unless a failed descriptor touched one of its bytes.
-
-        The descriptors must have passed :meth:`check` (or :func:`check_moves` for this side).
-        """
+        """Per position: True unless a failed range touched one of its bytes (the ranges must
+        have passed :meth:`check`)."""
         ok = np.ones(self.count, dtype=bool)
         if self.count == 0 or not failed.any():
             return ok
-        starts, _, inverse = self._ranges()
+        fb = self.fragment_bytes
         off = offsets[failed]
-        first = np.searchsorted(starts, off, side="right") - 1
-        last = np.searchsorted(starts, off + lengths[failed] - 1, side="right") - 1
-        marks = np.zeros(len(starts) + 1, dtype=np.int64)
-        np.add.at(marks, first, 1)
-        np.add.at(marks, last + 1, -1)
-        bad_range = np.cumsum(marks[:-1]) > 0
-        ok[self.position[bad_range[inverse]]] = False
+        lo = np.searchsorted(self.fragments, off // fb, side="left")
+        hi = np.searchsorted(self.fragments, (off + lengths[failed] - 1) // fb, side="right")
+        marks = np.zeros(len(self.fragments) + 1, dtype=np.int64)
+        np.add.at(marks, lo, 1)
+        np.add.at(marks, hi, -1)
+        ok[self.position[np.cumsum(marks[:-1]) > 0]] = False
         return ok
-
-
-def check_moves(plain: Descriptors, shaped: object, what: str) -> Descriptors:
-    """``shaped`` if it moves exactly the bytes ``plain`` moves; else TransportError.
-
-    Every byte must go from the same source byte to the same destination byte, as many times:
-    merges and cuts of any kind pass, anything else (a gap, an overlap, a byte outside the
-    request, a byte sent to another place) is refused before anything moves.
-    """
-    if not isinstance(shaped, Descriptors):
-        got = type(shaped).__name__
-        message = f"{what}: expected Descriptors from the coalescing strategy, got {got}"
-        raise TransportError(message)
-    if len(shaped) > MAX_DESCRIPTORS:
-        message = (
-            f"{what}: the coalescing strategy returned {len(shaped)} descriptors for one batch; "
-            f"the peer protocol carries at most {MAX_DESCRIPTORS}: cut fewer pieces or lower "
-            "batching.read_batch_pages"
-        )
-        raise TransportError(message)
-    src, dst, length = shaped.src, shaped.dst, shaped.length
-    bad = (src < 0) | (dst < 0) | (length < 1) | (src > _HUGE) | (dst > _HUGE)
-    bad |= length > _HUGE
-    if bad.any():
-        i = int(np.argmax(bad))
-        message = (
-            f"{what}: descriptor {i} (src {int(src[i])}, dst {int(dst[i])}, {int(length[i])} "
-            "bytes) is not a range of at least one byte at non-negative offsets"
-        )
-        raise TransportError(message)
-    wrong = _first_difference(
-        src, length, dst - src, plain.src, plain.length, plain.dst - plain.src
-    )
-    if wrong is not None:
-        shift, at, excess = wrong
-        how = "moved where the plain list does not move it" if excess > 0 else "not moved"
-        message = (
-            f"{what}: the coalescing strategy's {len(shaped)} descriptors do not move exactly "
-            f"the bytes of the {len(plain)} plain ones: source byte {at} is {how} (to "
-            f"destination byte {at + shift}); a strategy may only merge and cut descriptors"
-        )
-        raise TransportError(message)
-    return shaped
