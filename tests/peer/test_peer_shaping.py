@@ -66,10 +66,26 @@ class Shifty(Thirds):
         return Descriptors(out.src, dst, out.length, out.bound, out.page, out.page_end)
 
 
+class Junk(Thirds):
+    """A buggy strategy: returns something that is not Descriptors."""
+
+    def prepare(self, d, allowed):
+        return list(super().prepare(d, allowed).src)
+
+
+class Raising(Thirds):
+    """A buggy strategy: raises."""
+
+    def prepare(self, d, allowed):
+        raise ZeroDivisionError("a bug")
+
+
 @hookimpl
 def kvcr_register_strategies(register):
     register("coalescing", "thirds", Thirds, description="test: cut in three")
     register("coalescing", "shifty", Shifty, description="test: misroutes a byte")
+    register("coalescing", "junk", Junk, description="test: returns a list")
+    register("coalescing", "raising", Raising, description="test: raises")
 '''
 
 
@@ -116,7 +132,10 @@ def test_a_third_party_strategy_shapes_reads_and_writes_byte_exact(
     assert all(out == 3 * n for n, out in thirds.CALLS)  # every descriptor was cut in three
 
 
-def test_a_buggy_strategy_costs_misses_never_bytes(connect: Any, thirds: Any) -> None:
+@pytest.mark.parametrize("strategy", ["shifty", "junk", "raising"])
+def test_a_buggy_strategy_costs_misses_never_bytes(
+    connect: Any, thirds: Any, strategy: str, caplog: Any
+) -> None:
     geo = geometry(pages=8, name="shifty")
     writer = connect(**{"coalescing.strategy": "thirds"})
     buffer = pool_buffer(geo, 12)
@@ -124,13 +143,15 @@ def test_a_buggy_strategy_costs_misses_never_bytes(connect: Any, thirds: Any) ->
     keys = new_keys(3)
     assert writer.set(keys, token_indices(geo, range(3)), "shifty") == [True] * 3
 
-    buggy = connect(**{"coalescing.strategy": "shifty"})
+    buggy = connect(**{"coalescing.strategy": strategy})
     other = pool_buffer(geo, 13)
     buggy.register_pool("shifty", geo, other)
     before = other.copy()
-    assert buggy.get(keys, token_indices(geo, range(4, 7)), "shifty") == [False] * 3
+    with caplog.at_level("WARNING"):
+        assert buggy.get(keys, token_indices(geo, range(4, 7)), "shifty") == [False] * 3
+        assert buggy.set(new_keys(2), token_indices(geo, range(2)), "shifty") == [False, False]
     assert np.array_equal(other.view(np.uint8), before.view(np.uint8))  # not a byte moved
-    assert buggy.set(new_keys(2), token_indices(geo, range(2)), "shifty") == [False, False]
+    assert "coalescing strategy" in caplog.text  # the miss says why
     tier = writer.stats().to_dict()["pools"]["shifty"]["peer"]["remote"]["tier"]
     assert tier["claimed"] == 0 and tier["reserved"] == 0
     assert writer.exists(keys, "shifty") == 3  # the peer still serves
