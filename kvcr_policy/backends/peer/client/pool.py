@@ -35,7 +35,7 @@ from .client import PeerClient
 
 __all__ = ["PeerPool"]
 
-log = logging.getLogger("kvcr_policy.backends.peer.pool")
+log = logging.getLogger("kvcr_policy.backends.peer.client.pool")
 
 
 def _cap(batches: list[tuple[int, int]], most: int = MAX_KEYS) -> list[tuple[int, int]]:
