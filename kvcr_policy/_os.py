@@ -12,7 +12,9 @@ so the rest of the package deals in plain values and one error type (modelled on
   ``has_populate_write``, ``has_numa_syscalls``, ``online_nodes``.
 - Syscalls through ctypes: ``mbind``, ``get_mempolicy``, ``move_pages_query``; ``madvise`` through
   the ``mmap`` module.
-- ``/proc/self/smaps``: ``smaps_entries``, ``smaps_anon_huge_bytes``, ``smaps_vm_flags``.
+- ``/proc/self/smaps``: ``smaps_entries``, ``smaps_anon_huge_bytes``, ``smaps_vm_flags``;
+  ``/proc/self/maps``: ``writable_range`` (may the process write every byte of a range).
+- ``limit_heap_retention``: glibc's ``mallopt`` so that freed large buffers leave the process.
 
 OS failures are translated once, here, into :class:`OsCallError` (an ``OSError`` carrying the
 call name and errno), raised ``from`` the original error where there is one.
@@ -41,10 +43,11 @@ __all__ = [
     "MADV_DONTFORK", "MADV_HUGEPAGE", "MADV_POPULATE_WRITE", "MPOL_BIND", "MPOL_DEFAULT",
     "MPOL_INTERLEAVE", "MPOL_NAMES", "MPOL_PREFERRED", "PROC_ROOT_ENV", "SYS_ROOT_ENV",
     "OsCallError", "SmapsEntry", "clear_caches", "format_node_list", "get_mempolicy",
-    "has_numa_syscalls", "has_populate_write", "has_thp", "huge_page_size", "madvise", "mbind",
+    "has_numa_syscalls", "has_populate_write", "has_thp", "huge_page_size",
+    "limit_heap_retention", "madvise", "mbind",
     "move_pages_query", "online_nodes", "page_size", "parse_node_list", "proc_root",
     "smaps_anon_huge_bytes", "smaps_entries", "smaps_vm_flags", "sys_root", "thp_mode",
-    "use_roots",
+    "use_roots", "writable_range",
 ]  # fmt: skip
 
 PROC_ROOT_ENV = "KVCR_POLICY_PROC_ROOT"
@@ -415,3 +418,55 @@ def smaps_vm_flags(address: int, length: int) -> frozenset[str]:
     """VmFlags shared by the whole range (proc(5): ``dc`` = MADV_DONTFORK, ``hg`` = HUGEPAGE)."""
     sets = [entry.vm_flags for entry, _ in _overlapping(address, length)]
     return frozenset.intersection(*sets) if sets else frozenset()
+
+
+# "start-end perms ..." (proc(5), /proc/pid/maps): perms is "rwxp" with "-" for a missing right.
+_MAPS_LINE = re.compile(r"^([0-9a-fA-F]+)-([0-9a-fA-F]+)\s+([rwxps-]{4})")
+
+
+def writable_range(address: int, length: int) -> bool:
+    """Whether every byte of ``[address, +length)`` lies in mappings this process may write.
+
+    A read-only file mapping (``np.memmap(mode="r")``) or memory unmapped since would make a
+    copy into it kill the process with SIGSEGV; the caller refuses such a buffer instead.
+    """
+    path = proc_root() / "self" / "maps"
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise OsCallError(f"read {path}", err.errno or errno.EIO) from err
+    position, end = address, address + length
+    for line in text.splitlines():
+        match = _MAPS_LINE.match(line)
+        if match is None:
+            continue
+        start, stop = int(match.group(1), 16), int(match.group(2), 16)
+        if stop <= position or start > position:
+            continue  # maps is sorted by address: a gap before ``position`` fails below
+        if "w" not in match.group(3):
+            return False
+        position = stop
+        if position >= end:
+            return True
+    return position >= end
+
+
+# mallopt(3) parameters: malloc/malloc.h of glibc.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def limit_heap_retention(threshold: int) -> bool:
+    """Map allocations of ``threshold`` bytes and more on their own (returned to the OS when
+    freed) and trim the heap above twice that; False where glibc's mallopt is missing.
+
+    Setting M_MMAP_THRESHOLD turns off glibc's dynamic threshold, which otherwise rises to the
+    size of each large block freed (up to 32 MiB, mallopt(3)), so that buffers of a few MiB
+    come from the heap afterwards and stay resident once freed.
+    """
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    ok = mallopt(_M_MMAP_THRESHOLD, threshold) == 1
+    return ok and mallopt(_M_TRIM_THRESHOLD, 2 * threshold) == 1

@@ -21,6 +21,7 @@ from .backends.peer.cli import register as _register_peer
 from .errors import KVCRPolicyError
 from .loading import LoadedConfig, bundled_profiles, load_config
 from .sources import env_name, flatten
+from .values import shorten
 
 __all__ = ["app", "main"]
 
@@ -65,7 +66,7 @@ def _overrides(pairs: list[str] | None) -> dict[str, str]:
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
+            raise typer.BadParameter(f"expected KEY=VALUE, got {shorten(pair)}", param_hint="--set")
         result[key.strip()] = value
     return result
 

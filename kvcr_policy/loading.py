@@ -1,7 +1,8 @@
 """load_config: sources in precedence order, deep merge, origins, one validation.
 
 Precedence, highest first, is :data:`PRECEDENCE`: explicit overrides > ``KVCR_POLICY_*`` env >
-a ``.env`` file > the selected profile > schema defaults. ``KVCR_POLICY_PROFILE`` (from the
+a ``.env`` file > a secrets directory (``KVCR_POLICY_SECRETS_DIR``: the secret only) > the
+selected profile > schema defaults. ``KVCR_POLICY_PROFILE`` (from the
 environment, else from ``.env``; the ``profile`` argument wins over both) selects a profile by
 bundled name or by path. The sources themselves are in :mod:`kvcr_policy.sources`.
 """
@@ -23,14 +24,17 @@ from .sources import (
     DOTENV_FILE,
     Leaves,
     dotenv_source,
+    echo,
     env_source,
     flatten,
     known_leaves,
     override_source,
     profile_source,
     read_dotenv,
+    secrets_source,
     suggest,
 )
+from .values import shorten
 
 if TYPE_CHECKING:
     from .plugins import PluginManager
@@ -39,9 +43,10 @@ if TYPE_CHECKING:
 __all__ = ["PRECEDENCE", "LoadedConfig", "bundled_profiles", "load_config", "resolve_profile"]
 
 #: Where values come from, highest precedence first; the README lists the same order.
-PRECEDENCE: tuple[str, ...] = ("override", "env", "dotenv", "profile", DEFAULT)
+PRECEDENCE: tuple[str, ...] = ("override", "env", "dotenv", "secrets", "profile", DEFAULT)
 
 PROFILE_ENV = ENV_PREFIX + "PROFILE"
+SECRETS_DIR_ENV = ENV_PREFIX + "SECRETS_DIR"
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
     nearest = suggest(text, list(bundled))
     hint = f"; did you mean {nearest!r}?" if nearest else ""
     message = (
-        f"no bundled profile or file named {text!r}{hint} "
+        f"no bundled profile or file named {shorten(text)}{hint} "
         f"(bundled: {', '.join(bundled) or 'none'}; or give a path to a .toml file)"
     )
     raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
@@ -130,7 +135,9 @@ def _issues_from(
         if item["type"] == "extra_forbidden":
             message = _unknown_key(model, loc)
         elif item["type"] != "value_error":
-            message = f"expected: {message[0].lower()}{message[1:]}; got {item['input']!r}"
+            message = (
+                f"expected: {message[0].lower()}{message[1:]}; got {echo(path, item['input'])}"
+            )
         issues.append(ConfigIssue(path, origin_for(origins, path), message))
     return issues
 
@@ -192,11 +199,13 @@ def load_config(
         chosen = dotenv_vars.get(PROFILE_ENV) or None
         where = dotenv_origin(str(dotenv_path), PROFILE_ENV)
     profile_path = resolve_profile(chosen, where) if chosen is not None else None
+    secrets_dir = env.get(SECRETS_DIR_ENV)
 
     readers: dict[str, Reader] = {
         "override": lambda: override_source(overrides or {}),
         "env": lambda: env_source(env),
         "dotenv": lambda: dotenv_source(dotenv_vars, dotenv_path) if dotenv_path else ({}, []),
+        "secrets": lambda: secrets_source(Path(secrets_dir)) if secrets_dir else ({}, []),
         "profile": lambda: profile_source(profile_path) if profile_path else ({}, []),
     }
     layers: list[Leaves] = []

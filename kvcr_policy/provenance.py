@@ -6,6 +6,7 @@ An origin is a short string, one of::
     profile /path/to/NAME.toml [table]
     env KVCR_POLICY_SECTION__FIELD
     dotenv /path/to/.env KVCR_POLICY_SECTION__FIELD
+    secrets /path/to/secrets-dir/FILE
     override
 
 ``origins`` maps every leaf path (``"batching.read_batch_pages"``) to its origin.
@@ -15,7 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["DEFAULT", "OVERRIDE", "dotenv_origin", "env_origin", "origin_for", "profile_origin"]
+__all__ = [
+    "DEFAULT",
+    "OVERRIDE",
+    "dotenv_origin",
+    "env_origin",
+    "origin_for",
+    "profile_origin",
+    "secrets_origin",
+]
 
 DEFAULT = "default"
 OVERRIDE = "override"
@@ -34,6 +43,11 @@ def env_origin(name: str) -> str:
 def dotenv_origin(path: str, name: str) -> str:
     """The origin of a value read from the variable ``name`` of the .env file at ``path``."""
     return f"dotenv {path} {name}"
+
+
+def secrets_origin(path: str) -> str:
+    """The origin of a value read from the file at ``path`` of a secrets directory."""
+    return f"secrets {path}"
 
 
 def origin_for(origins: Mapping[str, str], path: str) -> str:

@@ -7,14 +7,25 @@ changes nothing. Section types may be constructed positionally; their field orde
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from .errors import UsageError
+from .values import Size
 
 __all__ = [
     "ENV_PREFIX",
+    "MIN_SECRET_CHARS",
     "POSITIONAL_TYPES",
     "BackendSection",
     "BatchingSection",
@@ -24,8 +35,10 @@ __all__ = [
     "PluginsSection",
     "PolicyConfig",
     "Section",
+    "SecuritySection",
     "ThreadTuningSection",
     "TransportSection",
+    "check_secret",
 ]
 
 ENV_PREFIX = "KVCR_POLICY_"
@@ -68,16 +81,30 @@ class BatchingSection(Section):
     """How reads and metadata queries are grouped, and how much may be in flight at once."""
 
     strategy: str = Field("fixed", description="Name of the registered batching strategy.")
-    read_batch_pages: int = Field(128, gt=0, description="Pages per read or write batch.")
-    query_batch_keys: int = Field(128, gt=0, description="Keys per metadata-query batch.")
+    read_batch_pages: int = Field(
+        128, gt=0, le=65536, description="Pages per read or write batch (1..65536)."
+    )
+    query_batch_keys: int = Field(
+        128, gt=0, le=1 << 20, description="Keys per metadata-query batch (1..1048576)."
+    )
     window_batches: int | None = Field(
-        None, gt=0, description="Most batches in flight at once; unset means unbounded."
+        None,
+        gt=0,
+        le=65536,
+        description="Most batches in flight at once (1..65536); unset means unbounded.",
     )
     window_pages: int | None = Field(
-        None, gt=0, description="Most pages in flight at once; unset means unbounded."
+        None,
+        gt=0,
+        le=1 << 24,
+        description="Most pages in flight at once (1..16777216); unset means unbounded.",
     )
-    window_bytes: ByteSize | None = Field(
-        None, gt=0, description="Most bytes in flight at once (e.g. '1GiB'); unset means unbounded."
+    window_bytes: Size | None = Field(
+        None,
+        gt=0,
+        le=1 << 50,
+        description="Most bytes in flight at once (e.g. '1GiB', at most 1PiB); unset means "
+        "unbounded.",
     )
     options: dict[str, Any] = _options_field()
 
@@ -99,8 +126,12 @@ class CoalescingSection(Section):
     strategy: str = Field(
         "none", description="Name of the coalescing strategy: 'none' sends one per fragment."
     )
-    split_bytes: ByteSize | None = Field(
-        None, gt=0, description="Cut descriptors longer than this (e.g. UCX '8MiB'); unset: never."
+    split_bytes: Size | None = Field(
+        None,
+        gt=0,
+        le=1 << 40,
+        description="Cut descriptors longer than this (e.g. UCX '8MiB', at most 1TiB); unset: "
+        "never.",
     )
     on_unsupported: Literal["fallback", "error"] = Field(
         "fallback",
@@ -113,8 +144,11 @@ class PlacementSection(Section):
     """Backing, huge pages, NUMA and slot allocation of the process-owned DRAM tier."""
 
     strategy: str = Field("anonymous", description="Name of the placement strategy.")
-    capacity_bytes: ByteSize = Field(
-        ByteSize(4 << 30), gt=0, description="DRAM tier size reserved per pool (e.g. '64GiB')."
+    capacity_bytes: Size = Field(
+        ByteSize(4 << 30),
+        gt=0,
+        le=1 << 48,
+        description="DRAM tier size reserved per pool (e.g. '64GiB', at most 256TiB).",
     )
     prefault: bool = Field(False, description="Touch the whole tier when it opens.")
     huge_pages: Literal["off", "prefer", "require"] = Field(
@@ -123,11 +157,15 @@ class PlacementSection(Section):
     numa_policy: Literal["none", "preferred", "bind", "interleave"] = Field(
         "none", description="NUMA memory policy applied to the tier with mbind(2)."
     )
-    numa_nodes: tuple[int, ...] = Field((), description="NUMA nodes named by numa_policy.")
+    numa_nodes: tuple[Annotated[int, Field(ge=0, le=1023)], ...] = Field(
+        (), max_length=1024, description="NUMA nodes named by numa_policy (each 0..1023)."
+    )
     numa_mode: Literal["prefer", "require"] = Field(
         "prefer", description="On a NUMA placement that cannot be had: warn and go on, or fail."
     )
-    eviction: str = Field("lru", description="Eviction policy of the slot store ('lru', 'fifo').")
+    eviction: Literal["lru", "fifo"] = Field(
+        "lru", description="Eviction policy of the slot store: 'lru' or 'fifo'."
+    )
     options: dict[str, Any] = _options_field()
 
     @model_validator(mode="after")
@@ -160,9 +198,11 @@ class ThreadTuningSection(Section):
     strategy: str = Field("switch_interval", description="Name of the thread tuning strategy.")
     switch_interval_s: float | None = Field(
         None,
-        gt=0,
+        ge=1e-6,
         le=1.0,
-        description="sys.setswitchinterval value while open (e.g. 0.0005); unset: untouched.",
+        allow_inf_nan=False,
+        description="sys.setswitchinterval value while open (e.g. 0.0005; 1e-6..1.0, Python "
+        "stores less than a microsecond as 0); unset: untouched.",
     )
     options: dict[str, Any] = _options_field()
 
@@ -174,7 +214,10 @@ class FallbackSection(Section):
         "sparse", description="Name of the fallback strategy: 'sparse' retries page by page."
     )
     max_retries: int = Field(
-        1, ge=0, description="Per-page retries of a failed batch before the page is a miss."
+        1,
+        ge=0,
+        le=100,
+        description="Per-page retries of a failed batch before the page is a miss (0..100).",
     )
     options: dict[str, Any] = _options_field()
 
@@ -184,18 +227,27 @@ class TransportSection(Section):
 
     name: str = Field("cpu", description="Registered transport: 'cpu', 'cuda', 'ucx', 'memory'.")
     threads: int = Field(
-        1, ge=0, description="Copy threads of the cpu transport; 0 means one per CPU core."
+        1,
+        ge=0,
+        le=1024,
+        description="Copy threads of the cpu transport (0..1024); 0 means one per CPU core.",
     )
     op_timeout_s: float = Field(
-        30.0, gt=0, description="Longest a single transfer may take before it counts as failed."
+        30.0,
+        ge=0.001,
+        le=86400,
+        allow_inf_nan=False,
+        description="Longest a single transfer may take before it counts as failed "
+        "(0.001..86400 s).",
     )
     options: dict[str, Any] = _options_field()
-    stream_min_bytes: ByteSize | None = Field(
+    stream_min_bytes: Size | None = Field(
         None,
         gt=0,
+        le=1 << 40,
         description=(
-            "cpu transport: copies of at least this size use non-temporal stores (e.g. '1MiB'); "
-            "unset: plain memmove."
+            "cpu transport: copies of at least this size use non-temporal stores (e.g. '1MiB', "
+            "at most 1TiB); unset: plain memmove."
         ),
     )
 
@@ -229,6 +281,94 @@ class BackendSection(Section):
     )
 
 
+#: Fewest characters a peer secret may have (a generated one has 43).
+MIN_SECRET_CHARS = 16
+
+
+class SecuritySection(Section):
+    """Who may use a peer tier (``kvcr-policy serve``): the secret, tenants and their limits.
+
+    ``secret`` is read only from the environment, a ``.env`` file or a secrets directory, never
+    from a profile or the command line (loading refuses it there), and never printed.
+    """
+
+    secret: SecretStr | None = Field(
+        None,
+        description="This process's peer secret (16..4096 characters). Only from env "
+        "KVCR_POLICY_SECURITY__SECRET, a .env file or a file kvcr_policy_security__secret in "
+        "KVCR_POLICY_SECRETS_DIR; never from a profile or the command line.",
+    )
+    secret_file: Path | None = Field(
+        None,
+        description="A file that holds the peer secret, readable only by its owner; unset: "
+        "$XDG_CONFIG_HOME/kvcr-policy/peer.secret (~/.config/...), which `serve` creates "
+        "when no secret is configured.",
+    )
+    tenants_dir: Path | None = Field(
+        None,
+        description="`serve`: a directory readable only by its owner with one file per tenant, "
+        "named for the tenant and holding its secret; unset: one tenant, 'default', whose "
+        "secret is this process's.",
+    )
+    insecure: bool = Field(
+        False,
+        description="No authentication: `serve` accepts any client (loopback only, one shared "
+        "tenant) and a client accepts such a peer. `serve --insecure` sets it.",
+    )
+    admin_tenants: tuple[str, ...] = Field(
+        (),
+        max_length=1024,
+        description="`serve`: tenants whose STATS also count every tenant's tiers and sessions "
+        "(never their keys or pages).",
+    )
+    tenant_quota_bytes: Size | None = Field(
+        None,
+        gt=0,
+        le=1 << 50,
+        description="`serve`: most tier bytes one tenant's pools may map (at most 1PiB); unset: "
+        "transport.options.max_tiers tiers of placement.capacity_bytes.",
+    )
+    tenant_max_sessions: int = Field(
+        64, ge=1, le=1024, description="`serve`: most connections one tenant may hold (1..1024)."
+    )
+    handshake_timeout_s: float = Field(
+        5.0,
+        ge=0.05,
+        le=300,
+        allow_inf_nan=False,
+        description="`serve`: a connection must authenticate within this (0.05..300 s); until "
+        "then its frames are small (at most 64 KiB).",
+    )
+    idle_timeout_s: float = Field(
+        60.0,
+        ge=0.1,
+        le=86400,
+        allow_inf_nan=False,
+        description="`serve`: a session that sends nothing for this long is closed "
+        "(0.1..86400 s); clients ping every transport.options.heartbeat_s while idle.",
+    )
+
+    @field_validator("secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_secret(value.get_secret_value())
+        return value
+
+
+def check_secret(text: str) -> str:
+    """A peer secret's text, refused (ValueError, the secret not echoed) unless 16..4096
+    characters with no surrounding whitespace."""
+    if not MIN_SECRET_CHARS <= len(text) <= 4096 or text != text.strip():
+        message = (
+            f"a peer secret has {MIN_SECRET_CHARS} to 4096 characters and no surrounding "
+            f"whitespace (this one has {len(text)}); make one with "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+        )
+        raise ValueError(message)
+    return text
+
+
 class PolicyConfig(Section):
     """The whole validated configuration. Frozen: plugins read it, never change it."""
 
@@ -240,6 +380,7 @@ class PolicyConfig(Section):
     transport: TransportSection = Field(default_factory=TransportSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     backend: BackendSection = Field(default_factory=BackendSection)
+    security: SecuritySection = Field(default_factory=SecuritySection)
 
 
 #: Every public config type whose positional order is pinned in schemas/field-order.json.
@@ -253,6 +394,7 @@ POSITIONAL_TYPES: tuple[type[Section], ...] = (
     TransportSection,
     PluginsSection,
     BackendSection,
+    SecuritySection,
 )
 
 #: Strategy sections and the registry kind that names their strategy.

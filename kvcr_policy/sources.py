@@ -33,6 +33,7 @@ from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
     EnvSettingsSource,
+    SecretsSettingsSource,
     SettingsConfigDict,
     SettingsError,
     TomlConfigSettingsSource,
@@ -40,8 +41,9 @@ from pydantic_settings import (
 from pydantic_settings.sources.utils import parse_env_vars
 
 from .errors import ConfigIssue
-from .provenance import OVERRIDE, dotenv_origin, env_origin, profile_origin
+from .provenance import OVERRIDE, dotenv_origin, env_origin, profile_origin, secrets_origin
 from .schema import ENV_PREFIX, PolicyConfig
+from .values import shorten
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,9 +54,11 @@ __all__ = [
     "ALIASED_ENV",
     "DOTENV_FILE",
     "RESERVED_ENV",
+    "SECRET_LEAVES",
     "Leaves",
     "PolicySettings",
     "dotenv_source",
+    "echo",
     "env_name",
     "env_source",
     "flatten",
@@ -62,6 +66,7 @@ __all__ = [
     "override_source",
     "profile_source",
     "read_dotenv",
+    "secrets_source",
     "suggest",
 ]
 
@@ -74,6 +79,7 @@ RESERVED_ENV: dict[str, str] = {
     "TRACE_HOOKS": "1 prints every plugin hook call",
     "PROC_ROOT": "reads /proc from another root (tests)",
     "SYS_ROOT": "reads /sys from another root (tests)",
+    "SECRETS_DIR": "a directory of secret files (kvcr_policy_security__secret)",
 }
 
 #: Reserved variables a .env file may set; the others are read from the process environment.
@@ -84,6 +90,9 @@ ALIASED_ENV: dict[str, str] = {
     "PLUGINS": "plugins.allow",
     "DISABLE_PLUGINS": "plugins.block",
 }
+
+#: Leaves whose values are secrets: never echoed, never read from a profile or an override.
+SECRET_LEAVES = frozenset({"security.secret"})
 
 _OPTIONS = "options"
 _NONE_WORDS = frozenset({"", "none", "null"})
@@ -102,6 +111,24 @@ class PolicySettings(BaseSettings, PolicyConfig):
 
 #: The .env file read by default, relative to the working directory.
 DOTENV_FILE = str(PolicySettings.model_config["env_file"])
+
+
+def echo(path: str, value: Any) -> str:
+    """``value`` as an error message shows it: cut to a sane length; a secret stays hidden."""
+    return "<hidden>" if path in SECRET_LEAVES else shorten(value)
+
+
+def _refuse_secret(path: str, where: str, source: str) -> ConfigIssue | None:
+    """A secret met in a profile or an override (a command line, a committed file): refused."""
+    if path not in SECRET_LEAVES:
+        return None
+    message = (
+        f"a secret is never read from {source} (command lines and profiles are seen by others); "
+        f"set {env_name(path)} in the environment or a .env file, put it in a file named "
+        f"{env_name(path).lower()} in {ENV_PREFIX}SECRETS_DIR, or name a file with "
+        "security.secret_file"
+    )
+    return ConfigIssue(path, where, message)
 
 
 def _model_fields(model: type[BaseModel]) -> Iterator[tuple[str, Any]]:
@@ -161,7 +188,7 @@ def _check_path(path: str, where: str, known: dict[str, Any]) -> ConfigIssue | N
         return None
     nearest = suggest(path, list(known))
     hint = f"; did you mean {nearest!r}?" if nearest else ""
-    message = f"unknown key {path!r}{hint} (valid keys: `kvcr-policy show`)"
+    message = f"unknown key {shorten(path)}{hint} (valid keys: `kvcr-policy show`)"
     return ConfigIssue(path, where, message)
 
 
@@ -185,7 +212,7 @@ def profile_source(path: Path) -> tuple[Leaves, list[ConfigIssue]]:
     for leaf, value in flatten(data).items():
         table = leaf.rsplit(".", 1)[0] if "." in leaf else "<top level>"
         origin = profile_origin(where, table)
-        problem = _check_path(leaf, origin, known)
+        problem = _check_path(leaf, origin, known) or _refuse_secret(leaf, origin, "a profile")
         if problem is not None:
             issues.append(problem)
             continue
@@ -314,7 +341,7 @@ def _variables_source(
             continue
         found = _read_variable(path, raw, known)
         if isinstance(found, ValueError):
-            issues.append(ConfigIssue(path, origin, f"cannot parse {raw!r}: {found}"))
+            issues.append(ConfigIssue(path, origin, f"cannot parse {echo(path, raw)}: {found}"))
             continue
         leaves.update({leaf: (value, origin) for leaf, value in found.items()})
     return leaves, issues
@@ -346,7 +373,8 @@ def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
         ConfigIssue(
             "<dotenv>",
             where,
-            f"line {binding.original.line}: cannot parse {binding.original.string.strip()!r}; "
+            f"line {binding.original.line}: cannot parse "
+            f"{shorten(binding.original.string.strip())}; "
             "expected NAME=VALUE (quote a value that holds spaces, quotes or '#')",
         )
         for binding in bindings
@@ -382,7 +410,7 @@ def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIs
     for key, value in overrides.items():
         nested.update({key: value} if "." in key else flatten({key: value}))
     for path, value in nested.items():
-        issue = _check_path(path, OVERRIDE, known)
+        issue = _check_path(path, OVERRIDE, known) or _refuse_secret(path, OVERRIDE, "overrides")
         if issue is not None:
             issues.append(issue)
             continue
@@ -390,7 +418,40 @@ def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIs
             try:
                 value = _decode(value, known.get(path, Any))
             except ValueError as err:
-                issues.append(ConfigIssue(path, OVERRIDE, f"cannot parse {value!r}: {err}"))
+                issues.append(
+                    ConfigIssue(path, OVERRIDE, f"cannot parse {echo(path, value)}: {err}")
+                )
                 continue
         leaves[path] = (value, OVERRIDE)
     return leaves, issues
+
+
+class _SecretFiles(BaseSettings):
+    """The secret leaves as pydantic-settings' secrets source finds them: one file per field,
+    named ``kvcr_policy_security__<field>`` (any case)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX + "SECURITY__", case_sensitive=False)
+
+    secret: str | None = None
+
+
+def secrets_source(directory: Path) -> tuple[Leaves, list[ConfigIssue]]:
+    """Secret leaves from the files of a secrets directory (Docker and Kubernetes mount secrets
+    as such files), read by pydantic-settings' ``SecretsSettingsSource``."""
+    where = f"env {ENV_PREFIX}SECRETS_DIR"
+    if not directory.is_dir():
+        reason = "is not a directory" if directory.exists() else "does not exist"
+        message = f"the secrets directory {shorten(str(directory))} {reason}"
+        return {}, [ConfigIssue("<secrets>", where, message)]
+    try:
+        found = SecretsSettingsSource(_SecretFiles, secrets_dir=directory)()
+    except (OSError, UnicodeDecodeError, SettingsError) as err:
+        message = f"cannot read the secrets directory {shorten(str(directory))}: {err}"
+        return {}, [ConfigIssue("<secrets>", where, message)]
+    leaves: Leaves = {}
+    for name, value in found.items():
+        if value is None:
+            continue
+        path = f"security.{name}"
+        leaves[path] = (value, secrets_origin(str(directory / env_name(path).lower())))
+    return leaves, []

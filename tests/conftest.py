@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from importlib import metadata
@@ -13,6 +14,12 @@ import pytest
 
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import Registry
+
+# Peer secrets: `kvcr-policy serve` creates one in $XDG_CONFIG_HOME/kvcr-policy/peer.secret when
+# none is configured, and clients of the same user read it there. The suite's servers and
+# clients (and the processes they start) share a private folder instead of the user's own.
+_CONFIG_HOME = tempfile.mkdtemp(prefix="kvcr-policy-tests-")
+os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
 
 EXAMPLE_DIST = "kvcr-policy-example"
 EXAMPLE_MISSING = (

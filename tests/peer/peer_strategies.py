@@ -47,8 +47,26 @@ def _shaped(cls: type, *head: st.SearchStrategy[int]) -> st.SearchStrategy[m.Mes
 
 
 messages: st.SearchStrategy[m.Message] = st.one_of(
-    st.builds(m.Hello, u32, st.integers(0, 2), u32, u32, text, st.binary(max_size=64), text),
-    st.builds(m.Welcome, u32, st.integers(1, 2), u64, text, st.binary(max_size=64)),
+    st.builds(
+        m.Hello,
+        u32,
+        st.integers(0, 2),
+        u32,
+        u32,
+        text,
+        text,
+        st.sampled_from([b"", b"k" * 16]),
+        st.binary(min_size=32, max_size=32),
+    ),
+    st.builds(
+        m.Challenge,
+        st.just(False),
+        st.binary(min_size=32, max_size=32),
+        st.binary(min_size=32, max_size=32),
+    ),
+    st.builds(m.Challenge, st.just(True), st.binary(min_size=32, max_size=32), st.just(b"")),
+    st.builds(m.Auth, st.sampled_from([b"", b"p" * 32]), st.binary(max_size=64)),
+    st.builds(m.Welcome, u32, st.integers(1, 2), u64, text, st.binary(max_size=64), text),
     st.builds(m.Error, u16, text),
     st.builds(
         m.Attach,

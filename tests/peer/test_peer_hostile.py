@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from peer_helpers import geometry, new_keys, pool_buffer, token_indices
 from peer_strategies import hostile_frames
+from raw_client import Raw, default_secret
 
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
@@ -46,10 +47,6 @@ def _replies(sock: socket.socket) -> tuple[list[m.Message], bool]:
             out.extend(m.decode(frame) for frame in reader.feed(data))
     except (TimeoutError, ConnectionResetError):
         return out, False
-
-
-def _hello(address: bytes) -> bytes:
-    return m.encode(m.Hello(3, 0, 0, 10_000, "hostile", address, "hostile"), 1)
 
 
 def _assert_alive(peer: Any, connect: Any) -> None:
@@ -96,11 +93,10 @@ def test_a_bad_worker_address_is_refused_not_fatal(peer: Any, connect: Any, kind
     address = b"\x20\xa4\x92" + bytes(range(200))
     if kind == "version-assert":
         address = b"\x22" + _real_address()[1:]
-    with _connect(peer) as sock:
-        sock.sendall(_hello(address))
-        replies, closed = _replies(sock)
-    assert closed
-    assert any(isinstance(r, m.Error) and "worker address" in r.text for r in replies)
+    with Raw(peer.address) as raw:
+        answer = raw.handshake(default_secret(), address)
+        assert isinstance(answer, m.Error) and "worker address" in answer.text
+        assert raw.reply() is None  # closed
     _assert_alive(peer, connect)
 
 
@@ -114,14 +110,11 @@ def test_a_truncated_frame_then_silence_is_harmless(peer: Any, connect: Any) -> 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=hostile_frames())
 def test_hostile_frames_after_a_real_handshake(peer: Any, worker: Any, data: bytes) -> None:
-    with _connect(peer, quiet_after=0.3) as sock:
-        sock.sendall(_hello(worker.address))
-        header = sock.recv(HEADER.size, socket.MSG_WAITALL)
-        _, _, kind, length, _ = HEADER.unpack(header)
-        assert kind == m.Kind.WELCOME
-        sock.recv(length, socket.MSG_WAITALL)
-        sock.sendall(data)
-        _replies(sock)
+    with Raw(peer.address) as raw:
+        assert isinstance(raw.handshake(default_secret(), worker.address), m.Welcome)
+        raw.sock.settimeout(0.3)
+        raw.sock.sendall(data)
+        _replies(raw.sock)
     assert peer.proc.poll() is None
 
 

@@ -217,9 +217,7 @@ def test_effective_ucx_settings_are_reported(connect: Any) -> None:
 def test_a_connection_without_handshake_is_dropped(bare_peer: Any, monkeypatch: Any) -> None:
     import socket
 
-    from kvcr_policy.backends.peer.server import session
-
-    monkeypatch.setattr(session, "HELLO_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(bare_peer, "handshake_timeout_s", 0.3)
     host, port = bare_peer.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.settimeout(5)

@@ -4,7 +4,6 @@ misses, never bytes; a client naming bytes outside its claim or reservation is r
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -12,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 from peer_helpers import geometry, new_keys, pages_of, pool_buffer, token_indices
+from raw_client import Raw, default_secret
 
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.coverage import Cover
-from kvcr_policy.backends.peer.wire.framing import FrameReader
 
 pytestmark = pytest.mark.ucx
 
@@ -168,27 +167,6 @@ def worker() -> Iterator[Any]:
     worker.release()
 
 
-class Raw:
-    """One request, one reply, over a raw control socket (no UCX data is ever posted here)."""
-
-    def __init__(self, address: str) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=5)
-        self.reader = FrameReader(m.KINDS)
-        self.pending: list[m.Message] = []
-        self.ids = iter(range(1, 1 << 30))
-
-    def ask(self, message: m.Message) -> m.Message | None:
-        """The reply, or None once the server closed the connection."""
-        self.sock.sendall(m.encode(message, next(self.ids)))
-        while not self.pending:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                return None
-            self.pending.extend(m.decode(frame) for frame in self.reader.feed(data))
-        return self.pending.pop(0)
-
-
 def _attach(raw: Raw, geo: Any) -> tuple[int, Any]:
     g = geo
     attach = m.Attach(
@@ -225,8 +203,7 @@ def test_descriptors_outside_the_claim_are_refused(
     assert pipeline.set(keys, token_indices(geo, range(2)), "hostile") == [True, True]
 
     raw = Raw(peer.address)
-    hello = m.Hello(m.capability_mask(m.CAPABILITIES), 0, 0, 10_000, "x", worker.address, "x")
-    assert isinstance(raw.ask(hello), m.Welcome)
+    assert isinstance(raw.handshake(default_secret(), worker.address), m.Welcome)
     number, tier = _attach(raw, geo)
 
     claimed = raw.ask(m.Claim(number, keys, np.arange(2, dtype=np.int64)))

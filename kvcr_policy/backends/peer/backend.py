@@ -13,6 +13,7 @@ from kvcr_policy.errors import PoolError
 
 from ..base import BackendContext, PoolSpec, check_device
 from .client.pool import PeerPool
+from .credentials import client_credentials
 from .transport import UcxTransport
 
 __all__ = ["PeerBackend"]
@@ -36,6 +37,8 @@ class PeerBackend:
             )
             raise PoolError(message)
         self.transport = transport
+        # Read once, now: a missing or unsafe secret file is a config error of this build.
+        transport.use_credentials(client_credentials(context.loaded))
         coalescing = context.coalescing
         # What the pipeline lets the strategy use here; each connection narrows it to what
         # that peer accepts (coalescing.on_unsupported decides when it cannot).

@@ -4,6 +4,12 @@ Inbound bytes are cut into frames by a bounded :class:`~.wire.framing.FrameReade
 and decoded; a malformed frame closes the channel with a log line (after a best-effort ERROR
 frame). Outbound frames queue in a bounded outbox: a peer that stops reading is disconnected,
 never allowed to grow our memory.
+
+A server's channels also bound time and memory per frame: a frame must arrive whole within
+``frame_timeout_s`` of its first byte (a peer that trickles bytes is closed at that deadline,
+whatever it sends meanwhile), and a large payload is buffered only if the server-wide
+:class:`Budget` has room for it. ``last_frame`` is when the last whole frame arrived: what a
+peer's silence is measured from.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from kvcr_policy.errors import ProtocolError
 
@@ -22,13 +29,21 @@ from .requests import Timer
 from .wire.framing import MAX_PAYLOAD, FrameReader
 from .wire.messages import KINDS, Err, Error, Message, decode, encode
 
-__all__ = ["Channel"]
+__all__ = ["Budget", "Channel"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.channel")
 
 #: Queued outbound bytes beyond which a peer that does not read is dropped.
 MAX_OUTBOX = 64 << 20
 _RECV_CHUNK = 1 << 20
+
+
+class Budget(Protocol):
+    """Bytes that payloads over ``free`` bytes may buffer, shared by a server's channels."""
+
+    def take(self, nbytes: int) -> bool: ...
+
+    def give(self, nbytes: int) -> None: ...
 
 
 class Channel:
@@ -44,6 +59,9 @@ class Channel:
         on_message: Callable[[Message, int], None],
         on_closed: Callable[[str], None],
         max_payload: int = MAX_PAYLOAD,
+        frame_timeout_s: float | None = None,
+        budget: Budget | None = None,
+        free_payload: int = 0,
     ) -> None:
         self.loop = loop
         self.sock = sock
@@ -51,7 +69,12 @@ class Channel:
         self.on_message = on_message
         self.on_closed = on_closed
         self.reader = FrameReader(KINDS, max_payload)
-        self.last_recv = self.last_sent = time.monotonic()
+        self.last_recv = self.last_sent = self.last_frame = time.monotonic()
+        self.frame_timeout_s = frame_timeout_s
+        self._budget = budget
+        self._free = free_payload
+        self._held = 0  # budget bytes this channel holds for the frame in progress
+        self._frame_timer: Timer | None = None
         self.closed = False
         self.lingering = False
         self._out: deque[memoryview] = deque()
@@ -116,12 +139,48 @@ class Channel:
             return  # draining until the peer closes its side
         try:
             for frame in self.reader.feed(data):
+                self.last_frame = time.monotonic()
+                self._frame_done()
                 message = decode(frame)
                 self.on_message(message, frame.request)
                 if self.closed or self.lingering:
                     return
         except ProtocolError as err:
             self.fail(Err.PROTOCOL, f"protocol error: {err}")
+            return
+        self._frame_started()
+
+    def _frame_started(self) -> None:
+        """A frame is partly in: hold budget for its payload and start its deadline."""
+        if not self.reader.partial:
+            return
+        expecting = self.reader.expecting
+        if self._budget is not None and expecting > self._free and not self._held:
+            if not self._budget.take(expecting):
+                text = f"no buffer space for a frame of {expecting} bytes now; try again"
+                self.fail(Err.CAPACITY, text)
+                return
+            self._held = expecting
+        if self.frame_timeout_s is not None and self._frame_timer is None:
+            limit = self.frame_timeout_s
+            self._frame_timer = self.loop.later(limit, lambda: self._frame_overdue(limit))
+
+    def _frame_done(self) -> None:
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
+        if self._held:
+            assert self._budget is not None
+            self._budget.give(self._held)
+            self._held = 0
+
+    def _frame_overdue(self, limit: float) -> None:
+        self._frame_timer = None
+        if not self.closed and self.reader.partial:
+            got = self.reader.buffered
+            self.fail(
+                Err.TIMEOUT, f"a frame did not arrive whole within {limit} s ({got} bytes in)"
+            )
 
     def pump(self) -> None:
         """Read what already arrived now (before judging the peer silent: this loop may have
@@ -154,4 +213,5 @@ class Channel:
         with contextlib.suppress(OSError):
             self.sock.close()
         self._out.clear()
+        self._frame_done()
         self.on_closed(reason)

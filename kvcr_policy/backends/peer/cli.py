@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from kvcr_policy.values import shorten
+
 __all__ = ["register", "serve_command"]
 
 
@@ -60,7 +62,7 @@ def serve_command(
     for pair in set_ or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
+            raise typer.BadParameter(f"expected KEY=VALUE, got {shorten(pair)}", param_hint="--set")
         overrides[key.strip()] = value
     loaded = load_config(profile=profile, overrides=overrides)
     server = PeerServer(loaded, listen=listen)

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
+from kvcr_policy.values import shorten
+
 __all__ = ["Capability", "Tls", "UcxOptions", "parse_address"]
 
 Tls = Literal["auto", "sm", "tcp"]
@@ -22,16 +24,19 @@ def parse_address(text: str, *, where: str = "address") -> tuple[str, int]:
     """``"host:port"`` (``"[v6]:port"`` for IPv6) -> ``(host, port)``; ValueError says why."""
     host, sep, port_text = text.strip().rpartition(":")
     if not sep or not host:
-        message = f"{where}: expected HOST:PORT (e.g. 127.0.0.1:7480), got {text!r}"
+        message = f"{where}: expected HOST:PORT (e.g. 127.0.0.1:7480), got {shorten(text)}"
         raise ValueError(message)
     host = host.removeprefix("[").removesuffix("]")
     try:
         port = int(port_text)
     except ValueError:
-        message = f"{where}: port must be an integer in 0..65535, got {port_text!r} in {text!r}"
+        message = (
+            f"{where}: port must be an integer in 0..65535, got {shorten(port_text)} in "
+            f"{shorten(text)}"
+        )
         raise ValueError(message) from None
     if not 0 <= port <= 65535:
-        message = f"{where}: port must be in 0..65535, got {port} in {text!r}"
+        message = f"{where}: port must be in 0..65535, got {port} in {shorten(text)}"
         raise ValueError(message)
     return host, port
 

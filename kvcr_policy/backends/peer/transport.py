@@ -45,6 +45,11 @@ class UcxTransport(Transport):
         self._client: Any = None
         self._pools: list[Any] = []
         self._attach_lock = threading.Lock()
+        self.credentials: Any = None  # ClientCredentials, set by the peer backend
+
+    def use_credentials(self, credentials: Any) -> None:
+        """What this process proves itself with to its peer (before the first pool attaches)."""
+        self.credentials = credentials
 
     def _connect(self) -> Any:
         if self._client is not None:
@@ -61,7 +66,11 @@ class UcxTransport(Transport):
         worker = acquire_worker(self.options)
         try:
             client = PeerClient(
-                worker, self.options, self.config.transport.op_timeout_s, name=f"pid {os.getpid()}"
+                worker,
+                self.options,
+                self.config.transport.op_timeout_s,
+                name=f"pid {os.getpid()}",
+                credentials=self.credentials,
             )
         except BaseException:
             worker.release()

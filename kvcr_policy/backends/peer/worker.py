@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 from typing import Any
 
@@ -30,6 +31,8 @@ __all__ = ["RequestGroup", "Timer", "Worker", "acquire_worker", "memory_view"]
 
 
 log = logging.getLogger("kvcr_policy.backends.peer.worker")
+
+_TAG_SPACE = 1 << 64
 
 
 class Worker(Loop):
@@ -48,7 +51,6 @@ class Worker(Loop):
         self.address = b""
         self._groups: list[RequestGroup] = []
         self._graveyard: list[tuple[list[Any], list[Any]]] = []
-        self._next_tag = 1
         self._users = 0
 
     def release(self) -> None:
@@ -68,14 +70,16 @@ class Worker(Loop):
         self._groups.append(group)
 
     def abandon(self, group: RequestGroup) -> None:
-        """Finish a send group now, every message failed, keeping its requests and buffers.
+        """Finish a group now, every message failed, keeping its requests and buffers.
 
-        Sends to a peer that died while connected without error handling (shared memory)
-        never complete, not even after the endpoint is closed (measured, UCX 1.21); their
-        buffers are only ever read, so the transfer's owner may settle now. The requests stay
-        referenced here, with the buffers they read from, until UCX completes them (if ever).
+        Requests to or from a peer that died while connected without error handling (shared
+        memory) never complete, not even after the endpoint is closed (measured, UCX 1.21;
+        UCX cannot cancel a receive it has matched). Sends only read their buffers, so their
+        owner may settle at once; receives are abandoned only once their sender is known to be
+        gone (see the server's transfers). The requests stay referenced here, with their
+        buffers, until UCX completes them (if ever), so the memory stays mapped.
         """
-        if group.done or not group.sending:
+        if group.done:
             return
         if not self._graveyard:
             self.later(1.0, self._bury)
@@ -113,10 +117,14 @@ class Worker(Loop):
             log.debug("closing an endpoint: %s", err)
 
     def tags(self, count: int) -> int:
-        """The first of ``count`` fresh tags, unique in this process's worker."""
-        base = self._next_tag
-        self._next_tag = base + max(1, count)
-        return base
+        """The first of ``count`` consecutive tags, drawn at random.
+
+        A tag receive is matched on the worker, not on an endpoint (``ucp_tag_recv_nbx``), so
+        anyone connected to this worker could send into a posted receive whose tag it knows;
+        a counter would make every tag known. A random 64-bit base is unguessable, and two
+        transfers in flight overlap with a chance of about n / 2^64.
+        """
+        return secrets.randbelow(_TAG_SPACE - max(1, count))
 
     def post(self, group: RequestGroup, ep: Any, send: bool, view: np.ndarray, tag: int) -> None:
         """Post one tag send or receive of ``view`` (kept alive by the group)."""

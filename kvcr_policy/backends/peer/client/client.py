@@ -6,11 +6,14 @@ thread and waits for its result. A peer that cannot be reached is not retried ag
 ``retry_after_s``: during that time calls fail at once, so a dead peer costs the pipeline a
 fast miss, not a connect timeout per page. After a peer restarts, the next call reconnects.
 
-Trust: the server validates everything a client sends, the client's UCX worker address
+Trust: client and server each prove that they hold the same secret before anything else
+(:mod:`..auth`); the server then scopes everything this client names to the tenant of that
+secret. The server validates everything a client sends, the client's UCX worker address
 included (see :mod:`kvcr_policy.backends.peer.server.addrcheck`) and every descriptor list
-(against what it claimed or reserved for the request); a client trusts the peer it was
-configured to use (it unpacks that peer's worker address as UCX does, without a checker
-process).
+(against what it claimed or reserved for the request); a client trusts a peer that proved it
+holds its secret (it unpacks that peer's worker address as UCX does, without a checker
+process). A peer that runs without authentication (``serve --insecure``) is refused unless
+``security.insecure`` is set here too.
 """
 
 from __future__ import annotations
@@ -24,8 +27,16 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
-from kvcr_policy.errors import ClosedError, TransportError, UnsupportedError
+from kvcr_policy.errors import (
+    AuthenticationError,
+    ClosedError,
+    KVCRPolicyError,
+    TransportError,
+    UnsupportedError,
+)
 
+from .. import auth
+from ..credentials import ClientCredentials
 from ..host import host_id
 from ..options import UcxOptions, parse_address
 from ..wire import messages as m
@@ -52,7 +63,14 @@ class Attachable(Protocol):
 class PeerClient:
     """See the module docstring."""
 
-    def __init__(self, worker: Worker, options: UcxOptions, op_timeout_s: float, name: str) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        options: UcxOptions,
+        op_timeout_s: float,
+        name: str,
+        credentials: ClientCredentials | None = None,
+    ) -> None:
         if options.peer is None:
             message = (
                 "transport 'ucx' needs a peer: set transport.options.peer = 'HOST:PORT' "
@@ -66,6 +84,8 @@ class PeerClient:
         self.op_timeout_s = op_timeout_s
         self.retry_after_s = min(1.0, op_timeout_s)
         self.name = name
+        self.credentials = credentials or ClientCredentials()
+        self.tenant = ""
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._targets: dict[int, Target] = {}  # id(pool) -> Target on the current connection
@@ -100,7 +120,7 @@ class PeerClient:
             except Exception as err:
                 self._last_error = str(err)
                 self._down_until = time.monotonic() + self.retry_after_s
-                if isinstance(err, (TransportError, UnsupportedError)):
+                if isinstance(err, KVCRPolicyError):
                     raise
                 raise TransportError(f"peer {self.address}: {err}") from err
             self._conn = conn
@@ -127,28 +147,49 @@ class PeerClient:
             self.worker.call(conn.fail, "handshake or attach failed")
             raise
         log.info(
-            "connected to peer %s over %s (capabilities %s)",
+            "connected to peer %s over %s as tenant %s (capabilities %s)",
             self.address,
             conn.tls,
+            self.tenant,
             ", ".join(sorted(conn.capabilities)) or "none",
         )
         return conn
 
     def _hello(self, conn: Connection) -> Future[Any]:
+        """HELLO, CHALLENGE (the peer's proof, checked), AUTH (ours), WELCOME: a future of
+        the WELCOME; see :mod:`..auth`."""
         future: Future[Any] = Future()
         options = self.options
+        secret = self.credentials.secret
+        key = auth.key_id(secret) if secret is not None else b""
+        nonce = auth.new_nonce()
         hello = m.Hello(
             m.capability_mask(m.CAPABILITIES),
             _TLS_CODE[options.tls],
             int(options.heartbeat_s * 1000),
             int(min(self.op_timeout_s, 3600) * 1000),
             host_id(),
-            self.worker.address,
             self.name,
+            key,
+            nonce,
         )
+        knob = "transport.options.connect_timeout_s"
+
+        def challenged(reply: Any) -> None:
+            error = error_of(reply, "HELLO")
+            if error is None:
+                error = self._check_challenge(reply, key, nonce)
+            if error is not None:
+                future.set_exception(error)
+                return
+            proof = b""
+            if secret is not None and not reply.insecure:
+                proof = auth.proof(secret, "client", key, nonce, reply.nonce)
+            message = m.Auth(proof, self.worker.address)
+            conn.request(message, welcomed, options.connect_timeout_s, knob)
 
         def welcomed(reply: Any) -> None:
-            error = error_of(reply, "HELLO")
+            error = error_of(reply, "AUTH")
             if error is None and not isinstance(reply, m.Welcome):
                 error = TransportError(f"expected WELCOME, got {reply.KIND.name}")
             if error is None and "shaped" not in m.capability_names(reply.capabilities):
@@ -170,10 +211,36 @@ class PeerClient:
                 future.set_exception(TransportError(f"cannot reach the peer over UCX: {err}"))
                 return
             conn.start_heartbeat(options.heartbeat_s)
+            self.tenant = reply.tenant
             future.set_result(reply)
 
-        self.worker.call(conn.request, hello, welcomed, options.connect_timeout_s)
+        self.worker.call(conn.request, hello, challenged, options.connect_timeout_s, knob)
         return future
+
+    def _check_challenge(self, reply: Any, key: bytes, nonce: bytes) -> Exception | None:
+        """Why the peer's CHALLENGE is not acceptable, or None."""
+        if not isinstance(reply, m.Challenge):
+            return TransportError(f"expected CHALLENGE, got {reply.KIND.name}")
+        secret = self.credentials.secret
+        if reply.insecure:
+            if self.credentials.insecure:
+                return None
+            message = (
+                f"peer {self.address} runs without authentication (serve --insecure): anyone "
+                "could read what this process stores there; set security.insecure = true on "
+                "this client to use it anyway"
+            )
+            return AuthenticationError(message)
+        if secret is None or not auth.verify(
+            secret, "server", key, nonce, reply.nonce, reply.proof
+        ):
+            message = (
+                f"peer {self.address} could not prove that it holds this process's secret "
+                f"(from {self.credentials.source}): it is another peer, or runs with another "
+                "secret or tenants directory"
+            )
+            return AuthenticationError(message)
+        return None
 
     def _attach(self, conn: Connection, pool: Attachable) -> Target:
         caps = conn.capabilities

@@ -69,7 +69,15 @@ class Connection:
     def capabilities(self) -> frozenset[str]:
         return m.capability_names(self.welcome.capabilities if self.welcome else 0)
 
-    def request(self, message: m.Message, callback: Reply, timeout: float | None = None) -> None:
+    def request(
+        self,
+        message: m.Message,
+        callback: Reply,
+        timeout: float | None = None,
+        knob: str = "transport.op_timeout_s",
+    ) -> None:
+        """Send ``message``; ``callback`` gets its reply, or a TransportError once ``timeout``
+        (default op_timeout_s; ``knob`` names the setting that gave it) passed without one."""
         if self.dead is not None:
             callback(TransportError(f"peer {self.peer}: connection ended: {self.dead}"))
             return
@@ -77,7 +85,7 @@ class Connection:
         limit = self.op_timeout_s if timeout is None else timeout
         kind = message.KIND.name
         timer = self.worker.later(
-            limit, lambda: self.fail(f"{kind} got no reply within {limit} s (op_timeout_s)")
+            limit, lambda: self.fail(f"{kind} got no reply within {limit} s ({knob})")
         )
         self._pending[number] = _Pending(kind, callback, timer)
         self.channel.send(message, number)

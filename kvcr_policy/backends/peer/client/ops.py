@@ -25,6 +25,7 @@ import numpy as np
 
 from kvcr_policy.descriptors import Descriptors, build_descriptors
 from kvcr_policy.errors import (
+    AuthenticationError,
     CapacityError,
     KVCRPolicyError,
     PoolError,
@@ -76,6 +77,8 @@ def error_of(reply: Any, what: str) -> Exception | None:
             return UnsupportedError(text)
         if reply.code == m.Err.BAD_REQUEST:
             return PoolError(text)
+        if reply.code == m.Err.AUTH:
+            return AuthenticationError(text)
         return TransportError(text)
     return None
 

@@ -1,10 +1,17 @@
 """Session: the server side of one client connection (worker thread only).
 
+A connection first shakes hands (:mod:`.handshake`): until its client has proved that it holds
+a tenant's secret it can reach nothing else. From then on the session belongs to that tenant:
+every pool it attaches is one of the tenant's tiers, so every key it names is scoped to the
+tenant by the server (a client cannot name another tenant's tier, keys or bytes).
+
 A session owns what its client holds on the server: attached pools, claims (a read in flight)
 and reservations (a write in flight), each with a deadline. Whatever way the session ends,
 every claim is released and every reservation aborted, but only once UCX can no longer
 touch the slots: after the session's endpoint is closed and its requests completed, and,
 when the server ends the session, after the client closed its side (or a linger timeout).
+A session whose client sends nothing (not even a heartbeat) for ``security.idle_timeout_s``
+is closed.
 """
 
 from __future__ import annotations
@@ -19,9 +26,13 @@ from kvcr_policy.errors import CapacityError, KVCRPolicyError, PoolError, Unsupp
 from kvcr_policy.geometry import Layout, PoolGeometry
 
 from ..channel import Channel
+from ..credentials import Keyring
 from ..requests import Timer
 from ..wire import messages as m
+from ..wire.framing import MAX_PAYLOAD
 from ..worker import Worker
+from .admission import FREE_PAYLOAD, Admission
+from .handshake import HELLO_LIMIT, Handshake
 from .tiers import Tier
 from .transfers import Attachment, Transfers
 
@@ -30,8 +41,9 @@ __all__ = ["Host", "Session"]
 log = logging.getLogger("kvcr_policy.backends.peer.server")
 
 MAX_ATTACHED = 64
-#: A connection that has not completed its handshake by then is dropped (it holds a session).
-HELLO_TIMEOUT_S = 10.0
+#: An authenticated client whose address check has not ended by then is dropped (the check
+#: runs in a helper process that may be starting).
+CHECK_TIMEOUT_S = 10.0
 
 
 class Host(Protocol):
@@ -40,10 +52,14 @@ class Host(Protocol):
     worker: Worker
     op_timeout_s: float
     linger_s: float
+    handshake_timeout_s: float
+    idle_timeout_s: float
     capabilities: frozenset[str]
     capabilities_mask: int
     server_id: int
     host_id: str
+    keyring: Keyring
+    admission: Admission
 
     def choose_tls(self, hello: m.Hello) -> str: ...
 
@@ -51,9 +67,11 @@ class Host(Protocol):
         self, address: bytes, error_handling: bool, then: Callable[[bool], Any]
     ) -> None: ...
 
-    def open_tier(self, geometry: PoolGeometry, align: int, then: Callable[[Any], Any]) -> None: ...
+    def open_tier(
+        self, tenant: str, geometry: PoolGeometry, align: int, then: Callable[[Any], Any]
+    ) -> None: ...
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self, tenant: str, admin: bool) -> dict[str, Any]: ...
 
     def session_closed(self, session: Session, reason: str) -> None: ...
 
@@ -69,10 +87,14 @@ class Session:
         self.peer = peer
         self.ep: Any = None
         self.tls = ""
-        self.state = "hello"  # hello -> checking -> ready -> draining -> closed
+        # hello -> auth -> checking -> ready -> draining -> closed
+        self.state = "hello"
+        self.tenant = ""
+        self.admin = False
         self.heartbeat_s = 0.0
         self.pools: list[Attachment | None] = []
         self.transfers = Transfers(self)
+        self.handshake: Handshake | None = Handshake(self)
         self._beat: Timer | None = None
         self.channel = Channel(
             self.worker,
@@ -80,13 +102,26 @@ class Session:
             name=f"client {peer}",
             on_message=self._on_message,
             on_closed=self._on_closed,
+            max_payload=HELLO_LIMIT,
+            frame_timeout_s=server.handshake_timeout_s,
+            budget=server.admission,
+            free_payload=FREE_PAYLOAD,
         )
-        self._hello_timer = self.worker.later(HELLO_TIMEOUT_S, self._hello_overdue)
+        limit = server.handshake_timeout_s
+        self._deadline = self.worker.later(limit, lambda: self._overdue(("hello", "auth"), limit))
 
-    def _hello_overdue(self) -> None:
-        if self.state in ("hello", "checking"):
-            log.warning("client %s: no handshake within %s s", self.peer, HELLO_TIMEOUT_S)
-            self.channel.close(f"no handshake within {HELLO_TIMEOUT_S} s")
+    def _overdue(self, states: tuple[str, ...], limit: float) -> None:
+        if self.state in states:
+            self.server.admission.refused(f"client {self.peer}: no handshake within {limit} s")
+            self.channel.close(f"no handshake within {limit} s")
+
+    def authenticated(self, tenant: str, admin: bool) -> None:
+        """The client proved it holds ``tenant``'s secret: its UCX address is checked next."""
+        self.tenant, self.admin = tenant, admin
+        self.state = "checking"
+        self._deadline.cancel()
+        limit = CHECK_TIMEOUT_S
+        self._deadline = self.worker.later(limit, lambda: self._overdue(("checking",), limit))
 
     @property
     def busy(self) -> bool:
@@ -120,7 +155,8 @@ class Session:
 
     def _on_closed(self, reason: str) -> None:
         self.state = "closed"
-        self._hello_timer.cancel()
+        self.handshake = None
+        self._deadline.cancel()
         if self._beat is not None:
             self._beat.cancel()
         if self.ep is not None:
@@ -132,14 +168,8 @@ class Session:
     # ---- dispatch -------------------------------------------------------------------------
 
     def _on_message(self, message: m.Message, request: int) -> None:
-        if self.state == "hello":
-            if not isinstance(message, m.Hello):
-                self.channel.fail(m.Err.PROTOCOL, f"expected HELLO first, got {message.KIND.name}")
-                return
-            self._hello(message, request)
-            return
-        if self.state == "checking":
-            self.channel.fail(m.Err.PROTOCOL, "a request arrived before WELCOME")
+        if self.handshake is not None:
+            self.handshake.on_message(message, request)
             return
         handler = _HANDLERS.get(type(message))
         if handler is None:
@@ -158,35 +188,27 @@ class Session:
             log.exception("client %s: %s failed", self.peer, message.KIND.name)
             self.abort(m.Err.INTERNAL, f"internal error: {type(err).__name__}: {err}")
 
-    def _hello(self, hello: m.Hello, request: int) -> None:
-        try:
-            tls = self.server.choose_tls(hello)
-        except UnsupportedError as err:
-            self.channel.fail(m.Err.UNSUPPORTED, str(err))
-            return
-        self.state = "checking"
-        self.tls = tls
-        self.heartbeat_s = min(hello.heartbeat_ms, 600_000) / 1000
-        self.server.check_address(
-            hello.address, tls == "tcp", lambda ok: self._welcome(ok, hello, request)
-        )
-
-    def _welcome(self, ok: bool, hello: m.Hello, request: int) -> None:
+    def welcome(self, ok: bool, address: bytes, name: str, request: int) -> None:
+        """The address check ended: open the UCX endpoint and say WELCOME (or refuse)."""
         if self.channel.closed:
             return
         if not ok:
-            self.channel.fail(m.Err.BAD_REQUEST, "the UCX worker address in HELLO is not usable")
+            self.channel.fail(m.Err.BAD_REQUEST, "the UCX worker address in AUTH is not usable")
             return
         ucx = self.worker.ucx
         try:
-            address = ucx.UCXAddress.create_from_buffer(hello.address)
+            ucx_address = ucx.UCXAddress.create_from_buffer(address)
             self.ep = ucx.UCXEndpoint.create_from_worker_address(
-                self.worker.ucx_worker, address, self.tls == "tcp"
+                self.worker.ucx_worker, ucx_address, self.tls == "tcp"
             )
         except Exception as err:
             self.channel.fail(m.Err.BAD_REQUEST, f"cannot reach the client over UCX: {err}")
             return
+        self._deadline.cancel()
+        self.handshake = None
         self.state = "ready"
+        self.channel.reader.limit = MAX_PAYLOAD
+        self.channel.frame_timeout_s = self.op_timeout_s
         tls_code = 1 if self.tls == "sm" else 2
         welcome = m.Welcome(
             self.server.capabilities_mask,
@@ -194,23 +216,39 @@ class Session:
             self.server.server_id,
             self.server.host_id,
             self.worker.address,
+            self.tenant,
         )
         self.channel.send(welcome, request)
-        log.info("client %s connected (%s, tls %s)", self.peer, hello.name or "?", self.tls)
-        if self.heartbeat_s > 0:
-            self._beat = self.worker.later(self.heartbeat_s, self._check_alive)
+        log.info(
+            "client %s connected (%s, tenant %s, tls %s)",
+            self.peer,
+            name or "?",
+            self.tenant,
+            self.tls,
+        )
+        self._beat = self.worker.later(self._check_every(), self._check_alive)
+
+    def _silence_limit(self) -> float:
+        """How long the client may send nothing: three heartbeats (and a second), and never
+        more than the idle timeout."""
+        idle = self.server.idle_timeout_s
+        return min(idle, 3 * self.heartbeat_s + 1.0) if self.heartbeat_s > 0 else idle
+
+    def _check_every(self) -> float:
+        return max(0.05, self.heartbeat_s or self._silence_limit() / 4)
 
     def _check_alive(self) -> None:
         if self.channel.closed or self.channel.lingering:
             return
-        silent = time.monotonic() - self.channel.last_recv
-        if silent > 3 * self.heartbeat_s + 1.0:
+        limit = self._silence_limit()
+        silent = time.monotonic() - self.channel.last_frame
+        if silent > limit:
             self.channel.pump()
-            silent = time.monotonic() - self.channel.last_recv
-        if not self.channel.closed and silent > 3 * self.heartbeat_s + 1.0:
-            self.abort(m.Err.TIMEOUT, f"client silent for {silent:.1f} s")
+            silent = time.monotonic() - self.channel.last_frame
+        if not self.channel.closed and silent > limit:
+            self.abort(m.Err.TIMEOUT, f"client silent for {silent:.1f} s (limit {limit:.1f} s)")
             return
-        self._beat = self.worker.later(self.heartbeat_s, self._check_alive)
+        self._beat = self.worker.later(self._check_every(), self._check_alive)
 
     def pool(self, number: int) -> Attachment:
         pool = self.pools[number] if number < len(self.pools) else None
@@ -252,7 +290,7 @@ class Session:
             self.pools[number] = Attachment(tier, client)
             self.channel.send(m.Attached(number, tier.slots), request)
 
-        self.server.open_tier(client, msg.align, opened)
+        self.server.open_tier(self.tenant, client, msg.align, opened)
 
     def _exists(self, msg: m.Exists, request: int) -> None:
         store = self.pool(msg.pool).tier.store
@@ -265,7 +303,8 @@ class Session:
         self.channel.send(m.Count(self.pool(msg.pool).tier.store.clear()), request)
 
     def _stats(self, msg: m.Stats, request: int) -> None:
-        data = {"tier": self.pool(msg.pool).tier.stats(), "server": self.server.describe()}
+        tier = self.pool(msg.pool).tier.stats()
+        data = {"tier": tier, "server": self.server.describe(self.tenant, self.admin)}
         self.channel.send(m.StatsReply(json.dumps(data, default=str)), request)
 
     def _ping(self, msg: m.Ping, request: int) -> None:

@@ -1,7 +1,8 @@
 """The tiers a peer server holds: one region and one store per pool name and page layout.
 
-Clients that attach the same pool name with the same page layout (``PoolGeometry.digest``)
-share one tier, so an engine can restore what another engine stored.
+Clients of one tenant that attach the same pool name with the same page layout
+(``PoolGeometry.digest``) share one tier, so an engine can restore what another engine of the
+same tenant stored; other tenants never see it.
 
 A tier starts at the same offset within a 4 KiB page as the first attaching pool's buffer:
 shared-memory copies (``process_vm_readv``) run at half speed when source and destination
@@ -10,8 +11,8 @@ GB/s mutually aligned, 6 GB/s with a 16-byte offset, 9 GB/s with 48); a numpy po
 bytes into its page, a pinned one on a page boundary, a tier region always on one.
 
 Regions come from the server's placement strategy (huge pages, NUMA, pre-fault, as its
-profile says); their count is capped, so clients cannot make the server map memory without
-bound.
+profile says); their count and bytes are capped per tenant, so clients cannot make the server
+map memory without bound.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.errors import CapacityError, PoolError
+from kvcr_policy.errors import CapacityError
 from kvcr_policy.geometry import PoolGeometry
 
 from ...dram.store import Store
@@ -59,51 +60,85 @@ class Tier:
 
 
 class Tiers:
-    """Tiers by (pool name, layout digest); ``placement`` is a PlacementStrategy."""
+    """Tiers by (tenant, pool name, layout digest); ``placement`` is a PlacementStrategy.
 
-    def __init__(self, placement: Any, capacity_bytes: int, max_tiers: int) -> None:
+    Each tenant has tiers of its own: a key is only ever looked up in the tiers of the tenant
+    whose session names it, and a tier's slots (freed ones included) only ever hold that
+    tenant's pages. A tenant may hold ``max_tiers`` tiers and map ``quota_bytes`` in all (a
+    tier is cut to what is left of the quota).
+    """
+
+    def __init__(
+        self, placement: Any, capacity_bytes: int, max_tiers: int, quota_bytes: int | None = None
+    ) -> None:
         self._placement = placement
         self._capacity_bytes = capacity_bytes
         self._max = max_tiers
-        self._tiers: dict[tuple[str, str], Tier] = {}
-        self._lock = threading.Lock()  # open() runs on a helper thread, the rest on the worker
+        self._quota = quota_bytes
+        self._tiers: dict[tuple[str, str, str], Tier] = {}
+        self._lock = threading.Lock()  # guards _tiers: open() runs on a helper thread
+        self._opening = threading.Lock()  # one region opens at a time, _tiers stays readable
 
     def __iter__(self) -> Any:
         with self._lock:
             return iter(list(self._tiers.values()))
 
-    def find(self, geometry: PoolGeometry) -> Tier | None:
+    def of(self, tenant: str) -> list[Tier]:
         with self._lock:
-            return self._tiers.get((geometry.name, geometry.digest()))
+            return [tier for key, tier in self._tiers.items() if key[0] == tenant]
 
-    def open(self, geometry: PoolGeometry, align: int = 0) -> Tier:
-        """The tier mirroring ``geometry`` (its layout; not its token count), made on first use
-        at offset ``align`` (0..4095) into its first page."""
+    def by_tenant(self) -> dict[str, int]:
+        """How many tiers each tenant holds."""
+        counts: dict[str, int] = {}
         with self._lock:
-            return self._open(geometry, align % 4096)
+            for tenant, _, _ in self._tiers:
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
 
-    def _open(self, geometry: PoolGeometry, align: int) -> Tier:
-        key = (geometry.name, geometry.digest())
-        tier = self._tiers.get(key)
-        if tier is not None:
+    def find(self, tenant: str, geometry: PoolGeometry) -> Tier | None:
+        with self._lock:
+            return self._tiers.get((tenant, geometry.name, geometry.digest()))
+
+    def open(self, tenant: str, geometry: PoolGeometry, align: int = 0) -> Tier:
+        """``tenant``'s tier mirroring ``geometry`` (its layout; not its token count), made on
+        first use at offset ``align`` (0..4095) into its first page."""
+        with self._opening:
+            tier = self.find(tenant, geometry)
+            if tier is not None:
+                return tier
+            tier = self._open(tenant, geometry, align % 4096)
+            with self._lock:
+                self._tiers[(tenant, geometry.name, geometry.digest())] = tier
             return tier
-        if len(self._tiers) >= self._max:
+
+    def _open(self, tenant: str, geometry: PoolGeometry, align: int) -> Tier:
+        mine = self.of(tenant)
+        if len(mine) >= self._max:
             message = (
-                f"this peer already holds {len(self._tiers)} tiers (transport.options.max_tiers"
-                f" = {self._max}); pool {geometry.name!r} with a new layout is refused"
+                f"tenant {tenant!r} already holds {len(mine)} tiers on this peer "
+                f"(transport.options.max_tiers = {self._max}); pool {geometry.name!r} with a "
+                "new layout is refused"
             )
             raise CapacityError(message)
-        slots = self._capacity_bytes // geometry.page_bytes
+        capacity = self._capacity_bytes
+        if self._quota is not None:
+            used = sum(tier.geometry.nbytes for tier in mine)
+            capacity = min(capacity, self._quota - used)
+        slots = max(0, capacity) // geometry.page_bytes
         if slots < 1:
             message = (
-                f"pool {geometry.name!r}: the peer's placement.capacity_bytes "
-                f"({self._capacity_bytes}) holds no page of {geometry.page_bytes} bytes"
+                f"pool {geometry.name!r}: what tenant {tenant!r} may still map on this peer "
+                f"({max(0, capacity)} bytes of placement.capacity_bytes {self._capacity_bytes}, "
+                f"security.tenant_quota_bytes {self._quota}) holds no page of "
+                f"{geometry.page_bytes} bytes"
             )
-            raise PoolError(message)
+            raise CapacityError(message)
         tier_geometry = replace(
             geometry, name=f"{geometry.name}.tier", tokens=slots * geometry.page_size, device="cpu"
         )
-        region = self._placement.open_region(f"peer:{geometry.name}", tier_geometry.nbytes + align)
+        region = self._placement.open_region(
+            f"peer:{tenant}:{geometry.name}", tier_geometry.nbytes + align
+        )
         try:
             store = self._placement.new_store(slots)
         except BaseException:
@@ -111,10 +146,10 @@ class Tiers:
             raise
         view = region.array[align : align + tier_geometry.nbytes]
         tier = Tier(geometry.name, tier_geometry, region, store, view)
-        self._tiers[key] = tier
         log.info(
-            "tier %r opened: %d slots of %d bytes, offset %d into its first page",
+            "tier %r of tenant %r opened: %d slots of %d bytes, offset %d into its first page",
             geometry.name,
+            tenant,
             slots,
             geometry.page_bytes,
             align,

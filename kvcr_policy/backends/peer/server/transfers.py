@@ -9,6 +9,13 @@ SEND and POST name the client's shaped descriptors by their tier bytes; nothing 
 posted unless they cover exactly the claimed or reserved slots in shapes this server accepts
 (:class:`~..wire.coverage.Cover`); otherwise the request gets an ERROR and its claim or
 reservation is let go. See :mod:`.session` for when slots are let go if the session ends.
+
+A client that dies in the middle of a write over shared memory leaves receives posted into
+its reserved slots that never complete (no error handling on those endpoints; UCX cannot
+cancel a receive it already matched). Once the session is gone they are given
+``op_timeout_s``; after that the receives are forsaken (their requests and buffers stay
+referenced, so the tier stays mapped) and the reservation is aborted, logged: the dead client
+can no longer send a byte, so its slots go back to the tier instead of leaking.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -85,6 +93,7 @@ class _Write:
     request: int
     timer: Timer
     posted: bool = False
+    group: RequestGroup | None = None  # the receives, once posted
     arrived: np.ndarray | None = None  # per todo key, once the receives completed
     client_ok: np.ndarray | None = None  # per covered key, from COMMIT
 
@@ -112,14 +121,48 @@ class Transfers:
         reservations are aborted unless receives are still posted into them (the endpoint's
         close cancelled them; a receive may write into its slot until it completes).
         """
+        claims, aborted, waiting = 0, 0, 0
         for number, read in list(self.reads.items()):
             if not read.sending:
-                self._release(number)
+                claims += self._release(number)
         for number, write in list(self.writes.items()):
             if not write.posted or write.arrived is not None:
                 self._abort_write(number, write)
+                aborted += 1
+            else:
+                waiting += 1
+                limit = self.owner.op_timeout_s
+                self.owner.worker.later(limit, partial(self._forsake, number, limit))
+        sending = len(self._sending)
         for group in list(self._sending):
             self.owner.worker.abandon(group)
+        if claims or aborted or waiting or sending:
+            log.info(
+                "client %s gone: released %d claims (%d more whose sends were abandoned), "
+                "aborted %d reservations; %d with receives still posted get %s s",
+                self.owner.peer,
+                claims,
+                sending,
+                aborted,
+                waiting,
+                self.owner.op_timeout_s,
+            )
+
+    def _forsake(self, number: int, limit: float) -> None:
+        """The session ended ``limit`` seconds ago and this write's receives are still posted:
+        the client is gone for good (see the module docstring); give its slots back."""
+        write = self.writes.get(number)
+        if write is None or write.group is None:
+            return
+        log.warning(
+            "client %s: write %d still had receives posted %s s after the session ended (the "
+            "client died mid-transfer); released its reservation of %d slots",
+            self.owner.peer,
+            number,
+            limit,
+            len(write.todo),
+        )
+        self.owner.worker.abandon(write.group)  # finishes the group: _arrived aborts the write
 
     def _check_open(self) -> None:
         if len(self.reads) + len(self.writes) >= MAX_OPEN:
@@ -238,7 +281,7 @@ class Transfers:
         def arrived(failed: np.ndarray) -> None:
             self._arrived(number, cover.outcome(offsets, lengths, failed))
 
-        self._transfer(tier, offsets, lengths, tag_base, False, arrived)
+        write.group = self._transfer(tier, offsets, lengths, tag_base, False, arrived)
         self.owner.channel.send(m.Posted(number, tag_base), request)
 
     def _arrived(self, number: int, ok: np.ndarray) -> None:
@@ -298,7 +341,7 @@ class Transfers:
         tag_base: int,
         send: bool,
         done: Callable[[np.ndarray], None],
-    ) -> None:
+    ) -> RequestGroup:
         """One message per descriptor, ``tag_base + i``, straight from or into the tier."""
         view = tier.view
         assert view is not None and self.owner.ep is not None
@@ -307,6 +350,7 @@ class Transfers:
         for i, (offset, length) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
             worker.post(group, ep, send, view[offset : offset + length], tag_base + i)
         worker.track(group)
+        return group
 
     def _group(self, send: bool, done: Callable[[np.ndarray], None]) -> RequestGroup:
         self.groups += 1

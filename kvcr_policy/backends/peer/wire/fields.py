@@ -30,6 +30,7 @@ __all__ = [
     "Keys",
     "Name",
     "Ranges",
+    "Short",
     "Text",
     "Token",
 ]
@@ -60,6 +61,8 @@ Text = Annotated[
     str, Codec("text", lambda w, v: w.text(v[:4000]), lambda r, f: r.text(f, 16 << 10))
 ]
 Json = Annotated[str, Codec("json", Writer.text, lambda r, f: r.text(f, MAX_TEXT))]
+#: A nonce, key id or proof (at most 64 bytes).
+Short = Annotated[bytes, Codec("short", Writer.blob, lambda r, f: r.blob(f, 64))]
 #: A UCX worker address.
 Address = Annotated[bytes, Codec("address", Writer.blob, lambda r, f: r.blob(f, MAX_ADDRESS))]
 Keys = Annotated[list[str], Codec("keys", Writer.keys, lambda r, f: r.keys(f, MAX_KEYS))]

@@ -24,9 +24,10 @@ from kvcr_policy.errors import ProtocolError
 __all__ = ["HEADER", "MAGIC", "MAX_PAYLOAD", "VERSION", "Frame", "FrameReader", "pack_frame"]
 
 MAGIC = b"KP"
-#: 2: the client shapes descriptors and names them in SEND and POST (1 planned them on both
-#: sides from negotiated merge/split flags).
-VERSION = 2
+#: 3: a mutual challenge-response (HELLO, CHALLENGE, AUTH, WELCOME) before anything else, and
+#: every key scoped to the tenant the secret belongs to (2: no authentication; the client
+#: shaped descriptors and named them in SEND and POST; 1: both sides planned them).
+VERSION = 3
 HEADER = struct.Struct("<2sBBIQ")
 #: Largest payload of one frame: 65,536 keys of 64 bytes, or 524,288 descriptors, fit inside.
 MAX_PAYLOAD = 16 << 20
@@ -53,18 +54,30 @@ class FrameReader:
     """Cuts a byte stream into frames; holds at most one header plus one payload.
 
     ``known`` is the set of message types accepted; anything else, a bad magic or version, or
-    a length over ``max_payload`` raises :class:`ProtocolError` as soon as the header is in.
+    a length over ``limit`` raises :class:`ProtocolError` as soon as the header is in. The
+    owner may lower or raise ``limit`` between frames (a server accepts only small frames
+    until a client has authenticated).
     """
 
     def __init__(self, known: frozenset[int], max_payload: int = MAX_PAYLOAD) -> None:
         self._known = known
-        self._max = max_payload
+        self.limit = max_payload
         self._buffer = bytearray()
         self._need: tuple[int, int, int] | None = None  # (kind, request, length) of the next
 
     @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    @property
+    def partial(self) -> bool:
+        """Whether part of a frame has arrived and the rest has not."""
+        return self._need is not None or bool(self._buffer)
+
+    @property
+    def expecting(self) -> int:
+        """The payload length of the frame whose header is in (0 when none is)."""
+        return self._need[2] if self._need is not None else 0
 
     def feed(self, data: bytes | memoryview) -> Iterator[Frame]:
         """Add bytes and yield every frame now complete, in order."""
@@ -95,7 +108,7 @@ class FrameReader:
             raise ProtocolError(message)
         if kind not in self._known:
             raise ProtocolError(f"unknown message type {kind}")
-        if length > self._max:
-            message = f"frame payload of {length} bytes exceeds the limit of {self._max}"
+        if length > self.limit:
+            message = f"frame payload of {length} bytes exceeds the limit of {self.limit}"
             raise ProtocolError(message)
         return kind, request, length

@@ -55,6 +55,8 @@ class Kind(enum.IntEnum):
     PONG = 23
     POST = 24
     POSTED = 25
+    CHALLENGE = 26
+    AUTH = 27
 
 
 KINDS = frozenset(int(k) for k in Kind)
@@ -70,6 +72,7 @@ class Err(enum.IntEnum):
     SHUTTING_DOWN = 5
     TIMEOUT = 6
     INTERNAL = 7
+    AUTH = 8
 
 
 class Message:

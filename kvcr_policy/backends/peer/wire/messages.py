@@ -13,6 +13,7 @@ import numpy as np
 
 from kvcr_policy.errors import ProtocolError
 
+from ..auth import KEY_ID_BYTES, NONCE_BYTES, PROOF_BYTES
 from .fields import (
     U8,
     U16,
@@ -26,6 +27,7 @@ from .fields import (
     Keys,
     Name,
     Ranges,
+    Short,
     Text,
     Token,
 )
@@ -37,6 +39,8 @@ __all__ = [
     "KINDS",
     "Attach",
     "Attached",
+    "Auth",
+    "Challenge",
     "Claim",
     "Claimed",
     "Clear",
@@ -85,19 +89,54 @@ def capability_names(mask: int) -> frozenset[str]:
     return frozenset(name for name, bit in CAPABILITIES.items() if mask & bit)
 
 
+def _sized(what: str, value: bytes, sizes: tuple[int, ...]) -> None:
+    if len(value) not in sizes:
+        expected = " or ".join(map(str, sizes))
+        raise ProtocolError(f"{what} has {len(value)} bytes, expected {expected}")
+
+
 @message(Kind.HELLO)
 class Hello(Message):
+    """The client's opening (see :mod:`..auth`): no UCX address yet, nothing costly to check."""
+
     capabilities: U32
     tls: U8  # 0 auto, 1 sm, 2 tcp
     heartbeat_ms: U32
     op_timeout_ms: U32
     host_id: Name
-    address: Address
     name: Name
+    key_id: Short  # empty: this client has no secret
+    nonce: Short
 
     def check(self) -> None:
         if self.tls > 2:
             raise ProtocolError(f"HELLO: tls {self.tls} is not 0 (auto), 1 (sm) or 2 (tcp)")
+        _sized("HELLO: key_id", self.key_id, (0, KEY_ID_BYTES))
+        _sized("HELLO: nonce", self.nonce, (NONCE_BYTES,))
+
+
+@message(Kind.CHALLENGE)
+class Challenge(Message):
+    """The server's nonce and proof (none when it runs without authentication)."""
+
+    insecure: Bool
+    nonce: Short
+    proof: Short
+
+    def check(self) -> None:
+        _sized("CHALLENGE: nonce", self.nonce, (NONCE_BYTES,))
+        _sized("CHALLENGE: proof", self.proof, (0,) if self.insecure else (PROOF_BYTES,))
+
+
+@message(Kind.AUTH)
+class Auth(Message):
+    """The client's proof, then its UCX worker address (checked only once the proof is)."""
+
+    proof: Short
+    address: Address
+
+    def check(self) -> None:
+        _sized("AUTH: proof", self.proof, (0, PROOF_BYTES))
 
 
 @message(Kind.WELCOME)
@@ -107,6 +146,7 @@ class Welcome(Message):
     server_id: U64
     host_id: Name
     address: Address
+    tenant: Name
 
     def check(self) -> None:
         if self.tls not in (1, 2):

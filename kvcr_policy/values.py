@@ -1,0 +1,79 @@
+"""How config values are spelled and echoed: strict byte sizes, and a value cut for a message.
+
+pydantic's :class:`~pydantic.ByteSize` matches its pattern at the start of the text only, so
+``"64GiB garbage"`` parses as 64 GiB, and its ``\\d`` takes any Unicode digit (``"６４GiB"``).
+:data:`Size` is ``ByteSize`` behind a whole-text, ASCII-only check: digits (an optional decimal
+part), an optional known unit, and nothing after it. :func:`parse_size` is the same rule for
+command-line arguments. :func:`shorten` cuts a value echoed in an error message (a 50 MB string
+must not come back whole on stderr), with :mod:`reprlib`, the standard library's bounded repr.
+"""
+
+from __future__ import annotations
+
+import re
+import reprlib
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ByteSize
+
+from .errors import ArgumentError
+
+__all__ = ["SIZE_UNITS", "Size", "check_size_text", "parse_size", "shorten"]
+
+#: Unit names ByteSize knows, lower case ("b", "kb", "kib", ... "eib").
+SIZE_UNITS: frozenset[str] = frozenset(ByteSize.byte_sizes)
+_SIZE_TEXT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", re.ASCII)
+_EXAMPLES = "e.g. 512MiB, 64GiB or 1048576"
+
+_repr = reprlib.Repr()
+_repr.maxstring = 80
+_repr.maxother = 80
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 6
+_repr.maxlevel = 3
+
+
+def shorten(value: Any) -> str:
+    """``repr(value)``, cut to about 80 characters (strings keep their head and tail)."""
+    return _repr.repr(value)
+
+
+def check_size_text(value: Any) -> Any:
+    """Refuse text that is not a whole, ASCII size; other values pass to ByteSize unchanged."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size ({_EXAMPLES}), got a boolean")
+    if not isinstance(value, str):
+        return value
+    match = _SIZE_TEXT.fullmatch(value)
+    if match is None:
+        message = (
+            f"expected a size: ASCII digits, then an optional unit and nothing after it "
+            f"({_EXAMPLES}); got {shorten(value)}"
+        )
+        raise ValueError(message)
+    unit = match.group(2).lower()
+    if unit and unit not in SIZE_UNITS:
+        message = (
+            f"unknown size unit {match.group(2)!r} (known: B, KB, KiB, MB, MiB, GB, GiB, TB, TiB, "
+            "PB, PiB, EB, EiB)"
+        )
+        raise ValueError(message)
+    return value
+
+
+#: A byte size as config spells it: ByteSize behind :func:`check_size_text`.
+Size = Annotated[ByteSize, BeforeValidator(check_size_text)]
+
+
+def parse_size(text: str, *, what: str, low: int = 1, high: int = 1 << 50) -> int:
+    """A command-line size, strict as :data:`Size`, in ``[low, high]``; ArgumentError if not."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        size = int(TypeAdapter(Size).validate_python(text))
+    except ValidationError as err:
+        reason = err.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+        raise ArgumentError(f"{what}: {reason}") from None
+    if not low <= size <= high:
+        message = f"{what}: expected a size from {low} to {high} bytes, got {size} ({text!r})"
+        raise ArgumentError(message)
+    return size
