@@ -21,7 +21,7 @@ from .backends.peer.cli import register as _register_peer
 from .errors import KVCRPolicyError
 from .loading import LoadedConfig, bundled_profiles, load_config
 from .sources import env_name, flatten
-from .values import shorten
+from .values import parse_size, shorten
 
 __all__ = ["app", "main"]
 
@@ -276,12 +276,10 @@ class Peer(str, Enum):
 
 
 def _parse_size(text: str) -> int:
-    from pydantic import ByteSize, TypeAdapter, ValidationError
+    from .schema import MAX_TIER_BYTES
 
-    try:
-        return int(TypeAdapter(ByteSize).validate_python(text))
-    except ValidationError:
-        raise typer.BadParameter(f"expected a size such as 1GiB or 512MiB, got {text!r}") from None
+    # The same rule and bound as placement.capacity_bytes, the size of a real tier region.
+    return parse_size(text, what="--size", high=MAX_TIER_BYTES)
 
 
 @app.command()

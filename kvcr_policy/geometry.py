@@ -44,6 +44,7 @@ from typing import Any, Final, Literal, NoReturn, get_args
 import numpy as np
 import numpy.typing as npt
 
+from kvcr_policy import _os
 from kvcr_policy.errors import IndicesError, PoolError
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "Layout",
     "PoolGeometry",
     "check_pages",
+    "check_unchanged",
     "fragment_offsets",
     "page_indices",
     "preset",
@@ -265,9 +267,11 @@ class BufferInfo:
 def validate_buffer(geometry: PoolGeometry, buffer: object) -> BufferInfo:
     """Check that ``buffer`` (a torch tensor or numpy array) is the pool ``geometry`` describes.
 
-    Checks device, dtype, shape and C-contiguous strides, in that order, and refuses the pool
-    with a :class:`PoolError` naming the field. The buffer is never copied: the address
-    returned is the buffer's own.
+    Checks device, dtype, shape, C-contiguous strides and that the memory may be written (a
+    ``get`` writes into it: a read-only numpy array, or a host buffer in a read-only mapping
+    such as ``np.memmap(mode="r")``, would be corrupted or crash the process), in that order,
+    and refuses the pool with a :class:`PoolError` naming the field. The buffer is never
+    copied: the address returned is the buffer's own.
     """
     torch = sys.modules.get("torch")  # a tensor can only exist if torch was imported
     if torch is not None and isinstance(buffer, torch.Tensor):
@@ -298,10 +302,54 @@ def validate_buffer(geometry: PoolGeometry, buffer: object) -> BufferInfo:
         )
 
     if isinstance(buffer, np.ndarray):
+        if not buffer.flags.writeable:
+            _refuse_buffer(
+                geometry,
+                "writability",
+                "a writeable array (get() writes into the pool)",
+                "a read-only array (e.g. np.frombuffer of bytes, or np.memmap mode 'r')",
+            )
         address = int(buffer.__array_interface__["data"][0])
     else:
         address = int(buffer.data_ptr())
+    if address == 0:
+        _refuse_buffer(geometry, "storage", "allocated memory", "a tensor whose storage is freed")
+    if device == "cpu" and not _os.writable_range(address, geometry.nbytes):
+        _refuse_buffer(
+            geometry,
+            "memory",
+            "memory this process may write (get() writes into the pool)",
+            "a read-only or unmapped range (a read-only file mapping?)",
+        )
     return BufferInfo(address=address, nbytes=geometry.nbytes, device=device)
+
+
+def check_unchanged(geometry: PoolGeometry, buffer: object, info: BufferInfo) -> None:
+    """Refuse a pool whose buffer moved, shrank or was freed since :func:`validate_buffer`.
+
+    Cheap enough for every call (a data pointer, a shape and, for torch, the storage size):
+    copies go to the address validated at registration, so a tensor that ``set_()`` or
+    ``untyped_storage().resize_(0)`` emptied since would be written after it was freed.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(buffer, torch.Tensor):
+        address, shape = int(buffer.data_ptr()), tuple(buffer.shape)
+        storage = buffer.untyped_storage()
+        end = address - int(storage.data_ptr()) + info.nbytes
+        intact = storage.data_ptr() != 0 and storage.nbytes() >= end
+    else:
+        array: Any = buffer
+        address, shape = int(array.__array_interface__["data"][0]), array.shape
+        intact = True
+    if address != info.address or shape != geometry.shape or not intact:
+        message = (
+            f"pool {geometry.name!r}: its buffer changed since register_pool (address "
+            f"{info.address:#x} -> {address:#x}, shape {geometry.shape} -> {shape}"
+            f"{'' if intact else ', storage freed or shrunk'}); the pipeline copies to the "
+            "registered memory, so keep the tensor's storage alive and in place, or register "
+            "the new buffer in a new pipeline"
+        )
+        raise PoolError(message)
 
 
 def _refuse_buffer(geometry: PoolGeometry, field: str, expected: str, got: str) -> NoReturn:

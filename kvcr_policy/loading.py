@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import ConfigError, ConfigIssue
+from .errors import ConfigError, ConfigIssue, UsageError
 from .provenance import DEFAULT, dotenv_origin, origin_for
 from .schema import ENV_PREFIX, STRATEGY_SECTIONS, PolicyConfig
 from .sources import (
@@ -90,6 +90,9 @@ def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
     path = Path(text).expanduser()
     if path.is_file():
         return path.resolve()
+    if path.is_dir():
+        message = f"{shorten(text)} is a directory; a profile is a bundled name or a .toml file"
+        raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
     nearest = suggest(text, list(bundled))
     hint = f"; did you mean {nearest!r}?" if nearest else ""
     message = (
@@ -182,6 +185,7 @@ def load_config(
     to the one of a fresh :func:`kvcr_policy.plugins.make_plugin_manager`, kept as
     ``plugin_manager`` for :func:`kvcr_policy.pipeline.build_pipeline`.
     """
+    _check_arguments(profile, environ, overrides, dotenv)
     env = dict(os.environ if environ is None else environ)
     issues: list[ConfigIssue] = []
     dotenv_path = _dotenv_file(dotenv)
@@ -244,6 +248,38 @@ def load_config(
         registry=registry,
         plugin_manager=plugin_manager,
     )
+
+
+def _check_arguments(profile: Any, environ: Any, overrides: Any, dotenv: Any) -> None:
+    """Refuse arguments of the wrong kind (UsageError) before they fail deep inside."""
+    problem = None
+    if profile is not None and not isinstance(profile, (str, os.PathLike)):
+        problem = f"profile must be a name or a path (str), got {type(profile).__name__}"
+    elif environ is not None and not isinstance(environ, Mapping):
+        problem = f"environ must be a mapping of str to str, got {type(environ).__name__}"
+    elif overrides is not None and not isinstance(overrides, Mapping):
+        problem = (
+            f"overrides must be a mapping such as {{'batching.read_batch_pages': 64}}, got "
+            f"{type(overrides).__name__} {shorten(overrides)}"
+        )
+    elif not isinstance(dotenv, (bool, str, os.PathLike)):
+        problem = f"dotenv must be True, False or a path, got {type(dotenv).__name__}"
+    if problem is None and environ is not None:
+        bad = next(
+            ((k, v) for k, v in environ.items() if not (isinstance(k, str) and isinstance(v, str))),
+            None,
+        )
+        if bad is not None:
+            problem = (
+                f"environ must map str to str (as os.environ does); {shorten(bad[0])} maps to "
+                f"{type(bad[1]).__name__} {shorten(bad[1])}"
+            )
+    if problem is None and overrides is not None:
+        key = next((k for k in overrides if not isinstance(k, str)), None)
+        if key is not None:
+            problem = f"overrides keys must be dotted paths (str), got {shorten(key)}"
+    if problem is not None:
+        raise UsageError(f"load_config(): {problem}")
 
 
 def _validate_strategies(

@@ -2,8 +2,10 @@
 
 A Pipeline stores and restores KV pages between registered pools and the tier backend the
 configuration names (``backend.name``: the process-owned DRAM tier, a peer over UCX, or a
-plugin's). It validates pools, keys and indices, hands each call to the
-:class:`~kvcr_policy.mover.Mover`, and owns the lifetime; it never branches on the backend.
+plugin's). It validates pools, keys (:mod:`kvcr_policy.keys`: one rule for every backend) and
+indices, checks on each call that a pool's memory is still where it was registered, hands each
+call to the :class:`~kvcr_policy.mover.Mover`, and owns the lifetime; it never branches on the
+backend.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ from typing import Any
 import numpy as np
 
 from .backends.base import BackendContext, Endpoint, PoolSpec, PoolTier, TierBackend
-from .errors import ClosedError, IndicesError, PoolError, UnsupportedError
-from .geometry import PoolGeometry, page_indices, validate_buffer
+from .errors import (
+    ArgumentError,
+    ClosedError,
+    IndicesError,
+    PoolError,
+    UnsupportedError,
+    UsageError,
+)
+from .geometry import BufferInfo, PoolGeometry, check_unchanged, page_indices, validate_buffer
+from .keys import check_keys, first_positions
 from .loading import LoadedConfig, load_config
 from .mover import Mover
 from .plugins import PluginManager, make_plugin_manager
@@ -33,6 +43,7 @@ from .strategies import (
     PlacementStrategy,
     ThreadTuningStrategy,
 )
+from .values import shorten
 
 __all__ = ["Pipeline", "build_pipeline"]
 
@@ -47,7 +58,8 @@ class Pipeline:
 
     Lifetime: open -> closing -> closed. :meth:`close` waits for in-flight calls, closes the
     backend (which never unmaps memory a transfer may still touch) and restores thread tuning;
-    calls after it raise :class:`ClosedError`.
+    calls after it raise :class:`ClosedError` (``stats()`` and ``audit()`` too; the last
+    counters stay in :attr:`final_stats`).
     """
 
     def __init__(
@@ -87,11 +99,14 @@ class Pipeline:
             log.warning("%s; sending plain descriptors (coalescing.on_unsupported)", message)
         self.allowed = coalescing.needs & backend.capabilities
         self._pools: dict[str, tuple[PoolGeometry, PoolTier]] = {}
+        self._memory: dict[str, tuple[Any, BufferInfo]] = {}  # the buffer, as validated
         self.refused: dict[str, str] = {}
         self._stats = StatsRecorder()
         self._mover = Mover(batching, coalescing, self.allowed, fallback, self._stats)
         self._cond = threading.Condition()
         self._active = 0
+        #: The counters as close() left them (stats() raises ClosedError after close).
+        self.final_stats: PipelineStats | None = None
         self.state = "open"
         thread_tuning.apply()
 
@@ -128,7 +143,8 @@ class Pipeline:
             finally:
                 self.thread_tuning.restore()
         finally:
-            final = self.stats().to_dict()
+            self.final_stats = self._snapshot()
+            final = self.final_stats.to_dict()
             with self._cond:
                 self.state = "closed"
                 self._cond.notify_all()
@@ -149,6 +165,15 @@ class Pipeline:
         pools registered before or after it keep working.
         """
         with self._operation("register_pool"):
+            if not isinstance(name, str) or not name:
+                message = f"register_pool(): name must be a non-empty str, got {shorten(name)}"
+                raise UsageError(message)
+            if not isinstance(geometry, PoolGeometry):
+                message = (
+                    "register_pool(): geometry must be a kvcr_policy.geometry.PoolGeometry "
+                    f"(e.g. preset('small', tokens=...)), got {type(geometry).__name__}"
+                )
+                raise UsageError(message)
             if name in self._pools:
                 message = f"pool {name!r} is already registered; pick another name"
                 raise PoolError(message)
@@ -162,6 +187,7 @@ class Pipeline:
                 self.refused[name] = str(err)
                 raise
             self._pools[name] = (geometry, tier)
+            self._memory[name] = (buffer, info)
             self.refused.pop(name, None)
             log.info("pool %r registered on backend %r: %s", name, self.backend.name, geometry)
 
@@ -169,15 +195,22 @@ class Pipeline:
     def pools(self) -> dict[str, PoolGeometry]:
         return {name: geometry for name, (geometry, _) in self._pools.items()}
 
-    def _pool(self, name: str | None) -> tuple[PoolGeometry, PoolTier]:
+    def _pool(self, name: str | None, *, touch: bool = False) -> tuple[PoolGeometry, PoolTier]:
+        """The pool ``name`` (the only one, or ``kv``, when None); ``touch``: the call moves
+        bytes, so its memory must still be where it was registered."""
         if name is None:
             name = next(iter(self._pools)) if len(self._pools) == 1 else "kv"
+        elif not isinstance(name, str):
+            raise UsageError(f"pool must be a str naming a registered pool, got {shorten(name)}")
         pool = self._pools.get(name)
         if pool is None:
             if name in self.refused:
                 raise PoolError(f"pool {name!r} was refused: {self.refused[name]}")
             known = ", ".join(self._pools) or "none"
             raise PoolError(f"no pool named {name!r} is registered (registered: {known})")
+        if touch:
+            buffer, info = self._memory[name]
+            check_unchanged(pool[0], buffer, info)
         return pool
 
     def _pages(self, geometry: PoolGeometry, keys: Sequence[str], indices: Any) -> np.ndarray:
@@ -195,6 +228,7 @@ class Pipeline:
     def exists(self, keys: Sequence[str], pool: str | None = None) -> int:
         """How many keys from the start are present, asked in metadata-query batches."""
         with self._operation("exists"):
+            keys = check_keys(keys, "exists")
             self._stats.add(keys_queried=len(keys))
             return self._mover.count(self._pool(pool)[1], keys)
 
@@ -218,12 +252,12 @@ class Pipeline:
         many leading pages are complete, so a caller can use them before the call returns.
         """
         with self._operation("get"):
-            return self._move(True, list(keys), indices, pool, on_ready)
+            return self._move(True, check_keys(keys, "get"), indices, pool, on_ready)
 
     def set(self, keys: Sequence[str], indices: Any, pool: str | None = None) -> list[bool]:
         """Store the pool pages at ``indices`` under ``keys``; True per key now present."""
         with self._operation("set"):
-            return self._move(False, list(keys), indices, pool, None)
+            return self._move(False, check_keys(keys, "set"), indices, pool, None)
 
     def _move(
         self,
@@ -233,8 +267,26 @@ class Pipeline:
         pool: str | None,
         on_ready: Callable[[int], None] | None,
     ) -> list[bool]:
-        geometry, tier = self._pool(pool)
+        geometry, tier = self._pool(pool, touch=True)
         pages = self._pages(geometry, keys, indices)
+        unique = None if read else first_positions(keys)
+        if unique is not None:  # each key once, from its first page; every repeat reports it
+            results = self._move_pages(
+                False, [keys[i] for i in unique], pages[unique], tier, geometry, None
+            )
+            outcome = dict(zip((keys[i] for i in unique), results, strict=True))
+            return [outcome[key] for key in keys]
+        return self._move_pages(read, keys, pages, tier, geometry, on_ready)
+
+    def _move_pages(
+        self,
+        read: bool,
+        keys: list[str],
+        pages: np.ndarray,
+        tier: PoolTier,
+        geometry: PoolGeometry,
+        on_ready: Callable[[int], None] | None,
+    ) -> list[bool]:
         transfer = tier.begin(read, keys, pages)
         try:
             moved = self._mover.move(transfer, read, geometry.page_bytes, on_ready)
@@ -253,7 +305,7 @@ class Pipeline:
 
     def delete(self, keys: Sequence[str], pool: str | None = None) -> int:
         with self._operation("delete"):
-            return self._pool(pool)[1].delete(keys)
+            return self._pool(pool)[1].delete(check_keys(keys, "delete"))
 
     def clear(self) -> None:
         """Forget every key of every pool (claimed slots are freed once released)."""
@@ -265,18 +317,33 @@ class Pipeline:
         """Move ``nbytes`` from the tier into the pool's first bytes in the backend's largest
         single operation: the limit a benchmark compares restores with."""
         with self._operation("probe"):
-            self._pool(pool)[1].probe(nbytes)
+            geometry, tier = self._pool(pool, touch=True)
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+                raise UsageError(f"probe(): nbytes must be an int, got {type(nbytes).__name__}")
+            if not 0 < nbytes <= geometry.nbytes:
+                message = (
+                    f"probe(): nbytes must be 1..{geometry.nbytes} (pool {geometry.name!r}), "
+                    f"got {nbytes}"
+                )
+                raise ArgumentError(message)
+            tier.probe(nbytes)
 
     # ---- reporting ----------------------------------------------------------------------
 
     def stats(self) -> PipelineStats:
+        """Counters, and each pool's and the backend's figures (ClosedError after close)."""
+        with self._operation("stats"):
+            return self._snapshot()
+
+    def _snapshot(self) -> PipelineStats:
         pools = {name: tier.stats() for name, (_, tier) in self._pools.items()}
         return self._stats.snapshot(pools, self.backend.describe())
 
     def audit(self) -> dict[str, Any]:
         """The placement audit of every pool whose backend places memory."""
-        audits = {name: tier.audit() for name, (_, tier) in self._pools.items()}
-        return {name: audit for name, audit in audits.items() if audit is not None}
+        with self._operation("audit"):
+            audits = {name: tier.audit() for name, (_, tier) in self._pools.items()}
+            return {name: audit for name, audit in audits.items() if audit is not None}
 
 
 def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None) -> Pipeline:
@@ -284,7 +351,15 @@ def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None)
 
     ``transport`` replaces the configured one (tests inject a faulty memory transport).
     """
-    loaded = loaded or load_config()
+    if loaded is None:
+        loaded = load_config()
+    elif not isinstance(loaded, LoadedConfig):
+        message = (
+            "build_pipeline(): expected a LoadedConfig from load_config(...), got "
+            f"{type(loaded).__name__} {shorten(loaded)}; e.g. "
+            "build_pipeline(load_config('throughput'))"
+        )
+        raise UsageError(message)
     config = loaded.config
     pm = loaded.plugin_manager or make_plugin_manager(config)
     registry = pm.registry

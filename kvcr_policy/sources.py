@@ -204,8 +204,11 @@ def profile_source(path: Path) -> tuple[Leaves, list[ConfigIssue]]:
         issue = ConfigIssue("<profile>", where, f"cannot read the profile: {err.strerror}")
         return {}, [issue]
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        issue = ConfigIssue("<profile>", where, f"not valid TOML: {err}")
+        issue = ConfigIssue("<profile>", where, f"not valid TOML: {shorten(str(err))}")
         return {}, [issue]
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        message = "not a profile: arrays or tables nested too deeply to read"
+        return {}, [ConfigIssue("<profile>", where, message)]
     known = known_leaves()
     leaves: Leaves = {}
     issues: list[ConfigIssue] = []

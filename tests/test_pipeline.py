@@ -822,9 +822,10 @@ def test_calls_after_close_raise_and_close_is_idempotent(build: Build) -> None:
         with pytest.raises(ClosedError, match="closed") as info:
             run()
         assert call in str(info.value) or call.endswith("_pools"), str(info.value)
-    stats = pipeline.stats()  # still readable: the final counters
-    assert stats.pages_written == 2
-    assert pipeline.audit()["kv"]["state"] == "closed"
+    for call in ("stats", "audit"):  # every call: the last counters stay in final_stats
+        with pytest.raises(ClosedError, match=f"closed: {call}"):
+            getattr(pipeline, call)()
+    assert pipeline.final_stats is not None and pipeline.final_stats.pages_written == 2
 
 
 def test_context_manager_closes(registry: Registry) -> None:

@@ -50,7 +50,7 @@ except ImportError as err:  # bind the message, then raise (STYLE.md)
     )
     raise ImportError(_message) from err
 
-from ..errors import KVCRPolicyError, UnimplementedError
+from ..errors import ClosedError, KVCRPolicyError, UnimplementedError
 from ..geometry import PoolGeometry
 from ..loading import PROFILE_ENV, LoadedConfig, load_config
 from ..pipeline import Pipeline, build_pipeline
@@ -431,7 +431,11 @@ class KVCRPolicyStorage(HiCacheStorage):
         are kept only when SGLang's ``enable_storage_metrics`` is on.
         """
         metrics = storage_metrics(self._samples)
-        metrics.kvcr_policy = self.pipeline.stats().to_dict()
+        try:
+            stats = self.pipeline.stats()
+        except ClosedError:  # closed meanwhile: its last counters
+            stats = self.pipeline.final_stats
+        metrics.kvcr_policy = stats.to_dict() if stats is not None else {}
         return metrics
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ region is detached (unpinned) and only then unmapped.
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -25,6 +26,8 @@ from ..base import BackendContext, Endpoint, PoolSpec, Shape, check_device
 from .store import Claim, Reservation, Store
 from .tier import Region
 from .transports.base import CopyBatch, Transport
+
+log = logging.getLogger("kvcr_policy.backends.dram")
 
 __all__ = ["DramBackend", "DramPool"]
 
@@ -240,12 +243,21 @@ class DramBackend:
         """Wait for every copy the transport runs, then close each pool; idempotent.
 
         If the transport fails to close, a copy may still touch the regions: they stay mapped
-        (leaked, and the error propagates) rather than being freed under a running copy.
+        (leaked, and the error propagates) rather than being freed under a running copy. A pool
+        that fails to close does not keep the others mapped: each is closed, then the first
+        error propagates.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self.transport.close()
+        failed: list[Exception] = []
         for pool in self._pools:
-            pool.close()
+            try:
+                pool.close()
+            except Exception as err:
+                log.exception("closing pool %r failed; closing the others", pool.name)
+                failed.append(err)
+        if failed:
+            raise failed[0]

@@ -26,6 +26,7 @@ import dataclasses
 import errno
 import logging
 import mmap
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcr_policy import _os
-from kvcr_policy.errors import ArgumentError, ClosedError, PlacementError
+from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError, PlacementError
 
 __all__ = ["PlacementAudit", "Region", "format_audit", "open_region"]
 
@@ -273,14 +274,26 @@ def _validate(
 def _map(name: str, req: _Request) -> Region:
     huge = _os.huge_page_size()
     mapped = -(-req.size // huge) * huge
-    mm = mmap.mmap(-1, mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mm = _anonymous(name, mapped)
     if req.huge_pages != "off" and _base(mm) % huge:
         # THP needs huge-page-aligned virtual addresses; over-map one huge page and start the
         # region at the first aligned byte (the slack is never touched, so never backed).
         mm.close()
-        mm = mmap.mmap(-1, mapped + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mm = _anonymous(name, mapped + huge)
         return Region(name, req, mm, -_base(mm) % huge, mapped)
     return Region(name, req, mm, 0, mapped)
+
+
+def _anonymous(name: str, size: int) -> mmap.mmap:
+    """An anonymous private mapping; the kernel's refusal (overcommit) as a CapacityError."""
+    try:
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as err:
+        message = (
+            f"tier {name!r}: the kernel refused to map {size} bytes ({os.strerror(err.errno or 0)}"
+            "): lower placement.capacity_bytes (or audit --size) to what this machine can hold"
+        )
+        raise CapacityError(message) from None
 
 
 def _base(mm: mmap.mmap) -> int:

@@ -1,8 +1,13 @@
 """``kvcr-policy serve``: run a peer tier until SIGTERM or SIGINT.
 
 On start it prints one JSON line to stdout, ``{"listening": "HOST:PORT", "pid": ...}``, so
-scripts and tests learn the port when ``--listen`` asks for port 0; the same is logged. A
-signal stops it cleanly (see :meth:`PeerServer.stop`) and it exits 0.
+scripts and tests learn the port when ``--listen`` asks for port 0; the same is logged. The
+line also says where the secret came from (``secret``) and, when ``serve`` had to create one,
+the file it wrote (``secret_created``). A signal stops it cleanly (see
+:meth:`PeerServer.stop`) and it exits 0.
+
+Secrets never come from this command line (its arguments are visible to every user of the
+host): ``--insecure`` is the only authentication switch here.
 """
 
 from __future__ import annotations
@@ -44,8 +49,20 @@ def serve_command(
     ] = None,
     grace: Annotated[
         float | None,
-        typer.Option(help="Seconds in-flight requests get on SIGTERM (default op_timeout_s)."),
+        typer.Option(
+            min=0.0,
+            max=3600.0,
+            help="Seconds in-flight requests get on SIGTERM (default op_timeout_s).",
+        ),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="No authentication: any local process may read, overwrite and delete every "
+            "page. Loopback only; clients must set security.insecure = true. For tests.",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
 ) -> None:
     """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
@@ -64,8 +81,15 @@ def serve_command(
         if not sep or not key.strip():
             raise typer.BadParameter(f"expected KEY=VALUE, got {shorten(pair)}", param_hint="--set")
         overrides[key.strip()] = value
+    if insecure:
+        overrides["security.insecure"] = True
     loaded = load_config(profile=profile, overrides=overrides)
     server = PeerServer(loaded, listen=listen)
+    if server.keyring.insecure:
+        sys.stderr.write(
+            "kvcr-policy serve: INSECURE: no authentication; every process that reaches "
+            f"{server.host} can read, overwrite and delete every page\n"
+        )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -78,7 +102,13 @@ def serve_command(
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: stacks to stderr
     try:
         server.start()
-        line = {"listening": server.address, "pid": os.getpid(), **server.describe()}
+        line = {
+            "listening": server.address,
+            "pid": os.getpid(),
+            "secret": server.keyring.source,
+            "secret_created": str(server.keyring.created) if server.keyring.created else None,
+            **server.describe(),
+        }
         sys.stdout.write(json.dumps(line, default=str) + "\n")
         sys.stdout.flush()
         while not stop.wait(0.2):

@@ -1,0 +1,83 @@
+"""The one rule for page keys, checked by the pipeline before any backend sees a call.
+
+- ``keys`` is a list or tuple (any ``Sequence`` but ``str`` and ``bytes``: a string would be
+  taken letter by letter); a generator or a set is refused, as its order or length is not
+  the caller's to see again.
+- Each key is a ``str`` of 1 to :data:`MAX_KEY_BYTES` bytes in UTF-8, without lone surrogates
+  (what the peer tier can carry; the local tier keeps the same rule, so that a deployment can
+  move between them).
+- A key repeated in one ``set`` is stored once, from the page of its first occurrence, and
+  every occurrence reports that outcome (:func:`first_positions`: the pipeline hands the
+  backend each key once). In ``get`` every occurrence is restored into its own page;
+  ``exists`` and ``delete`` take repeats as they come.
+
+A key that breaks the rule raises :class:`~kvcr_policy.errors.UsageError` (wrong type) or
+:class:`~kvcr_policy.errors.ArgumentError` (wrong value), naming the call, the position and
+what was expected. The checks run in C loops (``map``): tens of nanoseconds per ASCII key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import ArgumentError, UsageError
+from .values import shorten
+
+__all__ = ["MAX_KEY_BYTES", "check_keys", "first_positions"]
+
+#: Longest key in UTF-8 bytes (the peer wire format's limit: kvcr_policy.backends.peer.wire).
+MAX_KEY_BYTES = 1024
+
+
+def check_keys(keys: Any, call: str) -> list[str]:
+    """``keys`` as a list (the same list when it is one), checked against the module's rule."""
+    if isinstance(keys, (str, bytes, bytearray)) or not isinstance(keys, Sequence):
+        message = (
+            f"{call}(): keys must be a list or tuple of str, got {type(keys).__name__} "
+            f"{shorten(keys)}"
+        )
+        raise UsageError(message)
+    if type(keys) is not list:
+        keys = list(keys)
+    if not keys:
+        return keys
+    if set(map(type, keys)) != {str}:
+        position, key = next((i, k) for i, k in enumerate(keys) if type(k) is not str)
+        message = (
+            f"{call}(): key at position {position} must be a str, got {type(key).__name__} "
+            f"{shorten(key)}"
+        )
+        raise UsageError(message)
+    if all(map(str.isascii, keys)):  # O(1) per key: one byte per character, no surrogate
+        sizes = list(map(len, keys)) if max(map(len, keys)) > MAX_KEY_BYTES or "" in keys else []
+    else:
+        sizes = [_utf8_size(call, i, k) for i, k in enumerate(keys)]
+    for position, size in enumerate(sizes):
+        if not 1 <= size <= MAX_KEY_BYTES:
+            message = (
+                f"{call}(): key at position {position} has {size} bytes in UTF-8; a key "
+                f"has 1 to {MAX_KEY_BYTES} (hash a longer one): {shorten(keys[position])}"
+            )
+            raise ArgumentError(message)
+    return keys
+
+
+def _utf8_size(call: str, position: int, key: str) -> int:
+    try:
+        return len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        message = f"{call}(): key at position {position} is not valid Unicode: {shorten(key)}"
+        raise ArgumentError(message) from None
+
+
+def first_positions(keys: list[str]) -> np.ndarray | None:
+    """Positions of each key's first occurrence, in order; None when no key repeats."""
+    if len(set(keys)) == len(keys):
+        return None
+    first: dict[str, int] = {}
+    for position, key in enumerate(keys):
+        first.setdefault(key, position)
+    return np.fromiter(first.values(), dtype=np.int64, count=len(first))
