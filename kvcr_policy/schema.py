@@ -25,6 +25,7 @@ from .values import Size
 
 __all__ = [
     "ENV_PREFIX",
+    "MAX_TIER_BYTES",
     "MIN_SECRET_CHARS",
     "POSITIONAL_TYPES",
     "BackendSection",
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "KVCR_POLICY_"
+#: Largest tier a pool may have (placement.capacity_bytes): 256 TiB.
+MAX_TIER_BYTES = 1 << 48
 
 
 class Section(BaseModel):
@@ -147,7 +150,7 @@ class PlacementSection(Section):
     capacity_bytes: Size = Field(
         ByteSize(4 << 30),
         gt=0,
-        le=1 << 48,
+        le=MAX_TIER_BYTES,
         description="DRAM tier size reserved per pool (e.g. '64GiB', at most 256TiB).",
     )
     prefault: bool = Field(False, description="Touch the whole tier when it opens.")

@@ -431,6 +431,7 @@ class KVCRPolicyStorage(HiCacheStorage):
         are kept only when SGLang's ``enable_storage_metrics`` is on.
         """
         metrics = storage_metrics(self._samples)
+        stats: Any
         try:
             stats = self.pipeline.stats()
         except ClosedError:  # closed meanwhile: its last counters
