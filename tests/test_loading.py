@@ -48,7 +48,7 @@ def _value_and_origin(loaded: LoadedConfig) -> tuple[int, str]:
 
 
 def test_precedence_is_declared_once_in_readme_order() -> None:
-    assert PRECEDENCE == ("override", "env", "dotenv", "profile", "default")
+    assert PRECEDENCE == ("override", "env", "dotenv", "secrets", "profile", "default")
 
 
 def test_profile_beats_default(profile: Path) -> None:

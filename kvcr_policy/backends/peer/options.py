@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
-from kvcr_policy.values import shorten
+from kvcr_policy.values import Size, shorten
 
 __all__ = ["Capability", "Tls", "UcxOptions", "parse_address"]
 
@@ -78,12 +78,18 @@ class UcxOptions(BaseModel):
         description="UCX progress: blocking (epoll), polling (spin) or thread; "
         "env UCXPY_PROGRESS_MODE wins when set.",
     )
-    rndv_thresh: ByteSize | None = Field(
-        None, description="UCX_RNDV_THRESH (ucxx sets 8192 when unset)."
+    rndv_thresh: Size | None = Field(
+        None,
+        ge=0,
+        le=1 << 40,
+        description="UCX_RNDV_THRESH (at most 1TiB; ucxx sets 8192 when unset).",
     )
-    tcp_seg_size: ByteSize | None = Field(
+    tcp_seg_size: Size | None = Field(
         ByteSize(512 << 10),
-        description="UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE (>= 512k: 5x on loopback).",
+        ge=1 << 10,
+        le=1 << 30,
+        description="UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE (1KiB..1GiB; >= 512k: 5x on "
+        "loopback).",
     )
     net_devices: str | None = Field(
         None, description="UCX_NET_DEVICES, e.g. 'lo' to keep tcp on loopback."
@@ -96,12 +102,21 @@ class UcxOptions(BaseModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="Further UCX_* / UCXPY_* variables, applied if unset."
     )
-    connect_timeout_s: float = Field(5.0, gt=0, description="Longest a connect may take.")
+    connect_timeout_s: float = Field(
+        5.0,
+        ge=0.01,
+        le=3600,
+        allow_inf_nan=False,
+        description="Longest a connect and handshake may take (0.01..3600 s).",
+    )
     heartbeat_s: float = Field(
         2.0,
         ge=0,
-        description="Ping interval of an idle connection; a peer silent for 3 intervals is "
-        "dead. 0 disables (then only operation timeouts detect a dead peer).",
+        le=600,
+        allow_inf_nan=False,
+        description="Ping interval of an idle connection (0..600 s); a peer silent for 3 "
+        "intervals is dead. 0 disables (then only operation timeouts detect a dead peer, and "
+        "the server closes a silent session after security.idle_timeout_s).",
     )
     capabilities: tuple[Capability, ...] = Field(
         ("coalesce", "split"),
@@ -112,7 +127,13 @@ class UcxOptions(BaseModel):
         description="`serve` validates each client's UCX worker address in a helper process "
         "first (a malformed one aborts the process that unpacks it).",
     )
-    max_tiers: int = Field(16, ge=1, le=1024, description="Most pools one `serve` holds.")
+    max_tiers: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="Most tiers (pools of distinct layouts) one tenant may hold on `serve` "
+        "(1..1024).",
+    )
     cma: bool = Field(
         False,
         description="Let same-host transfers use cross-memory attach (about 20% faster for "

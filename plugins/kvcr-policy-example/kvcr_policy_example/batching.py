@@ -22,6 +22,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 from kvcr_policy import hookimpl
 from kvcr_policy.schema import BatchingSection
 from kvcr_policy.strategies import Window
+from kvcr_policy.values import Size
 
 if TYPE_CHECKING:
     from kvcr_policy.registry import RegisterStrategy
@@ -34,20 +35,31 @@ class AdaptiveOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    page_bytes: ByteSize = Field(
-        gt=0, description="Bytes of one page of the pool (e.g. '16MiB' for qwen3-32b, P=64)."
+    page_bytes: Size = Field(
+        gt=0,
+        le=1 << 40,
+        description="Bytes of one page of the pool (e.g. '16MiB' for qwen3-32b, P=64; at most "
+        "1TiB).",
     )
-    target_batch_bytes: ByteSize = Field(
-        ByteSize(256 << 20), gt=0, description="Bytes a read batch aims at (e.g. '256MiB')."
+    target_batch_bytes: Size = Field(
+        ByteSize(256 << 20),
+        gt=0,
+        le=1 << 48,
+        description="Bytes a read batch aims at (e.g. '256MiB'; at most 256TiB).",
     )
-    first_batch_bytes: ByteSize | None = Field(
+    first_batch_bytes: Size | None = Field(
         None,
         gt=0,
+        le=1 << 48,
         description="Bytes of the first batch; each next one doubles up to the target. Unset: "
         "every batch aims at the target.",
     )
-    min_batch_pages: int = Field(1, gt=0, description="Fewest pages in a full-size batch.")
-    max_batch_pages: int = Field(4096, gt=0, description="Most pages in any batch.")
+    min_batch_pages: int = Field(
+        1, gt=0, le=65536, description="Fewest pages in a full-size batch (1..65536)."
+    )
+    max_batch_pages: int = Field(
+        4096, gt=0, le=65536, description="Most pages in any batch (1..65536)."
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> AdaptiveOptions:

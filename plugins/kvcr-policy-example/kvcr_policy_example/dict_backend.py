@@ -42,10 +42,12 @@ class DictOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    capacity_pages: int = Field(1024, gt=0, description="Pages held per pool before eviction.")
-    threads: int = Field(2, gt=0, le=64, description="Worker threads moving batches.")
+    capacity_pages: int = Field(
+        1024, gt=0, le=1 << 24, description="Pages held per pool before eviction (1..16777216)."
+    )
+    threads: int = Field(2, gt=0, le=64, description="Worker threads moving batches (1..64).")
     fail_every: int | None = Field(
-        None, gt=0, description="Fail every N-th batch after its first page (tests)."
+        None, gt=0, le=1 << 20, description="Fail every N-th batch after its first page (tests)."
     )
 
 
