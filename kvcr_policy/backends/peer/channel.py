@@ -188,10 +188,11 @@ class Channel:
         if not self.closed:
             self._on_event(1)
 
-    def fail(self, code: int, text: str) -> None:
-        """Tell the peer why (best effort), log it, and close."""
+    def fail(self, code: int, text: str, request: int = 0) -> None:
+        """Tell the peer why (best effort; as the answer to ``request`` if one is named), log
+        it, and close."""
         log.warning("%s: %s; closing the connection", self.name, text)
-        self.send(Error(code, text))
+        self.send(Error(code, text), request)
         self.close(text)
 
     def linger(self, timeout: float, reason: str) -> None:

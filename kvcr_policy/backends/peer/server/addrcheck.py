@@ -5,8 +5,13 @@ unpacks it (measured with ucxx 0.52 / UCX 1.21: ``address.c: Assertion ... addr 
 peer server must not die of a hostile frame, so it first hands each new address to a helper
 process (``python -m kvcr_policy.backends.peer.server.addrcheck``) that creates and closes an
 endpoint to it with the same UCX configuration; if the helper survives, the server may unpack
-the same bytes.
-Addresses already checked are remembered; a helper that died is replaced on the next check.
+the same bytes. Addresses already checked are remembered (good and bad); a helper that died is
+replaced on the next check (about 0.7 s).
+
+Only authenticated clients get here (see :mod:`.handshake`), and no client can stall the
+others: checks are taken from each tenant's queue in turn, a tenant may have at most
+:data:`MAX_PENDING_PER_TENANT` waiting (more are refused at once), and a check whose
+connection has closed meanwhile is skipped.
 """
 
 from __future__ import annotations
@@ -18,32 +23,85 @@ import struct
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future
 
-__all__ = ["AddressChecker", "main"]
+from kvcr_policy.errors import CapacityError
+
+__all__ = ["MAX_PENDING_PER_TENANT", "AddressChecker", "main"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.server.addrcheck")
 
 _REQUEST = struct.Struct("<BI")
 _CHECK_TIMEOUT_S = 10.0
+MAX_PENDING_PER_TENANT = 4
+_REMEMBERED = 4096  # addresses whose verdict is kept (each a 32-byte digest)
+
+_Job = tuple[bytes, bool, Callable[[], bool], "Future[bool]"]
 
 
 class AddressChecker:
-    """Checks addresses one at a time on a worker thread; results arrive as futures."""
+    """Checks addresses one at a time on a thread of its own, tenants in turn; results
+    arrive as futures."""
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvcr-addrcheck")
         self._proc: subprocess.Popen[bytes] | None = None
-        self._good: set[bytes] = set()
-        self._lock = threading.Lock()
+        self._verdicts: OrderedDict[bytes, bool] = OrderedDict()
+        self._queues: OrderedDict[str, deque[_Job]] = OrderedDict()
+        self._cond = threading.Condition()
         self._closed = False
-        self._pool.submit(self._ensure)  # start the helper early: importing ucxx takes a while
+        self._thread = threading.Thread(target=self._run, name="kvcr-addrcheck", daemon=True)
+        self._thread.start()
 
-    def check(self, address: bytes, error_handling: bool) -> Future[bool]:
-        return self._pool.submit(self._check, address, error_handling)
+    def check(
+        self,
+        address: bytes,
+        error_handling: bool,
+        tenant: str = "",
+        wanted: Callable[[], bool] = lambda: True,
+    ) -> Future[bool]:
+        """A future of whether ``address`` is safe to unpack; ``wanted()`` False skips it."""
+        future: Future[bool] = Future()
+        with self._cond:
+            queue = self._queues.setdefault(tenant, deque())
+            if len(queue) >= MAX_PENDING_PER_TENANT:
+                message = (
+                    f"tenant {tenant!r} already has {len(queue)} connections waiting for their "
+                    "UCX address check; try again"
+                )
+                future.set_exception(CapacityError(message))
+                return future
+            queue.append((address, error_handling, wanted, future))
+            self._cond.notify()
+        return future
+
+    def _next(self) -> _Job | None:
+        """The next job, round robin over tenants (None once closed)."""
+        with self._cond:
+            while not self._closed:
+                for tenant in list(self._queues):
+                    queue = self._queues.pop(tenant)
+                    if queue:
+                        job = queue.popleft()
+                        self._queues[tenant] = queue  # to the back of the turn
+                        return job
+                self._cond.wait()
+            return None
+
+    def _run(self) -> None:
+        self._ensure()  # start the helper early: importing ucxx takes a while
+        while (job := self._next()) is not None:
+            address, error_handling, wanted, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(wanted() and self._check(address, error_handling))
+            except Exception as err:  # the checker thread must survive anything
+                future.set_exception(err)
 
     def _ensure(self) -> subprocess.Popen[bytes] | None:
-        with self._lock:
+        with self._cond:
             if self._closed:
                 return None
             if self._proc is None or self._proc.poll() is not None:
@@ -58,8 +116,9 @@ class AddressChecker:
 
     def _check(self, address: bytes, error_handling: bool) -> bool:
         key = hashlib.sha256(bytes([error_handling]) + address).digest()
-        if key in self._good:
-            return True
+        known = self._verdicts.get(key)
+        if known is not None:
+            return known
         proc = self._ensure()
         if proc is None or proc.stdin is None or proc.stdout is None:
             return False
@@ -73,23 +132,28 @@ class AddressChecker:
             answer = b""
         finally:
             timer.cancel()
-        if answer == b"\x01":
-            self._good.add(key)
-            return True
-        if answer != b"\x00":  # it died (or said something else): replace it next time
+        if answer not in (b"\x00", b"\x01"):  # it died (or said something else): replace it
             log.warning("a client's UCX worker address crashed the checker; refusing it")
             proc.kill()
             proc.wait()
-        return False
+        good = answer == b"\x01"
+        self._verdicts[key] = good
+        while len(self._verdicts) > _REMEMBERED:
+            self._verdicts.popitem(last=False)
+        return good
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             self._closed = True
             proc, self._proc = self._proc, None
+            jobs = [job for queue in self._queues.values() for job in queue]
+            self._queues.clear()
+            self._cond.notify_all()
+        for *_, future in jobs:
+            future.cancel()
         if proc is not None:
             proc.kill()
             proc.wait()
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def main() -> None:

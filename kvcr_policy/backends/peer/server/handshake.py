@@ -41,9 +41,11 @@ class Handshake:
         self.hello: m.Hello | None = None
         self.nonce = b""
         self.tenant: Tenant | None = None
+        self.request = 0
 
     def on_message(self, message: m.Message, request: int) -> None:
         state = self.session.state
+        self.request = request
         if state == "hello" and isinstance(message, m.Hello):
             self._hello(message, request)
         elif state == "auth" and isinstance(message, m.Auth):
@@ -53,7 +55,9 @@ class Handshake:
             self._fail(m.Err.PROTOCOL, f"expected {expected}, got {message.KIND.name}")
 
     def _fail(self, code: int, text: str) -> None:
-        self.session.channel.fail(code, text)
+        """Answer the request at hand with an ERROR, then close (the client's call then fails
+        with the reason, not with a closed connection)."""
+        self.session.channel.fail(code, text, self.request)
 
     def _hello(self, hello: m.Hello, request: int) -> None:
         session = self.session
@@ -114,8 +118,11 @@ class Handshake:
         if heartbeat > 0:
             heartbeat = min(max(heartbeat, MIN_HEARTBEAT_S), MAX_HEARTBEAT_S)
         session.heartbeat_s = heartbeat
+        channel = session.channel
         server.check_address(
             msg.address,
             session.tls == "tcp",
+            name,
+            lambda: not channel.closed,
             lambda ok: session.welcome(ok, msg.address, hello.name, request),
         )

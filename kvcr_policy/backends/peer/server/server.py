@@ -289,16 +289,26 @@ class PeerServer:
         return "sm" if same_host else "tcp"
 
     def check_address(
-        self, address: bytes, error_handling: bool, then: Callable[[bool], Any]
+        self,
+        address: bytes,
+        error_handling: bool,
+        tenant: str,
+        wanted: Callable[[], bool],
+        then: Callable[[bool | Exception], Any],
     ) -> None:
+        """``then(ok)`` on the worker thread once ``address`` was checked (see
+        :mod:`.addrcheck`); ``then(CapacityError)`` when ``tenant`` has too many waiting."""
         if self._checker is None:
             self.worker.call(then, True)
             return
-        future = self._checker.check(address, error_handling)
+        future = self._checker.check(address, error_handling, tenant, wanted)
 
         def report(f: Any) -> None:
-            ok = not f.cancelled() and f.exception() is None and bool(f.result())
-            self.worker.call(then, ok)
+            if f.cancelled():
+                result: bool | Exception = False
+            else:
+                result = f.exception() or bool(f.result())
+            self.worker.call(then, result)
 
         future.add_done_callback(report)
 

@@ -64,7 +64,12 @@ class Host(Protocol):
     def choose_tls(self, hello: m.Hello) -> str: ...
 
     def check_address(
-        self, address: bytes, error_handling: bool, then: Callable[[bool], Any]
+        self,
+        address: bytes,
+        error_handling: bool,
+        tenant: str,
+        wanted: Callable[[], bool],
+        then: Callable[[bool | Exception], Any],
     ) -> None: ...
 
     def open_tier(
@@ -188,12 +193,16 @@ class Session:
             log.exception("client %s: %s failed", self.peer, message.KIND.name)
             self.abort(m.Err.INTERNAL, f"internal error: {type(err).__name__}: {err}")
 
-    def welcome(self, ok: bool, address: bytes, name: str, request: int) -> None:
+    def welcome(self, ok: bool | Exception, address: bytes, name: str, request: int) -> None:
         """The address check ended: open the UCX endpoint and say WELCOME (or refuse)."""
         if self.channel.closed:
             return
+        if isinstance(ok, Exception):
+            self.channel.fail(_code(ok), str(ok), request)
+            return
         if not ok:
-            self.channel.fail(m.Err.BAD_REQUEST, "the UCX worker address in AUTH is not usable")
+            text = "the UCX worker address in AUTH is not usable"
+            self.channel.fail(m.Err.BAD_REQUEST, text, request)
             return
         ucx = self.worker.ucx
         try:
@@ -202,7 +211,8 @@ class Session:
                 self.worker.ucx_worker, ucx_address, self.tls == "tcp"
             )
         except Exception as err:
-            self.channel.fail(m.Err.BAD_REQUEST, f"cannot reach the client over UCX: {err}")
+            text = f"cannot reach the client over UCX: {err}"
+            self.channel.fail(m.Err.BAD_REQUEST, text, request)
             return
         self._deadline.cancel()
         self.handshake = None
