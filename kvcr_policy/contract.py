@@ -17,6 +17,7 @@ from typing import Any
 from .errors import SchemaDriftError
 from .schema import POSITIONAL_TYPES, PolicyConfig
 from .sources import env_name, known_leaves
+from .values import SIZE_PATTERN
 
 __all__ = [
     "FIELD_ORDER_FILE",
@@ -29,6 +30,7 @@ __all__ = [
     "json_schema",
     "positional_parameters",
     "schemas_dir",
+    "standard_bounds",
     "write_schemas",
 ]
 
@@ -109,6 +111,31 @@ def check_field_order(
     return problems
 
 
+#: pydantic leaves the bounds of a field whose type is not a plain number (a byte size: a
+#: string or an integer) as these keys beside it; JSON Schema spells them as below.
+_BOUNDS = {"gt": "exclusiveMinimum", "ge": "minimum", "lt": "exclusiveMaximum", "le": "maximum"}
+
+
+def standard_bounds(field_schema: dict[str, Any]) -> dict[str, Any]:
+    """``field_schema`` with pydantic's ``gt``/``ge``/``lt``/``le`` keys (at any level of an
+    ``anyOf``) moved onto the integer branches below them as JSON Schema's bound keywords."""
+    bounds = {_BOUNDS[k]: field_schema.pop(k) for k in list(field_schema) if k in _BOUNDS}
+    for child in field_schema.get("anyOf", []):
+        standard_bounds(child)
+        if bounds:
+            _apply_bounds(child, bounds)
+    return field_schema
+
+
+def _apply_bounds(node: dict[str, Any], bounds: dict[str, Any]) -> None:
+    if node.get("type") in ("integer", "number"):
+        node.update(bounds)
+    if node.get("type") == "string" and "pattern" in node:  # a size: the strict text rule
+        node["pattern"] = SIZE_PATTERN
+    for child in node.get("anyOf", []):
+        _apply_bounds(child, bounds)
+
+
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of PolicyConfig, each leaf annotated with ``x-env``."""
     schema = PolicyConfig.model_json_schema()
@@ -119,6 +146,7 @@ def json_schema() -> dict[str, Any]:
         if target is None:
             continue
         for field, field_schema in target.get("properties", {}).items():
+            standard_bounds(field_schema)
             field_schema["x-env"] = env_name(f"{section}.{field}")
     schema["x-env-prefix"] = "KVCR_POLICY_"
     schema["x-leaves"] = sorted(known_leaves())

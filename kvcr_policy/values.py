@@ -18,7 +18,7 @@ from pydantic import BeforeValidator, ByteSize
 
 from .errors import ArgumentError
 
-__all__ = ["SIZE_UNITS", "Size", "check_size_text", "parse_size", "shorten"]
+__all__ = ["SIZE_PATTERN", "SIZE_UNITS", "Size", "check_size_text", "parse_size", "shorten"]
 
 #: Unit names ByteSize knows, lower case ("b", "kb", "kib", ... "eib").
 SIZE_UNITS: frozenset[str] = frozenset(ByteSize.byte_sizes)
@@ -59,6 +59,10 @@ def check_size_text(value: Any) -> Any:
         raise ValueError(message)
     return value
 
+
+#: The text rule of :data:`Size` as a JSON Schema pattern (the committed schema shows this one,
+#: not ByteSize's looser own: see ``kvcr_policy.contract``).
+SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*[A-Za-z]*\s*$"
 
 #: A byte size as config spells it: ByteSize behind :func:`check_size_text`.
 Size = Annotated[ByteSize, BeforeValidator(check_size_text)]

@@ -21,7 +21,7 @@ import pytest
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
-from kvcr_policy.errors import CapacityError, ClosedError
+from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError, UsageError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
 from tests.conftest import EXAMPLE_MISSING, example_installed
@@ -84,6 +84,7 @@ def small_peer() -> Iterator[Any]:
             "transport.op_timeout_s": 10,
             "placement.capacity_bytes": SLOTS * PAGE_BYTES,
             "transport.options.heartbeat_s": 0.5,
+            "transport.options.max_tiers": 128,  # a pool name of its own per test
         }
     )
     yield server
@@ -362,3 +363,54 @@ def test_close_waits_for_a_running_call_and_later_calls_raise(make: Make) -> Non
     with pytest.raises(ClosedError):
         pipeline.exists(keys)
     pipeline.close()  # idempotent
+    for call in (pipeline.stats, pipeline.audit):  # every call after close (red team S11)
+        with pytest.raises(ClosedError):
+            call()
+    assert pipeline.final_stats is not None
+
+
+# ---- one rule for keys (red team S11: the local and peer tiers disagreed) --------------------
+
+
+@pytest.mark.parametrize(
+    ("keys", "error", "match"),
+    [
+        ([1, 2], UsageError, "position 0 must be a str, got int"),
+        ([None], UsageError, "must be a str, got NoneType"),
+        ([b"k"], UsageError, "must be a str, got bytes"),
+        ([["unhashable"]], UsageError, "must be a str, got list"),
+        ("ab", UsageError, "list or tuple of str, got str"),
+        ((k for k in ["a", "b"]), UsageError, "got generator"),
+        (["x" * 1025], ArgumentError, "1025 bytes in UTF-8; a key has 1 to 1024"),
+        (["é" * 513], ArgumentError, "1026 bytes"),
+        ([""], ArgumentError, "0 bytes"),
+        (["\ud800"], ArgumentError, "not valid Unicode"),
+    ],
+    ids=["int", "none", "bytes", "unhashable", "str", "generator", "long", "wide", "empty", "lone"],
+)
+def test_one_key_rule_on_every_backend(make: Make, keys: Any, error: type, match: str) -> None:
+    pipeline, _, _, _ = stored(make, n=1)
+    for call in ("exists", "get", "set", "delete"):
+        args = (keys,) if call in ("exists", "delete") else (keys, tokens([20]))
+        with pytest.raises(error, match=match):
+            getattr(pipeline, call)(*args)
+    assert pipeline.exists(["x" * 1024]) == 0  # the longest key is fine everywhere
+
+
+def test_a_key_repeated_in_one_set_stores_its_first_page_on_every_backend(make: Make) -> None:
+    pipeline, geo, buffer, keys = stored(make, n=1)
+    view = pages_of(buffer, geo)
+    twice = fresh_keys(1)[0]
+    assert pipeline.set([twice, keys[0], twice], tokens([5, 6, 7])) == [True] * 3
+    view[:, 20:23] = 0
+    assert pipeline.get([twice, twice], tokens([20, 21])) == [True, True]
+    assert np.array_equal(view[:, 20], view[:, 5]) and np.array_equal(view[:, 21], view[:, 5])
+
+
+def test_a_probe_of_nothing_or_more_than_the_pool_is_refused(make: Make) -> None:
+    pipeline, geo, _, _ = stored(make, n=1)
+    for nbytes in (0, -1, geo.nbytes + 1):
+        with pytest.raises(ArgumentError, match="probe"):
+            pipeline.probe(nbytes)
+    with pytest.raises(UsageError):
+        pipeline.probe(1.5)  # type: ignore[arg-type]

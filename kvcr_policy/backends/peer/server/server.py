@@ -346,8 +346,18 @@ class PeerServer:
             "insecure": self.keyring.insecure,
         }
         if tenant is not None:
+            mine = [tier.store.stats() for tier in self.tiers.of(tenant)] if self.tiers else []
             data["tenant"] = tenant
             data["tenant_sessions"] = self.admission.tenant_sessions(tenant)
+            data["tenant_tiers"] = len(mine)
+            data["tenant_claimed"] = sum(s.claimed for s in mine)
+            data["tenant_reserved"] = sum(s.reserved for s in mine)
+            # Writes whose receives are posted into reserved slots right now.
+            data["tenant_receiving"] = sum(
+                session.transfers.receiving
+                for session in (*self.sessions, *self._settling)
+                if session.tenant == tenant
+            )
         if admin:
             data["sessions"] = self.admission.sessions
             data["handshakes"] = self.admission.handshakes

@@ -110,6 +110,11 @@ class Transfers:
         self._ids = itertools.count(1)
 
     @property
+    def receiving(self) -> int:
+        """Writes whose receives are posted and not yet complete."""
+        return sum(1 for w in self.writes.values() if w.posted and w.arrived is None and w.group)
+
+    @property
     def busy(self) -> bool:
         return bool(self.reads or self.writes or self.groups)
 

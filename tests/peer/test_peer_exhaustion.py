@@ -1,0 +1,346 @@
+"""Exhaustion over real ucxx on loopback: each attack of the red team (2026-12-01, S2-S6)
+against one server, whose memory is read from /proc while a legitimate client of another
+tenant keeps connecting and moving pages; and a client killed in the middle of a write.
+
+The server runs with short limits so that every deadline is met within seconds:
+``op_timeout_s`` 2, ``handshake_timeout_s`` 1, ``idle_timeout_s`` 3, 4 sessions per tenant.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from peer_helpers import geometry, need_ucxx, new_keys, pages_of, pool_buffer, token_indices
+from raw_client import Raw, hello
+from tenants import client_factory, rss_bytes, start_peer, tenants_dir
+
+from kvcr_policy.backends.peer.server.handshake import AUTH_LIMIT
+from kvcr_policy.backends.peer.wire import messages as m
+from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, MAX_PAYLOAD, VERSION
+
+pytestmark = [pytest.mark.ucx, pytest.mark.slow]
+
+OP_TIMEOUT_S = 2.0
+LIMITS = {
+    "transport.op_timeout_s": OP_TIMEOUT_S,
+    "security.handshake_timeout_s": 1,
+    "security.idle_timeout_s": 3,
+    "security.tenant_max_sessions": 4,
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tenants_dir(tmp_path_factory.mktemp("exhaustion"))
+
+
+@pytest.fixture(scope="module")
+def server(folder: Path) -> Iterator[Any]:
+    peer = start_peer(folder, **LIMITS)
+    yield peer
+    peer.stop()
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Any]:
+    need_ucxx()
+    from kvcr_policy.backends.peer.options import UcxOptions
+    from kvcr_policy.backends.peer.worker import acquire_worker
+
+    worker = acquire_worker(UcxOptions())
+    yield worker
+    worker.release()
+
+
+def _secret(folder: Path, name: str) -> bytes:
+    return (folder / name).read_text().strip().encode()
+
+
+class Service:
+    """A legitimate client of alice, connecting afresh for every round: set, get, compare."""
+
+    def __init__(self, address: str, secret_file: Path) -> None:
+        self.address, self.secret_file = address, secret_file
+        self.rounds: list[tuple[bool, float]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _round(self, make: Callable[..., Any]) -> bool:
+        geo = geometry(pages=4, name="svc")
+        buffer = pool_buffer(geo, len(self.rounds))
+        pipeline = make(self.secret_file, **{"transport.op_timeout_s": 5})
+        pipeline.register_pool("svc", geo, buffer)
+        keys = new_keys(2)
+        stored = pipeline.set(keys, token_indices(geo, range(2)))
+        got = pipeline.get(keys, token_indices(geo, range(2, 4)))
+        view = pages_of(buffer, geo)
+        same = np.array_equal(view[:, 2:4], view[:, :2])
+        pipeline.close()
+        return stored == [True, True] and got == [True, True] and same
+
+    def _run(self) -> None:
+        for make in client_factory(self.address):
+            while not self._stop.is_set():
+                start = time.monotonic()
+                try:
+                    ok = self._round(make)
+                except Exception as err:
+                    self.errors.append(f"{type(err).__name__}: {err}")
+                    ok = False
+                self.rounds.append((ok, time.monotonic() - start))
+
+    def __enter__(self) -> Service:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def check(self, least: int = 3, slowest_s: float = 5.0) -> None:
+        """Every round during the attack succeeded, each within ``slowest_s``."""
+        assert len(self.rounds) >= least, (self.rounds, self.errors)
+        assert all(ok for ok, _ in self.rounds), (self.rounds, self.errors)
+        assert max(seconds for _, seconds in self.rounds) < slowest_s, self.rounds
+
+
+def _connect(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _peak_rss(pid: int, seconds: float, every: float = 0.1) -> int:
+    peak, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        peak = max(peak, rss_bytes(pid))
+        time.sleep(every)
+    return peak
+
+
+def test_half_open_connections_declaring_huge_frames_cost_little_memory(
+    server: Any, folder: Path
+) -> None:
+    pid = server.proc.pid
+    before = rss_bytes(pid)
+    held: list[socket.socket] = []
+    filler = bytes(1 << 20)
+    with Service(server.address, folder / "alice") as service:
+        for i in range(256):  # S3: HELLO (or, past it, AUTH) declaring its largest payload
+            sock = _connect(server.address)
+            if i % 2:  # past HELLO, the most an AUTH may declare, all but one byte sent
+                sock.sendall(m.encode(hello(None), 1))
+                kind, limit, body = m.Kind.AUTH, AUTH_LIMIT, bytes(AUTH_LIMIT - 1)
+            else:
+                kind, limit, body = m.Kind.HELLO, MAX_PAYLOAD, filler
+            sock.setblocking(False)
+            try:
+                sock.send(HEADER.pack(MAGIC, VERSION, int(kind), limit, 2))
+                for _ in range(16 if body is filler else 1):
+                    sock.send(body)
+            except OSError:  # closed by the server, or its buffer is full: both fine
+                pass
+            held.append(sock)
+        peak = _peak_rss(pid, 2.0)
+    for sock in held:
+        sock.close()
+    assert peak - before < 100 << 20, f"{(peak - before) >> 20} MiB more while under attack"
+    service.check()
+    time.sleep(0.5)
+    assert rss_bytes(pid) - before < 100 << 20
+
+
+def test_silent_sockets_reopened_at_their_deadline_lock_nobody_out(
+    server: Any, folder: Path
+) -> None:
+    stop = threading.Event()
+    reopened = [0]
+
+    def squat() -> None:  # S4: 300 idle sockets, each reopened as soon as it is closed
+        socks = [_connect(server.address) for _ in range(300)]
+        while not stop.is_set():
+            for i, sock in enumerate(socks):
+                sock.setblocking(False)
+                try:
+                    closed = sock.recv(1) == b""
+                except BlockingIOError:
+                    closed = False
+                except OSError:
+                    closed = True
+                if closed:
+                    sock.close()
+                    socks[i] = _connect(server.address)
+                    reopened[0] += 1
+            time.sleep(0.01)
+        for sock in socks:
+            sock.close()
+
+    squatter = threading.Thread(target=squat, daemon=True)
+    squatter.start()
+    with Service(server.address, folder / "alice") as service:
+        time.sleep(4.0)
+    stop.set()
+    squatter.join(10)
+    assert reopened[0] >= 300  # the squatter did hold and reopen its sockets
+    service.check()
+
+
+def test_a_tenant_that_squats_sessions_holds_only_its_own(
+    server: Any, folder: Path, worker: Any
+) -> None:
+    bob = _secret(folder, "bob")
+    squatters: list[Raw] = []
+    for _ in range(4):  # S4: sessions that never send a heartbeat (heartbeat_ms = 0)
+        raw = Raw(server.address)
+        assert isinstance(raw.handshake(bob, worker.address), m.Welcome)
+        squatters.append(raw)
+    with Raw(server.address) as fifth:
+        refused = fifth.handshake(bob, worker.address)
+        assert isinstance(refused, m.Error) and refused.code == m.Err.CAPACITY
+        assert "tenant_max_sessions" in refused.text
+    with Service(server.address, folder / "alice") as service:
+        time.sleep(1.0)
+    service.check(least=2)
+    start = time.monotonic()
+    for raw in squatters:  # closed once silent for idle_timeout_s (3 s)
+        raw.sock.settimeout(10)
+        while (reply := raw.reply()) is not None:
+            assert isinstance(reply, m.Error) and reply.code == m.Err.TIMEOUT
+        raw.close()
+    assert time.monotonic() - start < 3.0 + 2.0
+
+
+def test_a_flood_of_bad_addresses_does_not_stall_other_tenants(server: Any, folder: Path) -> None:
+    bob = _secret(folder, "bob")
+    stop = threading.Event()
+    sent = [0]
+
+    def flood() -> None:  # S5: HELLOs whose addresses crash the checker
+        while not stop.is_set():
+            try:
+                with Raw(server.address, timeout=5) as raw:
+                    raw.handshake(bob, os.urandom(200))
+                    sent[0] += 1
+            except OSError:
+                pass
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    with Service(server.address, folder / "alice") as service:
+        time.sleep(5.0)
+    stop.set()
+    for thread in threads:
+        thread.join(15)
+    assert sent[0] >= 8
+    service.check(least=3, slowest_s=4.0)
+
+
+def test_a_frame_trickled_byte_by_byte_is_closed_at_its_deadline(
+    server: Any, folder: Path, worker: Any
+) -> None:
+    frame = m.encode(m.Exists(0, ["k"] * 50), 7)
+    with Raw(server.address) as raw:  # S6: after the handshake, at op_timeout_s
+        assert isinstance(raw.handshake(_secret(folder, "alice"), worker.address), m.Welcome)
+        closed_after = _trickle(raw.sock, frame)
+    assert OP_TIMEOUT_S - 0.1 <= closed_after <= OP_TIMEOUT_S + 1.5
+    with Raw(server.address) as raw:  # before it, at handshake_timeout_s
+        closed_after = _trickle(raw.sock, m.encode(hello(None), 1))
+    assert 0.9 <= closed_after <= 1.0 + 1.5
+
+
+def _trickle(sock: socket.socket, frame: bytes, every: float = 0.1) -> float:
+    """Send ``frame`` a byte at a time until the server closes; seconds from the first byte."""
+    start = time.monotonic()
+    sock.settimeout(every)
+    for byte in frame:
+        try:
+            sock.send(bytes([byte]))
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if not data or m.Kind.ERROR in data[3:4]:
+            break
+        assert time.monotonic() - start < 30
+    return time.monotonic() - start
+
+
+WRITER = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.geometry import PoolGeometry
+geo = PoolGeometry("kv", "layer_first", 8, 4, 128, "float16", 64, 64 * 64)
+loaded = load_config("throughput", overrides={{"transport.name": "ucx",
+    "transport.options.peer": {address!r}, "transport.options.tls": {tls!r},
+    "security.secret_file": {secret!r}, "transport.op_timeout_s": 30}})
+with build_pipeline(loaded) as p:
+    p.register_pool("kv", geo, np.ones(geo.shape, dtype=np.float16))
+    print("ready", flush=True)
+    n = 0
+    while True:
+        p.set([f"w{{n}}-{{i}}" for i in range(64)], np.arange(64 * 64))
+        n += 1
+"""
+
+
+@pytest.mark.parametrize("tls", ["sm", "tcp"])
+def test_a_client_killed_mid_set_leaves_no_reservation(
+    folder: Path, tmp_path: Path, tls: str
+) -> None:
+    """S2: kill -9 once a reservation is outstanding; released within op_timeout_s."""
+    peer = start_peer(folder, **LIMITS, **{"placement.capacity_bytes": "512MiB"})
+    try:
+        for make in client_factory(peer.address):
+            geo = geometry(pages=4)
+            observer = make(folder / "alice")
+            big = pool_buffer(geo)
+            observer.register_pool("probe", geo, big)
+
+            def tenant(field: str, observer: Any = observer) -> int:
+                stats = observer.stats().to_dict()["pools"]["probe"]["peer"]["remote"]
+                return int(stats["server"][f"tenant_{field}"])
+
+            for _ in range(2):
+                writer = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        WRITER.format(
+                            tests=os.path.dirname(__file__),
+                            address=peer.address,
+                            tls=tls,
+                            secret=str(folder / "alice"),
+                        ),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+                deadline = time.monotonic() + 20
+                # The evidence: slots are reserved and receives posted into them right now.
+                while not (tenant("reserved") and tenant("receiving")):
+                    assert time.monotonic() < deadline, "no write in flight seen"
+                writer.send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+                writer.wait()
+                while tenant("reserved"):
+                    assert time.monotonic() - killed < OP_TIMEOUT_S + 1.0, tenant("reserved")
+                    time.sleep(0.02)
+    finally:
+        peer.stop()
+    assert any("client died mid-transfer" in line or "gone: " in line for line in peer.log)
