@@ -1,7 +1,8 @@
 """Fixtures for the SGLang integration tests: real SGLang classes on a CPU-only machine.
 
-Tests that need SGLang skip with a reason when it is absent; ``bash .ci/install-sglang.sh``
-installs the pinned sglang==0.5.23 the way ``shared/notes/sglang-on-cpu.md`` says.
+Tests that need SGLang skip with a reason when it is absent, and fail under CI, where the README's
+test command has installed it (``bash .ci/install-sglang.sh``: the pinned sglang==0.5.23 with the
+CPU torch).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from tests.installs import missing
 
 SGLANG_MISSING = "sglang==0.5.23 is not installed; run `bash .ci/install-sglang.sh` (.ci/run does)"
 # Small enough for 2 cores and a shared CI box; every test's tier is one region of this size.
@@ -27,7 +30,7 @@ def sglang_installed() -> bool:
 def sg() -> SimpleNamespace:
     """The SGLang names the tests use; skips the test when SGLang is not installed."""
     if not sglang_installed():
-        pytest.skip(SGLANG_MISSING)
+        missing(SGLANG_MISSING)
     import torch
 
     # Two busy cores: with two intra-op threads small tensor ops take milliseconds each.

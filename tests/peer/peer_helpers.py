@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
-import pytest
 
 from kvcr_policy.geometry import PoolGeometry
+from tests.installs import missing
 
 SERVER_SETS = {
     "transport.name": "ucx",
@@ -21,7 +21,7 @@ def need_ucxx() -> None:
     try:
         import ucxx  # noqa: F401
     except Exception as err:  # ImportError, or a broken native library
-        pytest.skip(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+        missing(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
 
 
 def geometry(
