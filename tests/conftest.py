@@ -51,6 +51,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"stateful sequences: {sum(counts.values())} ({parts}), byte mismatches: {mismatches}"
     )
 
+
 EXAMPLE_DIST = "kvcr-policy-example"
 EXAMPLE_MISSING = (
     f"{EXAMPLE_DIST} is not installed; run `pip install -e plugins/kvcr-policy-example` "
