@@ -793,9 +793,9 @@ class FIFOStoreMachine(StoreMachine):
 
 
 TestStoreLRU = StoreMachine.TestCase
-TestStoreLRU.settings = machine_settings(300, steps=40)
+TestStoreLRU.settings = machine_settings(400, steps=40)
 TestStoreFIFO = FIFOStoreMachine.TestCase
-TestStoreFIFO.settings = machine_settings(300, steps=40)
+TestStoreFIFO.settings = machine_settings(400, steps=40)
 
 
 def test_machine_on_the_vectorised_allocator_path() -> None:
