@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -71,11 +72,9 @@ class Proxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            for end in (src, dst):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
 
     def mark(self) -> int:
         with self.lock:

@@ -393,7 +393,7 @@ def evictions(pipeline: Any) -> int:
             "peer",
             marks=pytest.mark.xfail(
                 strict=True,
-                reason="the peer reserves per batch: a set evicts its own key, then copies it again",
+                reason="the peer reserves per batch: a set evicts its own key, then copies it",
             ),
         ),
     ],
