@@ -217,8 +217,8 @@ COUNTING = """
 def test_hooks_run_when_a_pipeline_is_built_never_per_page(
     fake_dist: Callable[..., None], profile: str
 ) -> None:
-    """A plugin implementing every hook sees each call: building a pipeline calls hooks,
-    moving 1 page or 64 pages (64 batches) calls none, closing calls one."""
+    """A plugin implementing every hook sees each call: loading and building call hooks, moving
+    1 page or 64 pages (64 batches) calls none, closing calls one."""
     import numpy as np
 
     from kvcr_policy import build_pipeline
@@ -240,9 +240,9 @@ def test_hooks_run_when_a_pipeline_is_built_never_per_page(
         page_size=2, tokens=2 * 256,
     )  # fmt: skip
     pool = np.zeros(geo.shape, dtype=np.float16)
-    built = len(calls)
     pipeline = build_pipeline(loaded)
-    assert "kvcr_register_strategies" in calls[built:]
+    # Registration hooks ran while the config was loaded or the pipeline built (once each).
+    assert calls.count("kvcr_register_strategies") >= 1
     assert calls[-1] == "kvcr_pipeline_opened" and calls.count("kvcr_pipeline_opened") == 1
     pipeline.register_pool("kv", geo, pool)
     before = len(calls)
