@@ -401,6 +401,44 @@ class Pipeline:
         """The placement audit of every pool's tier region."""
         return {name: pool.region.audit().to_dict() for name, pool in self._pools.items()}
 
+    def probe(self, nbytes: int, pool: str | None = None) -> None:
+        """Move ``nbytes`` from the tier into the pool's first bytes with the backend's largest
+        single operation, and return once they arrived.
+
+        This is what a benchmark times as the limit of a restore (one contiguous copy through
+        the same transport; one UCX message from the peer's tier). It overwrites the pool's
+        first ``nbytes`` and stores nothing; keys and claims are untouched.
+        """
+        # Self-contained on purpose: the tier-backend seam gives every backend a
+        # PoolTier.probe(nbytes) with these semantics, and this method then delegates to it.
+        from .backends.dram.transports.base import CopyBatch
+        from .descriptors import Descriptors
+        from .errors import TransportError
+
+        with self._operation("probe"):
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+                raise IndicesError(f"probe: expected a positive number of bytes, got {nbytes!r}")
+            peer = self._peer(pool)
+            if peer is not None:
+                remote_probe = getattr(peer[1], "probe", None)
+                if remote_probe is None:
+                    message = f"transport {self.transport.name!r} has no probe for pool limits"
+                    raise UnsupportedError(message)
+                if not remote_probe(nbytes):
+                    message = f"pool {peer[0].name!r}: the peer did not deliver {nbytes} bytes"
+                    raise TransportError(message)
+                return
+            p = self._pool(pool)
+            room = min(p.tier.nbytes, p.endpoint.nbytes)
+            if nbytes > room:
+                message = (
+                    f"pool {p.geometry.name!r}: probe of {nbytes} bytes does not fit (tier "
+                    f"{p.tier.nbytes} bytes, pool {p.endpoint.nbytes} bytes); probe at most {room}"
+                )
+                raise IndicesError(message)
+            whole = Descriptors.from_arrays([0], [0], [nbytes])
+            self.transport.submit(CopyBatch(p.tier, p.endpoint, whole)).result()
+
 
 def _asdict(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__dataclass_fields__}
