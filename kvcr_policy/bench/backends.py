@@ -11,10 +11,10 @@ largest single move of the same bytes from its tier into the pool. Register it i
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from importlib.util import find_spec
 from typing import Any, ClassVar
 
 from ..geometry import PoolGeometry
@@ -49,7 +49,7 @@ class BenchBackend:
             )
             raise BenchError(message)
         for module, install in self.needs.items():
-            if importlib.util.find_spec(module) is None:
+            if find_spec(module) is None:
                 message = f"backend {self.name!r} needs {module}, which is not installed: {install}"
                 raise BenchError(message)
 

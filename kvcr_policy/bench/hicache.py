@@ -15,12 +15,12 @@ CPU-only machine cannot install, so :mod:`.torchvision_stub` stands in for it he
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -200,8 +200,6 @@ class HiCacheFileComparison:
 
     def check(self, plan: Plan) -> None:
         setup = plan.setup
-        if importlib.util.find_spec("sglang") is None:
-            raise BenchError(SGLANG_MISSING)
         refusals = {
             "target": (setup.target != "cpu", "--target cpu (SGLang's host pool is host memory)"),
             "backend": (plan.backend.name != "dram", "--backend dram (HiCacheFile is local)"),
@@ -210,6 +208,8 @@ class HiCacheFileComparison:
         for what, (refused, needs) in refusals.items():
             if refused:
                 raise BenchError(f"--peer {PEER} runs with {needs}; {what} differs")
+        if find_spec("sglang") is None:
+            raise BenchError(SGLANG_MISSING)
         if setup.folder is not None and not os.access(setup.folder, os.W_OK | os.X_OK):
             raise BenchError(f"--peer {PEER}: folder {setup.folder!r} is not a writable folder")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ INSTALL = "pip install 'kvcr-policy[plot]'"
 
 def check_plot(path: str) -> None:
     """Refuse ``--plot PATH`` before the run when the PNG could not be written."""
-    if importlib.util.find_spec("matplotlib") is None:
+    if find_spec("matplotlib") is None:
         raise BenchError(f"--plot needs matplotlib, which is not installed: {INSTALL}")
     target = Path(path)
     folder = target.parent
