@@ -6,11 +6,12 @@
 - comparison (:mod:`.sides`, :mod:`.hicache`): P against profile Q, or against a peer
   implementation (``hicache-file``).
 
-:func:`run_bench` (:mod:`.runner`) checks a :class:`BenchSetup` (:mod:`.plan`), runs the one
-loop and returns a :class:`BenchResult` (:mod:`.result`), whose ``to_dict()`` is the JSON of
-``kvcr-policy bench --format json``; :mod:`.command` is the command itself, :mod:`.plot` its
-PNG. Nothing outside this package (and the tests) imports it: benchmark-only support code
-such as the torchvision stand-in (:mod:`.torchvision_stub`) stays off the runtime import path.
+:func:`run_bench` (:mod:`.runner`) checks a :class:`BenchSetup` into a plan (:mod:`.resolve`,
+:mod:`.plan`), runs the one loop and returns a :class:`BenchResult` (:mod:`.result`), whose
+``to_dict()`` is the JSON of ``kvcr-policy bench --format json``; :mod:`.command` is the command
+itself, :mod:`.plot` its PNG. Nothing outside this package (and the tests) imports it:
+benchmark-only support code such as the torchvision stand-in (:mod:`.torchvision_stub`) stays
+off the runtime import path.
 """
 
 from __future__ import annotations

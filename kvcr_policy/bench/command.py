@@ -17,8 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .plan import resolve
 from .plot import check_plot, write_plot
+from .resolve import resolve
 from .runner import Progress, run_plan, steps
 from .setup import BenchError, BenchSetup
 

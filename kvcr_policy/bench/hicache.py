@@ -22,18 +22,16 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from importlib.util import find_spec
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..geometry import PoolGeometry
+from .plan import Plan, Side
 from .setup import BenchError
-from .sides import Side, side_overrides
+from .sides import side_overrides
 from .targets import HostPool, Pool
 from .torchvision_stub import stub_torchvision
-
-if TYPE_CHECKING:
-    from .plan import Plan
 
 __all__ = ["BATCH_PAGES", "PEER", "HiCacheFileComparison", "single_rank_config"]
 

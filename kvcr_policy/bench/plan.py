@@ -1,29 +1,53 @@
-"""Resolve a :class:`BenchSetup` into a :class:`Plan`: every input checked before anything starts.
-
-An unknown geometry, layout, target, backend or peer implementation, a token count that is
-not whole pages, a missing optional module (ucxx, sglang), a missing GPU or too little GPU
-memory, and a profile or ``--set`` value that does not load are all refused here with one
-message (``kvcr-policy bench`` exits 2), before any memory is filled or any server started.
-"""
+"""What a run is made of: a checked setup, its target, backend and comparison, and the
+protocols of a comparison and of its sides."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import cast
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
-from ..loading import load_config
-from .backends import BACKENDS, BenchBackend, default_backend
-from .hicache import PEER, HiCacheFileComparison
-from .setup import BenchError, BenchSetup
-from .sides import Comparison, ProfileComparison
-from .targets import TARGETS, CpuTarget, CudaTarget
+import numpy as np
 
-__all__ = ["COMPARISONS", "Plan", "resolve"]
+from ..geometry import PoolGeometry
+from ..pipeline import Pipeline
+from .backends import BenchBackend
+from .setup import BenchSetup
+from .targets import CpuTarget, CudaTarget, Pool
 
-#: ``--peer`` names -> the comparison that runs P against that implementation.
-COMPARISONS = {PEER: HiCacheFileComparison}
+__all__ = ["Comparison", "Plan", "Side"]
+
+
+class Side(Protocol):
+    """One side of a comparison. ``pipeline`` is ours (None for a peer implementation)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str | None: ...
+
+    @property
+    def pipeline(self) -> Pipeline | None: ...
+
+    def store(self, keys: list[str], tokens: np.ndarray) -> bool: ...
+
+    def restore(self, keys: list[str], tokens: np.ndarray) -> bool: ...
+
+
+class Comparison(Protocol):
+    """Opens the run's pool and its sides, P and :attr:`baseline`."""
+
+    baseline: str
+
+    def check(self, plan: Plan) -> None: ...
+
+    def open(self, stack: ExitStack, plan: Plan) -> tuple[Pool, dict[str, Side]]: ...
+
+    def describe(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -44,61 +68,3 @@ class Plan:
         if self.comparison.baseline == "Q":
             return {"P": self.setup.profile, "Q": self.setup.vs}
         return {"P": self.setup.profile}
-
-
-def _choice(what: str, value: str, known: Iterable[str]) -> BenchError:
-    names = ", ".join(sorted(known))
-    return BenchError(f"unknown {what} {value!r}; expected one of: {names}")
-
-
-def _measured(setup: BenchSetup) -> PoolGeometry:
-    if setup.geometry not in PRESETS:
-        raise _choice("geometry", setup.geometry, PRESETS)
-    if setup.layout not in LAYOUTS:
-        raise _choice("layout", setup.layout, LAYOUTS)
-    page = int(PRESETS[setup.geometry]["page_size"])
-    if setup.tokens < page or setup.tokens % page:
-        whole = max(page, setup.tokens - setup.tokens % page)
-        message = (
-            f"--tokens: expected whole pages of {setup.geometry!r} ({page} tokens each), got "
-            f"{setup.tokens}; try --tokens {whole}"
-        )
-        raise BenchError(message)
-    layout = cast(Layout, setup.layout)
-    geometry = preset(setup.geometry, layout=layout, tokens=setup.tokens, mla=setup.mla)
-    return replace(geometry, name="kv")
-
-
-def resolve(setup: BenchSetup) -> Plan:
-    """Check every input of ``setup`` and pick its target, backend and comparison."""
-    for what, value in (("--repeat", setup.repeat), ("exists_keys", setup.exists_keys)):
-        if value < 1:
-            raise BenchError(f"{what}: expected a positive count, got {value}")
-    measured = _measured(setup)
-    if setup.target not in TARGETS:
-        raise _choice("target", setup.target, TARGETS)
-    target = TARGETS[setup.target]()
-    name = setup.backend
-    if name is None:
-        name = default_backend(load_config(profile=setup.profile, overrides=setup.overrides))
-    if name not in BACKENDS:
-        raise _choice("backend", name, BACKENDS)
-    backend = BACKENDS[name](setup)
-    backend.check()
-    comparison: Comparison = ProfileComparison()
-    if setup.peer is not None:
-        if setup.peer not in COMPARISONS:
-            raise _choice("peer implementation", setup.peer, COMPARISONS)
-        comparison = COMPARISONS[setup.peer]()
-    plan = Plan(setup, measured, target, backend, comparison)
-    comparison.check(plan)
-    target.check(measured)
-    for profile in plan.profiles.values():  # ConfigError (exit 2) names the bad value
-        planned = {
-            **target.overrides,
-            "placement.capacity_bytes": measured.nbytes,
-            **backend.planned(),
-            **(setup.overrides or {}),
-        }
-        load_config(profile=profile, overrides=planned)
-    return plan

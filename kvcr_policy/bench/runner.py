@@ -1,6 +1,6 @@
 """The one benchmark loop, the same for every target, backend and comparison.
 
-1. Resolve the setup (:func:`~kvcr_policy.bench.plan.resolve`): every input is checked first.
+1. Resolve the setup (:func:`~kvcr_policy.bench.resolve.resolve`): every input is checked first.
 2. Open the pool and fill its source pages; remember one checksum per page.
 3. Open both sides (each starts its own backend instance) and store the n pages through each
    (in a random order with ``scatter``, so restores read scattered tier slots).
@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .plan import Plan, resolve
+from .plan import Plan
+from .resolve import resolve
 from .result import BenchResult, Run
 from .setup import BenchError, BenchSetup
 from .sides import bench_keys, exists_rate

@@ -17,7 +17,7 @@ class BenchError(KVCRPolicyError):
 
 @dataclass(frozen=True, slots=True)
 class BenchSetup:
-    """One run's axes and sizes; :func:`~kvcr_policy.bench.plan.resolve` checks them all.
+    """One run's axes and sizes; :func:`~kvcr_policy.bench.resolve.resolve` checks them all.
 
     The axes: ``target`` (where the pool lives: ``cpu`` or ``cuda``), ``backend`` (where the
     tier lives: ``dram``, ``peer``, ...; None takes the profile's), and the comparison: P

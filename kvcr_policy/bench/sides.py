@@ -12,57 +12,23 @@ import statistics
 import time
 from collections.abc import Mapping
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from ..geometry import PoolGeometry
 from ..loading import LoadedConfig, load_config
-from ..pipeline import Pipeline, build_pipeline
+from ..pipeline import build_pipeline
+from .plan import Plan, Side
 from .setup import BenchError
 from .targets import Pool, tokens_of
 
-if TYPE_CHECKING:
-    from .plan import Plan
-
-__all__ = ["Comparison", "ProfileComparison", "ProfileSide", "Side", "bench_keys", "exists_rate"]
+__all__ = ["ProfileComparison", "ProfileSide", "bench_keys", "exists_rate", "side_overrides"]
 
 
 def bench_keys(n: int, salt: str) -> list[str]:
     """``n`` keys shaped like SGLang's (sha256 hex digests)."""
     return [hashlib.sha256(f"{salt}:{i}".encode()).hexdigest() for i in range(n)]
-
-
-class Side(Protocol):
-    """One side of a comparison. ``pipeline`` is ours (None for a peer implementation)."""
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def path(self) -> str | None: ...
-
-    @property
-    def pipeline(self) -> Pipeline | None: ...
-
-    def store(self, keys: list[str], tokens: np.ndarray) -> bool: ...
-
-    def restore(self, keys: list[str], tokens: np.ndarray) -> bool: ...
-
-
-class Comparison(Protocol):
-    """Opens the run's pool and its sides, P and :attr:`baseline`."""
-
-    baseline: str
-
-    def check(self, plan: Plan) -> None: ...
-
-    def open(self, stack: ExitStack, plan: Plan) -> tuple[Pool, dict[str, Side]]: ...
-
-    def describe(self) -> dict[str, Any]: ...
 
 
 def side_overrides(plan: Plan, started: Mapping[str, Any]) -> dict[str, Any]:

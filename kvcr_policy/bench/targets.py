@@ -22,7 +22,16 @@ import numpy as np
 from ..geometry import PoolGeometry
 from .setup import BenchError
 
-__all__ = ["TARGETS", "CpuTarget", "CudaTarget", "HostPool", "Pool", "tokens_of"]
+__all__ = [
+    "TARGETS",
+    "CpuTarget",
+    "CudaTarget",
+    "HostPool",
+    "Pool",
+    "checksums",
+    "tokens_of",
+    "torch_checksums",
+]
 
 # Scratch of a checksum pass: at most about this many bytes of products at a time.
 _CHUNK_BYTES = 1 << 26
@@ -76,6 +85,22 @@ def checksums(view: np.ndarray) -> np.ndarray:
         for start in range(0, pages, step):
             words = np.ascontiguousarray(view[plane, start : start + step]).view(np.uint64)
             out[start : start + step] += (words * weights).sum(axis=1, dtype=np.uint64)
+    return out
+
+
+def torch_checksums(torch: Any, flat: Any, geometry: PoolGeometry) -> Any:
+    """:func:`checksums` of a pool's bytes where they live (the GPU), as int64: the same
+    wrapping arithmetic, so the values equal :func:`checksums`' read as uint64."""
+    width = geometry.fragment_bytes // 8
+    words = flat.view(torch.int64).view(geometry.fragments_per_page, geometry.pages, width)
+    out = torch.zeros(geometry.pages, dtype=torch.int64, device=flat.device)
+    step = max(1, (_CHUNK_BYTES * 16) // geometry.fragment_bytes)
+    position = torch.arange(width, dtype=torch.int64, device=flat.device)
+    for plane in range(geometry.fragments_per_page):
+        weights = (position + plane * width) * 2 + 1
+        for start in range(0, geometry.pages, step):
+            stop = min(start + step, geometry.pages)
+            out[start:stop] += (words[plane, start:stop] * weights).sum(dim=1)
     return out
 
 
@@ -147,31 +172,17 @@ class GpuPool:
 
     def fill(self) -> None:
         self._flat.view(self.torch.int64).random_()
-        self._expected = self._checksums()
+        self._expected = torch_checksums(self.torch, self._flat, self.geometry)
 
     def poison(self) -> None:
         self._flat.fill_(_POISON)
 
     def verify(self) -> bool:
-        return bool(self.torch.equal(self._checksums(), self._expected))
+        got = torch_checksums(self.torch, self._flat, self.geometry)
+        return bool(self.torch.equal(got, self._expected))
 
     def sync(self) -> None:
         self.torch.cuda.synchronize()
-
-    def _checksums(self) -> Any:
-        """:func:`checksums` on the GPU (wrapping int64 instead of uint64 arithmetic)."""
-        torch, g = self.torch, self.geometry
-        width = g.fragment_bytes // 8
-        words = self._flat.view(torch.int64).view(g.fragments_per_page, g.pages, width)
-        out = torch.zeros(g.pages, dtype=torch.int64, device=self._flat.device)
-        step = max(1, (_CHUNK_BYTES * 16) // g.fragment_bytes)
-        position = torch.arange(width, dtype=torch.int64, device=self._flat.device)
-        for plane in range(g.fragments_per_page):
-            weights = (position + plane * width) * 2 + 1
-            for start in range(0, g.pages, step):
-                stop = min(start + step, g.pages)
-                out[start:stop] += (words[plane, start:stop] * weights).sum(dim=1)
-        return out
 
 
 class CudaTarget:

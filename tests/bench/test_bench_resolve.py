@@ -9,7 +9,7 @@ import pytest
 
 from kvcr_policy.bench import BenchError, BenchSetup, hicache
 from kvcr_policy.bench import backends as bench_backends
-from kvcr_policy.bench.plan import resolve
+from kvcr_policy.bench.resolve import resolve
 from kvcr_policy.bench.server import PeerProcess
 from kvcr_policy.errors import ConfigError, KVCRPolicyError, PoolError
 
