@@ -22,7 +22,6 @@ import numpy as np
 
 from .backends.base import BackendContext, Endpoint, PoolSpec, PoolTier, TierBackend
 from .errors import (
-    ArgumentError,
     ClosedError,
     IndicesError,
     PoolError,
@@ -314,19 +313,17 @@ class Pipeline:
                 tier.clear()
 
     def probe(self, nbytes: int, pool: str | None = None) -> None:
-        """Move ``nbytes`` from the tier into the pool's first bytes in the backend's largest
-        single operation: the limit a benchmark compares restores with."""
+        """Move ``nbytes`` from the tier into the pool's first bytes with the backend's largest
+        single operation, and return once they arrived.
+
+        This is what a benchmark times as the limit of a restore (one contiguous copy through
+        the same transport; one UCX message from the peer's tier). It overwrites the pool's
+        first ``nbytes`` and stores nothing; keys and claims are untouched.
+        """
         with self._operation("probe"):
-            geometry, tier = self._pool(pool, touch=True)
-            if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-                raise UsageError(f"probe(): nbytes must be an int, got {type(nbytes).__name__}")
-            if not 0 < nbytes <= geometry.nbytes:
-                message = (
-                    f"probe(): nbytes must be 1..{geometry.nbytes} (pool {geometry.name!r}), "
-                    f"got {nbytes}"
-                )
-                raise ArgumentError(message)
-            tier.probe(nbytes)
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+                raise IndicesError(f"probe: expected a positive number of bytes, got {nbytes!r}")
+            self._pool(pool, touch=True)[1].probe(nbytes)
 
     # ---- reporting ----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ def tenants_dir(root: Path, names: tuple[str, ...] = ("alice", "bob")) -> Path:
 def start_peer(folder: Path, **sets: Any) -> Any:
     """`kvcr-policy serve` with the tenants of ``folder`` (and short timeouts for tests)."""
     need_ucxx()
-    from kvcr_policy.backends.peer.bench import PeerProcess
+    from kvcr_policy.bench.server import PeerProcess
 
     values: dict[str, Any] = {
         **SERVER_SETS,
