@@ -18,11 +18,20 @@ def check_plot(path: str) -> None:
     """Refuse ``--plot PATH`` before the run when the PNG could not be written."""
     if find_spec("matplotlib") is None:
         raise BenchError(f"--plot needs matplotlib, which is not installed: {INSTALL}")
+    from matplotlib.backend_bases import FigureCanvasBase
+
     target = Path(path)
     folder = target.parent
+    # matplotlib picks the format from the suffix, adds .png to a name without one, and
+    # refuses an unknown one only when it saves, after the whole run.
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    suffix = target.suffix.lower().lstrip(".")
     problem = None
     if target.is_dir():
         problem = "is a folder; name a .png file"
+    elif suffix not in formats:
+        got = f"suffix {target.suffix!r}" if suffix else "no suffix"
+        problem = f"has {got}; name a file ending in one of: .{', .'.join(formats)}"
     elif not folder.is_dir():
         problem = f"cannot be written: folder {str(folder)!r} does not exist"
     elif not os.access(folder, os.W_OK | os.X_OK):

@@ -3,8 +3,9 @@ checked before anything starts.
 
 An unknown geometry, layout, target, backend or peer implementation, a token count that is
 not whole pages, a missing optional module (ucxx, sglang), a missing GPU or too little GPU
-memory, and a profile or ``--set`` value that does not load are all refused here with one
-message (``kvcr-policy bench`` exits 2), before any memory is filled or any server started.
+memory, too little host memory, and a profile or ``--set`` value that does not load are all
+refused here with one message (``kvcr-policy bench`` exits 2), before any memory is filled or
+any server started.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import cast
 
+from .. import _os
 from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
 from ..loading import load_config
 from .backends import BACKENDS, default_backend
@@ -51,6 +53,31 @@ def _measured(setup: BenchSetup) -> PoolGeometry:
     return replace(geometry, name="kv")
 
 
+#: Share of the memory available that a run may plan to fill (the rest: Python, torch, UCX).
+_HOST_SHARE = 0.9
+
+
+def _check_host_memory(plan: Plan) -> None:
+    """Refuse a run whose pool and tiers cannot fit in host memory (it would die of ENOMEM, or
+    of the OOM killer, after minutes of filling): a host pool of twice the measured pages on
+    the cpu target, a tier of the measured pages per side (P and its baseline)."""
+    measured = plan.measured.nbytes
+    pool = plan.target.geometry(plan.measured).nbytes if plan.target.name == "cpu" else 0
+    needed = pool + 2 * measured
+    available, bound = _os.memory_available()
+    if needed > _HOST_SHARE * available:
+        page = plan.measured.page_bytes
+        fits = int(_HOST_SHARE * available) // ((needed // plan.measured.pages) or 1)
+        tokens = max(0, fits) * plan.measured.page_size
+        message = (
+            f"--tokens {plan.setup.tokens}: the run fills about {needed / 2**30:.1f} GiB of host "
+            f"memory (pool {pool / 2**30:.1f} GiB, two tiers of {measured / 2**30:.1f} GiB; "
+            f"{page} bytes per page); {bound} leaves {available / 2**30:.1f} GiB; lower "
+            f"--tokens (at most about {tokens})"
+        )
+        raise BenchError(message)
+
+
 def resolve(setup: BenchSetup) -> Plan:
     """Check every input of ``setup`` and pick its target, backend and comparison."""
     for what, value in (("--repeat", setup.repeat), ("exists_keys", setup.exists_keys)):
@@ -75,6 +102,7 @@ def resolve(setup: BenchSetup) -> Plan:
     plan = Plan(setup, measured, target, backend, comparison)
     comparison.check(plan)
     target.check(measured)
+    _check_host_memory(plan)
     for profile in plan.profiles.values():  # ConfigError (exit 2) names the bad value
         planned = {
             **target.overrides,
