@@ -335,6 +335,7 @@ def test_a_client_killed_mid_set_leaves_no_reservation(
                 # The evidence: slots are reserved and receives posted into them right now.
                 while not (tenant("reserved") and tenant("receiving")):
                     assert time.monotonic() < deadline, "no write in flight seen"
+                    time.sleep(0.002)
                 writer.send_signal(signal.SIGKILL)
                 killed = time.monotonic()
                 writer.wait()
