@@ -12,7 +12,9 @@ host): ``--insecure`` is the only authentication switch here.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import io
 import json
 import logging
 import os
@@ -99,7 +101,9 @@ def serve_command(
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: stacks to stderr
+    # kill -USR1 PID: stacks to stderr (when stderr is a real file, not a captured stream).
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         server.start()
         line = {
