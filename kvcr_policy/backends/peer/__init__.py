@@ -5,7 +5,9 @@ Module map (each owns one thing)::
     peer/
       options.py     UcxOptions: [transport.options] of ucx and of serve
       env.py         UCX environment knobs, applied where the user has not spoken
-      host.py        host id (same host id: shared memory can work)
+      host.py        host id (same host id: shared memory can work), interface of an address
+      auth.py        key ids, nonces, the HMAC proofs of the handshake (both sides)
+      credentials.py where a process's secret comes from; a server's tenants
       loop.py        an event loop on its own thread: calls, timers, watched sockets
       worker.py      the UCX worker thread: the one UCX worker, the one thread calling UCX
       requests.py    request groups (one transfer's UCX requests), timers, memory views
@@ -19,10 +21,12 @@ Module map (each owns one thing)::
         coverage.py    what a shaped descriptor list must cover; which pages a failure fails
       server/        the serve side (never imports client/)
         server.py      PeerServer: listener, sessions, tiers, lifetime
-        session.py     one client connection: handshake, attached pools, dispatch
+        admission.py   handshake slots, sessions per tenant, the frame budget
+        handshake.py   HELLO, CHALLENGE, AUTH: nothing else before a client authenticates
+        session.py     one client connection: its tenant, attached pools, dispatch, liveness
         transfers.py   claims and reservations in flight; descriptor lists checked first
-        tiers.py       one region and store per pool name and layout
-        addrcheck.py   worker-address validation in a helper process
+        tiers.py       one region and store per tenant, pool name and layout
+        addrcheck.py   worker-address validation in a helper process, tenants in turn
       client/        the client side (never imports server/)
         client.py      PeerClient: one peer: connect, reconnect, run ops
         connection.py  one control socket and UCX endpoint: requests, replies, failure
@@ -30,7 +34,6 @@ Module map (each owns one thing)::
         pool.py        PeerPool: one pool whose tier is on the peer
       transport.py   the ucx transport (builds PeerClient and PeerPool)
       cli.py         the serve command
-      bench.py       the ucx benchmark
 
 Importing this package never imports ucxx; the worker thread imports it, after the
 environment knobs are applied.

@@ -344,6 +344,7 @@ class PeerClient:
         conn = self._conn
         return {
             "peer": self.address,
+            "tenant": self.tenant or None,
             "transport_used": conn.tls if conn is not None and conn.dead is None else None,
             "connected": conn is not None and conn.dead is None,
             "connects": self.connects,

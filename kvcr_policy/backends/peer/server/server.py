@@ -169,7 +169,7 @@ class PeerServer:
             self.worker.progress_mode,
             ",".join(sorted(self.capabilities)) or "none",
             self.op_timeout_s,
-            self.worker.env.values.get("UCX_NET_DEVICES", ("all", ""))[0],
+            os.environ.get("UCX_NET_DEVICES", "all"),
             self.keyring.source,
             ", ".join(self.keyring.names()),
         )

@@ -3,8 +3,11 @@ must cover. Both sides import it; it imports neither.
 
 A conversation (c: client, s: server)::
 
-    c HELLO    -> s WELCOME          versions, capabilities, host ids, UCX worker addresses
-    c ATTACH   -> s ATTACHED         a pool geometry -> the tier that mirrors it
+    c HELLO    -> s CHALLENGE        versions, capabilities, host ids, key id and nonces; the
+                                     server's proof (see kvcr_policy.backends.peer.auth)
+    c AUTH     -> s WELCOME          the client's proof and UCX address; the server's address
+                                     and the tenant: nothing else is heard before WELCOME
+    c ATTACH   -> s ATTACHED         a pool geometry -> the tenant's tier that mirrors it
     c EXISTS   -> s COUNT            one round trip per metadata-query batch
     c CLAIM    -> s CLAIMED          slots of the leading present run, claimed on the server
     c SEND     -> s SENT             the client shaped the descriptors and posted receives; it
@@ -16,7 +19,7 @@ A conversation (c: client, s: server)::
     c RELEASE                        client will not read a claim / write a reservation
     c DELETE / CLEAR -> s COUNT
     c STATS    -> s STATS_REPLY
-    c PROBE    -> s SENT             one message of N bytes (the benchmark's limit)
+    c PROBE    -> s SENT             one message of N bytes of the tenant's tier (a limit)
     c PING     -> s PONG
     s ERROR                          a refused request (connection stays) or a closing one
 
