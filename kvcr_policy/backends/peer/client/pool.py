@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kvcr_policy.descriptors import Descriptors
-from kvcr_policy.errors import ClosedError, TransportError, UnsupportedError
+from kvcr_policy.errors import ClosedError, IndicesError, TransportError, UnsupportedError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.schema import PolicyConfig
 
@@ -160,6 +160,10 @@ class PeerPool:
 
     def probe(self, nbytes: int) -> None:
         """One UCX message of ``nbytes`` from the peer's tier into this pool (benchmarks)."""
+        self._check_open("probe")
+        if not 0 < nbytes <= len(self.view):  # 0 bytes would never complete (red team S11)
+            message = f"pool {self.name!r}: probe of {nbytes} bytes; expected 1..{len(self.view)}"
+            raise IndicesError(message)
         if not self.client.run(self, ops.probe, nbytes, timeout=self.timeout):
             raise TransportError(f"pool {self.name!r}: the probe of {nbytes} bytes failed")
 
