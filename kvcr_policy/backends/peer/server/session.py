@@ -148,7 +148,7 @@ class Session:
 
     def drain(self) -> None:
         """Server stopping: refuse new work; close once in-flight work is done."""
-        if self.state in ("hello", "checking"):
+        if self.state in ("hello", "auth", "checking"):
             self.channel.close("server stopping")
         elif self.state == "ready":
             self.state = "draining"
