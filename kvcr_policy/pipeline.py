@@ -323,7 +323,14 @@ class Pipeline:
         with self._operation("probe"):
             if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
                 raise IndicesError(f"probe: expected a positive number of bytes, got {nbytes!r}")
-            self._pool(pool, touch=True)[1].probe(nbytes)
+            geometry, tier = self._pool(pool, touch=True)
+            if nbytes > geometry.nbytes:  # every backend: the pool's own bounds (its tier's too)
+                message = (
+                    f"pool {geometry.name!r}: probe of {nbytes} bytes does not fit the pool "
+                    f"({geometry.nbytes} bytes); probe at most {geometry.nbytes}"
+                )
+                raise IndicesError(message)
+            tier.probe(nbytes)
 
     # ---- reporting ----------------------------------------------------------------------
 

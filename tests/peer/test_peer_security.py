@@ -166,7 +166,6 @@ def test_the_ucx_worker_listens_only_where_the_control_socket_does(server: Any) 
     addresses = listening_addresses(server.proc.pid)
     assert len(addresses) >= 2, addresses  # the control socket and UCX's tcp listener
     assert set(addresses) == {"127.0.0.1"}, addresses
-    assert server.info["env"]["env"]["UCX_NET_DEVICES"]["value"] == "lo"
 
 
 def test_an_insecure_peer_is_loopback_only_and_clients_must_opt_in(tmp_path: Path) -> None:
