@@ -11,19 +11,19 @@ and an unknown key id get the same answer (ERROR ``AUTH``, then a closed connect
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from kvcr_policy.errors import UnsupportedError
 
 from .. import auth
-from ..credentials import INSECURE_TENANT, Tenant
+from ..channel import Channel
+from ..credentials import INSECURE_TENANT, Keyring, Tenant
 from ..wire import messages as m
 from ..wire.payload import MAX_ADDRESS
+from .admission import Admission
 
-if TYPE_CHECKING:
-    from .session import Session
-
-__all__ = ["AUTH_LIMIT", "HELLO_LIMIT", "Handshake"]
+__all__ = ["AUTH_LIMIT", "HELLO_LIMIT", "Handshake", "Opening"]
 
 #: Largest HELLO payload: fixed fields, two names of at most 256 bytes, key id and nonce.
 HELLO_LIMIT = 1024
@@ -33,10 +33,43 @@ AUTH_LIMIT = MAX_ADDRESS + 256
 MIN_HEARTBEAT_S, MAX_HEARTBEAT_S = 0.05, 600.0
 
 
+class _Server(Protocol):
+    keyring: Keyring
+    admission: Admission
+
+    def choose_tls(self, hello: m.Hello) -> str: ...
+
+    def check_address(
+        self,
+        address: bytes,
+        error_handling: bool,
+        tenant: str,
+        wanted: Callable[[], bool],
+        then: Callable[[bool | Exception], Any],
+    ) -> None: ...
+
+
+class Opening(Protocol):
+    """What a handshake needs from the session whose connection it opens."""
+
+    state: str
+    tls: str
+    peer: str
+    heartbeat_s: float
+    channel: Channel
+
+    @property
+    def server(self) -> _Server: ...
+
+    def authenticated(self, tenant: str, admin: bool) -> None: ...
+
+    def welcome(self, ok: bool | Exception, address: bytes, name: str, request: int) -> None: ...
+
+
 class Handshake:
     """One connection's handshake; the session hands it every message until WELCOME."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Opening) -> None:
         self.session = session
         self.hello: m.Hello | None = None
         self.nonce = b""
