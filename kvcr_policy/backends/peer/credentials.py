@@ -231,14 +231,17 @@ def server_keyring(loaded: LoadedConfig, *, create: bool = True) -> Keyring:
         path = default_secret_file()
         if not create:
             raise _problem(loaded, "security.secret_file", f"no peer secret (none in {path})")
-        secret = _create_secret(path) or _read_secret(path, loaded, "security.secret_file")
-        created, source = path, f"file {path}"
-        log.warning(
-            "created a peer secret in %s (mode 0600, readable only by this user): clients of "
-            "this user on this host find it there; give it to others through "
-            "KVCR_POLICY_SECURITY__SECRET or security.secret_file",
-            path,
-        )
+        secret, source = _create_secret(path), f"file {path}"
+        if secret:
+            created = path
+            log.warning(
+                "created a peer secret in %s (mode 0600, readable only by this user): clients "
+                "of this user on this host find it there; give it to others through "
+                "KVCR_POLICY_SECURITY__SECRET or security.secret_file",
+                path,
+            )
+        else:  # another process created it first
+            secret = _read_secret(path, loaded, "security.secret_file")
     admin = DEFAULT_TENANT in security.admin_tenants
     tenant = Tenant(DEFAULT_TENANT, secret, admin)
     return Keyring({key_id(secret): tenant}, source=source, created=created)
