@@ -301,9 +301,7 @@ with build_pipeline(loaded) as p:
 
 
 @pytest.mark.parametrize("tls", ["sm", "tcp"])
-def test_a_client_killed_mid_set_leaves_no_reservation(
-    folder: Path, tmp_path: Path, tls: str
-) -> None:
+def test_a_client_killed_mid_set_leaves_no_reservation(folder: Path, tls: str) -> None:
     """S2: kill -9 once a reservation is outstanding; released within op_timeout_s."""
     peer = start_peer(folder, **LIMITS, **{"placement.capacity_bytes": "512MiB"})
     try:
@@ -317,33 +315,32 @@ def test_a_client_killed_mid_set_leaves_no_reservation(
                 stats = observer.stats().to_dict()["pools"]["probe"]["peer"]["remote"]
                 return int(stats["server"][f"tenant_{field}"])
 
-            for _ in range(1):
-                writer = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        WRITER.format(
-                            tests=os.path.dirname(__file__),
-                            address=peer.address,
-                            tls=tls,
-                            secret=str(folder / "alice"),
-                        ),
-                    ],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-                assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
-                deadline = time.monotonic() + 20
-                # The evidence: slots are reserved and receives posted into them right now.
-                while not (tenant("reserved") and tenant("receiving")):
-                    assert time.monotonic() < deadline, "no write in flight seen"
-                    time.sleep(0.002)
-                writer.send_signal(signal.SIGKILL)
-                killed = time.monotonic()
-                writer.wait()
-                while tenant("reserved"):
-                    assert time.monotonic() - killed < OP_TIMEOUT_S + 1.0, tenant("reserved")
-                    time.sleep(0.02)
+            writer = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    WRITER.format(
+                        tests=os.path.dirname(__file__),
+                        address=peer.address,
+                        tls=tls,
+                        secret=str(folder / "alice"),
+                    ),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+            deadline = time.monotonic() + 20
+            # The evidence: slots are reserved and receives posted into them right now.
+            while not (tenant("reserved") and tenant("receiving")):
+                assert time.monotonic() < deadline, "no write in flight seen"
+                time.sleep(0.002)
+            writer.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            writer.wait()
+            while tenant("reserved"):
+                assert time.monotonic() - killed < OP_TIMEOUT_S + 1.0, tenant("reserved")
+                time.sleep(0.02)
     except Exception:
         if peer.proc.poll() is not None:  # say why the server died (a UCX abort is logged)
             peer.stop()
