@@ -5,13 +5,15 @@ unpacks it (measured with ucxx 0.52 / UCX 1.21: ``address.c: Assertion ... addr 
 peer server must not die of a hostile frame, so it first hands each new address to a helper
 process (``python -m kvcr_policy.backends.peer.server.addrcheck``) that creates and closes an
 endpoint to it with the same UCX configuration; if the helper survives, the server may unpack
-the same bytes. Addresses already checked are remembered (good and bad); a helper that died is
-replaced on the next check (about 0.7 s).
+the same bytes. Addresses already checked are remembered (good and bad).
 
 Only authenticated clients get here (see :mod:`.handshake`), and no client can stall the
 others: checks are taken from each tenant's queue in turn, a tenant may have at most
 :data:`MAX_PENDING_PER_TENANT` waiting (more are refused at once), and a check whose
-connection has closed meanwhile is skipped.
+connection has closed meanwhile is skipped. A helper that dies is replaced by a spare started
+ahead of time (starting one takes about 0.7 s, importing ucxx), and the tenant whose address
+killed it waits out a pause that doubles with each crash (:data:`FIRST_PAUSE_S` up to
+:data:`MAX_PAUSE_S`), so that the others' checks run first on a warm helper.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -36,6 +39,8 @@ log = logging.getLogger("kvcr_policy.backends.peer.server.addrcheck")
 _REQUEST = struct.Struct("<BI")
 _CHECK_TIMEOUT_S = 10.0
 MAX_PENDING_PER_TENANT = 4
+FIRST_PAUSE_S = 1.0
+MAX_PAUSE_S = 30.0
 _REMEMBERED = 4096  # addresses whose verdict is kept (each a 32-byte digest)
 
 _Job = tuple[bytes, bool, Callable[[], bool], "Future[bool]"]
@@ -47,6 +52,8 @@ class AddressChecker:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
+        self._spare: subprocess.Popen[bytes] | None = None
+        self._paused: dict[str, tuple[float, float]] = {}  # tenant -> (until, last pause)
         self._verdicts: OrderedDict[bytes, bool] = OrderedDict()
         self._queues: OrderedDict[str, deque[_Job]] = OrderedDict()
         self._cond = threading.Condition()
@@ -76,45 +83,75 @@ class AddressChecker:
             self._cond.notify()
         return future
 
-    def _next(self) -> _Job | None:
-        """The next job, round robin over tenants (None once closed)."""
+    def _next(self) -> tuple[str, _Job] | None:
+        """The next job and its tenant, round robin over tenants not paused (None once
+        closed)."""
         with self._cond:
             while not self._closed:
+                now = time.monotonic()
+                wake = None
                 for tenant in list(self._queues):
+                    until = self._paused.get(tenant, (0.0, 0.0))[0]
+                    if until > now:
+                        wake = until if wake is None else min(wake, until)
+                        continue
                     queue = self._queues.pop(tenant)
                     if queue:
                         job = queue.popleft()
                         self._queues[tenant] = queue  # to the back of the turn
-                        return job
-                self._cond.wait()
+                        return tenant, job
+                self._cond.wait(None if wake is None else wake - now)
             return None
 
     def _run(self) -> None:
-        self._ensure()  # start the helper early: importing ucxx takes a while
-        while (job := self._next()) is not None:
-            address, error_handling, wanted, future = job
+        self._ensure()  # start the helpers early: importing ucxx takes a while
+        while (picked := self._next()) is not None:
+            tenant, (address, error_handling, wanted, future) = picked
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(wanted() and self._check(address, error_handling))
+                ok = wanted() and self._check(address, error_handling, tenant)
+                future.set_result(ok)
             except Exception as err:  # the checker thread must survive anything
                 future.set_exception(err)
 
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kvcr_policy.backends.peer.server.addrcheck"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=dict(os.environ),
+        )
+
     def _ensure(self) -> subprocess.Popen[bytes] | None:
+        """The helper to use, a live spare beside it (both started here when missing)."""
         with self._cond:
             if self._closed:
                 return None
             if self._proc is None or self._proc.poll() is not None:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "kvcr_policy.backends.peer.server.addrcheck"],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    env=dict(os.environ),
-                )
+                spare, self._spare = self._spare, None
+                self._proc = spare if spare is not None and spare.poll() is None else self._spawn()
+            if self._spare is None or self._spare.poll() is not None:
+                self._spare = self._spawn()
             return self._proc
 
-    def _check(self, address: bytes, error_handling: bool) -> bool:
+    def _crashed(self, proc: subprocess.Popen[bytes], tenant: str) -> None:
+        """``tenant``'s address killed the helper: replace it now and pause that tenant."""
+        log.warning(
+            "an address of tenant %r crashed the checker; refusing it and pausing that "
+            "tenant's checks",
+            tenant,
+        )
+        proc.kill()
+        proc.wait()
+        last = self._paused.get(tenant, (0.0, 0.0))[1]
+        pause = min(MAX_PAUSE_S, 2 * last) if last else FIRST_PAUSE_S
+        with self._cond:
+            self._paused[tenant] = (time.monotonic() + pause, pause)
+        self._ensure()
+
+    def _check(self, address: bytes, error_handling: bool, tenant: str) -> bool:
         key = hashlib.sha256(bytes([error_handling]) + address).digest()
         known = self._verdicts.get(key)
         if known is not None:
@@ -133,9 +170,10 @@ class AddressChecker:
         finally:
             timer.cancel()
         if answer not in (b"\x00", b"\x01"):  # it died (or said something else): replace it
-            log.warning("a client's UCX worker address crashed the checker; refusing it")
-            proc.kill()
-            proc.wait()
+            self._crashed(proc, tenant)
+        elif tenant in self._paused and self._paused[tenant][0] <= time.monotonic():
+            with self._cond:
+                self._paused.pop(tenant, None)  # a check that did not crash: no more pause
         good = answer == b"\x01"
         self._verdicts[key] = good
         while len(self._verdicts) > _REMEMBERED:
@@ -146,14 +184,16 @@ class AddressChecker:
         with self._cond:
             self._closed = True
             proc, self._proc = self._proc, None
+            spare, self._spare = self._spare, None
             jobs = [job for queue in self._queues.values() for job in queue]
             self._queues.clear()
             self._cond.notify_all()
         for *_, future in jobs:
             future.cancel()
-        if proc is not None:
-            proc.kill()
-            proc.wait()
+        for helper in (proc, spare):
+            if helper is not None:
+                helper.kill()
+                helper.wait()
 
 
 def main() -> None:
