@@ -1,9 +1,10 @@
 """Admission: who may hold a connection to the server, and how many bytes frames may buffer.
 
 - **Handshakes.** At most :data:`MAX_HANDSHAKES` connections may be shaking hands at once;
-  when one more arrives, the oldest is dropped, not the newcomer: a process that keeps
+  when one more arrives, one is dropped, not the newcomer: the oldest of those that have not
+  even sent HELLO, else the oldest of those waiting to authenticate. A process that keeps
   hundreds of silent sockets open (or reopens them as their deadline closes them) only ever
-  displaces its own, while a real client finishes its handshake in a few milliseconds.
+  displaces its own, while a real client sends HELLO at once and finishes in milliseconds.
 - **Sessions.** Authenticated sessions are capped in all (:data:`MAX_SESSIONS`) and per tenant
   (``security.tenant_max_sessions``): one tenant cannot take the others' places.
 - **Buffered bytes.** A frame's payload is buffered whole before it is decoded; payloads over
@@ -39,7 +40,8 @@ class Admission:
         self.tenant_max_sessions = tenant_max_sessions
         self.max_buffered = max_buffered
         self.buffered = 0
-        self._handshakes: dict[Any, None] = {}  # insertion order: oldest first
+        self._handshakes: dict[Any, None] = {}  # no HELLO yet; insertion order: oldest first
+        self._challenged: dict[Any, None] = {}  # HELLO answered, AUTH awaited
         self._sessions: dict[Any, str] = {}  # session -> tenant
         self._per_tenant: Counter[str] = Counter()
         self._refused: Counter[str] = Counter()
@@ -47,15 +49,22 @@ class Admission:
 
     # ---- handshakes ------------------------------------------------------------------------
 
-    def arrived(self, session: Any) -> Any | None:
-        """Count a new connection as shaking hands; returns the oldest one to drop, if any."""
-        oldest = None
-        if len(self._handshakes) >= MAX_HANDSHAKES:
-            oldest = next(iter(self._handshakes))
-            del self._handshakes[oldest]
-            self.refused("handshake slots full: dropped the oldest connection still shaking hands")
+    def victim(self) -> Any | None:
+        """When every handshake slot is taken: the connection to drop for a newcomer (the
+        caller first reads what it sent: a client whose HELLO is waiting moves on instead)."""
+        if len(self._handshakes) + len(self._challenged) < MAX_HANDSHAKES:
+            return None
+        return next(iter(self._handshakes or self._challenged))
+
+    def arrived(self, session: Any) -> None:
+        """Count a new connection as shaking hands (after :meth:`victim` made room)."""
         self._handshakes[session] = None
-        return oldest
+
+    def challenged(self, session: Any) -> None:
+        """``session`` sent HELLO and got its CHALLENGE: it is dropped after silent ones."""
+        if session in self._handshakes:
+            del self._handshakes[session]
+            self._challenged[session] = None
 
     def admit(self, session: Any, tenant: str) -> str | None:
         """Turn a handshake into a session of ``tenant``; why not, if it may not."""
@@ -67,12 +76,14 @@ class Admission:
                 f"(security.tenant_max_sessions = {self.tenant_max_sessions})"
             )
         self._handshakes.pop(session, None)
+        self._challenged.pop(session, None)
         self._sessions[session] = tenant
         self._per_tenant[tenant] += 1
         return None
 
     def left(self, session: Any) -> None:
         self._handshakes.pop(session, None)
+        self._challenged.pop(session, None)
         tenant = self._sessions.pop(session, None)
         if tenant is not None:
             self._per_tenant[tenant] -= 1
@@ -85,7 +96,7 @@ class Admission:
 
     @property
     def handshakes(self) -> int:
-        return len(self._handshakes)
+        return len(self._handshakes) + len(self._challenged)
 
     def tenant_sessions(self, tenant: str) -> int:
         return self._per_tenant[tenant]

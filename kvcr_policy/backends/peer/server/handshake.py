@@ -120,6 +120,7 @@ class Handshake:
             proof = auth.proof(secret, "server", hello.key_id, hello.nonce, self.nonce)
             challenge = m.Challenge(False, self.nonce, proof)
         session.state = "auth"
+        server.admission.challenged(session)
         session.channel.reader.limit = AUTH_LIMIT
         session.channel.send(challenge, request)
 

@@ -260,11 +260,15 @@ class PeerServer:
             except OSError as err:
                 log.warning("accept failed: %s", err)
                 return
+            while (victim := self.admission.victim()) is not None:
+                channel = victim.channel
+                channel.pump()  # its HELLO may be waiting: then it moves on, not out
+                if self.admission.victim() is victim:
+                    self.admission.refused("handshake slots full: dropped the oldest handshake")
+                    channel.close("handshake slots full: the oldest handshake is dropped")
             session = Session(self, sock, f"{peer[0]}:{peer[1]}")
             self.sessions.add(session)
-            dropped = self.admission.arrived(session)
-            if dropped is not None:
-                dropped.channel.close("handshake slots full: the oldest handshake is dropped")
+            self.admission.arrived(session)
 
     def session_closed(self, session: Session, reason: str) -> None:
         self.admission.left(session)
