@@ -184,12 +184,11 @@ class Pipeline:
     def count_misses(self, pool: str, read: bool, reason: str, pages: int) -> None:
         """Count misses a caller decided before reaching the pipeline (an integration that
         refused the pool itself); ``reason`` as in
-        :data:`~kvcr_policy.observability.metrics.MISS_REASONS`. Only registered or refused
-        pools are counted: an arbitrary name never becomes a label."""
-        if pool in self._pools or pool in self.refused:
-            meter = self.meters.open(pool)
-            if meter is not None:
-                meter.direction(read).miss(reason, pages)
+        :data:`~kvcr_policy.observability.metrics.MISS_REASONS`. ``pool`` becomes a label:
+        pass names from a fixed set (the engine's pool names), never user input."""
+        meter = self.meters.open(pool)
+        if meter is not None:
+            meter.direction(read).miss(reason, pages)
 
     @property
     def pools(self) -> dict[str, PoolGeometry]:
@@ -271,7 +270,8 @@ class Pipeline:
             name = geometry.name
             pages = self._pages(geometry, keys, indices)
         except PoolError:
-            self.count_misses(name or "kv", read, "pool_refused", len(keys))
+            if name is not None and (name in self._pools or name in self.refused):
+                self.count_misses(name, read, "pool_refused", len(keys))
             raise
         meter = self.meters.get(geometry.name)
         return self._mover.run(tier, read, keys, pages, geometry.page_bytes, on_ready, meter)
