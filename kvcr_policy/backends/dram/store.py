@@ -61,6 +61,9 @@ __all__ = [
     "count_extents",
 ]
 
+# Evicted keys remembered per store for the metrics' miss reasons (see Store.__init__).
+_EVICTED_KEPT = 1 << 16
+
 # One counter for every store in the process, so a Reservation or Claim handed to the wrong
 # store finds no open token there and does nothing, instead of acting on a colliding number.
 _TOKENS = itertools.count(1)
@@ -201,9 +204,10 @@ class Store:
         self._evictions = 0
         self._hits = 0
         self._misses = 0
-        # Keys evicted lately (at most ``capacity`` of them, oldest dropped first), so a miss
-        # can say "evicted" rather than "absent"; delete and clear forget them.
+        # Keys evicted lately, so a miss can say "evicted" rather than "absent"; delete and
+        # clear forget them. Bounded (oldest dropped first): a few MiB of keys at most.
         self._evicted: OrderedDict[str, None] = OrderedDict()
+        self._evicted_max = min(capacity, _EVICTED_KEPT)
 
     @property
     def capacity(self) -> int:
@@ -468,7 +472,7 @@ class Store:
             evicted[owner[slot]] = None  # type: ignore[index]  # a published slot has an owner
             self._unpublish(slot)
             self._state[slot] = _FREE
-        while len(evicted) > self._capacity:
+        while len(evicted) > self._evicted_max:
             evicted.popitem(last=False)
         self._free.give(victims)
         self._evictions += len(victims)
