@@ -86,8 +86,7 @@ class DirectionMeter:
         self.inflight_bytes = f.inflight_bytes.labels(*moved)
         # Every reason is created up front so that a dashboard shows zeros, not gaps.
         self.misses = {reason: f.misses.labels(*moved, reason) for reason in MISS_REASONS}
-        self._fallback = f.fallback_pages
-        self._moved = moved
+        self.fallback = {reason: f.fallback_pages.labels(*moved, reason) for reason in MISS_REASONS}
 
     def window(self, batches: int, nbytes: int) -> None:
         """One batch was submitted with ``batches`` batches and ``nbytes`` bytes in flight."""
@@ -105,7 +104,7 @@ class DirectionMeter:
             self.coalesced.inc(counts.coalesced)
             self.sent.inc(counts.sent)
         for reason, pages in counts.fallback.items():
-            self._fallback.labels(*self._moved, reason).inc(pages)
+            self.fallback[reason].inc(pages)
 
     def miss(self, reason: str, pages: int) -> None:
         if pages > 0:
@@ -191,13 +190,15 @@ class PoolMeter:
         self.seconds["get" if read else "set"].observe(seconds)
         side.miss(miss_reason(err), n_keys - counts.pages)
 
-    def probe(self, tier: Any, nbytes: int) -> None:
-        """Run ``tier.probe(nbytes)`` and export its rate as the link limit."""
-        start = time.perf_counter()
-        tier.probe(nbytes)
-        seconds = time.perf_counter() - start
-        if seconds > 0:
-            self.link_limit.set(nbytes / seconds)
+    def probe(self, tier: Any, nbytes: int, runs: int = 1) -> None:
+        """Run ``tier.probe(nbytes)`` ``runs`` times; export the best rate as the link limit."""
+        best = float("inf")
+        for _ in range(runs):
+            start = time.perf_counter()
+            tier.probe(nbytes)
+            best = min(best, time.perf_counter() - start)
+        if 0 < best < float("inf"):
+            self.link_limit.set(nbytes / best)
 
     def attached(self, tier: Any, audit: bool, probe_bytes: int | None, gbps: float | None) -> None:
         """A pool just registered: its tier usage, and the audit and link limit if asked."""
@@ -207,7 +208,7 @@ class PoolMeter:
             if found is not None:
                 self.placement(found)
         if probe_bytes is not None:
-            self.probe(tier, probe_bytes)
+            self.probe(tier, probe_bytes, runs=2)  # the first run also faults the pages in
         elif gbps is not None:
             self.link_limit.set(gbps * 1e9)
 
