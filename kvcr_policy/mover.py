@@ -59,9 +59,11 @@ class Mover:
         self.fallback = fallback
         self._stats = stats
 
-    def shape(self, plain: Descriptors) -> Descriptors:
-        """One batch's descriptors as the coalescing strategy shapes them (counted)."""
-        prepared = self.coalescing.prepare(plain, self.allowed)
+    def shape(self, plain: Descriptors, within: frozenset[str] | None = None) -> Descriptors:
+        """One batch's descriptors as the coalescing strategy shapes them (counted), using
+        what the backend accepts (narrowed by ``within``, see :class:`~.backends.base.Shape`)."""
+        allowed = self.allowed if within is None else self.allowed & within
+        prepared = self.coalescing.prepare(plain, allowed)
         self._stats.add(descriptors_before=len(plain), descriptors_after=len(prepared))
         return prepared
 

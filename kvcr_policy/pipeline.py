@@ -347,7 +347,7 @@ def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None)
         spec = registry.get("transport", config.transport.name)
         transport = spec.create(config, options=config.transport.options)
     strategies = {kind: make(kind, getattr(config, kind)) for kind in STRATEGY_SECTIONS}
-    context = BackendContext(loaded, strategies["placement"], transport)
+    context = BackendContext(loaded, strategies["placement"], transport, strategies["coalescing"])
     name = registry.backend_for(config.backend.name, config.transport.name)
     backend = registry.get("backend", name).create(context, options=config.backend.options)
     try:

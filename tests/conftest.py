@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from importlib import metadata
@@ -61,3 +62,27 @@ def example_plugin() -> None:
     """Skip the test unless the example plugin is installed."""
     if not example_installed():
         pytest.skip(EXAMPLE_MISSING)
+
+
+@pytest.fixture
+def fake_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Install a throw-away distribution: ``fake_dist(dist, entry_points, modules)``."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    modules: list[str] = []
+
+    def make(dist: str, entry_points: dict[str, str], sources: dict[str, str]) -> None:
+        info = root / f"{dist.replace('-', '_')}-1.2.3.dist-info"
+        info.mkdir()
+        meta = f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.2.3\n"
+        (info / "METADATA").write_text(meta, encoding="utf-8")
+        lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
+        (info / "entry_points.txt").write_text(f"[kvcr_policy]\n{lines}", encoding="utf-8")
+        for module, source in sources.items():
+            (root / f"{module}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+            modules.append(module)
+
+    yield make
+    for module in modules:
+        sys.modules.pop(module, None)

@@ -38,7 +38,7 @@ def test_the_backend_hook_is_traced(capsys: pytest.CaptureFixture[str]) -> None:
         ("ucx", "auto", "peer"),
         ("cpu", "dram", "dram"),
         ("ucx", "peer", "peer"),
-    ],  # fmt: skip
+    ],
 )
 def test_auto_takes_the_backend_of_the_transport(
     registry: Registry, transport: str, backend: str, expected: str

@@ -157,7 +157,8 @@ def stored(make: Make, profile: str = "default", n: int = 12, **overrides: Any) 
     geo = geometry()
     buffer = pool_buffer(geo)
     pipeline = make(profile, overrides)
-    pipeline.register_pool("kv", geo, buffer)
+    # A pool name of its own: a peer keeps one tier per pool name, fresh for each test.
+    pipeline.register_pool(f"kv-{uuid.uuid4().hex[:8]}", geo, buffer)
     keys = fresh_keys(n)
     assert pipeline.set(keys, tokens(range(n))) == [True] * n
     return pipeline, geo, buffer, keys
@@ -234,12 +235,41 @@ def test_a_page_being_read_is_never_evicted_or_overwritten(make: Make) -> None:
 # ---- fallback ---------------------------------------------------------------------------------
 
 
-def _faulty(make: Make) -> tuple[dict[str, Any], Any]:
-    """Overrides and transport that make every second batch fail after part of it moved."""
+FLAKY = """
+    from kvcr_policy import hookimpl
+
+    class Flaky:
+        \"\"\"Fails every second multi-page batch before a byte moves (the peer then sees a
+        failed batch, exactly as after a lost connection); single pages pass.\"\"\"
+
+        needs = frozenset()
+        calls = 0
+
+        def __init__(self, section, options):
+            pass
+
+        def prepare(self, d, allowed):
+            if d.page_end.max(initial=0) > 1:
+                Flaky.calls += 1
+                if Flaky.calls % 2 == 0:
+                    raise RuntimeError("injected failure")
+            return d
+
+    @hookimpl
+    def kvcr_register_strategies(register):
+        register("coalescing", "flaky", Flaky)
+"""
+
+
+def _faulty(make: Make, request: pytest.FixtureRequest) -> tuple[dict[str, Any], Any]:
+    """Overrides and transport that make every second batch fail (after part of it moved,
+    where the backend allows that)."""
     if make.backend == "dict":  # type: ignore[attr-defined]
         return {"backend.options.fail_every": 2}, None
     if make.backend == "peer":  # type: ignore[attr-defined]
-        pytest.skip("the peer's injected faults are in tests/peer/test_peer_faults.py")
+        fake_dist = request.getfixturevalue("fake_dist")
+        fake_dist("kvcr-test-flaky", {"flaky": "kvcr_test_flaky"}, {"kvcr_test_flaky": FLAKY})
+        return {"coalescing.strategy": "flaky"}, None
     count = {"n": 0}
 
     def fault(batch: CopyBatch) -> int | None:
@@ -252,12 +282,15 @@ def _faulty(make: Make) -> tuple[dict[str, Any], Any]:
     return {}, MemoryTransport(fault=fault)
 
 
-def test_failed_batches_fall_back_page_by_page_and_stay_exact(make: Make) -> None:
-    faults, transport = _faulty(make)
+def test_failed_batches_fall_back_page_by_page_and_stay_exact(
+    make: Make, request: pytest.FixtureRequest
+) -> None:
+    faults, transport = _faulty(make, request)
     geo = geometry()
     buffer = pool_buffer(geo, 3)
     pipeline = make("default", {"batching.read_batch_pages": 3, **faults}, transport=transport)
-    pipeline.register_pool("kv", geo, buffer)
+    # A pool name of its own: a peer keeps one tier per pool name, fresh for each test.
+    pipeline.register_pool(f"kv-{uuid.uuid4().hex[:8]}", geo, buffer)
     keys = fresh_keys(12)
     assert pipeline.set(keys, tokens(range(12))) == [True] * 12
     view = pages_of(buffer, geo)

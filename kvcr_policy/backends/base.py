@@ -34,17 +34,18 @@ batch at a time and never loops over a call's pages itself::
       .finish(moved) -> list[bool]      publish / release; the call's result per key
       .abort()                          undo after an exception; never while a batch runs
 
-``shape(plain)`` is the mover's: it takes the plain descriptors of a batch (``src`` and ``dst``
-relative to each side's buffer, one per fragment, built with
+``shape(plain, within=None)`` is the mover's: it takes the plain descriptors of a batch (``src``
+and ``dst`` relative to each side's buffer, one per fragment, built with
 :func:`~kvcr_policy.descriptors.build_descriptors`) and returns what to move, merged and cut
-by the configured coalescing strategy within the backend's capabilities. A backend that moves
+by the configured coalescing strategy within the backend's capabilities (narrowed further by
+``within``). A backend that moves
 bytes by descriptors calls it once per batch; one that does not (an engine with its own data
 path) declares no capabilities and may ignore it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from ..geometry import PoolGeometry
     from ..loading import LoadedConfig
     from ..schema import PolicyConfig
-    from ..strategies import PlacementStrategy
+    from ..strategies import CoalescingStrategy, PlacementStrategy
 
 __all__ = [
     "BackendContext",
@@ -70,8 +71,13 @@ __all__ = [
     "check_device",
 ]
 
-#: The mover's descriptor shaping for one batch: plain descriptors in, descriptors to move out.
-Shape = Callable[["Descriptors"], "Descriptors"]
+
+class Shape(Protocol):
+    """The mover's descriptor shaping for one batch: plain descriptors in, descriptors to move
+    out. ``within`` narrows what the strategy may use to what this backend accepts right now
+    (a peer's capabilities are known only once connected); None: the backend's declared ones."""
+
+    def __call__(self, plain: Descriptors, within: frozenset[str] | None = None) -> Descriptors: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +114,15 @@ class BackendContext:
     """What a backend factory gets besides its options: the load and resolved objects.
 
     ``transport`` is the configured transport object (``transport.name``), already built;
-    ``placement`` the configured placement strategy, for backends that place memory.
+    ``placement`` the configured placement strategy, for backends that place memory;
+    ``coalescing`` the configured coalescing strategy, for backends that negotiate what of it
+    they accept (the mover applies it; a backend never calls it on its own).
     """
 
     loaded: LoadedConfig
     placement: PlacementStrategy
     transport: Any
+    coalescing: CoalescingStrategy
 
     @property
     def config(self) -> PolicyConfig:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import strategies as st
 
-from kvcr_policy.backends.peer import messages as m
-from kvcr_policy.backends.peer.protocol import HEADER, MAGIC, VERSION
+from kvcr_policy.backends.peer.wire import messages as m
+from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
+from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.geometry import LAYOUTS
 
-__all__ = ["frames", "hostile_frames", "messages"]
+__all__ = ["frames", "hostile_frames", "messages", "reshaped"]
 
 u8 = st.integers(0, 255)
 u16 = st.integers(0, 2**16 - 1)
@@ -32,8 +35,15 @@ def _keys_pages(draw: st.DrawFn, cls: type) -> m.Message:
     return cls(draw(u32), ks, pages)
 
 
-def _plan(cls: type) -> st.SearchStrategy[m.Message]:
-    return st.builds(cls, u64, u64, u32, u64, u32)
+@st.composite
+def _ranges(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    n = draw(st.integers(0, 12))
+    values = st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n)
+    return np.asarray(draw(values), dtype=np.int64), np.asarray(draw(values), dtype=np.int64)
+
+
+def _shaped(cls: type, *head: st.SearchStrategy[int]) -> st.SearchStrategy[m.Message]:
+    return st.tuples(*head, _ranges()).map(lambda t: cls(*t[:-1], *t[-1]))
 
 
 messages: st.SearchStrategy[m.Message] = st.one_of(
@@ -51,8 +61,6 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
         u32,
         u64,
         st.booleans(),
-        st.booleans(),
-        u64,
         st.integers(0, m.ALIGN_BYTES - 1),
     ),
     st.builds(m.Attached, u32, u64),
@@ -64,8 +72,10 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
     _keys_pages(m.Claim),
     _keys_pages(m.Reserve),
     st.builds(m.Claimed, u64, int64s),
-    _plan(m.Send),
-    st.builds(m.Reserved, u64, int64s, _plan(m.Plan)),
+    _shaped(m.Send, u64, u64),
+    st.builds(m.Reserved, u64, int64s),
+    _shaped(m.Post, u64),
+    st.builds(m.Posted, u64, u64),
     st.builds(m.Commit, u64, flags),
     st.builds(m.Written, u64, flags),
     st.builds(m.Sent, u64, st.booleans()),
@@ -107,3 +117,45 @@ def hostile_frames(draw: st.DrawFn) -> bytes:
         )
     body = draw(st.binary(max_size=120))
     return HEADER.pack(MAGIC, VERSION, draw(st.sampled_from(sorted(m.KINDS))), len(body), 0) + body
+
+
+@st.composite
+def reshaped(draw: st.DrawFn, d: Descriptors, *, by_src: bool = False) -> Descriptors:
+    """``d`` cut at random points, then random runs merged, then shuffled: any valid shaping.
+
+    Pieces merge only where contiguous on both sides; ``by_src`` sorts them by ``src`` first,
+    so pieces adjacent in source memory (across fragments and pages) get the chance.
+    """
+    pieces: list[list[int]] = []
+    for src, dst, length, page, end in zip(
+        d.src.tolist(),
+        d.dst.tolist(),
+        d.length.tolist(),
+        d.page.tolist(),
+        d.page_end.tolist(),
+        strict=True,
+    ):
+        cuts = draw(st.lists(st.integers(1, length - 1), max_size=2)) if length > 1 else []
+        bounds = [0, *sorted(set(cuts)), length]
+        for a, b in itertools.pairwise(bounds):
+            pieces.append([src + a, dst + a, b - a, page, end])
+    if by_src:
+        pieces.sort()
+    merged: list[list[int]] = []
+    for piece in pieces:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and last[0] + last[2] == piece[0]
+            and last[1] + last[2] == piece[1]
+            and draw(st.booleans())
+        ):
+            last[2] += piece[2]
+            last[3], last[4] = min(last[3], piece[3]), max(last[4], piece[4])
+        else:
+            merged.append(list(piece))
+    order = draw(st.permutations(range(len(merged))))
+    rows = np.asarray([merged[i] for i in order], dtype=np.int64).reshape(-1, 5)
+    return Descriptors.from_arrays(
+        rows[:, 0], rows[:, 1], rows[:, 2], page=rows[:, 3], page_end=rows[:, 4]
+    )

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from peer_helpers import geometry, new_keys, pool_buffer, token_indices
 from peer_strategies import hostile_frames
 
-from kvcr_policy.backends.peer import messages as m
-from kvcr_policy.backends.peer.protocol import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
+from kvcr_policy.backends.peer.wire import messages as m
+from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
 
 pytestmark = pytest.mark.ucx
 
@@ -24,14 +24,14 @@ def _connect(peer: Any, quiet_after: float = 3.0) -> socket.socket:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Any:
-    """This process's UCX engine: a real worker address, so a HELLO gets its WELCOME."""
-    from kvcr_policy.backends.peer.engine import acquire_engine
+def worker() -> Any:
+    """This process's UCX worker thread: a real worker address, so a HELLO gets its WELCOME."""
     from kvcr_policy.backends.peer.options import UcxOptions
+    from kvcr_policy.backends.peer.worker import acquire_worker
 
-    engine = acquire_engine(UcxOptions())
-    yield engine
-    engine.release()
+    worker = acquire_worker(UcxOptions())
+    yield worker
+    worker.release()
 
 
 def _replies(sock: socket.socket) -> tuple[list[m.Message], bool]:
@@ -80,12 +80,12 @@ def test_bad_openings_close_the_connection(peer: Any, data: bytes) -> None:
 
 
 def _real_address() -> bytes:
-    from kvcr_policy.backends.peer.engine import acquire_engine
     from kvcr_policy.backends.peer.options import UcxOptions
+    from kvcr_policy.backends.peer.worker import acquire_worker
 
-    engine = acquire_engine(UcxOptions())
-    engine.release()  # the address stays a valid byte string to mutate
-    return engine.address
+    worker = acquire_worker(UcxOptions())
+    worker.release()  # the address stays a valid byte string to mutate
+    return worker.address
 
 
 @pytest.mark.parametrize("kind", ["noise", "version-assert"])
@@ -113,9 +113,9 @@ def test_a_truncated_frame_then_silence_is_harmless(peer: Any, connect: Any) -> 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=hostile_frames())
-def test_hostile_frames_after_a_real_handshake(peer: Any, engine: Any, data: bytes) -> None:
+def test_hostile_frames_after_a_real_handshake(peer: Any, worker: Any, data: bytes) -> None:
     with _connect(peer, quiet_after=0.3) as sock:
-        sock.sendall(_hello(engine.address))
+        sock.sendall(_hello(worker.address))
         header = sock.recv(HEADER.size, socket.MSG_WAITALL)
         _, _, kind, length, _ = HEADER.unpack(header)
         assert kind == m.Kind.WELCOME

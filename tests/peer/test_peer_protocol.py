@@ -10,19 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from peer_strategies import frames, hostile_frames, messages
 
-from kvcr_policy.backends.peer import messages as m
-from kvcr_policy.backends.peer.protocol import (
+from kvcr_policy.backends.peer.wire import messages as m
+from kvcr_policy.backends.peer.wire.framing import (
     HEADER,
     MAGIC,
-    MAX_KEYS,
     MAX_PAYLOAD,
     VERSION,
     Frame,
     FrameReader,
-    Reader,
-    Writer,
     pack_frame,
 )
+from kvcr_policy.backends.peer.wire.message import message
+from kvcr_policy.backends.peer.wire.payload import MAX_DESCRIPTORS, MAX_KEYS, Reader, Writer
 from kvcr_policy.errors import ProtocolError
 
 
@@ -138,3 +137,22 @@ def test_reader_never_reads_past_its_payload() -> None:
 def test_pack_frame_refuses_oversize_payloads() -> None:
     with pytest.raises(ValueError, match="MAX_PAYLOAD"):
         pack_frame(1, 0, bytes(MAX_PAYLOAD + 1))
+
+
+def test_descriptor_lists_pair_up_and_are_capped() -> None:
+    unpaired = Writer().u64(1).u64(0).int64s(np.arange(3)).int64s(np.ones(2)).payload()
+    with pytest.raises(ProtocolError, match="one of each per descriptor"):
+        m.decode(Frame(int(m.Kind.SEND), 0, unpaired))
+    too_many = Writer().u64(1).u32(MAX_DESCRIPTORS + 1).payload()
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        m.decode(Frame(int(m.Kind.POST), 0, too_many))
+
+
+def test_every_field_is_declared_with_its_codec_once() -> None:
+    assert [name for name, _ in m.Send.FIELDS] == ["claim", "tag_base", "offsets", "lengths"]
+    assert m.Delete.FIELDS == m.Exists.FIELDS and m.Delete.KIND == m.Kind.DELETE
+    with pytest.raises(TypeError, match="annotate the field with a codec"):
+
+        @message(m.Kind.PONG)
+        class Bare(m.Message):
+            value: int

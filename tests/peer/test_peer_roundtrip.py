@@ -153,7 +153,7 @@ def bare_peer() -> Any:
     need_ucxx()
     from kvcr_policy import load_config
     from kvcr_policy.backends.peer.options import UcxOptions
-    from kvcr_policy.backends.peer.server import PeerServer
+    from kvcr_policy.backends.peer.server.server import PeerServer
 
     loaded = load_config(overrides={"placement.capacity_bytes": "64MiB"})
     server = PeerServer(loaded, options=UcxOptions(capabilities=(), check_addresses=False))
@@ -217,7 +217,7 @@ def test_effective_ucx_settings_are_reported(connect: Any) -> None:
 def test_a_connection_without_handshake_is_dropped(bare_peer: Any, monkeypatch: Any) -> None:
     import socket
 
-    from kvcr_policy.backends.peer import session
+    from kvcr_policy.backends.peer.server import session
 
     monkeypatch.setattr(session, "HELLO_TIMEOUT_S", 0.3)
     host, port = bare_peer.address.rsplit(":", 1)

@@ -1,20 +1,38 @@
 """The peer tier: ``kvcr-policy serve`` and the client side of the ``ucx`` transport.
 
-Module map (each owns one thing):
+Module map (each owns one thing)::
 
-- configuration: :mod:`.options` (the options model), :mod:`.env` (UCX environment knobs),
-  :mod:`.host` (same-host detection)
-- wire: :mod:`.protocol` (framing, bounded readers), :mod:`.wire` (kinds, codecs,
-  encode/decode), :mod:`.messages` (the messages), :mod:`.plan` (the wire descriptor plan)
-- runtime: :mod:`.loop` (an event loop thread), :mod:`.engine` (the UCX worker on it),
-  :mod:`.requests` (request groups), :mod:`.channel` (a framed control socket)
-- server: :mod:`.server`, :mod:`.session`, :mod:`.serving` (claims and reservations),
-  :mod:`.tiers`, :mod:`.addrcheck` (worker-address validation in a helper process)
-- client: :mod:`.client`, :mod:`.connection`, :mod:`.ops` (read, write, probe),
-  :mod:`.pool` (the RemotePool the pipeline delegates to)
-- commands: :mod:`.cli` (``serve``), :mod:`.bench` (the ucx benchmark)
+    peer/
+      options.py     UcxOptions: [transport.options] of ucx and of serve
+      env.py         UCX environment knobs, applied where the user has not spoken
+      host.py        host id (same host id: shared memory can work)
+      loop.py        an event loop on its own thread: calls, timers, watched sockets
+      worker.py      the UCX worker thread: the one UCX worker, the one thread calling UCX
+      requests.py    request groups (one transfer's UCX requests), timers, memory views
+      channel.py     one framed, bounded control socket
+      wire/          the wire format, imported by both sides (its docstring: the conversation)
+        framing.py     header and frames
+        payload.py     bounded payload reader and writer, the limits
+        fields.py      field types annotated with their codecs
+        message.py     message types, error codes, the @message base, encode/decode
+        messages.py    the messages, each field declared once
+        coverage.py    what a shaped descriptor list must cover; which pages a failure fails
+      server/        the serve side (never imports client/)
+        server.py      PeerServer: listener, sessions, tiers, lifetime
+        session.py     one client connection: handshake, attached pools, dispatch
+        transfers.py   claims and reservations in flight; descriptor lists checked first
+        tiers.py       one region and store per pool name and layout
+        addrcheck.py   worker-address validation in a helper process
+      client/        the client side (never imports server/)
+        client.py      PeerClient: one peer: connect, reconnect, run ops
+        connection.py  one control socket and UCX endpoint: requests, replies, failure
+        ops.py         read, write, probe, with descriptors shaped by the caller
+        pool.py        PeerPool: one pool whose tier is on the peer
+      transport.py   the ucx transport (builds PeerClient and PeerPool)
+      cli.py         the serve command
+      bench.py       the ucx benchmark
 
-Importing this package never imports ucxx; the engine imports it on its own thread, after the
+Importing this package never imports ucxx; the worker thread imports it, after the
 environment knobs are applied.
 """
 

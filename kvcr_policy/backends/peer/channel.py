@@ -1,6 +1,6 @@
-"""Channel: one framed, non-blocking control socket, driven by the engine thread.
+"""Channel: one framed, non-blocking control socket, driven by the worker thread's loop.
 
-Inbound bytes are cut into frames by a bounded :class:`~.protocol.FrameReader`
+Inbound bytes are cut into frames by a bounded :class:`~.wire.framing.FrameReader`
 and decoded; a malformed frame closes the channel with a log line (after a best-effort ERROR
 frame). Outbound frames queue in a bounded outbox: a peer that stops reading is disconnected,
 never allowed to grow our memory.
@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 from kvcr_policy.errors import ProtocolError
 
-from .engine import Engine, Timer
-from .messages import KINDS, Err, Error, Message, decode, encode
-from .protocol import MAX_PAYLOAD, FrameReader
+from .loop import Loop
+from .requests import Timer
+from .wire.framing import MAX_PAYLOAD, FrameReader
+from .wire.messages import KINDS, Err, Error, Message, decode, encode
 
 __all__ = ["Channel"]
 
@@ -32,11 +33,11 @@ _RECV_CHUNK = 1 << 20
 
 class Channel:
     """See the module docstring. ``on_message(message, request_id)`` and ``on_closed(reason)``
-    run on the engine thread; ``on_closed`` exactly once."""
+    run on the loop's thread; ``on_closed`` exactly once."""
 
     def __init__(
         self,
-        engine: Engine,
+        loop: Loop,
         sock: socket.socket,
         *,
         name: str,
@@ -44,7 +45,7 @@ class Channel:
         on_closed: Callable[[str], None],
         max_payload: int = MAX_PAYLOAD,
     ) -> None:
-        self.engine = engine
+        self.loop = loop
         self.sock = sock
         self.name = name
         self.on_message = on_message
@@ -59,7 +60,7 @@ class Channel:
         sock.setblocking(False)
         with contextlib.suppress(OSError):  # not a TCP socket (a socketpair in tests)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        engine.watch(sock, self._on_event, write=False)
+        loop.watch(sock, self._on_event, write=False)
 
     def send(self, message: Message, request: int = 0) -> None:
         if self.closed or self.lingering:
@@ -88,7 +89,7 @@ class Channel:
                 self._out[0] = head[sent:]
                 break
             self._out.popleft()
-        self.engine.watch(self.sock, self._on_event, write=bool(self._out))
+        self.loop.watch(self.sock, self._on_event, write=bool(self._out))
         if self.lingering and not self._out:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
@@ -141,7 +142,7 @@ class Channel:
             return
         self.lingering = True
         self._flush()
-        self._linger_timer = self.engine.later(timeout, lambda: self.close(reason))
+        self._linger_timer = self.loop.later(timeout, lambda: self.close(reason))
 
     def close(self, reason: str) -> None:
         if self.closed:
@@ -149,7 +150,7 @@ class Channel:
         self.closed = True
         if self._linger_timer is not None:
             self._linger_timer.cancel()
-        self.engine.unwatch(self.sock)
+        self.loop.unwatch(self.sock)
         with contextlib.suppress(OSError):
             self.sock.close()
         self._out.clear()

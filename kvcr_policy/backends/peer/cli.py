@@ -49,7 +49,7 @@ def serve_command(
     """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
     from kvcr_policy.loading import load_config
 
-    from .server import PeerServer
+    from .server.server import PeerServer
 
     logging.basicConfig(
         level=log_level.upper(),

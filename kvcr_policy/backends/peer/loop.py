@@ -1,6 +1,6 @@
 """Loop: a small event loop on its own thread: queued calls, timers, and watched sockets.
 
-:class:`~kvcr_policy.backends.peer.engine.Engine` builds on it to own a UCX worker. Any thread may
+:class:`~kvcr_policy.backends.peer.worker.Worker` builds on it to own a UCX worker. Any thread may
 :meth:`Loop.call` or :meth:`Loop.submit`; everything else runs on the loop's thread. A turn
 runs the queued calls, fires due timers, runs the subclass's :meth:`Loop._progress` (which
 says how long the loop may sleep), and sleeps in ``select`` on the watched sockets and a
@@ -28,7 +28,7 @@ from .requests import Timer
 
 __all__ = ["Loop"]
 
-log = logging.getLogger("kvcr_policy.backends.peer.engine")
+log = logging.getLogger("kvcr_policy.backends.peer.loop")
 
 
 class Loop:

@@ -1,10 +1,10 @@
 """The ucx transport: pools whose tier is held by a peer (``kvcr-policy serve``) over UCX.
 
 It keeps no local tier: it belongs to the ``peer`` backend (:mod:`.backend`), for which
-:meth:`UcxTransport.attach_pool` returns the :class:`~.pool.PeerPool` of each pool. ucxx is
-imported only when the first pool attaches, on the engine thread, after the UCX environment
-knobs of ``[transport.options]`` were applied (see :mod:`.env`); without ucxx installed the
-transport still validates and says what to install when it is used.
+:meth:`UcxTransport.attach_pool` returns the :class:`~.client.pool.PeerPool` of each pool.
+ucxx is imported only when the first pool attaches, on the UCX worker thread, after the UCX
+environment knobs of ``[transport.options]`` were applied (see :mod:`.env`); without ucxx
+installed the transport still validates and says what to install when it is used.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class UcxTransport(Transport):
         super().__init__(workers=1)
         self.config = config
         self.options = options
-        self._engine: Any = None
+        self._worker: Any = None
         self._client: Any = None
         self._pools: list[Any] = []
         self._attach_lock = threading.Lock()
@@ -55,24 +55,24 @@ class UcxTransport(Transport):
                 "pip install 'kvcr-policy[ucx]' (PyPI ucxx-cu12)"
             )
             raise TransportError(message)
-        from .client import PeerClient
-        from .engine import acquire_engine
+        from .client.client import PeerClient
+        from .worker import acquire_worker
 
-        engine = acquire_engine(self.options)
+        worker = acquire_worker(self.options)
         try:
             client = PeerClient(
-                engine, self.options, self.config.transport.op_timeout_s, name=f"pid {os.getpid()}"
+                worker, self.options, self.config.transport.op_timeout_s, name=f"pid {os.getpid()}"
             )
         except BaseException:
-            engine.release()
+            worker.release()
             raise
-        self._engine, self._client = engine, client
+        self._worker, self._client = worker, client
         return client
 
     def attach_pool(
         self, name: str, geometry: Any, pool: Endpoint, strategies: Mapping[str, Any]
     ) -> Any:
-        from .pool import PeerPool
+        from .client.pool import PeerPool
 
         with self._attach_lock:
             if self._closed:
@@ -100,9 +100,9 @@ class UcxTransport(Transport):
         data: dict[str, Any] = {**super().describe(), "tls": self.options.tls}
         if self._client is not None:
             data.update(self._client.describe())
-        if self._engine is not None:
-            data["progress_mode"] = self._engine.progress_mode
-            data["ucx_env"] = self._engine.env.to_dict()
+        if self._worker is not None:
+            data["progress_mode"] = self._worker.progress_mode
+            data["ucx_env"] = self._worker.env.to_dict()
         return data
 
     def close(self) -> None:
@@ -114,8 +114,8 @@ class UcxTransport(Transport):
             for remote in self._pools:
                 remote.close()
             client, self._client = self._client, None
-            engine, self._engine = self._engine, None
+            worker, self._worker = self._worker, None
         if client is not None:
             client.close()
-        if engine is not None:
-            engine.release()
+        if worker is not None:
+            worker.release()

@@ -26,12 +26,12 @@ import numpy as np
 from kvcr_policy.errors import CapacityError, PoolError
 from kvcr_policy.geometry import PoolGeometry
 
-from ..dram.store import Store
-from ..dram.tier import Region
+from ...dram.store import Store
+from ...dram.tier import Region
 
 __all__ = ["Tier", "Tiers"]
 
-log = logging.getLogger("kvcr_policy.backends.peer.tiers")
+log = logging.getLogger("kvcr_policy.backends.peer.server.tiers")
 
 
 @dataclass(slots=True)
@@ -66,7 +66,7 @@ class Tiers:
         self._capacity_bytes = capacity_bytes
         self._max = max_tiers
         self._tiers: dict[tuple[str, str], Tier] = {}
-        self._lock = threading.Lock()  # open() runs on a helper thread, the rest on the engine
+        self._lock = threading.Lock()  # open() runs on a helper thread, the rest on the worker
 
     def __iter__(self) -> Any:
         with self._lock:

@@ -1,14 +1,16 @@
 """PeerClient: one peer as seen from the pipeline's threads: connect, reconnect, run ops.
 
 Any thread may call :meth:`PeerClient.run`; it gets a live connection (connecting, shaking
-hands and attaching every registered pool first if needed), hands the op to the engine thread
-and waits for its result. A peer that cannot be reached is not retried again for
+hands and attaching every registered pool first if needed), hands the op to the UCX worker
+thread and waits for its result. A peer that cannot be reached is not retried again for
 ``retry_after_s``: during that time calls fail at once, so a dead peer costs the pipeline a
 fast miss, not a connect timeout per page. After a peer restarts, the next call reconnects.
 
 Trust: the server validates everything a client sends, the client's UCX worker address
-included (see :mod:`.addrcheck`); a client trusts the peer it was configured to use (it
-unpacks that peer's worker address as UCX does, without a checker process).
+included (see :mod:`kvcr_policy.backends.peer.server.addrcheck`) and every descriptor list
+(against what it claimed or reserved for the request); a client trusts the peer it was
+configured to use (it unpacks that peer's worker address as UCX does, without a checker
+process).
 """
 
 from __future__ import annotations
@@ -24,19 +26,18 @@ from typing import Any, Protocol
 
 from kvcr_policy.errors import ClosedError, TransportError, UnsupportedError
 
-from . import messages as m
+from ..host import host_id
+from ..options import UcxOptions, parse_address
+from ..wire import messages as m
+from ..worker import Worker
 from .connection import Connection
-from .engine import Engine
-from .host import host_id
 from .ops import Target, error_of
-from .options import UcxOptions, parse_address
 
 __all__ = ["PeerClient"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.client")
 
 _TLS_CODE = {"auto": 0, "sm": 1, "tcp": 2}
-CAP_BITS = {"coalesce": 1, "split": 2}
 ATTACH_TIMEOUT_S = 120.0
 
 
@@ -51,14 +52,14 @@ class Attachable(Protocol):
 class PeerClient:
     """See the module docstring."""
 
-    def __init__(self, engine: Engine, options: UcxOptions, op_timeout_s: float, name: str) -> None:
+    def __init__(self, worker: Worker, options: UcxOptions, op_timeout_s: float, name: str) -> None:
         if options.peer is None:
             message = (
                 "transport 'ucx' needs a peer: set transport.options.peer = 'HOST:PORT' "
                 "(the address `kvcr-policy serve` logs)"
             )
             raise TransportError(message)
-        self.engine = engine
+        self.worker = worker
         self.options = options
         self.address = options.peer
         self.host, self.port = parse_address(options.peer, where="transport.options.peer")
@@ -112,8 +113,8 @@ class PeerClient:
             sock = socket.create_connection((self.host, self.port), timeout=timeout)
         except OSError as err:
             raise TransportError(f"cannot connect to peer {self.address}: {err}") from err
-        conn: Connection = self.engine.submit(
-            Connection, self.engine, sock, self.address, self.op_timeout_s
+        conn: Connection = self.worker.submit(
+            Connection, self.worker, sock, self.address, self.op_timeout_s
         ).result()
         try:
             welcome = self._wait(self._hello(conn), timeout, "handshake")
@@ -123,7 +124,7 @@ class PeerClient:
                 targets[key] = self._attach(conn, pool)
             self._targets = targets
         except BaseException:
-            self.engine.call(conn.fail, "handshake or attach failed")
+            self.worker.call(conn.fail, "handshake or attach failed")
             raise
         log.info(
             "connected to peer %s over %s (capabilities %s)",
@@ -136,14 +137,13 @@ class PeerClient:
     def _hello(self, conn: Connection) -> Future[Any]:
         future: Future[Any] = Future()
         options = self.options
-        caps = sum(CAP_BITS.values())
         hello = m.Hello(
-            caps,
+            m.capability_mask(m.CAPABILITIES),
             _TLS_CODE[options.tls],
             int(options.heartbeat_s * 1000),
             int(min(self.op_timeout_s, 3600) * 1000),
             host_id(),
-            self.engine.address,
+            self.worker.address,
             self.name,
         )
 
@@ -151,15 +151,20 @@ class PeerClient:
             error = error_of(reply, "HELLO")
             if error is None and not isinstance(reply, m.Welcome):
                 error = TransportError(f"expected WELCOME, got {reply.KIND.name}")
+            if error is None and "shaped" not in m.capability_names(reply.capabilities):
+                error = UnsupportedError(
+                    f"peer {self.address} does not accept shaped descriptor lists; run the "
+                    "same kvcr_policy version on both peers"
+                )
             if error is not None:
                 future.set_exception(error)
                 return
-            ucx = self.engine.ucx
+            ucx = self.worker.ucx
             conn.tls = "sm" if reply.tls == 1 else "tcp"
             try:
                 address = ucx.UCXAddress.create_from_buffer(reply.address)
                 conn.ep = ucx.UCXEndpoint.create_from_worker_address(
-                    self.engine.worker, address, conn.tls == "tcp"
+                    self.worker.ucx_worker, address, conn.tls == "tcp"
                 )
             except Exception as err:
                 future.set_exception(TransportError(f"cannot reach the peer over UCX: {err}"))
@@ -167,7 +172,7 @@ class PeerClient:
             conn.start_heartbeat(options.heartbeat_s)
             future.set_result(reply)
 
-        self.engine.call(conn.request, hello, welcomed, options.connect_timeout_s)
+        self.worker.call(conn.request, hello, welcomed, options.connect_timeout_s)
         return future
 
     def _attach(self, conn: Connection, pool: Attachable) -> Target:
@@ -185,7 +190,7 @@ class PeerClient:
         # A new tier may be pre-faulted first (seconds per GiB on a slow host); heartbeats show
         # the peer is alive meanwhile, so the wait is longer than one operation's.
         timeout = max(self.op_timeout_s, ATTACH_TIMEOUT_S)
-        self.engine.call(conn.request, message, attached, timeout)
+        self.worker.call(conn.request, message, attached, timeout)
         reply = self._wait(future, timeout, "attach")
         return pool.target(reply.pool, reply.slots, caps)
 
@@ -220,7 +225,10 @@ class PeerClient:
         return self.connection().capabilities
 
     def run(self, pool: Attachable, op: Callable[..., None], *args: Any, timeout: float) -> Any:
-        """Run ``op(conn, target, *args, done)`` on the engine thread; its result, or raise."""
+        """Run ``op(conn, target, *args, done)`` on the worker thread; its result, or raise.
+
+        For :func:`~.ops.read` and :func:`~.ops.write`, ``args`` are ``(keys, pages, shape)``:
+        the descriptor shaping travels with each op."""
         result = self.wait(self.start(pool, op, *args), timeout, op.__name__)
         if isinstance(result, Exception):
             raise result
@@ -234,7 +242,7 @@ class PeerClient:
             return err
 
     def start(self, pool: Attachable, op: Callable[..., None], *args: Any) -> Future[Any]:
-        """Start ``op(conn, target, *args, done)`` on the engine thread; a future of its result
+        """Start ``op(conn, target, *args, done)`` on the worker thread; a future of its result
         (an exception instance when it failed; never raises)."""
         future: Future[Any] = Future()
         try:
@@ -254,7 +262,7 @@ class PeerClient:
             except Exception as err:
                 done(err)
 
-        self.engine.call(start)
+        self.worker.call(start)
         return future
 
     def request(self, pool: Attachable, make: Callable[[int], m.Message], timeout: float) -> Any:
@@ -281,7 +289,7 @@ class PeerClient:
             self._closed = True
             conn, self._conn = self._conn, None
         if conn is not None:
-            self.engine.submit(lambda: conn.fail("client closed", expected=True)).result(10)
+            self.worker.submit(lambda: conn.fail("client closed", expected=True)).result(10)
             deadline = time.monotonic() + 5.0
             while not conn.channel.closed and time.monotonic() < deadline:
                 time.sleep(0.005)

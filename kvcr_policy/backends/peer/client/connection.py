@@ -1,4 +1,4 @@
-"""Connection: the client side of one control socket and its UCX endpoint (engine thread).
+"""Connection: the client side of one control socket and its UCX endpoint (worker thread).
 
 Requests are sent with :meth:`Connection.request`; each reply (or an ERROR for it) goes to
 the request's callback, and each request has a deadline. When anything goes wrong (the peer
@@ -20,9 +20,10 @@ from typing import Any
 
 from kvcr_policy.errors import TransportError
 
-from . import messages as m
-from .channel import Channel
-from .engine import Engine, RequestGroup, Timer
+from ..channel import Channel
+from ..requests import RequestGroup, Timer
+from ..wire import messages as m
+from ..worker import Worker
 
 __all__ = ["Connection", "Reply"]
 
@@ -40,17 +41,16 @@ class _Pending:
 
 
 class Connection:
-    """See the module docstring; built by :class:`~kvcr_policy.backends.peer.client.PeerClient`."""
+    """See the module docstring; built by :class:`~.client.PeerClient`."""
 
-    def __init__(self, engine: Engine, sock: Any, peer: str, op_timeout_s: float) -> None:
-        self.engine = engine
+    def __init__(self, worker: Worker, sock: Any, peer: str, op_timeout_s: float) -> None:
+        self.worker = worker
         self.peer = peer
         self.op_timeout_s = op_timeout_s
         self.ep: Any = None
         self.welcome: m.Welcome | None = None
         self.tls = ""
         self.dead: str | None = None
-        self.pools: dict[int, tuple[int, int]] = {}  # id(PeerPool) -> (pool number, tier slots)
         self.groups = 0
         self._sending: set[RequestGroup] = set()
         self._pending: dict[int, _Pending] = {}
@@ -58,7 +58,7 @@ class Connection:
         self._beat: Timer | None = None
         self._closing: Timer | None = None
         self.channel = Channel(
-            engine,
+            worker,
             sock,
             name=f"peer {peer}",
             on_message=self._on_message,
@@ -67,8 +67,7 @@ class Connection:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        mask = self.welcome.capabilities if self.welcome else 0
-        return frozenset(name for bit, name in ((1, "coalesce"), (2, "split")) if mask & bit)
+        return m.capability_names(self.welcome.capabilities if self.welcome else 0)
 
     def request(self, message: m.Message, callback: Reply, timeout: float | None = None) -> None:
         if self.dead is not None:
@@ -77,7 +76,7 @@ class Connection:
         number = next(self._ids)
         limit = self.op_timeout_s if timeout is None else timeout
         kind = message.KIND.name
-        timer = self.engine.later(
+        timer = self.worker.later(
             limit, lambda: self.fail(f"{kind} got no reply within {limit} s (op_timeout_s)")
         )
         self._pending[number] = _Pending(kind, callback, timer)
@@ -94,7 +93,7 @@ class Connection:
         self.groups += 1
         limit = self.op_timeout_s
         what = "sends" if send else "receives"
-        deadline = self.engine.later(
+        deadline = self.worker.later(
             limit, lambda: self.fail(f"{what} did not complete within {limit} s (op_timeout_s)")
         )
 
@@ -110,12 +109,12 @@ class Connection:
         group = RequestGroup(finished, sending=send)
         if send:
             self._sending.add(group)
-        self.engine.track(group)
+        self.worker.track(group)
         return group
 
     def start_heartbeat(self, interval: float) -> None:
         if interval > 0:
-            self._beat = self.engine.later(interval, lambda: self._heartbeat(interval))
+            self._beat = self.worker.later(interval, lambda: self._heartbeat(interval))
 
     def _heartbeat(self, interval: float) -> None:
         if self.dead is not None:
@@ -130,7 +129,7 @@ class Connection:
             return
         if now - self.channel.last_sent >= interval or silent >= interval:
             self.channel.send(m.Ping(), 0)
-        self._beat = self.engine.later(interval, lambda: self._heartbeat(interval))
+        self._beat = self.worker.later(interval, lambda: self._heartbeat(interval))
 
     def _on_message(self, message: m.Message, request: int) -> None:
         if isinstance(message, m.Pong):
@@ -164,9 +163,9 @@ class Connection:
             self._beat.cancel()
         if self.ep is not None:
             ep, self.ep = self.ep, None
-            self.engine.close_endpoint(ep, self.tls == "tcp")  # cancels the receives posted on it
+            self.worker.close_endpoint(ep, self.tls == "tcp")  # cancels the receives posted on it
         for group in list(self._sending):
-            self.engine.abandon(group)  # sends only read our memory; COMMIT never follows
+            self.worker.abandon(group)  # sends only read our memory; COMMIT never follows
         pending, self._pending = self._pending, {}
         error = TransportError(f"peer {self.peer}: {reason}")
         for entry in pending.values():
@@ -176,12 +175,12 @@ class Connection:
             except Exception:
                 log.exception("peer %s: failing %s", self.peer, entry.kind)
         # Cancelled requests complete on the next progress; close the socket after that.
-        self._closing = self.engine.later(2.0, lambda: self.channel.close(reason))
+        self._closing = self.worker.later(2.0, lambda: self.channel.close(reason))
         self._close_when_settled()
 
     def _close_when_settled(self) -> None:
         if self.dead is not None and self.groups == 0:
-            self.engine.call(self.channel.close, self.dead)
+            self.worker.call(self.channel.close, self.dead)
 
     def _on_closed(self, reason: str) -> None:
         if self._closing is not None:

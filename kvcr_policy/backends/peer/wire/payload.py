@@ -1,54 +1,32 @@
-"""The peer control protocol's framing: a fixed header, bounded payloads, checked readers.
+"""Payload encoding: a writer, and a reader whose every length and count is bounded before use.
 
-Every frame is a 16-byte little-endian header followed by ``length`` payload bytes::
-
-    offset  size  field
-    0       2     magic b"KP"
-    2       1     protocol version (VERSION)
-    3       1     message type (messages.Kind)
-    4       4     payload length, at most MAX_PAYLOAD
-    8       8     request id (a reply carries the id of its request)
-
-The header is validated before a single payload byte is buffered, so an oversize or foreign
-frame costs nothing but a closed connection. Payloads are read with :class:`Reader`, whose
-every length and count is bounded before it is used; anything else raises
-:class:`~kvcr_policy.errors.ProtocolError` and nothing but that.
+Anything malformed raises :class:`~kvcr_policy.errors.ProtocolError` and nothing but that; the
+limits below are the ones the message fields (:mod:`.fields`) read with.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from kvcr_policy.errors import ProtocolError
 
 __all__ = [
-    "HEADER",
-    "MAGIC",
     "MAX_ADDRESS",
+    "MAX_DESCRIPTORS",
     "MAX_KEYS",
     "MAX_KEY_BYTES",
-    "MAX_PAYLOAD",
     "MAX_TEXT",
-    "VERSION",
-    "Frame",
-    "FrameReader",
     "Reader",
     "Writer",
-    "pack_frame",
 ]
 
-MAGIC = b"KP"
-VERSION = 1
-HEADER = struct.Struct("<2sBBIQ")
-#: Largest payload of one frame: 65,536 keys of 64 bytes plus their pages fit well inside.
-MAX_PAYLOAD = 16 << 20
 #: Most keys (and pages) one request may name; batches are cut below this.
 MAX_KEYS = 65536
 MAX_KEY_BYTES = 1024
+#: Most descriptors one SEND or POST may name: two int64 arrays of this fill half a frame.
+MAX_DESCRIPTORS = 1 << 19
 #: A UCX worker address is a few hundred bytes; multi-rail hosts reach a few KiB.
 MAX_ADDRESS = 64 << 10
 MAX_TEXT = 1 << 20
@@ -57,75 +35,6 @@ _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One received frame: its type, request id and payload (validated header only)."""
-
-    kind: int
-    request: int
-    payload: bytes
-
-
-def pack_frame(kind: int, request: int, payload: bytes = b"") -> bytes:
-    """Header + payload; refuses (ValueError) a payload over MAX_PAYLOAD."""
-    if len(payload) > MAX_PAYLOAD:
-        message = f"frame payload of {len(payload)} bytes exceeds MAX_PAYLOAD ({MAX_PAYLOAD})"
-        raise ValueError(message)
-    return HEADER.pack(MAGIC, VERSION, kind, len(payload), request) + payload
-
-
-class FrameReader:
-    """Cuts a byte stream into frames; holds at most one header plus one payload.
-
-    ``known`` is the set of message types accepted; anything else, a bad magic or version, or
-    a length over ``max_payload`` raises :class:`ProtocolError` as soon as the header is in.
-    """
-
-    def __init__(self, known: frozenset[int], max_payload: int = MAX_PAYLOAD) -> None:
-        self._known = known
-        self._max = max_payload
-        self._buffer = bytearray()
-        self._need: tuple[int, int, int] | None = None  # (kind, request, length) of the next
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    def feed(self, data: bytes | memoryview) -> Iterator[Frame]:
-        """Add bytes and yield every frame now complete, in order."""
-        self._buffer += data
-        while True:
-            if self._need is None:
-                if len(self._buffer) < HEADER.size:
-                    return
-                self._need = self._header(bytes(self._buffer[: HEADER.size]))
-                del self._buffer[: HEADER.size]
-            kind, request, length = self._need
-            if len(self._buffer) < length:
-                return
-            payload = bytes(self._buffer[:length])
-            del self._buffer[:length]
-            self._need = None
-            yield Frame(kind, request, payload)
-
-    def _header(self, raw: bytes) -> tuple[int, int, int]:
-        magic, version, kind, length, request = HEADER.unpack(raw)
-        if magic != MAGIC:
-            raise ProtocolError(f"bad frame magic {magic!r}, expected {MAGIC!r}: not a peer")
-        if version != VERSION:
-            message = (
-                f"protocol version {version} is not supported (this side speaks {VERSION}); "
-                "run the same kvcr_policy version on both peers"
-            )
-            raise ProtocolError(message)
-        if kind not in self._known:
-            raise ProtocolError(f"unknown message type {kind}")
-        if length > self._max:
-            message = f"frame payload of {length} bytes exceeds the limit of {self._max}"
-            raise ProtocolError(message)
-        return kind, request, length
 
 
 class Writer:

@@ -1,7 +1,7 @@
 """PeerServer: a tier exposed to peers (``kvcr-policy serve``, or in-process for tests).
 
 The control socket binds loopback unless an address is given; each accepted connection is a
-:class:`~kvcr_policy.backends.peer.session.Session`. Data moves over UCX: shared memory with clients
+:class:`~.session.Session`. Data moves over UCX: shared memory with clients
 on the same host (endpoints created from exchanged worker addresses, without endpoint error
 handling, so liveness is the control socket, heartbeats and operation deadlines), tcp with
 error handling otherwise; ``transport.options.tls`` can force either.
@@ -27,12 +27,11 @@ from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.plugins import make_plugin_manager
 
-from . import messages as m
+from ..host import host_id
+from ..options import UcxOptions, is_loopback, parse_address
+from ..wire import messages as m
+from ..worker import Worker, acquire_worker
 from .addrcheck import AddressChecker
-from .client import CAP_BITS
-from .engine import Engine, acquire_engine
-from .host import host_id
-from .options import UcxOptions, is_loopback, parse_address
 from .session import Session
 from .tiers import Tiers
 
@@ -65,14 +64,15 @@ class PeerServer:
         self.host, self.port = parse_address(listen or self.options.listen, where="--listen")
         self.op_timeout_s = config.transport.op_timeout_s
         self.linger_s = min(self.op_timeout_s, 10.0)
-        self.capabilities = frozenset(self.options.capabilities)
-        self.capabilities_mask = sum(CAP_BITS[c] for c in self.capabilities)
+        # Descriptor shapes accepted; every server accepts client-shaped lists ("shaped").
+        self.capabilities: frozenset[str] = frozenset(self.options.capabilities)
+        self.capabilities_mask = m.capability_mask(self.capabilities | {"shaped"})
         self.server_id = secrets.randbits(64)
         self.host_id = host_id()
-        registry = make_plugin_manager(config).registry
+        registry = self.loaded.registry or make_plugin_manager(config).registry
         spec = registry.get("placement", config.placement.strategy)
         self._placement = spec.create(config.placement, options=config.placement.options)
-        self.engine: Engine = None  # type: ignore[assignment]
+        self.worker: Worker = None  # type: ignore[assignment]
         self.tiers: Tiers = None  # type: ignore[assignment]
         self.sessions: set[Session] = set()
         self._settling: set[Session] = set()  # closed, but UCX requests still completing
@@ -92,7 +92,7 @@ class PeerServer:
         self.address = f"{self.host}:{self.port}"
         self._listener = listener
         try:
-            self.engine = acquire_engine(self.options)
+            self.worker = acquire_worker(self.options)
         except BaseException:
             listener.close()
             raise
@@ -101,7 +101,7 @@ class PeerServer:
         if self.options.check_addresses:
             self._checker = AddressChecker()
         self._opener = ThreadPoolExecutor(1, thread_name_prefix="kvcr-tier-open")
-        self.engine.submit(self.engine.watch, listener, self._accept, False).result()
+        self.worker.submit(self.worker.watch, listener, self._accept, False).result()
         self.state = "open"
         log.info(
             "kvcr-policy peer listening on %s (pid %d, tls %s, progress %s, capabilities %s, "
@@ -109,7 +109,7 @@ class PeerServer:
             self.address,
             os.getpid(),
             self.options.tls,
-            self.engine.progress_mode,
+            self.worker.progress_mode,
             ",".join(sorted(self.capabilities)) or "none",
             self.op_timeout_s,
         )
@@ -128,32 +128,32 @@ class PeerServer:
         self.stop()
 
     def stop(self, grace_s: float | None = None) -> None:
-        """Stop serving (see the module docstring); idempotent, any thread but the engine's."""
+        """Stop serving (see the module docstring); idempotent, any thread but the worker's."""
         if self.state != "open":
             return
         self.state = "stopping"
         grace = self.op_timeout_s if grace_s is None else grace_s
         log.info("stopping: finishing in-flight requests for up to %.1f s", grace)
-        self.engine.submit(self._begin_stop).result()
+        self.worker.submit(self._begin_stop).result()
         if not self._wait_sessions(grace):
-            self.engine.submit(self._abort_all).result()
+            self.worker.submit(self._abort_all).result()
             if not self._wait_sessions(self.linger_s + 1.0):
-                self.engine.submit(self._close_all).result()
+                self.worker.submit(self._close_all).result()
                 self._wait_sessions(2.0)
         self._wait_groups(5.0)
         self._opener.shutdown(wait=True)
-        leaked = self.engine.submit(self.tiers.close).result()
+        leaked = self.worker.submit(self.tiers.close).result()
         if leaked:
             log.warning("tiers %s stay mapped: a transfer may still touch them", leaked)
         if self._checker is not None:
             self._checker.close()
-        self.engine.release()
+        self.worker.release()
         self.state = "closed"
         log.info("stopped")
 
     def _begin_stop(self) -> None:
         if self._listener is not None:
-            self.engine.unwatch(self._listener)
+            self.worker.unwatch(self._listener)
             self._listener.close()
             self._listener = None
         for session in list(self.sessions):
@@ -169,7 +169,7 @@ class PeerServer:
 
     def _wait_sessions(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self.engine.submit(lambda: len(self.sessions)).result():
+        while self.worker.submit(lambda: len(self.sessions)).result():
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.02)
@@ -177,13 +177,13 @@ class PeerServer:
 
     def _wait_groups(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while self.engine.submit(lambda: sum(s.groups for s in self._settling)).result():
+        while self.worker.submit(lambda: sum(s.groups for s in self._settling)).result():
             if time.monotonic() > deadline:
                 log.warning("UCX requests still pending after %.1f s", timeout)
                 return
             time.sleep(0.02)
 
-    # ---- engine thread --------------------------------------------------------------------
+    # ---- worker thread --------------------------------------------------------------------
 
     def _accept(self, mask: int) -> None:
         while self._listener is not None:
@@ -226,19 +226,19 @@ class PeerServer:
         self, address: bytes, error_handling: bool, then: Callable[[bool], Any]
     ) -> None:
         if self._checker is None:
-            self.engine.call(then, True)
+            self.worker.call(then, True)
             return
         future = self._checker.check(address, error_handling)
 
         def report(f: Any) -> None:
             ok = not f.cancelled() and f.exception() is None and bool(f.result())
-            self.engine.call(then, ok)
+            self.worker.call(then, ok)
 
         future.add_done_callback(report)
 
     def open_tier(self, geometry: PoolGeometry, align: int, then: Callable[[Any], Any]) -> None:
-        """``then(tier or exception)`` on the engine thread; opening a tier (pre-faulting GiBs)
-        runs on a helper thread, so the engine keeps answering meanwhile."""
+        """``then(tier or exception)`` on the worker thread; opening a tier (pre-faulting GiBs)
+        runs on a helper thread, so the worker keeps answering meanwhile."""
         tier = self.tiers.find(geometry)
         if tier is not None:
             then(tier)
@@ -251,7 +251,7 @@ class PeerServer:
                 if not isinstance(err, KVCRPolicyError):
                     log.exception("opening tier %r failed", geometry.name)
                 result = err
-            self.engine.call(then, result)
+            self.worker.call(then, result)
 
         self._opener.submit(run)
 
@@ -260,9 +260,9 @@ class PeerServer:
             "address": self.address,
             "server_id": self.server_id,
             "tls": self.options.tls,
-            "progress_mode": self.engine.progress_mode if self.engine else None,
+            "progress_mode": self.worker.progress_mode if self.worker else None,
             "capabilities": sorted(self.capabilities),
             "sessions": len(self.sessions),
             "op_timeout_s": self.op_timeout_s,
-            "env": self.engine.env.to_dict() if self.engine else None,
+            "env": self.worker.env.to_dict() if self.worker else None,
         }

@@ -1,4 +1,4 @@
-"""Session: the server side of one client connection (engine thread only).
+"""Session: the server side of one client connection (worker thread only).
 
 A session owns what its client holds on the server: attached pools, claims (a read in flight)
 and reservations (a write in flight), each with a deadline. Whatever way the session ends,
@@ -12,21 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 from kvcr_policy.errors import CapacityError, KVCRPolicyError, PoolError, UnsupportedError
 from kvcr_policy.geometry import Layout, PoolGeometry
 
-from . import messages as m
-from .channel import Channel
-from .engine import Timer
-from .serving import Attachment, Transfers
+from ..channel import Channel
+from ..requests import Timer
+from ..wire import messages as m
+from ..worker import Worker
 from .tiers import Tier
+from .transfers import Attachment, Transfers
 
-if TYPE_CHECKING:
-    from .server import PeerServer
-
-__all__ = ["Session"]
+__all__ = ["Host", "Session"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.server")
 
@@ -35,12 +34,38 @@ MAX_ATTACHED = 64
 HELLO_TIMEOUT_S = 10.0
 
 
-class Session:
-    """See the module docstring; built by :class:`~kvcr_policy.backends.peer.server.PeerServer`."""
+class Host(Protocol):
+    """What a session needs from the server that accepted it."""
 
-    def __init__(self, server: PeerServer, sock: Any, peer: str) -> None:
+    worker: Worker
+    op_timeout_s: float
+    linger_s: float
+    capabilities: frozenset[str]
+    capabilities_mask: int
+    server_id: int
+    host_id: str
+
+    def choose_tls(self, hello: m.Hello) -> str: ...
+
+    def check_address(
+        self, address: bytes, error_handling: bool, then: Callable[[bool], Any]
+    ) -> None: ...
+
+    def open_tier(self, geometry: PoolGeometry, align: int, then: Callable[[Any], Any]) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def session_closed(self, session: Session, reason: str) -> None: ...
+
+
+class Session:
+    """See the module docstring; built by :class:`~.server.PeerServer`."""
+
+    def __init__(self, server: Host, sock: Any, peer: str) -> None:
         self.server = server
-        self.engine = server.engine
+        self.worker = server.worker
+        self.op_timeout_s = server.op_timeout_s
+        self.accepts = server.capabilities  # descriptor shapes SEND and POST may use
         self.peer = peer
         self.ep: Any = None
         self.tls = ""
@@ -50,13 +75,13 @@ class Session:
         self.transfers = Transfers(self)
         self._beat: Timer | None = None
         self.channel = Channel(
-            self.engine,
+            self.worker,
             sock,
             name=f"client {peer}",
             on_message=self._on_message,
             on_closed=self._on_closed,
         )
-        self._hello_timer = self.engine.later(HELLO_TIMEOUT_S, self._hello_overdue)
+        self._hello_timer = self.worker.later(HELLO_TIMEOUT_S, self._hello_overdue)
 
     def _hello_overdue(self) -> None:
         if self.state in ("hello", "checking"):
@@ -100,7 +125,7 @@ class Session:
             self._beat.cancel()
         if self.ep is not None:
             ep, self.ep = self.ep, None
-            self.engine.close_endpoint(ep, self.tls == "tcp")  # cancels the receives
+            self.worker.close_endpoint(ep, self.tls == "tcp")  # cancels the receives
         self.transfers.close()
         self.server.session_closed(self, reason)
 
@@ -152,11 +177,11 @@ class Session:
         if not ok:
             self.channel.fail(m.Err.BAD_REQUEST, "the UCX worker address in HELLO is not usable")
             return
-        ucx = self.engine.ucx
+        ucx = self.worker.ucx
         try:
             address = ucx.UCXAddress.create_from_buffer(hello.address)
             self.ep = ucx.UCXEndpoint.create_from_worker_address(
-                self.engine.worker, address, self.tls == "tcp"
+                self.worker.ucx_worker, address, self.tls == "tcp"
             )
         except Exception as err:
             self.channel.fail(m.Err.BAD_REQUEST, f"cannot reach the client over UCX: {err}")
@@ -168,12 +193,12 @@ class Session:
             tls_code,
             self.server.server_id,
             self.server.host_id,
-            self.engine.address,
+            self.worker.address,
         )
         self.channel.send(welcome, request)
         log.info("client %s connected (%s, tls %s)", self.peer, hello.name or "?", self.tls)
         if self.heartbeat_s > 0:
-            self._beat = self.engine.later(self.heartbeat_s, self._check_alive)
+            self._beat = self.worker.later(self.heartbeat_s, self._check_alive)
 
     def _check_alive(self) -> None:
         if self.channel.closed or self.channel.lingering:
@@ -185,7 +210,7 @@ class Session:
         if not self.channel.closed and silent > 3 * self.heartbeat_s + 1.0:
             self.abort(m.Err.TIMEOUT, f"client silent for {silent:.1f} s")
             return
-        self._beat = self.engine.later(self.heartbeat_s, self._check_alive)
+        self._beat = self.worker.later(self.heartbeat_s, self._check_alive)
 
     def pool(self, number: int) -> Attachment:
         pool = self.pools[number] if number < len(self.pools) else None
@@ -194,8 +219,8 @@ class Session:
         return pool
 
     def deadline(self, what: str) -> Timer:
-        timeout = self.server.op_timeout_s
-        return self.engine.later(
+        timeout = self.op_timeout_s
+        return self.worker.later(
             timeout, lambda: self.abort(m.Err.TIMEOUT, f"{what} exceeded {timeout} s")
         )
 
@@ -217,10 +242,6 @@ class Session:
         )
         if client.nbytes > 1 << 50:
             raise PoolError(f"pool {msg.name!r} of {client.nbytes} bytes is not plausible")
-        asked = [c for c, on in (("coalesce", msg.coalesce), ("split", msg.split_bytes)) if on]
-        missing = [c for c in asked if c not in self.server.capabilities]
-        if missing:
-            raise UnsupportedError(f"this peer does not {' or '.join(missing)} descriptors")
         number = len(self.pools)
         self.pools.append(None)  # the number is taken now; the tier may take a while
 
@@ -228,7 +249,7 @@ class Session:
             if isinstance(tier, Exception):
                 self.channel.send(m.Error(_code(tier), str(tier)), request)
                 return
-            self.pools[number] = Attachment(tier, client, msg.coalesce, int(msg.split_bytes))
+            self.pools[number] = Attachment(tier, client)
             self.channel.send(m.Attached(number, tier.slots), request)
 
         self.server.open_tier(client, msg.align, opened)
@@ -269,6 +290,7 @@ _HANDLERS: dict[type, Any] = {
     m.Send: lambda s, msg, r: s.transfers.send(msg, r),
     m.Release: lambda s, msg, r: s.transfers.release_message(msg, r),
     m.Reserve: lambda s, msg, r: s.transfers.reserve(msg, r),
+    m.Post: lambda s, msg, r: s.transfers.post(msg, r),
     m.Commit: lambda s, msg, r: s.transfers.commit(msg, r),
     m.Delete: Session._delete,
     m.Clear: Session._clear,
@@ -276,4 +298,4 @@ _HANDLERS: dict[type, Any] = {
     m.Probe: lambda s, msg, r: s.transfers.probe(msg, r),
     m.Ping: Session._ping,
 }
-_WHILE_DRAINING = {m.Send, m.Release, m.Commit, m.Ping, m.Stats}
+_WHILE_DRAINING = {m.Send, m.Release, m.Post, m.Commit, m.Ping, m.Stats}

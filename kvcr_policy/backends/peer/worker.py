@@ -1,8 +1,9 @@
-"""The engine: one UCX worker per process, and the one thread that makes every UCX call.
+"""The UCX worker thread: one UCX worker per process, and the one thread that makes every UCX
+call.
 
-UCX workers are single-threaded here, so the engine thread (a :class:`~.loop.Loop`) owns the
-worker, the control sockets and all protocol state; other threads hand it work with
-:meth:`Engine.call` and wait on futures. Each turn runs queued calls and due timers,
+UCX workers are single-threaded here, so the worker thread (a :class:`~.loop.Loop`) owns the
+UCX worker, the control sockets and all protocol state; other threads hand it work with
+:meth:`Worker.call` and wait on futures. Each turn runs queued calls and due timers,
 progresses the worker, finishes completed :class:`RequestGroup` s, then sleeps in ``select``
 on the sockets, the wake-up socket and (``blocking`` mode) the worker's epoll fd, after
 arming it (``ucp_worker_arm``: sleep only when UCX has no event pending).
@@ -25,25 +26,25 @@ from .loop import Loop
 from .options import UcxOptions
 from .requests import RequestGroup, Timer, memory_view
 
-__all__ = ["Engine", "RequestGroup", "Timer", "acquire_engine", "memory_view"]
+__all__ = ["RequestGroup", "Timer", "Worker", "acquire_worker", "memory_view"]
 
 
-log = logging.getLogger("kvcr_policy.backends.peer.engine")
+log = logging.getLogger("kvcr_policy.backends.peer.worker")
 
 
-class Engine(Loop):
-    """See the module docstring. Build with :func:`acquire_engine`; end with :meth:`release`."""
+class Worker(Loop):
+    """See the module docstring. Build with :func:`acquire_worker`; end with :meth:`release`."""
 
-    name = "kvcr-ucx-engine"
+    name = "kvcr-ucx-worker"
 
     def __init__(self, options: UcxOptions) -> None:
         super().__init__()
         self.options = options
         self.env: EnvReport = apply_env(options)
         self.progress_mode = self.env.progress_mode[0]
-        self.ucx: Any = None  # ucxx._lib.libucxx, imported on the engine thread
+        self.ucx: Any = None  # ucxx._lib.libucxx, imported on this thread
         self._array: Any = None
-        self.worker: Any = None
+        self.ucx_worker: Any = None  # the ucxx UCXWorker
         self.address = b""
         self._groups: list[RequestGroup] = []
         self._graveyard: list[tuple[list[Any], list[Any]]] = []
@@ -61,7 +62,7 @@ class Engine(Loop):
                 _shared = None
         self.stop()
 
-    # ---- engine thread only ---------------------------------------------------------------
+    # ---- worker thread only ---------------------------------------------------------------
 
     def track(self, group: RequestGroup) -> None:
         self._groups.append(group)
@@ -134,28 +135,28 @@ class Engine(Loop):
         self.ucx, self._array = ucx_api, Array
         context = ucx_api.UCXContext(feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP))
         threaded = self.progress_mode == "thread"
-        self.worker = ucx_api.UCXWorker(context, enable_delayed_submission=threaded)
+        self.ucx_worker = ucx_api.UCXWorker(context, enable_delayed_submission=threaded)
         if threaded:
-            self.worker.start_progress_thread(polling_mode=False, epoll_timeout=1)
+            self.ucx_worker.start_progress_thread(polling_mode=False, epoll_timeout=1)
         else:
-            self.worker.init_blocking_progress_mode()
+            self.ucx_worker.init_blocking_progress_mode()
         if self.progress_mode == "blocking":
-            self.watch(self.worker.epoll_file_descriptor, lambda mask: None, False)
+            self.watch(self.ucx_worker.epoll_file_descriptor, lambda mask: None, False)
         self._context = context
-        self.address = self.worker.address.tobytes()
-        log.info("UCX engine up: progress %s, env %s", self.progress_mode, self.env.to_dict())
+        self.address = self.ucx_worker.address.tobytes()
+        log.info("UCX worker up: progress %s, env %s", self.progress_mode, self.env.to_dict())
 
     def _progress(self, timeout: float) -> float:
         mode = self.progress_mode
         if mode != "thread":
-            self.worker.progress()
+            self.ucx_worker.progress()
         if self._groups:
             self._poll_groups()
         if mode == "polling":
             return 0.0
         if mode == "thread":
             return min(timeout, 0.0002) if self._groups else timeout
-        if timeout > 0 and not self.worker.arm():
+        if timeout > 0 and not self.ucx_worker.arm():
             return 0.0  # UCX has events pending: progress again before sleeping
         return timeout
 
@@ -172,29 +173,29 @@ class Engine(Loop):
                 log.exception("completion handler failed")
 
     def _teardown(self) -> None:
-        if self.worker is not None and self.progress_mode == "thread":
-            self.worker.stop_progress_thread()
-        log.info("UCX engine stopped")
+        if self.ucx_worker is not None and self.progress_mode == "thread":
+            self.ucx_worker.stop_progress_thread()
+        log.info("UCX worker stopped")
 
 
 _registry_lock = threading.Lock()
-_shared: Engine | None = None
+_shared: Worker | None = None
 
 
-def acquire_engine(options: UcxOptions) -> Engine:
-    """The process's engine (started on first use), with one more user counted."""
+def acquire_worker(options: UcxOptions) -> Worker:
+    """The process's UCX worker thread (started on first use), with one more user counted."""
     global _shared
     with _registry_lock:
-        engine = _shared
-        if engine is None or engine._stopping:
-            engine = Engine(options)
-            engine.start()
-            _shared = engine
-        elif options != engine.options:
+        worker = _shared
+        if worker is None or worker._stopping:
+            worker = Worker(options)
+            worker.start()
+            _shared = worker
+        elif options != worker.options:
             log.info(
-                "a UCX engine already runs in this process (pid %d); its environment and progress "
+                "a UCX worker already runs in this process (pid %d); its environment and progress "
                 "mode stay in force for later transports",
                 os.getpid(),
             )
-        engine._users += 1
-        return engine
+        worker._users += 1
+        return worker

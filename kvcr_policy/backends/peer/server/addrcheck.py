@@ -3,7 +3,7 @@
 UCX trusts worker addresses: a malformed one trips an assertion and aborts the process that
 unpacks it (measured with ucxx 0.52 / UCX 1.21: ``address.c: Assertion ... addr version``). A
 peer server must not die of a hostile frame, so it first hands each new address to a helper
-process (``python -m kvcr_policy.backends.peer.addrcheck``) that creates and closes an
+process (``python -m kvcr_policy.backends.peer.server.addrcheck``) that creates and closes an
 endpoint to it with the same UCX configuration; if the helper survives, the server may unpack
 the same bytes.
 Addresses already checked are remembered; a helper that died is replaced on the next check.
@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = ["AddressChecker", "main"]
 
-log = logging.getLogger("kvcr_policy.backends.peer.addrcheck")
+log = logging.getLogger("kvcr_policy.backends.peer.server.addrcheck")
 
 _REQUEST = struct.Struct("<BI")
 _CHECK_TIMEOUT_S = 10.0
@@ -48,7 +48,7 @@ class AddressChecker:
                 return None
             if self._proc is None or self._proc.poll() is not None:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "kvcr_policy.backends.peer.addrcheck"],
+                    [sys.executable, "-m", "kvcr_policy.backends.peer.server.addrcheck"],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
@@ -116,7 +116,7 @@ def main() -> None:
                 worker, address, bool(error_handling)
             )
             worker.progress()
-            # As Engine.close_endpoint: close() of a failed endpoint with error handling
+            # As Worker.close_endpoint: close() of a failed endpoint with error handling
             # crashes, close_blocking() without it can hang.
             ep.close_blocking() if error_handling else ep.close()
             worker.progress()

@@ -1,0 +1,266 @@
+"""PeerPool: a pool whose tier lives on a peer; the :class:`~...base.PoolTier` of ``peer``.
+
+The mover drives it like any backend: one EXISTS round trip per metadata-query batch, and per
+batch one claimed read (CLAIM, SEND) or reserved write (RESERVE, POST, COMMIT) on the peer,
+its descriptors shaped by the mover's coalescing strategy within what both the pipeline and
+the peer accept (negotiated on each connect). A peer that went away turns into misses (logged
+and counted), never into an exception on the data path; a full tier raises CapacityError, as
+the local store does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from kvcr_policy.descriptors import Descriptors
+from kvcr_policy.errors import ClosedError, TransportError, UnsupportedError
+from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.schema import PolicyConfig
+
+from ...base import Endpoint, Shape
+from ..requests import memory_view
+from ..wire import messages as m
+from ..wire.payload import MAX_DESCRIPTORS, MAX_KEYS
+from . import ops
+from .client import PeerClient
+
+__all__ = ["PeerPool"]
+
+log = logging.getLogger("kvcr_policy.backends.peer.client.pool")
+
+
+def _cap(batches: list[tuple[int, int]], most: int = MAX_KEYS) -> list[tuple[int, int]]:
+    """Batches cut to at most ``most`` entries (one request names at most MAX_KEYS)."""
+    out: list[tuple[int, int]] = []
+    for start, stop in batches:
+        out.extend((a, min(a + most, stop)) for a in range(start, stop, most))
+    return out
+
+
+class PeerPool:
+    """See the module docstring; made by :meth:`UcxTransport.attach_pool`."""
+
+    def __init__(
+        self,
+        client: PeerClient,
+        name: str,
+        geometry: PoolGeometry,
+        endpoint: Endpoint,
+        strategies: Mapping[str, Any],
+        config: PolicyConfig,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.geometry = geometry
+        self._buffer = endpoint.buffer  # keeps the pool memory alive while views exist
+        self.align = endpoint.address % m.ALIGN_BYTES
+        self.view = memory_view(endpoint.address, endpoint.nbytes)
+        self.coalescing = strategies["coalescing"]
+        # What the pipeline lets the strategy use; narrowed to what the peer accepts on connect.
+        self.allowed = frozenset(strategies.get("allowed", self.coalescing.needs))
+        self.usable = self.allowed
+        # Plain descriptors of one batch must fit one SEND or POST.
+        self.batch_pages = max(1, min(MAX_KEYS, MAX_DESCRIPTORS // geometry.fragments_per_page))
+        self.on_unsupported = config.coalescing.on_unsupported
+        self.timeout = config.transport.op_timeout_s
+        self.counters: Counter[str] = Counter()
+        self._warned = False
+        self._closed = False
+        self.client.register(self)
+
+    # ---- what the client asks of a pool ---------------------------------------------------
+
+    def _negotiate(self, capabilities: frozenset[str]) -> None:
+        missing = sorted(self.allowed - capabilities)
+        if missing:
+            message = (
+                f"pool {self.name!r}: peer {self.client.address} cannot {' or '.join(missing)} "
+                "descriptors, which the coalescing configuration asks for"
+            )
+            if self.on_unsupported == "error":
+                raise UnsupportedError(message + "; set coalescing.on_unsupported = 'fallback'")
+            if not self._warned:
+                log.warning("%s; sending plain descriptors (coalescing.on_unsupported)", message)
+                self._warned = True
+        self.usable = self.allowed & capabilities
+
+    def attach_message(self, capabilities: frozenset[str]) -> m.Attach:
+        self._negotiate(capabilities)
+        g = self.geometry
+        return m.Attach(
+            g.name,
+            g.layout,
+            g.layers,
+            g.heads,
+            g.head_dim,
+            g.dtype,
+            g.page_size,
+            g.tokens,
+            g.mla,
+            self.align,
+        )
+
+    def target(self, number: int, slots: int, capabilities: frozenset[str]) -> ops.Target:
+        self._negotiate(capabilities)
+        return ops.Target.make(number, self.geometry, slots, self.view)
+
+    # ---- RemotePool -----------------------------------------------------------------------
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise ClosedError(f"peer pool {self.name!r} is closed: {call}() refused")
+
+    def _miss(self, call: str, err: Exception) -> None:
+        self.counters[f"{call}_errors"] += 1
+        log.warning("pool %r: %s on peer %s failed: %s", self.name, call, self.client.address, err)
+
+    def contains(self, keys: Sequence[str]) -> int:
+        """Leading keys present on the peer: one EXISTS round trip per MAX_KEYS keys; a peer
+        that cannot be reached is a miss (logged and counted)."""
+        self._check_open("exists")
+        keys = list(keys)
+        for start in range(0, len(keys), MAX_KEYS):
+            chunk = keys[start : start + MAX_KEYS]
+            try:
+                reply = self.client.request(self, partial(m.Exists, keys=chunk), self.timeout)
+            except TransportError as err:
+                self._miss("exists", err)
+                return start
+            self.counters["query_batches"] += 1
+            if reply.count < len(chunk):
+                return start + min(int(reply.count), len(chunk))
+        return len(keys)
+
+    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> _Transfer:
+        self._check_open("get" if read else "set")
+        return _Transfer(self, read, keys, pages)
+
+    def delete(self, keys: Sequence[str]) -> int:
+        self._check_open("delete")
+        keys = list(keys)
+        total = 0
+        for start, stop in _cap([(0, len(keys))]):
+            chunk = keys[start:stop]
+            reply = self.client.request(self, partial(m.Delete, keys=chunk), self.timeout)
+            total += int(reply.count)
+        return total
+
+    def clear(self) -> None:
+        self._check_open("clear")
+        self.client.request(self, m.Clear, self.timeout)
+
+    def probe(self, nbytes: int) -> None:
+        """One UCX message of ``nbytes`` from the peer's tier into this pool (benchmarks)."""
+        if not self.client.run(self, ops.probe, nbytes, timeout=self.timeout):
+            raise TransportError(f"pool {self.name!r}: the probe of {nbytes} bytes failed")
+
+    def stats(self) -> dict[str, Any]:
+        data: dict[str, Any] = {**self.client.describe(), "counters": dict(self.counters)}
+        if not self._closed:
+            try:
+                reply = self.client.request(self, m.Stats, self.timeout)
+                data["remote"] = json.loads(reply.text)
+            except (TransportError, ValueError) as err:
+                data["remote_error"] = str(err)
+        return {"peer": data}
+
+    def audit(self) -> dict[str, Any] | None:
+        return None  # the peer's placement is audited where it runs (`kvcr-policy serve`)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.client.unregister(self)
+        self.view = np.zeros(0, dtype=np.uint8)
+        self._buffer = None
+
+
+class _Transfer:
+    """One get or set on a peer pool: every batch is claimed or reserved on the peer itself,
+    so nothing is held between batches and :meth:`abort` has nothing to undo."""
+
+    needs: np.ndarray | None = None
+
+    def __init__(self, pool: PeerPool, read: bool, keys: list[str], pages: np.ndarray) -> None:
+        self.pool = pool
+        self.op = ops.read if read else ops.write
+        self.keys = keys
+        self.pages = pages
+        self.limit = len(keys)
+
+    def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
+        pool = self.pool
+        start, stop = int(positions[0]), int(positions[-1]) + 1  # the mover sends runs
+        most = pool.batch_pages  # one request's plain descriptors must fit one frame
+        chunks = [(a, min(a + most, stop)) for a in range(start, stop, most)]
+        combined = _Deadline(pool.timeout + 1.0)
+        results: list[Any] = [None] * len(chunks)
+        left = [len(chunks)]
+
+        def within(plain: Descriptors) -> Descriptors:
+            return shape(plain, pool.usable)  # what this peer accepts, known since connect
+
+        def settle(i: int, future: Future[Any]) -> None:
+            results[i] = future.result()
+            left[0] -= 1
+            if left[0]:
+                return
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                combined.set_exception(errors[0])
+            else:
+                combined.set_result(np.concatenate(results))
+
+        for i, (a, b) in enumerate(chunks):
+            future = pool.client.start(pool, self.op, self.keys[a:b], self.pages[a:b], within)
+            future.add_done_callback(partial(settle, i))
+        return combined
+
+    def retry(self, position: int) -> bool:
+        pool = self.pool
+        one = pool.client.run(
+            pool,
+            self.op,
+            self.keys[position : position + 1],
+            self.pages[position : position + 1],
+            _plain,
+            timeout=pool.timeout,
+        )
+        return bool(one[0])
+
+    def finish(self, moved: np.ndarray) -> list[bool]:
+        return [bool(x) for x in moved]
+
+    def abort(self) -> None:
+        """Nothing to undo: each batch released its claim or reservation on the peer."""
+
+
+def _plain(descriptors: Descriptors) -> Descriptors:
+    """A single page retried by the fallback travels as plain descriptors."""
+    return descriptors
+
+
+class _Deadline(Future):
+    """A future whose ``result()`` waits at most the op timeout (a peer that never answers
+    fails the batch instead of hanging the caller)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self._seconds = seconds
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(self._seconds if timeout is None else timeout)
+        except FutureTimeout:
+            message = f"the peer did not answer within {self._seconds:.1f} s"
+            raise TransportError(message) from None

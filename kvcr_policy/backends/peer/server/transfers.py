@@ -1,0 +1,338 @@
+"""Transfers: the reads and writes one client has in flight on the server (worker thread).
+
+A read is a claim (CLAIM), then sends from the claimed slots (SEND) that release the claim when
+they complete; a claim whose SEND does not come within ``op_timeout_s`` is released. A write is
+a reservation (RESERVE), then receives posted into the reserved slots (POST), committed when
+both the receives completed and the client's COMMIT says what it sent.
+
+SEND and POST name the client's shaped descriptors by their tier bytes; nothing is sent or
+posted unless they cover exactly the claimed or reserved slots in shapes this server accepts
+(:class:`~..wire.coverage.Cover`); otherwise the request gets an ERROR and its claim or
+reservation is let go. See :mod:`.session` for when slots are let go if the session ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvcr_policy.errors import CapacityError, PoolError, ProtocolError
+from kvcr_policy.geometry import PoolGeometry, check_pages
+
+from ...dram.store import Claim as StoreClaim
+from ...dram.store import Reservation
+from ..channel import Channel
+from ..requests import RequestGroup, Timer
+from ..wire import messages as m
+from ..wire.coverage import Cover
+from ..worker import Worker
+from .tiers import Tier
+
+__all__ = ["Attachment", "Owner", "Transfers"]
+
+log = logging.getLogger("kvcr_policy.backends.peer.server")
+
+MAX_OPEN = 1024  # claims + reservations one client may hold at once
+_TAG_LIMIT = 1 << 64
+
+
+@dataclass(slots=True)
+class Attachment:
+    """A pool a client attached: the tier and the client's geometry."""
+
+    tier: Tier
+    client: PoolGeometry
+
+
+class Owner(Protocol):
+    """What transfers need from the session that holds them."""
+
+    worker: Worker
+    channel: Channel
+    ep: Any
+    state: str
+    peer: str
+    op_timeout_s: float
+    accepts: frozenset[str]
+
+    def pool(self, number: int) -> Attachment: ...
+
+    def deadline(self, what: str) -> Timer: ...
+
+    def abort(self, code: int, text: str) -> None: ...
+
+    def close_if_drained(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Read:
+    pool: Attachment
+    claim: StoreClaim
+    timer: Timer
+    sending: bool = False
+
+
+@dataclass(slots=True)
+class _Write:
+    pool: Attachment
+    reservation: Reservation
+    todo: np.ndarray  # positions of the covered keys that have a slot
+    request: int
+    timer: Timer
+    posted: bool = False
+    arrived: np.ndarray | None = None  # per todo key, once the receives completed
+    client_ok: np.ndarray | None = None  # per covered key, from COMMIT
+
+
+class Transfers:
+    """Claims and reservations of one session; ``busy`` while any, or any request, is open."""
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.reads: dict[int, _Read] = {}
+        self.writes: dict[int, _Write] = {}
+        self.groups = 0
+        self._sending: set[RequestGroup] = set()
+        self._ids = itertools.count(1)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.reads or self.writes or self.groups)
+
+    def close(self) -> None:
+        """The session ended and its endpoint is closed: let go of what can be let go now.
+
+        Claims not yet sending are released; sends are abandoned (the client let go of our
+        memory: it closed its socket after cancelling, or died), which releases their claims;
+        reservations are aborted unless receives are still posted into them (the endpoint's
+        close cancelled them; a receive may write into its slot until it completes).
+        """
+        for number, read in list(self.reads.items()):
+            if not read.sending:
+                self._release(number)
+        for number, write in list(self.writes.items()):
+            if not write.posted or write.arrived is not None:
+                self._abort_write(number, write)
+        for group in list(self._sending):
+            self.owner.worker.abandon(group)
+
+    def _check_open(self) -> None:
+        if len(self.reads) + len(self.writes) >= MAX_OPEN:
+            raise CapacityError(f"a connection may hold at most {MAX_OPEN} claims/reservations")
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    def claim(self, msg: m.Claim, request: int) -> None:
+        pool = self.owner.pool(msg.pool)
+        check_pages(pool.client, msg.pages)
+        self._check_open()
+        claim = pool.tier.store.claim(msg.keys)
+        if len(claim.slots) == 0:
+            pool.tier.store.release(claim)
+            self.owner.channel.send(m.Claimed(0, claim.slots), request)
+            return
+        number = next(self._ids)
+        timer = self.owner.worker.later(self.owner.op_timeout_s, lambda: self._expire(number))
+        self.reads[number] = _Read(pool, claim, timer)
+        self.owner.channel.send(m.Claimed(number, claim.slots), request)
+
+    def send(self, msg: m.Send, request: int) -> None:
+        read = self.reads.get(msg.claim)
+        if read is None or read.sending:
+            self.owner.abort(m.Err.BAD_REQUEST, f"SEND names no open claim ({msg.claim})")
+            return
+        tier = read.pool.tier
+        try:
+            Cover.of_pages(tier.geometry, read.claim.slots).check(
+                msg.offsets, msg.lengths, accepts=self.owner.accepts, what=f"SEND {msg.claim}"
+            )
+            if msg.tag_base + len(msg.offsets) > _TAG_LIMIT:
+                message = f"tag base {msg.tag_base} leaves no room for {len(msg.offsets)} tags"
+                raise ProtocolError(message)
+        except ProtocolError as err:
+            self._release(msg.claim)
+            self._refuse(request, err)
+            return
+        read.sending = True
+        read.timer.cancel()
+        read.timer = self.owner.deadline("sending a read")
+        number = msg.claim
+        self._transfer(
+            tier,
+            msg.offsets,
+            msg.lengths,
+            msg.tag_base,
+            True,
+            lambda failed: self._sent(number, request, failed),
+        )
+
+    def _sent(self, number: int, request: int, failed: np.ndarray) -> None:
+        if self._release(number):
+            self.owner.channel.send(m.Sent(number, not failed.any()), request)
+            self.owner.close_if_drained()
+
+    def _expire(self, number: int) -> None:
+        read = self.reads.get(number)
+        if read is not None and not read.sending:
+            log.warning(
+                "client %s: claim %d expired before SEND; released", self.owner.peer, number
+            )
+            self._release(number)
+            self.owner.close_if_drained()
+
+    def _release(self, number: int) -> bool:
+        read = self.reads.pop(number, None)
+        if read is None:
+            return False
+        read.timer.cancel()
+        read.pool.tier.store.release(read.claim)
+        return True
+
+    def release_message(self, msg: m.Release, request: int) -> None:
+        read = self.reads.get(msg.handle)
+        if read is not None and not read.sending:
+            self._release(msg.handle)
+        write = self.writes.get(msg.handle)
+        if write is not None and not write.posted:
+            self._abort_write(msg.handle, write)
+        self.owner.close_if_drained()
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def reserve(self, msg: m.Reserve, request: int) -> None:
+        pool = self.owner.pool(msg.pool)
+        check_pages(pool.client, msg.pages)
+        self._check_open()
+        reservation = pool.tier.store.reserve(msg.keys)
+        todo = np.flatnonzero(reservation.slots >= 0)
+        number = next(self._ids)
+        write = _Write(pool, reservation, todo, request, self.owner.deadline("a write"))
+        if len(todo) == 0:  # nothing to receive: COMMIT follows at once
+            write.posted, write.arrived = True, np.zeros(0, dtype=bool)
+        self.writes[number] = write
+        self.owner.channel.send(m.Reserved(number, reservation.slots), request)
+
+    def post(self, msg: m.Post, request: int) -> None:
+        number = msg.reservation
+        write = self.writes.get(number)
+        if write is None or write.posted:
+            self.owner.abort(m.Err.BAD_REQUEST, f"POST names no open reservation ({number})")
+            return
+        tier = write.pool.tier
+        cover = Cover.of_pages(tier.geometry, write.reservation.slots[write.todo])
+        try:
+            cover.check(msg.offsets, msg.lengths, accepts=self.owner.accepts, what=f"POST {number}")
+        except ProtocolError as err:
+            self._abort_write(number, write)
+            self._refuse(request, err)
+            return
+        write.posted = True
+        tag_base = self.owner.worker.tags(len(msg.offsets))
+        offsets, lengths = msg.offsets, msg.lengths
+
+        def arrived(failed: np.ndarray) -> None:
+            self._arrived(number, cover.outcome(offsets, lengths, failed))
+
+        self._transfer(tier, offsets, lengths, tag_base, False, arrived)
+        self.owner.channel.send(m.Posted(number, tag_base), request)
+
+    def _arrived(self, number: int, ok: np.ndarray) -> None:
+        write = self.writes.get(number)
+        if write is None:
+            return
+        write.arrived = ok
+        if self.owner.state == "closed":
+            self._abort_write(number, write)
+        else:
+            self._settle(number, write)
+
+    def commit(self, msg: m.Commit, request: int) -> None:
+        write = self.writes.get(msg.reservation)
+        if write is None or write.client_ok is not None:
+            self.owner.abort(
+                m.Err.BAD_REQUEST, f"COMMIT names no open reservation ({msg.reservation})"
+            )
+            return
+        if len(msg.ok) != len(write.reservation.keys):
+            self.owner.abort(m.Err.BAD_REQUEST, "COMMIT must carry one flag per reserved key")
+            return
+        write.client_ok = msg.ok
+        write.request = request
+        self._settle(msg.reservation, write)
+
+    def _settle(self, number: int, write: _Write) -> None:
+        if write.arrived is None or write.client_ok is None:
+            return
+        res = write.reservation
+        ok = np.zeros(len(res.keys), dtype=bool)
+        ok[write.todo] = write.arrived & write.client_ok[write.todo]
+        write.timer.cancel()
+        del self.writes[number]
+        write.pool.tier.store.commit(res, ok.tolist())
+        ok |= np.asarray(res.present, dtype=bool)
+        self.owner.channel.send(m.Written(number, ok), write.request)
+        self.owner.close_if_drained()
+
+    def _abort_write(self, number: int, write: _Write) -> None:
+        write.timer.cancel()
+        self.writes.pop(number, None)
+        write.pool.tier.store.abort(write.reservation)
+
+    # ---- moving bytes ---------------------------------------------------------------------
+
+    def _refuse(self, request: int, err: Exception) -> None:
+        log.warning("client %s: %s", self.owner.peer, err)
+        self.owner.channel.send(m.Error(m.Err.BAD_REQUEST, str(err)), request)
+        self.owner.close_if_drained()
+
+    def _transfer(
+        self,
+        tier: Tier,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        tag_base: int,
+        send: bool,
+        done: Callable[[np.ndarray], None],
+    ) -> None:
+        """One message per descriptor, ``tag_base + i``, straight from or into the tier."""
+        view = tier.view
+        assert view is not None and self.owner.ep is not None
+        worker, ep = self.owner.worker, self.owner.ep
+        group = self._group(send, done)
+        for i, (offset, length) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
+            worker.post(group, ep, send, view[offset : offset + length], tag_base + i)
+        worker.track(group)
+
+    def _group(self, send: bool, done: Callable[[np.ndarray], None]) -> RequestGroup:
+        self.groups += 1
+
+        def finished(failed: np.ndarray) -> None:
+            self.groups -= 1
+            self._sending.discard(group)
+            done(failed)
+
+        group = RequestGroup(finished, sending=send)
+        if send:
+            self._sending.add(group)
+        return group
+
+    def probe(self, msg: m.Probe, request: int) -> None:
+        view = self.owner.pool(msg.pool).tier.view
+        assert view is not None and self.owner.ep is not None
+        if not 0 < msg.nbytes <= len(view) or msg.tag_base + 1 > _TAG_LIMIT:
+            raise PoolError(f"PROBE of {msg.nbytes} bytes: the tier holds {len(view)}")
+        deadline = self.owner.deadline("a probe")
+
+        def finished(failed: np.ndarray) -> None:
+            deadline.cancel()
+            self.owner.channel.send(m.Sent(0, not failed.any()), request)
+            self.owner.close_if_drained()
+
+        group = self._group(True, finished)
+        self.owner.worker.post(group, self.owner.ep, True, view[: msg.nbytes], msg.tag_base)
+        self.owner.worker.track(group)
