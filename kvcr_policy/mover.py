@@ -72,8 +72,8 @@ class Mover:
         if counts is None:
             return self.shape
 
-        def shape(plain: Descriptors) -> Descriptors:
-            prepared = self.shape(plain)
+        def shape(plain: Descriptors, within: frozenset[str] | None = None) -> Descriptors:
+            prepared = self.shape(plain, within)
             counts.plain += len(plain)
             counts.sent += len(prepared)
             pieces = 0 if prepared is plain else split_pieces(prepared)
