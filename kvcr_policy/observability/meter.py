@@ -23,7 +23,15 @@ from prometheus_client import CollectorRegistry
 
 from .metrics import MISS_REASONS, Families, families
 
-__all__ = ["CallCounts", "DirectionMeter", "Meters", "PoolMeter", "miss_reason", "open_meter"]
+__all__ = [
+    "CallCounts",
+    "DirectionMeter",
+    "Level",
+    "Meters",
+    "PoolMeter",
+    "miss_reason",
+    "open_meter",
+]
 
 log = logging.getLogger("kvcr_policy.observability")
 
@@ -55,7 +63,7 @@ class CallCounts:
     fallback: dict[str, int] = field(default_factory=dict)
 
 
-class _Level:
+class Level:
     """A gauge child this meter moves by differences (see the module docstring)."""
 
     __slots__ = ("_child", "_value")
@@ -124,11 +132,11 @@ class PoolMeter:
         self.evictions = f.evictions.labels(*labels)
         self.claims = f.claims.labels(*labels)
         self.link_limit = f.link_limit.labels(*labels)
-        self._capacity = _Level(f.capacity.labels(*labels))
-        self._used = _Level(f.used.labels(*labels))
-        self._huge = _Level(f.huge_page_bytes.labels(*labels))
+        self._capacity = Level(f.capacity.labels(*labels))
+        self._used = Level(f.used.labels(*labels))
+        self._huge = Level(f.huge_page_bytes.labels(*labels))
         self._numa_family = f.numa_pages
-        self._numa: dict[str, _Level] = {}
+        self._numa: dict[str, Level] = {}
         self._labels = labels
         self._evicted = 0
         self._lock = threading.Lock()
@@ -238,7 +246,7 @@ class PoolMeter:
             for node in set(self._numa) | set(per_node):
                 level = self._numa.get(node)
                 if level is None:
-                    level = self._numa[node] = _Level(self._numa_family.labels(*self._labels, node))
+                    level = self._numa[node] = Level(self._numa_family.labels(*self._labels, node))
                 level.update(per_node.get(node, 0.0))
 
     def close(self) -> None:
