@@ -48,6 +48,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         proc.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def metrics_url() -> Iterator[str]:
+    """/metrics of this process's default registry (the client pipelines' metrics)."""
+    from kvcr_policy.observability.exposition import serve_metrics
+
+    server = serve_metrics("127.0.0.1:0")
+    yield server.url
+    server.close()
+
+
 def _scrape(served: dict[str, Any]) -> Samples:
     return read_samples(served["metrics"], PROFILE)
 
@@ -107,3 +117,46 @@ def test_rejected_frames_by_reason(served: dict[str, Any]) -> None:
         name = "kvcr_policy_peer_rejected_frames_total"
         grew = value(after, name, reason=reason) - value(before, name, reason=reason)
         assert grew == 1, reason
+
+
+def test_a_peer_gone_is_backend_unavailable(tmp_path: Any, metrics_url: str) -> None:
+    """The client's own metrics: after the server is killed, its pages miss as
+    ``backend_unavailable`` (connection ended), not as a generic transport error."""
+    from kvcr_policy import build_pipeline, load_config
+
+    sets = [arg for key, val in SERVER_SETS.items() for arg in ("--set", f"{key}={val}")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvcr_policy", "serve", "--listen", "127.0.0.1:0", *sets,
+         "--log-level", "error"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ":".join(sys.path)},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        address = json.loads(proc.stdout.readline())["listening"]
+        profile = tmp_path / "peer-gone.toml"
+        profile.write_text('[fallback]\nstrategy = "miss"\n', encoding="utf-8")
+        overrides = {
+            "transport.name": "ucx",
+            "transport.options.peer": address,
+            "transport.op_timeout_s": 3,
+        }
+        geo = geometry(name="kv", pages=8)
+        with build_pipeline(load_config(profile, overrides=overrides, environ={})) as pipeline:
+            pipeline.register_pool("kv", geo, pool_buffer(geo))
+            keys = new_keys(4)
+            assert pipeline.set(keys, token_indices(geo, range(4))) == [True] * 4
+            proc.kill()
+            proc.wait(timeout=30)
+            assert pipeline.set(new_keys(3), token_indices(geo, range(4, 7))) == [False] * 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    s = read_samples(metrics_url, "peer-gone")
+    assert (
+        value(s, "kvcr_policy_misses_total", direction="store", reason="backend_unavailable") == 3
+    )
+    assert value(s, "kvcr_policy_misses_total", reason="transport_error") == 0
