@@ -1,4 +1,12 @@
-"""Shared fixtures of the test suite."""
+"""Shared fixtures of the test suite, its Hypothesis profiles and its stateful tally.
+
+Hypothesis profiles (registered here only), chosen by ``HYPOTHESIS_PROFILE`` (not a
+``KVCR_POLICY_*`` name: those are configuration, and an unknown one is an error):
+
+- ``ci`` (the default, and what ``.ci/run`` exports): more examples than Hypothesis's 100, no
+  deadline (a shared 2-core machine stalls at random), every state machine at full length;
+- ``dev``: a quick pass while editing (``HYPOTHESIS_PROFILE=dev python -m pytest -x tests/...``).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +18,40 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import Registry
+from tests import stateful
+from tests.installs import missing
+
+PROFILE_ENV = "HYPOTHESIS_PROFILE"
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=15, deadline=None)
+settings.load_profile(os.environ.get(PROFILE_ENV) or "ci")
+
+
+def pytest_report_header() -> str:
+    return f"hypothesis profile: {settings.get_current_profile_name()} (set {PROFILE_ENV})"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line a CI log can be checked for: stateful sequences run and byte mismatches."""
+    counts = stateful.SEQUENCES
+    if not counts:
+        return
+    parts = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
+    mismatches = sum(stateful.MISMATCHES.values())
+    terminalreporter.write_line(
+        f"stateful sequences: {sum(counts.values())} ({parts}), byte mismatches: {mismatches}"
+    )
+
 
 EXAMPLE_DIST = "kvcr-policy-example"
 EXAMPLE_MISSING = (
@@ -61,7 +100,7 @@ def registry() -> Registry:
 def example_plugin() -> None:
     """Skip the test unless the example plugin is installed."""
     if not example_installed():
-        pytest.skip(EXAMPLE_MISSING)
+        missing(EXAMPLE_MISSING)
 
 
 @pytest.fixture

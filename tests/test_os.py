@@ -1,7 +1,9 @@
-"""Tests for kvcr_policy._os: /proc and /sys parsing on fake trees, real syscalls on node 0.
+"""Tests for kvcr_policy._os: /proc and /sys parsing on fake trees, real syscalls.
 
-This machine has one NUMA node, so every multi-node fact is faked with a temporary /sys or /proc
-tree through ``use_roots``; the syscalls themselves run for real and can only see node 0.
+The syscalls run for real on the node this process's memory lands on (``tests.hosts``), and a
+node the kernel does not have is one past the highest online one, so the tests hold on a host
+with any number of nodes. Topologies the host lacks (this CI machine has one node) are faked
+with a temporary /sys or /proc tree through ``use_roots`` or ``KVCR_POLICY_SYS_ROOT``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcr_policy import _os
+from tests.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 
 MIB = 1 << 20
 needs_numa = pytest.mark.skipif(not _os.has_numa_syscalls(), reason="NUMA syscalls unavailable")
@@ -60,7 +63,7 @@ def test_online_nodes_from_fake_sys(tmp_path: Path) -> None:
     _write(tmp_path, "devices/system/node/online", "0-3\n")
     with _os.use_roots(sys=tmp_path):
         assert _os.online_nodes() == (0, 1, 2, 3)
-    assert 0 in _os.online_nodes()  # the real tree again
+    assert _os.online_nodes() == real_nodes()  # the real tree again
 
 
 def test_online_nodes_falls_back_to_node_dirs_then_node_0(tmp_path: Path) -> None:
@@ -73,7 +76,8 @@ def test_online_nodes_falls_back_to_node_dirs_then_node_0(tmp_path: Path) -> Non
 
 
 def test_env_var_roots_and_cache_clearing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _write(tmp_path, "devices/system/node/online", "0-1\n")
+    """Faked: a two-node /sys through KVCR_POLICY_SYS_ROOT (this CI host has one node)."""
+    fake_sys_nodes(tmp_path, (0, 1))
     monkeypatch.setenv(_os.SYS_ROOT_ENV, str(tmp_path))
     _os.clear_caches()
     try:
@@ -194,10 +198,10 @@ def test_populate_write_faults_pages_in(mapping: mmap.mmap) -> None:
 
 
 @needs_numa
-def test_mbind_node_0_then_move_pages_reports_node_0(mapping: mmap.mmap) -> None:
-    base, page = _address(mapping), _os.page_size()
-    _os.mbind(base, len(mapping), _os.MPOL_BIND, [0])
-    assert _os.get_mempolicy(base) == (_os.MPOL_BIND, (0,))
+def test_mbind_home_node_then_move_pages_reports_it(mapping: mmap.mmap) -> None:
+    base, page, node = _address(mapping), _os.page_size(), home_node()
+    _os.mbind(base, len(mapping), _os.MPOL_BIND, [node])
+    assert _os.get_mempolicy(base) == (_os.MPOL_BIND, (node,))
     # Touch the first MiB; the last MiB stays untouched even if THP rounds faults to 2 MiB
     # (a huge page containing offset < 1 MiB ends before offset 3 MiB).
     view = np.frombuffer(mapping, dtype=np.uint8)
@@ -205,18 +209,19 @@ def test_mbind_node_0_then_move_pages_reports_node_0(mapping: mmap.mmap) -> None
     del view
     touched = _os.move_pages_query(base + np.arange(0, MIB, page))
     untouched = _os.move_pages_query(base + np.arange(3 * MIB, 4 * MIB, page))
-    assert set(touched.tolist()) == {0}
+    assert set(touched.tolist()) == {node}
     assert set(untouched.tolist()) == {-errno.ENOENT}
 
 
 @needs_numa
 def test_mbind_on_an_absent_node_fails_with_einval(mapping: mmap.mmap) -> None:
-    """Node 1 does not exist on this one-node machine, so the kernel refuses it."""
+    """One past the highest online node does not exist, so the kernel refuses it."""
+    node = absent_node()
     with pytest.raises(_os.OsCallError) as info:
-        _os.mbind(_address(mapping), len(mapping), _os.MPOL_BIND, [1])
+        _os.mbind(_address(mapping), len(mapping), _os.MPOL_BIND, [node])
     assert info.value.call == "mbind"
     assert info.value.errno in (errno.EINVAL, errno.ENODEV)
-    assert "nodes [1]" in str(info.value)
+    assert f"nodes [{node}]" in str(info.value)
 
 
 @needs_numa

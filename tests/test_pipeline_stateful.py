@@ -1,9 +1,16 @@
-"""A Hypothesis state machine over a Pipeline on a tier of a few slots, so eviction is routine.
+"""Hypothesis state machines over a Pipeline on a tier of a few slots, so eviction is routine.
 
-Rules: set, get, exists, delete, clear, a get whose batches fail once (sparse fallback), a get
-paused mid-transfer while another thread churns the tier (its claim must hold), and close (then
-a fresh pipeline). The model remembers a version per key: deleting or clearing a key bumps it,
-so stale bytes of an earlier occupant can never pass for the key's current bytes.
+Two machines share the rules: one on the memory transport with the default profile (faults
+injected per batch), one on the production path: the ``throughput`` profile as shipped (cpu
+transport, the native copy loop with non-temporal stores, two copy threads, coalescing, split,
+delivery windows), its sizes scaled down so that every one of those really acts on pages of a
+few hundred bytes.
+
+Rules: set, get, exists, delete, clear, a get whose batches fail once (sparse fallback; memory
+transport only), a get paused mid-transfer while another thread churns the tier (its claim must
+hold), and close (then a fresh pipeline). The model remembers a version per key: deleting or
+clearing a key bumps it, so stale bytes of an earlier occupant can never pass for the key's
+current bytes.
 
 Properties: every page a get reports True holds exactly the bytes stored for that key; get's
 result is the leading run ``exists`` reported; a set that fits is then fully present; deleted
@@ -16,25 +23,29 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
+    precondition,
     rule,
 )
 
+from kvcr_policy.backends.dram.transports import copy as host_copy
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.errors import ClosedError
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
+from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
+from tests.stateful import count_sequence, machine_settings, same_bytes
 from tests.strategies import distinct_pages, page_bytes, page_slice, token_indices
 
 P = 2
@@ -79,9 +90,14 @@ class OneShotFault:
 
 
 class PipelineMachine(RuleBasedStateMachine):
+    name = "pipeline-memory"
+    head_dim = 4
+
     def __init__(self) -> None:
         super().__init__()
+        count_sequence(self.name)
         self.pipeline: Pipeline | None = None
+        self.fault: OneShotFault | None = None
         self.version = dict.fromkeys(KEYS, 0)
         self.stored: set[str] = set()  # keys that may be present: set since the last removal
 
@@ -95,7 +111,7 @@ class PipelineMachine(RuleBasedStateMachine):
             layout=layout,  # type: ignore[arg-type]
             layers=2,
             heads=1 if mla else 2,
-            head_dim=4,
+            head_dim=self.head_dim,
             dtype="float16",
             page_size=P,
             tokens=P * PAGES,
@@ -113,7 +129,10 @@ class PipelineMachine(RuleBasedStateMachine):
         }
         loaded = load_config(environ={}, overrides=overrides, registry=REGISTRY)
         self.fault = OneShotFault()
-        self.pipeline = build_pipeline(loaded, transport=MemoryTransport(fault=self.fault))
+        self._open(build_pipeline(loaded, transport=MemoryTransport(fault=self.fault)))
+
+    def _open(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
         self.buf = np.zeros(self.geo.shape, np.float16)
         self.pipeline.register_pool("kv", self.geo, self.buf)
         self.stored.clear()
@@ -147,7 +166,8 @@ class PipelineMachine(RuleBasedStateMachine):
             got = self.buf[page_slice(self.geo, page)].tobytes()
             if ok:
                 assert key in self.stored, f"{key} was restored, but it was never stored"
-                assert got == content(self.geo, key, self.version[key]).tobytes(), key
+                want = content(self.geo, key, self.version[key])
+                same_bytes(self.name, got, want, f"{key} restored into page {page}")
         return run
 
     def store_stats(self) -> dict[str, int]:
@@ -169,8 +189,10 @@ class PipelineMachine(RuleBasedStateMachine):
         assert self.set_keys(keys, pages) == [True] * len(keys)
         assert self.p.exists(keys) == len(keys)
 
+    @precondition(lambda self: self.fault is not None)
     @rule(keys=key_lists, data=st.data(), cut=st.integers(0, 12))
     def set_through_one_failed_batch(self, keys: list[str], data: st.DataObject, cut: int) -> None:
+        assert self.fault is not None
         pages = data.draw(distinct_pages(PAGES, min_size=len(keys), max_size=len(keys)))
         before = sum(self.p.stats().fallbacks.values())
         self.fault.cut, self.fault.armed = cut, 1
@@ -195,8 +217,10 @@ class PipelineMachine(RuleBasedStateMachine):
             if not ok:
                 assert page_bytes(self.buf, self.geo, page) == garbage[page]
 
+    @precondition(lambda self: self.fault is not None)
     @rule(keys=key_lists, data=st.data(), cut=st.integers(0, 12))
     def get_through_one_failed_batch(self, keys: list[str], data: st.DataObject, cut: int) -> None:
+        assert self.fault is not None
         pages = data.draw(distinct_pages(PAGES, min_size=len(keys), max_size=len(keys)))
         present = self.p.exists(keys)
         self.garbage(pages)
@@ -325,5 +349,91 @@ class PipelineMachine(RuleBasedStateMachine):
         )
 
 
+# Page geometry of the throughput machine (head_dim 16): fragments of 128 bytes in layer_first
+# (P·H·D·2), so a coalesced run of fragments is cut by split, and the native loop streams
+# (non-temporal stores) every descriptor of at least STREAM_FROM bytes.
+SPLIT_BYTES = 320
+STREAM_FROM = 128
+
+
+class ThroughputPipelineMachine(PipelineMachine):
+    """The same rules through the production path: the ``throughput`` profile with its sizes
+    scaled to these pages, so batches are small, windows bind, runs coalesce and are cut,
+    both copy threads share every batch and large descriptors are streamed."""
+
+    name = "pipeline-throughput"
+    head_dim = 16
+
+    def _build(self) -> None:
+        self._open(build_pipeline(throughput_config(self.geo, self.batch)))
+
+
+def throughput_config(geo: PoolGeometry, batch: int) -> LoadedConfig:
+    """The ``throughput`` profile with its sizes scaled to ``geo``'s small pages."""
+    page = geo.page_bytes
+    overrides = {
+        "placement.capacity_bytes": CAPACITY * page,
+        "batching.read_batch_pages": batch,
+        "batching.query_batch_keys": 2,
+        "batching.window_batches": 2,
+        "batching.window_bytes": 2 * batch * page,
+        "coalescing.split_bytes": SPLIT_BYTES,
+        "transport.stream_min_bytes": STREAM_FROM,
+        # Every batch goes to both copy threads, however small (4 MiB by default).
+        "transport.options.min_parallel_bytes": 0,
+    }
+    loaded = load_config("throughput", environ={}, overrides=overrides, registry=REGISTRY)
+    config = loaded.config
+    assert (config.transport.name, config.transport.threads) == ("cpu", 2)
+    assert config.coalescing.strategy == "contiguous" and config.fallback.strategy == "sparse"
+    return loaded
+
+
+def test_the_throughput_machine_coalesces_splits_streams_and_uses_both_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The production machine's configuration is no no-op: a prefix stored together and
+    restored into consecutive pages is coalesced, cut at SPLIT_BYTES, copied by the native
+    loop in both copy threads, with the descriptors of at least STREAM_FROM bytes streamed."""
+    if not host_copy.NATIVE:
+        pytest.skip("the native copy loop did not build here (no C compiler)")
+    calls: list[tuple[str, int, list[int]]] = []
+    native = host_copy._copy.copy_many
+
+    def recording(dst: int, src: int, dsts: Any, srcs: Any, lengths: Any, stream: int) -> None:
+        calls.append((threading.current_thread().name, stream, list(lengths)))
+        native(dst, src, dsts, srcs, lengths, stream)
+
+    monkeypatch.setattr(host_copy._copy, "copy_many", recording)
+    geo = PoolGeometry(
+        name="kv", layout="layer_first", layers=2, heads=2, head_dim=16, dtype="float16",
+        page_size=P, tokens=P * PAGES,
+    )  # fmt: skip
+    buf = np.random.default_rng(7).integers(0, 1 << 16, geo.shape, dtype=np.uint16)
+    source = buf.view(np.float16)
+    with build_pipeline(throughput_config(geo, 4)) as pipeline:
+        pipeline.register_pool("kv", geo, source)
+        keys = KEYS[:CAPACITY]
+        assert pipeline.set(keys, token_indices(range(CAPACITY), P)) == [True] * CAPACITY
+        assert pipeline.get(keys, token_indices(range(4, 4 + CAPACITY), P)) == [True] * CAPACITY
+        stats = pipeline.stats()
+    for page in range(CAPACITY):
+        assert page_bytes(source, geo, 4 + page) == page_bytes(source, geo, page)
+    # Per plane, 4 pages of 128-byte fragments coalesce into one 512-byte run, cut at 320: the
+    # set and the get each send 2 pieces per plane instead of 4 fragments.
+    planes = geo.fragments_per_page
+    assert (stats.descriptors_before, stats.descriptors_after) == (2 * planes * 4, 2 * planes * 2)
+    lengths = sorted({n for _, _, batch in calls for n in batch})
+    assert lengths == [512 - SPLIT_BYTES, SPLIT_BYTES]
+    # Each batch is shared out between the two copy threads, none copied by the caller.
+    assert len(calls) == 2 * 2
+    assert {name.rsplit("_", 1)[0] for name, _, _ in calls} == {"kvcr-cpu-copy"}
+    if host_copy.STREAM:
+        assert {stream for _, stream, _ in calls} == {STREAM_FROM}
+        assert any(n >= STREAM_FROM for n in lengths)
+
+
 TestPipelineMachine = PipelineMachine.TestCase
-TestPipelineMachine.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
+TestPipelineMachine.settings = machine_settings(30, steps=25)
+TestThroughputPipelineMachine = ThroughputPipelineMachine.TestCase
+TestThroughputPipelineMachine.settings = machine_settings(150, steps=25)

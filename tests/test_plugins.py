@@ -267,6 +267,80 @@ def test_environment_alone_does_not_block_a_plugin(fake_dist: Callable[..., None
     assert make_plugin_manager(blocked).registry.find("batching", "watched") is None
 
 
+COUNTING = """
+    from kvcr_policy import hookimpl
+
+    CALLS = []
+
+    @hookimpl
+    def kvcr_register_strategies(register):
+        CALLS.append("kvcr_register_strategies")
+
+    @hookimpl
+    def kvcr_register_transports(register):
+        CALLS.append("kvcr_register_transports")
+
+    @hookimpl
+    def kvcr_register_backends(register):
+        CALLS.append("kvcr_register_backends")
+
+    @hookimpl
+    def kvcr_pipeline_opened(pipeline):
+        CALLS.append("kvcr_pipeline_opened")
+
+    @hookimpl
+    def kvcr_pipeline_closed(pipeline, stats):
+        CALLS.append("kvcr_pipeline_closed")
+"""
+
+
+@pytest.mark.parametrize("profile", ["default", "throughput"])
+def test_hooks_run_when_a_pipeline_is_built_never_per_page(
+    fake_dist: Callable[..., None], profile: str
+) -> None:
+    """A plugin implementing every hook sees each call: loading and building call hooks, moving
+    1 page or 64 pages (64 batches) calls none, closing calls one."""
+    import numpy as np
+
+    from kvcr_policy import build_pipeline
+    from kvcr_policy.geometry import PoolGeometry
+
+    fake_dist(
+        "kvcr-test-counting", {"counting": "kvcr_test_counting"}, {"kvcr_test_counting": COUNTING}
+    )
+    assert set(hookspecs.__dict__) >= {
+        "kvcr_register_strategies", "kvcr_register_transports", "kvcr_register_backends",
+        "kvcr_pipeline_opened", "kvcr_pipeline_closed",
+    }  # fmt: skip
+    overrides = {"batching.read_batch_pages": 1, "placement.capacity_bytes": "1MiB"}
+    loaded = load_config(profile, environ={}, overrides=overrides)
+    import kvcr_test_counting  # type: ignore[import-not-found]  # imported by the load
+
+    calls: list[str] = kvcr_test_counting.CALLS
+    geo = PoolGeometry(
+        name="kv", layout="page_first", layers=2, heads=2, head_dim=8, dtype="float16",
+        page_size=2, tokens=2 * 256,
+    )  # fmt: skip
+    pool = np.zeros(geo.shape, dtype=np.float16)
+    pipeline = build_pipeline(loaded)
+    # Registration hooks ran while the config was loaded or the pipeline built (once each).
+    assert calls.count("kvcr_register_strategies") >= 1
+    assert calls[-1] == "kvcr_pipeline_opened" and calls.count("kvcr_pipeline_opened") == 1
+    pipeline.register_pool("kv", geo, pool)
+    before = len(calls)
+    for n in (1, 64):
+        keys = [f"{n}-{i}" for i in range(n)]
+        tokens = np.arange(n * geo.page_size)
+        assert pipeline.set(keys, tokens) == [True] * n
+        assert pipeline.exists(keys) == n
+        assert pipeline.get(keys, tokens + 128 * geo.page_size) == [True] * n
+        assert pipeline.delete(keys) == n
+    assert calls[before:] == [], "a hook ran while pages moved"
+    assert pipeline.stats().batches >= 2 * 65
+    pipeline.close()
+    assert calls[before:] == ["kvcr_pipeline_closed"]
+
+
 def test_trace_hooks_prints_hook_calls(capsys: pytest.CaptureFixture[str]) -> None:
     make_plugin_manager(environ={"KVCR_POLICY_TRACE_HOOKS": "1"})
     traced = capsys.readouterr().err

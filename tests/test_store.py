@@ -35,6 +35,7 @@ from kvcr_policy.backends.dram.store import (
     count_extents,
 )
 from kvcr_policy.errors import CapacityError, ClosedError
+from tests.stateful import count_sequence, machine_settings, same_bytes
 
 
 def put(store: Store, keys: Sequence[str]) -> Reservation:
@@ -470,17 +471,32 @@ def test_every_call_after_close_raises() -> None:
 
 CAPACITY = 4
 KEYS = keys_of("k", 7)
+PAGE = 48  # bytes per slot of the tier the machine writes through the store's answers
 key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=3)
 
 
+def page_of(key: str, slot: int, generation: int) -> bytes:
+    """The bytes a write of ``key`` into ``slot`` (occupant ``generation``) puts there."""
+    seed = zlib.crc32(f"{key}@{slot}.{generation}".encode())
+    return np.random.default_rng(seed).integers(0, 256, PAGE, dtype=np.uint8).tobytes()
+
+
 class StoreMachine(RuleBasedStateMachine):
-    """Drives a Store and a plain model side by side; the model predicts evictions exactly."""
+    """Drives a Store and a plain model side by side; the model predicts evictions exactly.
+
+    It also moves bytes the way the pipeline does, through a tier of CAPACITY pages: a write
+    fills every slot its reservation handed out at once (the copy runs before the commit), a
+    failed or aborted write leaves garbage there, and every page a claim or a lookup reports
+    present must hold exactly the bytes written for that key and occupant.
+    """
 
     policy = "lru"
 
     def __init__(self) -> None:
         super().__init__()
+        count_sequence("store")
         self.store = Store(CAPACITY, eviction=self.policy)
+        self.tier = bytearray(CAPACITY * PAGE)
         self.published: dict[str, tuple[int, int]] = {}  # key -> (slot, generation)
         self.order: list[str] = []  # eviction order of published keys, first victim first
         self.reserving: dict[str, int] = {}
@@ -558,6 +574,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert generation > self.last_generation.get(slot, 0)
             self.last_generation[slot] = generation
             self.reserving[key] = slot
+            self.tier[slot * PAGE : (slot + 1) * PAGE] = page_of(key, slot, generation)
         for key, hit in zip(reservation.keys, reservation.present, strict=True):
             if hit:
                 self.touch(key)
@@ -575,6 +592,9 @@ class StoreMachine(RuleBasedStateMachine):
         ):
             if slot < 0:
                 continue
+            if not written and self.reserving.get(key) == slot:
+                # The copy died part-way: half of the slot holds something else.
+                self.tier[slot * PAGE : slot * PAGE + PAGE // 2] = bytes(PAGE // 2)
             if slot in self.cancelled:
                 self.cancelled.discard(slot)
             elif self.reserving.get(key) == slot:
@@ -590,12 +610,19 @@ class StoreMachine(RuleBasedStateMachine):
         expected = self.settle(reservation, ok)
         assert self.store.commit(reservation, ok) == expected
 
+    def page(self, slot: int) -> bytes:
+        return bytes(self.tier[slot * PAGE : (slot + 1) * PAGE])
+
     def start_read(self, keys: list[str]) -> Claim:
         claim = self.store.claim(keys)
         run = list(itertools.takewhile(self.published.__contains__, keys))
         assert claim.keys == tuple(run)
         assert claim.slots.tolist() == [self.published[key][0] for key in run]
         assert claim.generations.tolist() == [self.published[key][1] for key in run]
+        for key, slot, generation in zip(
+            claim.keys, claim.slots.tolist(), claim.generations.tolist(), strict=True
+        ):
+            same_bytes("store", self.page(slot), page_of(key, slot, generation), f"claimed {key}")
         for key in run:
             self.claims[self.published[key][0]] += 1
             self.touch(key)
@@ -714,6 +741,21 @@ class StoreMachine(RuleBasedStateMachine):
         assert snap.claims.tolist() == [self.claims[slot] for slot in range(CAPACITY)]
 
     @invariant()
+    def present_pages_hold_their_bytes(self) -> None:
+        """Every published slot, and every slot a live claim reads, holds its writer's bytes."""
+        slots = self.store.lookup(KEYS).tolist()
+        for key, slot in zip(KEYS, slots, strict=True):
+            if slot >= 0:
+                generation = int(self.store.snapshot().generations[slot])
+                same_bytes("store", self.page(slot), page_of(key, slot, generation), key)
+        for claim in self.live.values():
+            for key, slot, generation in zip(
+                claim.keys, claim.slots.tolist(), claim.generations.tolist(), strict=True
+            ):
+                want = page_of(key, slot, generation)
+                same_bytes("store", self.page(slot), want, f"{key} while claimed")
+
+    @invariant()
     def claimed_slots_keep_their_occupant(self) -> None:
         snap = self.store.snapshot()
         for claim in self.live.values():
@@ -750,19 +792,16 @@ class FIFOStoreMachine(StoreMachine):
     policy = "fifo"
 
 
-MACHINE_SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestStoreLRU = StoreMachine.TestCase
-TestStoreLRU.settings = MACHINE_SETTINGS
+TestStoreLRU.settings = machine_settings(400, steps=40)
 TestStoreFIFO = FIFOStoreMachine.TestCase
-TestStoreFIFO.settings = MACHINE_SETTINGS
+TestStoreFIFO.settings = machine_settings(400, steps=40)
 
 
 def test_machine_on_the_vectorised_allocator_path() -> None:
     """The machine's tier is small, so its allocator scans in Python; rerun it vectorised."""
     with patch.object(_FreeExtents, "_VECTOR_SCAN_FROM", 0):
-        run_state_machine_as_test(
-            StoreMachine, settings=settings(max_examples=40, stateful_step_count=40, deadline=None)
-        )
+        run_state_machine_as_test(StoreMachine, settings=machine_settings(100, steps=40))
 
 
 # ---- threads --------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Tests for the DRAM tier region: regions, placement audit, prefer/require, close and leaks.
 
-Real syscalls run on node 0. This machine has one NUMA node (and THP in ``madvise`` mode), so
-multi-node topologies and a THP-less kernel are faked with temporary /sys trees through
-``_os.use_roots``; the kernel itself still only knows node 0, which is what makes the
-"validated but refused by mbind" path testable.
+Real syscalls run on the node this process's memory lands on; a node the kernel lacks is one
+past the highest online node (``tests.hosts``), so the tests hold on hosts with any number of
+nodes. Topologies and kernels this host lacks (the CI machine has one NUMA node and THP in
+``madvise`` mode) are faked with temporary /sys trees through ``_os.use_roots``; the kernel
+still knows only its real nodes, which is what makes the "validated but refused by mbind" path
+testable.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 from kvcr_policy import _os
 from kvcr_policy.backends.dram.tier import PlacementAudit, Region, format_audit, open_region
 from kvcr_policy.errors import ClosedError, PlacementError
+from tests.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 
 MIB = 1 << 20
 LOGGER = "kvcr_policy.backends.dram.tier"
@@ -33,14 +36,11 @@ needs_thp = pytest.mark.skipif(
 
 
 @pytest.fixture
-def four_nodes(tmp_path: Path) -> Iterator[None]:
-    """Faked: /sys says nodes 0-3 are online; the kernel still has node 0 only."""
-    node_dir = tmp_path / "devices/system/node"
-    for node in range(4):
-        (node_dir / f"node{node}").mkdir(parents=True)
-    (node_dir / "online").write_text("0-3\n")
-    with _os.use_roots(sys=tmp_path):
-        yield
+def one_more_node(tmp_path: Path) -> Iterator[int]:
+    """Faked: /sys lists the real nodes and one more, which the kernel does not have."""
+    extra = absent_node()
+    with _os.use_roots(sys=fake_sys_nodes(tmp_path, (*real_nodes(), extra))):
+        yield extra
 
 
 @pytest.fixture
@@ -178,17 +178,18 @@ def test_huge_pages_require_without_thp_raises_with_the_fix(no_thp: None) -> Non
 
 
 @needs_numa
-def test_bind_node_0_touched_pages_on_node_0_untouched_not_present() -> None:
-    with open_region(8 * MIB, numa_policy="bind", numa_nodes=[0], numa_mode="require") as region:
+def test_bind_home_node_touched_pages_there_untouched_not_present() -> None:
+    node = home_node()
+    with open_region(8 * MIB, numa_policy="bind", numa_nodes=[node], numa_mode="require") as region:
         array = region.array
         array[: 4 * MIB] = 1  # the last 2 MiB stay untouched even with THP (see test_os)
         del array
         audit = region.audit()
         page = _os.page_size()
         tail = _os.move_pages_query(region.address + np.arange(6 * MIB, 8 * MIB, page))
-    assert (audit.numa_policy_obtained, audit.numa_nodes_obtained) == ("bind", (0,))
-    assert set(audit.pages_per_node) == {0, "not_present"}
-    assert audit.pages_per_node[0] >= 4 * MIB // page
+    assert (audit.numa_policy_obtained, audit.numa_nodes_obtained) == ("bind", (node,))
+    assert set(audit.pages_per_node) == {node, "not_present"}
+    assert audit.pages_per_node[node] >= 4 * MIB // page
     assert set(tail.tolist()) == {-errno.ENOENT}
     assert audit.fallbacks == ()
 
@@ -196,51 +197,84 @@ def test_bind_node_0_touched_pages_on_node_0_untouched_not_present() -> None:
 @needs_numa
 @pytest.mark.parametrize("policy", ["preferred", "interleave"])
 def test_other_policies_read_back(policy: str) -> None:
-    with open_region(MIB, numa_policy=policy, numa_nodes=[0], prefault=True) as region:  # type: ignore[arg-type]
+    node = home_node()
+    with open_region(MIB, numa_policy=policy, numa_nodes=[node], prefault=True) as region:  # type: ignore[arg-type]
         audit = region.audit()
     assert audit.numa_policy_obtained == policy
-    assert set(audit.pages_per_node) == {0}
+    assert set(audit.pages_per_node) == {node}
 
 
 def test_require_an_absent_node_names_it_and_the_online_nodes() -> None:
+    node = absent_node()
     with pytest.raises(PlacementError) as info:
-        open_region(MIB, numa_policy="bind", numa_nodes=[1], numa_mode="require")
+        open_region(MIB, numa_policy="bind", numa_nodes=[node], numa_mode="require")
     text = str(info.value)
-    assert "node(s) 1 not online" in text
+    assert f"node(s) {node} not online" in text
     assert f"online nodes: {_os.format_node_list(_os.online_nodes())}" in text
     assert "fix: choose numa_nodes from the online nodes" in text
 
 
 def test_prefer_an_absent_node_warns_once_and_counts_a_fallback(caplog) -> None:
-    with open_region(MIB, numa_policy="bind", numa_nodes=[1], prefault=True) as region:
+    node = absent_node()
+    with open_region(MIB, numa_policy="bind", numa_nodes=[node], prefault=True) as region:
         audit = region.audit()
     assert len(audit.fallbacks) == 1 and audit.fallbacks[0][0] == "numa"
-    assert "node(s) 1 not online" in audit.fallbacks[0][1]
+    assert f"node(s) {node} not online" in audit.fallbacks[0][1]
     assert len(_warnings(caplog)) == 1
     assert audit.numa_policy_obtained in ("default", "unknown")
 
 
 @needs_numa
-def test_fake_node_3_passes_validation_but_mbind_refuses_it(four_nodes: None, caplog) -> None:
-    with open_region(MIB, numa_policy="bind", numa_nodes=[3]) as region:
+def test_a_faked_node_passes_validation_but_mbind_refuses_it(one_more_node: int, caplog) -> None:
+    with open_region(MIB, numa_policy="bind", numa_nodes=[one_more_node]) as region:
         audit = region.audit()
     assert len(audit.fallbacks) == 1
     what, why = audit.fallbacks[0]
     assert what == "numa" and "mbind failed with" in why and "not online" not in why
     assert len(_warnings(caplog)) == 1
     with pytest.raises(PlacementError, match="mbind failed with E"):
-        open_region(MIB, numa_policy="bind", numa_nodes=[3], numa_mode="require")
+        open_region(MIB, numa_policy="bind", numa_nodes=[one_more_node], numa_mode="require")
+
+
+@needs_numa
+def test_interleave_over_a_fake_two_node_sys(tmp_path: Path, caplog) -> None:
+    """Faked: /sys says nodes 0 and 1 are online, because this CI host has one node. Validation
+    trusts /sys; the kernel decides what it keeps: both nodes where it has them; else mbind
+    keeps the nodes it has and silently drops the other (or refuses when none is left), which
+    the audit must report as a fallback (``prefer``) or an error (``require``)."""
+    kept = tuple(n for n in (0, 1) if n in real_nodes())
+    with _os.use_roots(sys=fake_sys_nodes(tmp_path, (0, 1))):
+        assert _os.online_nodes() == (0, 1)
+        with open_region(2 * MIB, numa_policy="interleave", numa_nodes=[0, 1]) as region:
+            audit = region.audit()
+        if kept != (0, 1):
+            with pytest.raises(PlacementError, match="mode require"):
+                open_region(MIB, numa_policy="interleave", numa_nodes=[0, 1], numa_mode="require")
+    assert audit.numa_nodes_requested == (0, 1)
+    if kept == (0, 1):
+        assert (audit.numa_policy_obtained, audit.numa_nodes_obtained) == ("interleave", (0, 1))
+        assert audit.fallbacks == ()
+        return
+    assert [what for what, _ in audit.fallbacks] == ["numa"]
+    assert len(_warnings(caplog)) == 1
+    if kept:
+        assert audit.numa_nodes_obtained == kept
+        missing = _os.format_node_list([n for n in (0, 1) if n not in kept])
+        assert f"the kernel dropped node(s) {missing}" in audit.fallbacks[0][1]
+    else:
+        assert "mbind failed with" in audit.fallbacks[0][1]
 
 
 # --- audit rendering --------------------------------------------------------------------------
 
 
 def test_audit_to_dict_is_json_and_format_is_readable() -> None:
-    with open_region(MIB, name="json", numa_policy="bind", numa_nodes=[0, 1]) as region:
+    nodes = [real_nodes()[0], absent_node()]  # the second one makes a fallback to render
+    with open_region(MIB, name="json", numa_policy="bind", numa_nodes=nodes) as region:
         audit = region.audit()
     assert isinstance(audit, PlacementAudit)
     data = json.loads(json.dumps(audit.to_dict()))
-    assert data["name"] == "json" and data["numa_nodes_requested"] == [0, 1]
+    assert data["name"] == "json" and data["numa_nodes_requested"] == nodes
     assert data["fallbacks"][0][0] == "numa"
     text = format_audit(audit)
     assert "tier 'json'" in text and "fallback     numa" in text

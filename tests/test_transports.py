@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcr_policy.backends.dram.transports import copy as host_copy
 from kvcr_policy.backends.dram.transports.base import CopyBatch, Endpoint, Transport, check_bounds
 from kvcr_policy.backends.dram.transports.cpu import CpuOptions, CpuTransport
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
@@ -270,3 +271,47 @@ def test_the_base_transport_has_no_copy_of_its_own() -> None:
     assert transport.describe() == {"name": "base", "capabilities": []}
     transport.close()
     transport.close()
+
+
+# ---- non-temporal stores (README: "With transport.stream_min_bytes set, large copies use
+# non-temporal stores") ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not host_copy.STREAM, reason="no native loop with non-temporal stores here")
+@pytest.mark.parametrize(("profile", "stream"), [("default", 0), ("throughput", 1 << 20)])
+def test_stream_min_bytes_sends_large_copies_down_the_non_temporal_path(
+    monkeypatch: pytest.MonkeyPatch, profile: str, stream: int
+) -> None:
+    """Through a pipeline: every native copy call carries the profile's threshold, so the copies
+    of at least ``stream_min_bytes`` are streamed (the native loop's rule, whose bytes
+    test_copy.py checks), and the default profile streams nothing."""
+    from kvcr_policy import build_pipeline, load_config
+    from kvcr_policy.geometry import PoolGeometry
+
+    calls: list[tuple[int, list[int]]] = []
+    native = host_copy._copy.copy_many
+
+    def recording(dst: int, src: int, dsts: object, srcs: object, lengths: object, s: int) -> None:
+        calls.append((s, np.asarray(lengths).tolist()))
+        native(dst, src, dsts, srcs, lengths, s)
+
+    monkeypatch.setattr(host_copy._copy, "copy_many", recording)
+    # page_first pages of 512 KiB: 8 consecutive pages coalesce into runs of 2 x 2 MiB.
+    geo = PoolGeometry(
+        name="kv", layout="page_first", layers=4, heads=8, head_dim=128, dtype="float16",
+        page_size=32, tokens=32 * 16,
+    )  # fmt: skip
+    pool = np.random.default_rng(3).integers(0, 1 << 16, geo.shape, dtype=np.uint16)
+    view = pool.view(np.float16)
+    loaded = load_config(profile, environ={}, overrides={"placement.capacity_bytes": "8MiB"})
+    assert loaded.config.transport.stream_min_bytes == (stream or None)
+    with build_pipeline(loaded) as pipeline:
+        pipeline.register_pool("kv", geo, view)
+        keys = [f"p{i}" for i in range(8)]
+        assert pipeline.set(keys, np.arange(8 * 32)) == [True] * 8
+        assert pipeline.get(keys, np.arange(8 * 32, 16 * 32)) == [True] * 8
+        assert pipeline.stats().transport["stream_min_bytes"] == (stream or None)
+    assert np.array_equal(pool[:, 256:], pool[:, :256])
+    assert calls and {s for s, _ in calls} == {stream}
+    if stream:
+        assert any(n >= stream for _, lengths in calls for n in lengths)

@@ -165,10 +165,11 @@ class PoolMeter:
     ) -> None:
         """A call that returned: its totals, latency and misses by reason.
 
-        Keys past ``transfer.limit`` miss for the backend's reason (``transfer.miss``); within
-        it, pages the mover did not get through miss for the reason of the batch that failed;
-        a write's remaining failures (``n_keys - stored`` beyond those) are keys another
-        transfer held.
+        Keys past ``transfer.limit`` miss for the backend's reason (``transfer.miss``). Within
+        it, pages the mover did not get through miss for the reason of the batch that failed,
+        or, where no batch raised, because the source said so (a read: ``absent``; a write:
+        ``claimed``); a write's remaining failures (``n_keys - stored`` beyond those) are keys
+        another transfer held.
         """
         side = self.direction(read)
         side.call(counts, page_bytes)
@@ -177,15 +178,16 @@ class PoolMeter:
         past = n_keys - limit
         default = "absent" if read else "claimed"
         side.miss(getattr(transfer, "miss", default), past)
+        within = counts.failure if counts.fallback else default
         if read:
-            side.miss(counts.failure, limit - counts.pages)
+            side.miss(within, limit - counts.pages)
             return
         needs = transfer.needs
         if needs is None:
             lost = limit - int(np.count_nonzero(moved))
         else:
             lost = int(np.count_nonzero(needs[:limit] & ~moved))
-        side.miss(counts.failure, lost)
+        side.miss(within, lost)
         side.miss(default, n_keys - stored - past - lost)
 
     def failed(

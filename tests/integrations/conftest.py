@@ -1,7 +1,8 @@
 """Fixtures for the SGLang integration tests: real SGLang classes on a CPU-only machine.
 
-Tests that need SGLang skip with a reason when it is absent; ``bash .ci/install-sglang.sh``
-installs the pinned sglang==0.5.23 the way ``shared/notes/sglang-on-cpu.md`` says.
+Tests that need SGLang skip with a reason when it is absent, and fail under CI, where the README's
+test command has installed it (``bash .ci/install-sglang.sh``: the pinned sglang==0.5.23 with the
+CPU torch).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from tests.installs import missing
 
 SGLANG_MISSING = "sglang==0.5.23 is not installed; run `bash .ci/install-sglang.sh` (.ci/run does)"
 # Small enough for 2 cores and a shared CI box; every test's tier is one region of this size.
@@ -27,7 +30,7 @@ def sglang_installed() -> bool:
 def sg() -> SimpleNamespace:
     """The SGLang names the tests use; skips the test when SGLang is not installed."""
     if not sglang_installed():
-        pytest.skip(SGLANG_MISSING)
+        missing(SGLANG_MISSING)
     import torch
 
     # Two busy cores: with two intra-op threads small tensor ops take milliseconds each.
@@ -40,10 +43,15 @@ def sg() -> SimpleNamespace:
     from sglang.srt.mem_cache.device_pool_info import (
         KVBufferLayout,
         KVBuffers,
+        MambaStateBufferInfo,
         MHABufferInfo,
         MLABufferInfo,
     )
-    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+    from sglang.srt.mem_cache.pool_host.mha import (
+        AsymmetricMHATokenToKVPoolHost,
+        MHATokenToKVPoolHost,
+    )
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
@@ -57,7 +65,10 @@ def sg() -> SimpleNamespace:
         MHABufferInfo=MHABufferInfo,
         MLABufferInfo=MLABufferInfo,
         MHATokenToKVPoolHost=MHATokenToKVPoolHost,
+        AsymmetricMHATokenToKVPoolHost=AsymmetricMHATokenToKVPoolHost,
         MLATokenToKVPoolHost=MLATokenToKVPoolHost,
+        MambaPoolHost=MambaPoolHost,
+        MambaStateBufferInfo=MambaStateBufferInfo,
         StorageBackendFactory=StorageBackendFactory,
         backend=backend,
     )
@@ -113,13 +124,21 @@ def make_backend(sg: SimpleNamespace, storage_config: Callable[..., Any]) -> Ite
         backend.close()
 
 
-def mha_pool(sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0) -> Any:
-    """A real MHATokenToKVPoolHost on CPU (L=3, H=2, D=16, bf16, P=4), filled with random bytes."""
+def mha_pool(
+    sg: SimpleNamespace,
+    layout: str,
+    *,
+    pages: int = 48,
+    seed: int = 0,
+    v_head_dim: int = 16,
+) -> Any:
+    """A real MHATokenToKVPoolHost on CPU (L=3, H=2, D=16, bf16, P=4), filled with random bytes;
+    with another ``v_head_dim``, SGLang's AsymmetricMHATokenToKVPoolHost (K and V apart)."""
     torch = sg.torch
     layers, heads, head_dim, page = 3, 2, 16, 4
     device_tokens = 2 * page
     k = tuple(torch.zeros(device_tokens, heads, head_dim, dtype=torch.bfloat16) for _ in range(3))
-    v = tuple(torch.zeros(device_tokens, heads, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    v = tuple(torch.zeros(device_tokens, heads, v_head_dim, dtype=torch.bfloat16) for _ in range(3))
     pointers = [torch.tensor([t.data_ptr() for t in side], dtype=torch.uint64) for side in (k, v)]
     info = sg.MHABufferInfo(
         buffers=sg.KVBuffers(
@@ -128,11 +147,12 @@ def mha_pool(sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0
         page_size=page,
         head_num=heads,
         head_dim=head_dim,
-        v_head_dim=head_dim,
+        v_head_dim=v_head_dim,
         dtype=torch.bfloat16,
         device=torch.device("cpu"),
     )
-    pool = sg.MHATokenToKVPoolHost(
+    cls = sg.MHATokenToKVPoolHost if v_head_dim == head_dim else sg.AsymmetricMHATokenToKVPoolHost
+    pool = cls(
         info,
         1.0,
         0,
@@ -145,12 +165,16 @@ def mha_pool(sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0
         end_layer=layers,
         host_token_capacity=pages * page,
     )
-    fill_random(sg, pool, seed)
+    if v_head_dim == head_dim:
+        fill_random(sg, pool, seed)
     return pool
 
 
-def mla_pool(sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0) -> Any:
-    """A real MLATokenToKVPoolHost on CPU (L=3, kv_lora_rank 24 + rope 8, bf16, P=4)."""
+def mla_pool(
+    sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0, dcp_size: int = 1
+) -> Any:
+    """A real MLATokenToKVPoolHost on CPU (L=3, kv_lora_rank 24 + rope 8, bf16, P=4); with
+    ``dcp_size`` > 1, a DCP shard (SGLang hands it the page widened by ``dcp_size``)."""
     torch = sg.torch
     layers, page, rank, rope = 3, 4, 24, 8
     buffers = tuple(torch.zeros(2 * page, 1, rank + rope, dtype=torch.bfloat16) for _ in range(3))
@@ -170,10 +194,11 @@ def mla_pool(sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0
         info,
         1.0,
         0,
-        page,
+        page * dcp_size,
         layout,
         pin_memory=False,
         device="cpu",
+        dcp_size=dcp_size,
         device_capacity_tokens=2 * page,
         start_layer=0,
         end_layer=layers,
@@ -182,6 +207,18 @@ def mla_pool(sg: SimpleNamespace, layout: str, *, pages: int = 48, seed: int = 0
     )
     fill_random(sg, pool, seed)
     return pool
+
+
+def mamba_pool(sg: SimpleNamespace) -> Any:
+    """A real MambaPoolHost on CPU: 2 Mamba layers, 4 checkpoints of state (temporal + conv)."""
+    torch = sg.torch
+    info = sg.MambaStateBufferInfo(
+        temporal=torch.zeros(2, 4, 3, 5, dtype=torch.float32),
+        conv=(torch.zeros(2, 4, 6, dtype=torch.float32),),
+    )
+    return sg.MambaPoolHost(
+        info, 2.0, 0, device_capacity=4, pin_memory=False, device="cpu", layout="page_first"
+    )
 
 
 def fill_random(sg: SimpleNamespace, pool: Any, seed: int) -> None:
@@ -205,10 +242,11 @@ def token_indices(sg: SimpleNamespace, pool: Any, pages: list[int]) -> Any:
 
 @pytest.fixture
 def kit(sg: SimpleNamespace) -> SimpleNamespace:
-    """Host pool helpers bound to the SGLang modules: mha, mla, page, indices."""
+    """Host pool helpers bound to the SGLang modules: mha, mla, mamba, page, indices."""
     return SimpleNamespace(
         mha=lambda layout, **kw: mha_pool(sg, layout, **kw),
         mla=lambda layout, **kw: mla_pool(sg, layout, **kw),
+        mamba=lambda: mamba_pool(sg),
         page=lambda pool, page: page_bytes_of(sg, pool, page),
         indices=lambda pool, pages: token_indices(sg, pool, pages),
     )

@@ -144,9 +144,9 @@ def test_usable_prefix_over_pools_matches_hicache_file(
     assert query(ours, hs.PoolHitPolicy.ALL_PAGES, 1) == (3, {kv: 6, swa: 3}, [1, 2, 3])
     assert query(ours, hs.PoolHitPolicy.TRAILING_PAGES, 2)[2] == [1, 2, 3, 6]
 
-    # A pool that cannot be kept (Mamba state has no kv_buffer) fails closed; others work.
-    ours.register_mem_host_pool_v2(SimpleNamespace(layout="layer_first"), mamba)
-    assert "mamba" in ours.refused
+    # A pool that cannot be kept (SGLang's Mamba state pool) fails closed; the others work.
+    ours.register_mem_host_pool_v2(kit.mamba(), mamba)
+    assert "no single kv_buffer tensor" in ours.refused["mamba"]
     gone = hs.PoolTransfer(name=mamba, host_indices=kit.indices(swa_pool, [0]), keys=keys[:1])
     assert ours.batch_get_v2([gone]) == {mamba: [False]}
     assert ours.batch_exists_v2(keys, [gone]).kv_hit_pages == 0
@@ -283,3 +283,121 @@ def test_a_pool_whose_buffer_disagrees_is_refused_alone(
     put = sg.hs.PoolTransfer(name=swa, host_indices=kit.indices(bad, [0]), keys=["a"])
     assert backend.batch_set_v2([put]) == {swa: [False]}
     assert backend.batch_set_v1(["a"], kit.indices(good, [0])) == [True]
+
+
+@pytest.mark.parametrize(
+    ("pool", "reason"),
+    [
+        ("mamba", "no single kv_buffer tensor"),
+        ("asymmetric", "no single kv_buffer tensor"),
+        ("dcp", "DCP-sharded pools (dcp_size=2) are not supported"),
+        ("page_unified", "'page_unified'"),
+    ],
+)
+def test_real_pools_that_cannot_be_kept_fail_closed_with_their_reason(
+    sg: SimpleNamespace,
+    kit: SimpleNamespace,
+    make_backend: Any,
+    caplog: pytest.LogCaptureFixture,
+    pool: str,
+    reason: str,
+) -> None:
+    """SGLang's own host pool classes, built on CPU: each refusal is logged with its reason,
+    SGLang's "pools registered" call logs the ``refused (misses)`` line, the refused pool's
+    pages miss and the KV pool keeps working."""
+    make = {
+        "mamba": kit.mamba,
+        "asymmetric": lambda: kit.mha("page_first", v_head_dim=8),
+        "dcp": lambda: kit.mla("page_first", dcp_size=2),
+        "page_unified": lambda: kit.mha("page_unified"),
+    }
+    refused = make[pool]()
+    expected = {
+        "mamba": sg.MambaPoolHost,
+        "asymmetric": sg.AsymmetricMHATokenToKVPoolHost,
+        "dcp": sg.MLATokenToKVPoolHost,
+        "page_unified": sg.MHATokenToKVPoolHost,
+    }
+    assert type(refused) is expected[pool]
+    backend = make_backend()
+    good = kit.mha("page_first")
+    swa = sg.hs.PoolName.SWA
+    with caplog.at_level(logging.INFO, logger="kvcr_policy"):
+        backend.register_mem_pool_host(good)
+        backend.register_mem_host_pool_v2(good, sg.hs.PoolName.KV)
+        backend.register_mem_host_pool_v2(refused, swa)
+        backend.on_host_pools_registered()
+    assert reason in backend.refused["swa"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("fails closed (misses)" in line and reason in line for line in lines), lines
+    summary = [line for line in lines if line.startswith("kvcr_policy pools: ")]
+    assert len(summary) == 1
+    assert summary[0].startswith("kvcr_policy pools: kv (page_first); refused (misses): swa: ")
+    assert reason in summary[0]
+    put = sg.hs.PoolTransfer(name=swa, host_indices=kit.indices(good, [0]), keys=["a"])
+    assert backend.batch_set_v2([put]) == {swa: [False]}
+    assert backend.batch_set_v1(["a"], kit.indices(good, [0])) == [True]
+    assert backend.batch_exists(["a"]) == 1
+
+
+# ---- configuration precedence through SGLang's factory (README, "Overriding from the
+# environment"): extra_config overrides > KVCR_POLICY_* > the profile > schema defaults, and a
+# profile named in extra_config wins over KVCR_POLICY_PROFILE.
+
+
+def _start_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "kvcr_policy.integrations.sglang"]
+
+
+def test_kvcr_policy_profile_selects_the_profile_without_extra_config(
+    make_backend: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("KVCR_POLICY_PROFILE", "throughput")
+    with caplog.at_level(logging.INFO, logger="kvcr_policy"):
+        backend = make_backend()
+    assert backend.loaded.config.batching.read_batch_pages == 256
+    assert backend.loaded.config.coalescing.strategy == "contiguous"
+    first = _start_lines(caplog)[0]
+    assert "throughput.toml (from env KVCR_POLICY_PROFILE)" in first
+
+
+def test_a_profile_in_extra_config_wins_over_kvcr_policy_profile(
+    make_backend: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("KVCR_POLICY_PROFILE", "throughput")
+    with caplog.at_level(logging.INFO, logger="kvcr_policy"):
+        backend = make_backend(profile="default")
+    assert backend.loaded.config.batching.read_batch_pages == 128
+    assert backend.loaded.config.coalescing.strategy == "none"
+    first = _start_lines(caplog)[0]
+    assert "default.toml (from SGLang --hicache-storage-backend-extra-config" in first
+
+
+def test_extra_config_overrides_win_over_the_environment_which_wins_over_the_profile(
+    make_backend: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("KVCR_POLICY_BATCHING__READ_BATCH_PAGES", "512")
+    monkeypatch.setenv("KVCR_POLICY_BATCHING__QUERY_BATCH_KEYS", "77")
+    with caplog.at_level(logging.INFO, logger="kvcr_policy"):
+        backend = make_backend(
+            profile="throughput",
+            overrides={"placement.capacity_bytes": "64MiB", "batching.read_batch_pages": 64},
+        )
+    batching = backend.loaded.config.batching
+    assert (batching.read_batch_pages, batching.query_batch_keys) == (64, 77)
+    assert batching.window_batches == 4  # the profile's, where nothing else speaks
+    lines = _start_lines(caplog)
+    assert "kvcr_policy: batching.read_batch_pages = 64 (from override)" in lines
+    env = "env KVCR_POLICY_BATCHING__QUERY_BATCH_KEYS"
+    assert f"kvcr_policy: batching.query_batch_keys = 77 (from {env})" in lines
+
+
+def test_an_environment_typo_is_refused_through_sglangs_factory(
+    make_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVCR_POLICY_BATCHING__READ_BACH_PAGES", "512")
+    with pytest.raises(ConfigError) as caught:
+        make_backend(profile="throughput")
+    text = str(caught.value)
+    assert "KVCR_POLICY_BATCHING__READ_BACH_PAGES" in text
+    assert "did you mean KVCR_POLICY_BATCHING__READ_BATCH_PAGES" in text

@@ -10,6 +10,7 @@ pool, then SGLang's middleware serves ``/metrics`` from a real uvicorn server, r
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 import threading
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.installs import missing
 from tests.integrations.conftest import TIER
 from tests.observability.scraping import read_samples, value
 
@@ -30,7 +32,8 @@ MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
 def test_backend_metrics_appear_in_sglangs_metrics(
     sg: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("uvicorn", reason="SGLang's HTTP server (uvicorn) is needed")
+    if importlib.util.find_spec("uvicorn") is None:
+        missing("uvicorn (SGLang's HTTP server) is not installed; run `bash .ci/install-sglang.sh`")
     from sglang.srt.utils.common import set_prometheus_multiproc_dir
 
     # As SGLang's engine start with --enable-metrics: no folder given, SGLang makes one and

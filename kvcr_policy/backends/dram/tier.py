@@ -340,7 +340,21 @@ def _apply_numa(region: Region) -> None:
     except OSError as err:
         _refuse_or_record(region, "numa", asked, f"default policy ({err})", fix, require)
         return
-    region._numa_nodes = tuple(nodes)
+    # mbind(2) accepts a mask and silently keeps only the nodes this process may use (its
+    # cpuset, nodes with memory); only an empty result is EINVAL. Read back what it kept.
+    try:
+        kept = _os.get_mempolicy(_base(region._mm))[1]
+    except OSError:
+        kept = ()
+    dropped = [n for n in nodes if kept and n not in kept]
+    if dropped:
+        got = (
+            f"{req.numa_policy} over node(s) {_os.format_node_list(kept)}: the kernel dropped "
+            f"node(s) {_os.format_node_list(dropped)} (outside this process's cpuset, or "
+            "without memory)"
+        )
+        _refuse_or_record(region, "numa", asked, got, fix, require)
+    region._numa_nodes = tuple(n for n in nodes if n not in dropped)
 
 
 def _populate(region: Region, start: int, length: int) -> str:
