@@ -385,16 +385,20 @@ def bench(
     tokens: Annotated[int, typer.Option("--tokens", min=1)] = 8192,
     target: Annotated[Target, typer.Option("--target")] = Target.cpu,
     transport: Annotated[
-        Via, typer.Option("--transport", help="local tier or a ucx peer.")
+        Via, typer.Option("--transport", help="local tier, or ucx: the same as --backend peer.")
     ] = Via.local,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="Tier backend: dram or peer (default: the profile's)."),
+    ] = None,
     peer: Annotated[
-        Peer | None, typer.Option("--peer", help="Also measure SGLang's HiCacheFile.")
+        Peer | None, typer.Option("--peer", help="Compare P with SGLang's HiCacheFile.")
     ] = None,
     ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", min=1)] = 5,
     mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
     scatter: Annotated[
-        bool, typer.Option("--scatter", help="Restore into scattered pages.")
+        bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
     ] = False,
     set_: SetOpt = None,
     screen_pct: Annotated[
@@ -405,131 +409,10 @@ def bench(
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
-    from .bench import BenchSetup, run_bench, screen
+    options = dict(locals(), set_=_overrides(set_))  # every option above, by name
+    from .bench.command import run_command
 
-    overrides = _overrides(set_)
-    bar, say = _progress_printer(format, total=3 + 4 * repeat)
-    if target is Target.cuda:
-        from .cuda_bench import run_cuda_bench
-
-        result = run_cuda_bench(
-            profile,
-            vs,
-            geometry_name=geometry,
-            layout=layout,
-            tokens=tokens,
-            repeat=repeat,
-            scatter=scatter,
-            mla=mla,
-            overrides=overrides,
-        )
-    elif transport is Via.ucx:
-        from .backends.peer.bench import run_ucx_bench
-
-        result = run_ucx_bench(
-            profile,
-            vs,
-            geometry_name=geometry,
-            layout=layout,
-            tokens=tokens,
-            repeat=repeat,
-            tls=ucx_tls,
-            mla=mla,
-        )
-    elif peer is not None:
-        from .integrations.sglang_bench import run_peer_bench
-
-        result = run_peer_bench(
-            profile, tokens=tokens, layout=layout, geometry_name=geometry, repeat=repeat
-        )
-    else:
-        setup = BenchSetup(profile, vs, geometry, layout, tokens, repeat, mla, scatter, overrides)
-        if bar is not None:
-            with bar:
-                result = run_bench(setup, say)
-        else:
-            result = run_bench(setup, say)
-    failed = False
-    if screen_pct is not None and "orders" in result:
-        result["screen"] = screen(result, screen_pct)
-        failed = not result["screen"]["passed"]
-    if plot:
-        _plot(result, plot)
-    if format is PlainFormat.json:
-        _print_json(result)
-    else:
-        _print_bench(result)
-    if not result.get("verified", False):
-        err.print("restored bytes did not match what was stored", markup=False)
-        raise typer.Exit(1)
-    if failed:
-        orders = ", ".join(result["screen"]["failed_orders"])
-        err.print(f"regression screen failed in order(s) {orders}", markup=False)
-        raise typer.Exit(1)
-
-
-def _progress_printer(format: PlainFormat, total: int) -> Any:
-    """A progress bar on stderr for people; nothing when stderr is not a terminal."""
-    if not sys.stderr.isatty():
-        return None, None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    )
-    task = bar.add_task("bench", total=total)
-
-    def say(message: str) -> None:
-        bar.update(task, advance=1, description=message)
-
-    return bar, say
-
-
-def _print_bench(result: dict[str, Any]) -> None:
-    table = Table(title="kvcr-policy bench")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        if isinstance(value, (dict, list)):
-            continue
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    out.print(table)
-
-
-def _plot(result: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        message = "--plot needs matplotlib: pip install 'kvcr-policy[plot]'"
-        raise typer.BadParameter(message, param_hint="--plot") from None
-    runs = result.get("runs", [])
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label in sorted({r["profile"] for r in runs}):
-        values = [r["restore_gbps"] for r in runs if r["profile"] == label]
-        ax.plot(range(1, len(values) + 1), values, marker="o", label=f"{label} restore")
-    limits = [r["limit_gbps"] for r in runs if r.get("side") == "P"]
-    if limits:
-        ax.plot(range(1, len(limits) + 1), limits, linestyle="--", color="grey", label="limit")
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("run")
-    ax.set_ylabel("GB/s")
-    ax.set_ylim(bottom=0)
-    ax.set_title(
-        f"{result.get('geometry')} {result.get('layout')}, {result.get('bytes', 0) / 2**30:.2f} GiB"
-    )
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    run_command(**options)
 
 
 def main(argv: list[str] | None = None) -> None:

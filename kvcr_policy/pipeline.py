@@ -303,9 +303,16 @@ class Pipeline:
                     meter.usage(tier)
 
     def probe(self, nbytes: int, pool: str | None = None) -> None:
-        """Move ``nbytes`` from the tier into the pool's first bytes in the backend's largest
-        single operation: the limit a benchmark compares restores with."""
+        """Move ``nbytes`` from the tier into the pool's first bytes with the backend's largest
+        single operation, and return once they arrived.
+
+        This is what a benchmark times as the limit of a restore (one contiguous copy through
+        the same transport; one UCX message from the peer's tier). It overwrites the pool's
+        first ``nbytes`` and stores nothing; keys and claims are untouched.
+        """
         with self._operation("probe"):
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+                raise IndicesError(f"probe: expected a positive number of bytes, got {nbytes!r}")
             geometry, tier = self._pool(pool)
             meter = self.meters.get(geometry.name)
             if meter is not None:

@@ -76,7 +76,7 @@ def small_peer() -> Iterator[Any]:
         import ucxx  # noqa: F401
     except Exception as err:
         pytest.skip(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
-    from kvcr_policy.backends.peer.bench import PeerProcess
+    from kvcr_policy.bench.server import PeerProcess
 
     server = PeerProcess(
         {

@@ -35,7 +35,7 @@ def sg() -> SimpleNamespace:
 
     # Two busy cores: with two intra-op threads small tensor ops take milliseconds each.
     torch.set_num_threads(1)
-    from kvcr_policy.integrations.sglang_cpu import stub_torchvision
+    from kvcr_policy.bench.torchvision_stub import stub_torchvision
 
     # pool_host imports torchvision through a model config; PyPI's wheel needs CUDA torch.
     stub_torchvision()
@@ -100,7 +100,7 @@ def dynamic_extra(**extra: Any) -> dict[str, Any]:
 def storage_config(sg: SimpleNamespace) -> Callable[..., Any]:
     """``storage_config(extra_config, **fields)`` -> a real HiCacheStorageConfig."""
 
-    from kvcr_policy.integrations.sglang_bench import single_rank_config
+    from kvcr_policy.bench.hicache import single_rank_config
 
     def make(extra_config: dict[str, Any] | None = None, **fields: Any) -> Any:
         return single_rank_config(extra_config, **{"model_name": "test/model", **fields})

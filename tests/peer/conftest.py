@@ -13,7 +13,7 @@ from peer_helpers import SERVER_SETS, need_ucxx
 def peer() -> Iterator[Any]:
     """One server process for the module's tests."""
     need_ucxx()
-    from kvcr_policy.backends.peer.bench import PeerProcess
+    from kvcr_policy.bench.server import PeerProcess
 
     server = PeerProcess(SERVER_SETS)
     yield server

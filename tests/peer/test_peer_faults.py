@@ -93,7 +93,7 @@ def test_a_client_killed_mid_transfer_leaves_no_claim(peer: Any, connect: Any) -
 
 def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(connect: Any) -> None:
     need_ucxx()
-    from kvcr_policy.backends.peer.bench import PeerProcess
+    from kvcr_policy.bench.server import PeerProcess
 
     server = PeerProcess(SERVER_SETS)
     port = server.address.rsplit(":", 1)[1]
@@ -163,7 +163,7 @@ def reads_until_a_miss(pipeline: Any, geo: Any, keys: list[str], view: np.ndarra
 
 def test_sigterm_mid_transfer_stops_cleanly_and_logs(connect: Any) -> None:
     need_ucxx()
-    from kvcr_policy.backends.peer.bench import PeerProcess
+    from kvcr_policy.bench.server import PeerProcess
 
     server = PeerProcess(SERVER_SETS)
     pipeline = connect(address=server.address, **{"transport.op_timeout_s": 5})

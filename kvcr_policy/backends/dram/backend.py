@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...descriptors import Descriptors, build_descriptors
-from ...errors import ClosedError, PoolError
+from ...errors import ClosedError, IndicesError, PoolError
 from ...geometry import PoolGeometry
 from ..base import BackendContext, Endpoint, PoolSpec, Shape, TierUsage, check_device
 from .store import Claim, Reservation, Store
@@ -154,12 +154,13 @@ class DramPool:
 
     def probe(self, nbytes: int) -> None:
         tier, pool = self.tier_side.endpoint, self.pool_side.endpoint
-        if nbytes > min(tier.nbytes, pool.nbytes):
+        room = min(tier.nbytes, pool.nbytes)
+        if nbytes > room:
             message = (
-                f"pool {self.name!r}: probe of {nbytes} bytes exceeds the pool ({pool.nbytes}) "
-                f"or its tier ({tier.nbytes}); probe fewer bytes"
+                f"pool {self.name!r}: probe of {nbytes} bytes does not fit (tier {tier.nbytes} "
+                f"bytes, pool {pool.nbytes} bytes); probe at most {room}"
             )
-            raise PoolError(message)
+            raise IndicesError(message)
         one = Descriptors.from_arrays([0], [0], [nbytes])
         self.transport.submit(CopyBatch(tier, pool, one)).result()
 

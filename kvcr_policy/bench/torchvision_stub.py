@@ -7,7 +7,9 @@ Nothing on the storage path uses torchvision, so an empty stand-in package satis
 imports. transformers must not see it: it probes torchvision with ``find_spec`` and, when found,
 imports parts of it for real; its probe is cached, so it is asked first, before the stub exists.
 
-Used by the SGLang tests and by the HiCacheFile benchmark; never by the backend itself.
+Used by the HiCacheFile comparison (:mod:`.hicache`) and the SGLang tests; never by the backend
+itself, which imports no host pool (importing ``kvcr_policy.integrations.sglang`` never loads
+this module: ``tests/bench/test_import_path.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import types
 
 __all__ = ["stub_torchvision"]
 
-log = logging.getLogger("kvcr_policy.integrations.sglang")
+log = logging.getLogger("kvcr_policy.bench")
 
 
 class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):

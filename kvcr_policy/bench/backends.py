@@ -1,0 +1,135 @@
+"""The backend axis: how the benchmark starts a tier backend and measures its limit.
+
+A :class:`BenchBackend` is the small piece a new tier backend adds to be benchmarked: the
+targets it supports, the optional modules it needs (checked before anything starts), how to
+start one instance of it for one side (a server process, a daemon; nothing for the in-process
+DRAM tier) and which overrides point a pipeline at that instance, and its limit: by default
+the time of :meth:`Pipeline.probe <kvcr_policy.pipeline.Pipeline.probe>`, the backend's
+largest single move of the same bytes from its tier into the pool. Register it in
+:data:`BACKENDS` under the name ``--backend`` selects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from importlib.util import find_spec
+from typing import Any, ClassVar
+
+from ..geometry import PoolGeometry
+from ..loading import LoadedConfig
+from ..pipeline import Pipeline
+from .server import PeerProcess
+from .setup import BenchError, BenchSetup
+
+__all__ = ["BACKENDS", "BenchBackend", "DramBackend", "PeerBackend", "default_backend"]
+
+
+class BenchBackend:
+    """How one tier backend is started and measured; one object per benchmark run."""
+
+    name: ClassVar[str]
+    #: Targets whose pools this backend can serve.
+    targets: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    #: Optional modules it needs -> how to install them.
+    needs: ClassVar[Mapping[str, str]] = {}
+    #: What the limit is, in words (the JSON's ``limit``).
+    limit_text: ClassVar[str] = "one move of the same bytes, tier -> pool (Pipeline.probe)"
+
+    def __init__(self, setup: BenchSetup) -> None:
+        self.setup = setup
+
+    def check(self) -> None:
+        """Refuse before anything starts: a target it cannot serve, a missing module."""
+        if self.setup.target not in self.targets:
+            message = (
+                f"backend {self.name!r} cannot serve a {self.setup.target} pool (it serves: "
+                f"{', '.join(sorted(self.targets))}); choose another --target or --backend"
+            )
+            raise BenchError(message)
+        for module, install in self.needs.items():
+            if find_spec(module) is None:
+                message = f"backend {self.name!r} needs {module}, which is not installed: {install}"
+                raise BenchError(message)
+
+    def planned(self) -> dict[str, Any]:
+        """The overrides :meth:`start` will give, as far as known before anything starts
+        (to validate every profile with them)."""
+        return {}
+
+    @contextmanager
+    def start(self, label: str, profile: str, geometry: PoolGeometry) -> Iterator[dict[str, Any]]:
+        """One instance for side ``label`` holding the pages of ``geometry``: the overrides
+        that point a pipeline at it."""
+        yield {"placement.capacity_bytes": geometry.nbytes}
+
+    def limit_gbps(self, pipeline: Pipeline, nbytes: int) -> float:
+        """GB/s of the backend's largest single move of ``nbytes`` into the pool."""
+        start = time.perf_counter()
+        pipeline.probe(nbytes)
+        return nbytes / (time.perf_counter() - start) / 1e9
+
+    def describe(self, transport: Mapping[str, Any]) -> dict[str, Any]:
+        """Keys this backend adds to the result (``transport`` is P's ``stats().transport``)."""
+        return {}
+
+
+class DramBackend(BenchBackend):
+    """The process-owned DRAM tier: nothing to start; each pipeline opens its own tier."""
+
+    name = "dram"
+    targets = frozenset({"cpu", "cuda"})
+    limit_text = "one contiguous copy of the same bytes, tier -> pool, same transport"
+
+
+class PeerBackend(BenchBackend):
+    """A ``kvcr-policy serve`` process per side on loopback, reached over UCX."""
+
+    name = "peer"
+    needs: ClassVar[Mapping[str, str]] = {"ucxx": "pip install 'kvcr-policy[ucx]'"}
+    limit_text = "one UCX message of the same bytes, peer tier -> pool, same two processes"
+
+    def __init__(self, setup: BenchSetup) -> None:
+        super().__init__(setup)
+        self.servers: dict[str, dict[str, Any]] = {}
+
+    def _transport(self) -> dict[str, Any]:
+        return {
+            "transport.name": "ucx",
+            "transport.options.tls": self.setup.tls,
+            "transport.options.net_devices": "lo",
+        }
+
+    def planned(self) -> dict[str, Any]:
+        # Any address validates; the real one is known once the server listens.
+        return {**self._transport(), "transport.options.peer": "127.0.0.1:1"}
+
+    @contextmanager
+    def start(self, label: str, profile: str, geometry: PoolGeometry) -> Iterator[dict[str, Any]]:
+        # --set reaches the server too: placement and tier settings live there.
+        sets = {
+            **self._transport(),
+            "placement.capacity_bytes": geometry.nbytes,
+            **(self.setup.overrides or {}),
+        }
+        server = PeerProcess(sets, profile=profile)
+        try:
+            yield {**self._transport(), "transport.options.peer": server.address}
+        finally:
+            self.servers[label] = {"address": server.address, "exit_code": server.stop()}
+
+    def describe(self, transport: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "tls": self.setup.tls,
+            "transport_used": transport.get("transport_used"),
+            "peer": dict(self.servers),
+        }
+
+
+BACKENDS: dict[str, type[BenchBackend]] = {"dram": DramBackend, "peer": PeerBackend}
+
+
+def default_backend(loaded: LoadedConfig) -> str:
+    """The backend a profile implies: ``peer`` when its transport is ``ucx``, else ``dram``."""
+    return "peer" if loaded.config.transport.name == "ucx" else "dram"

@@ -1,0 +1,139 @@
+"""``kvcr-policy bench``: the command behind the CLI's options (cli.py only dispatches here).
+
+Every input is checked before the run starts (exit 2 with one message); a restore that did
+not verify, or a failed ``--screen``, exits 1 after the figures are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from contextlib import nullcontext
+from enum import Enum
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .plot import check_plot, write_plot
+from .resolve import resolve
+from .runner import Progress, run_plan, steps
+from .setup import BenchError, BenchSetup
+
+__all__ = ["run_command"]
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _text(value: Any) -> Any:
+    """An option's value: typer hands str enums for choices."""
+    return value.value if isinstance(value, Enum) else value
+
+
+def _backend(transport: str, backend: str | None) -> str | None:
+    """``--transport ucx`` is ``--backend peer``; otherwise --backend or the profile's."""
+    if transport != "ucx":
+        return backend
+    if backend not in (None, "peer"):
+        message = f"--transport ucx runs the peer backend; --backend {backend} contradicts it"
+        raise BenchError(message)
+    return "peer"
+
+
+def run_command(
+    *,
+    profile: str,
+    vs: str,
+    geometry: str,
+    layout: str,
+    tokens: int,
+    target: str,
+    transport: str,
+    backend: str | None,
+    peer: str | None,
+    ucx_tls: str,
+    repeat: int,
+    mla: bool,
+    scatter: bool,
+    set_: Mapping[str, str],
+    screen_pct: float | None,
+    plot: str | None,
+    format: str,
+) -> None:
+    """Check, run, print; see the module docstring."""
+    setup = BenchSetup(
+        profile,
+        vs,
+        geometry,
+        layout,
+        tokens,
+        repeat,
+        mla,
+        scatter,
+        dict(set_),
+        target=_text(target),
+        backend=_backend(_text(transport), backend),
+        peer=_text(peer),
+        tls=ucx_tls,
+    )
+    if screen_pct is not None and not 0 <= screen_pct < 100:
+        raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")
+    if plot:
+        check_plot(plot)
+    plan = resolve(setup)
+    bar, say = _progress(steps(setup))
+    with bar if bar is not None else nullcontext():
+        result = run_plan(plan, say)
+    data = result.to_dict()
+    verdict = result.screen(screen_pct) if screen_pct is not None else None
+    if verdict is not None:
+        data["screen"] = verdict.to_dict()
+    if plot:
+        write_plot(data, plot)
+    if _text(format) == "json":
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    else:
+        _print_table(data)
+    if not result.verified:
+        err.print("restored bytes did not match what was stored", markup=False)
+        raise typer.Exit(1)
+    if verdict is not None and not verdict.passed:
+        orders = ", ".join(verdict.failed_orders)
+        err.print(f"regression screen failed in order(s) {orders}", markup=False)
+        raise typer.Exit(1)
+
+
+def _progress(total: int) -> tuple[Any, Progress]:
+    """A progress bar on stderr for people; silence when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        return None, lambda message: None
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+
+    bar = Bar(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    task = bar.add_task("bench", total=total)
+
+    def say(message: str) -> None:
+        bar.update(task, advance=1, description=message)
+
+    return bar, say
+
+
+def _print_table(data: Mapping[str, Any]) -> None:
+    table = Table(title="kvcr-policy bench")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in data.items():
+        if isinstance(value, (dict, list)):
+            continue
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    out.print(table)

@@ -1,0 +1,61 @@
+"""``--plot``: a PNG of every restore of a run and the limit measured before each."""
+
+from __future__ import annotations
+
+import os
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from .setup import BenchError
+
+__all__ = ["check_plot", "write_plot"]
+
+INSTALL = "pip install 'kvcr-policy[plot]'"
+
+
+def check_plot(path: str) -> None:
+    """Refuse ``--plot PATH`` before the run when the PNG could not be written."""
+    if find_spec("matplotlib") is None:
+        raise BenchError(f"--plot needs matplotlib, which is not installed: {INSTALL}")
+    target = Path(path)
+    folder = target.parent
+    problem = None
+    if target.is_dir():
+        problem = "is a folder; name a .png file"
+    elif not folder.is_dir():
+        problem = f"cannot be written: folder {str(folder)!r} does not exist"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        problem = f"cannot be written: folder {str(folder)!r} is not writable"
+    elif target.exists() and not os.access(target, os.W_OK):
+        problem = "exists and is not writable"
+    if problem is not None:
+        raise BenchError(f"--plot {path}: {problem}")
+
+
+def write_plot(result: dict[str, Any], path: str) -> None:
+    """Restore rates per run and side, and the limits, from ``BenchResult.to_dict()``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    runs = result.get("runs", [])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label in sorted({r["profile"] for r in runs}):
+        values = [r["restore_gbps"] for r in runs if r["profile"] == label]
+        ax.plot(range(1, len(values) + 1), values, marker="o", label=f"{label} restore")
+    limits = [r["limit_gbps"] for r in runs if r.get("side") == "P"]
+    if limits:
+        ax.plot(range(1, len(limits) + 1), limits, linestyle="--", color="grey", label="limit")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("run")
+    ax.set_ylabel("GB/s")
+    ax.set_ylim(bottom=0)
+    size = result.get("bytes", 0) / 2**30
+    ax.set_title(f"{result.get('geometry')} {result.get('layout')}, {size:.2f} GiB")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,86 @@
+"""Resolve a :class:`BenchSetup` into a :class:`~kvcr_policy.bench.plan.Plan`: every input
+checked before anything starts.
+
+An unknown geometry, layout, target, backend or peer implementation, a token count that is
+not whole pages, a missing optional module (ucxx, sglang), a missing GPU or too little GPU
+memory, and a profile or ``--set`` value that does not load are all refused here with one
+message (``kvcr-policy bench`` exits 2), before any memory is filled or any server started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import cast
+
+from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
+from ..loading import load_config
+from .backends import BACKENDS, default_backend
+from .hicache import PEER, HiCacheFileComparison
+from .plan import Comparison, Plan
+from .setup import BenchError, BenchSetup
+from .sides import ProfileComparison
+from .targets import TARGETS
+
+__all__ = ["COMPARISONS", "resolve"]
+
+#: ``--peer`` names -> the comparison that runs P against that implementation.
+COMPARISONS = {PEER: HiCacheFileComparison}
+
+
+def _choice(what: str, value: str, known: Iterable[str]) -> BenchError:
+    names = ", ".join(sorted(known))
+    return BenchError(f"unknown {what} {value!r}; expected one of: {names}")
+
+
+def _measured(setup: BenchSetup) -> PoolGeometry:
+    if setup.geometry not in PRESETS:
+        raise _choice("geometry", setup.geometry, PRESETS)
+    if setup.layout not in LAYOUTS:
+        raise _choice("layout", setup.layout, LAYOUTS)
+    page = int(PRESETS[setup.geometry]["page_size"])
+    if setup.tokens < page or setup.tokens % page:
+        whole = max(page, setup.tokens - setup.tokens % page)
+        message = (
+            f"--tokens: expected whole pages of {setup.geometry!r} ({page} tokens each), got "
+            f"{setup.tokens}; try --tokens {whole}"
+        )
+        raise BenchError(message)
+    layout = cast(Layout, setup.layout)
+    geometry = preset(setup.geometry, layout=layout, tokens=setup.tokens, mla=setup.mla)
+    return replace(geometry, name="kv")
+
+
+def resolve(setup: BenchSetup) -> Plan:
+    """Check every input of ``setup`` and pick its target, backend and comparison."""
+    for what, value in (("--repeat", setup.repeat), ("exists_keys", setup.exists_keys)):
+        if value < 1:
+            raise BenchError(f"{what}: expected a positive count, got {value}")
+    measured = _measured(setup)
+    if setup.target not in TARGETS:
+        raise _choice("target", setup.target, TARGETS)
+    target = TARGETS[setup.target]()
+    name = setup.backend
+    if name is None:
+        name = default_backend(load_config(profile=setup.profile, overrides=setup.overrides))
+    if name not in BACKENDS:
+        raise _choice("backend", name, BACKENDS)
+    backend = BACKENDS[name](setup)
+    backend.check()
+    comparison: Comparison = ProfileComparison()
+    if setup.peer is not None:
+        if setup.peer not in COMPARISONS:
+            raise _choice("peer implementation", setup.peer, COMPARISONS)
+        comparison = COMPARISONS[setup.peer]()
+    plan = Plan(setup, measured, target, backend, comparison)
+    comparison.check(plan)
+    target.check(measured)
+    for profile in plan.profiles.values():  # ConfigError (exit 2) names the bad value
+        planned = {
+            **target.overrides,
+            "placement.capacity_bytes": measured.nbytes,
+            **backend.planned(),
+            **(setup.overrides or {}),
+        }
+        load_config(profile=profile, overrides=planned)
+    return plan

@@ -1,0 +1,206 @@
+"""The result of one benchmark run: its runs, the figures derived from them, and their JSON.
+
+Every derived figure is a median over the runs of one run of the benchmark, and every ratio
+is a median of ratios taken in the same moment: a restore over the limit measured right
+before it, P over the baseline's run of the same repeat and order. :meth:`BenchResult.to_dict`
+renders the keys ``kvcr-policy bench --format json`` has always printed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BenchResult", "Run", "Screen"]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One restore: which side, in which order and repeat, its rate and the limit before it."""
+
+    repeat: int
+    order: str
+    profile: str
+    side: str
+    restore_gbps: float
+    limit_gbps: float
+    verified: bool
+
+    @property
+    def ratio_to_limit(self) -> float:
+        return self.restore_gbps / self.limit_gbps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "repeat": self.repeat,
+            "order": self.order,
+            "profile": self.profile,
+            "side": self.side,
+            "restore_gbps": self.restore_gbps,
+            "limit_gbps": self.limit_gbps,
+            "ratio_to_limit": self.ratio_to_limit,
+            "verified": self.verified,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Screen:
+    """The regression screen: the orders in which P's median fell more than ``percent``
+    below the baseline's."""
+
+    percent: float
+    failed_orders: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed_orders
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "percent": self.percent,
+            "passed": self.passed,
+            "failed_orders": list(self.failed_orders),
+        }
+
+
+def _median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def _r(value: float) -> float:
+    return round(value, 3)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Everything one run measured; figures are derived here, once, for every target,
+    backend and comparison.
+
+    ``baseline`` is the label of the side P is compared with: ``"Q"`` (a profile) or
+    ``"peer"`` (a peer implementation, which adds the ``peer_*`` keys). Mappings are keyed
+    by side label; ``extra`` holds the keys a target, backend or comparison adds
+    (``device``, ``peer``, ``tls``, ...).
+    """
+
+    target: str
+    backend: str
+    geometry: str
+    layout: str
+    mla: bool
+    tokens: int
+    pages: int
+    page_bytes: int
+    nbytes: int
+    scatter: bool
+    repeat: int
+    baseline: str
+    runs: tuple[Run, ...]
+    limit: str
+    profiles: Mapping[str, Mapping[str, str | None]]
+    store_gbps: Mapping[str, float]
+    exists_keys_per_s: Mapping[str, float] = field(default_factory=dict)
+    descriptors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    transport: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    # ---- figures ------------------------------------------------------------------------
+
+    def _side(self, label: str, order: str | None = None) -> list[Run]:
+        runs = [r for r in self.runs if r.side == label and order in (None, r.order)]
+        if not runs:
+            raise ValueError(f"no run of side {label!r}" + (f" in order {order}" if order else ""))
+        return runs
+
+    @property
+    def verified(self) -> bool:
+        """Every restore of every run arrived whole and matched the stored pages."""
+        return bool(self.runs) and all(r.verified for r in self.runs)
+
+    @property
+    def orders(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.order for r in self.runs))
+
+    @property
+    def limit_gbps(self) -> float:
+        return _median(r.limit_gbps for r in self.runs)
+
+    def restore_gbps(self, label: str = "P", order: str | None = None) -> float:
+        return _median(r.restore_gbps for r in self._side(label, order))
+
+    def ratio_to_limit(self, label: str = "P", order: str | None = None) -> float:
+        return _median(r.ratio_to_limit for r in self._side(label, order))
+
+    @property
+    def speedup_vs_baseline(self) -> float:
+        """The median over (repeat, order) of P's rate over the baseline's in that moment."""
+        theirs = {(r.repeat, r.order): r.restore_gbps for r in self._side(self.baseline)}
+        return _median(r.restore_gbps / theirs[(r.repeat, r.order)] for r in self._side("P"))
+
+    def screen(self, percent: float) -> Screen:
+        """Which orders have P's median more than ``percent`` % below the baseline's."""
+        failed = tuple(
+            order
+            for order in self.orders
+            if self.restore_gbps("P", order)
+            < self.restore_gbps(self.baseline, order) * (1 - percent / 100)
+        )
+        return Screen(percent, failed)
+
+    # ---- JSON ---------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``kvcr-policy bench``: medians rounded to 3 decimals, runs as taken."""
+        base = self.baseline
+        store, base_store = self.store_gbps["P"], self.store_gbps[base]
+        data: dict[str, Any] = {
+            "target": self.target,
+            "backend": self.backend,
+            "geometry": self.geometry,
+            "layout": self.layout,
+            "mla": self.mla,
+            "tokens": self.tokens,
+            "pages": self.pages,
+            "page_bytes": self.page_bytes,
+            "bytes": self.nbytes,
+            "scatter": self.scatter,
+            "repeat": self.repeat,
+            "verified": self.verified,
+            "limit": self.limit,
+            "limit_gbps": _r(self.limit_gbps),
+            "restore_gbps": _r(self.restore_gbps("P")),
+            "baseline_gbps": _r(self.restore_gbps(base)),
+            "ratio_to_limit": _r(self.ratio_to_limit("P")),
+            "baseline_ratio_to_limit": _r(self.ratio_to_limit(base)),
+            "speedup_vs_baseline": _r(self.speedup_vs_baseline),
+            "store_gbps": _r(store),
+            "baseline_store_gbps": _r(base_store),
+        }
+        if base == "peer":
+            data.update(
+                peer_gbps=data["baseline_gbps"],
+                speedup_vs_peer=data["speedup_vs_baseline"],
+                peer_store_gbps=data["baseline_store_gbps"],
+                store_speedup_vs_peer=_r(store / base_store),
+            )
+        if "P" in self.exists_keys_per_s:
+            data["exists_keys_per_s"] = round(self.exists_keys_per_s["P"])
+            data["query_keys_per_s"] = data["exists_keys_per_s"]
+        if base in self.exists_keys_per_s:
+            data["baseline_query_keys_per_s"] = round(self.exists_keys_per_s[base])
+        data["orders"] = {
+            order: {
+                "restore_gbps": _r(self.restore_gbps("P", order)),
+                "baseline_gbps": _r(self.restore_gbps(base, order)),
+                "ratio_to_limit": _r(self.ratio_to_limit("P", order)),
+                "baseline_ratio_to_limit": _r(self.ratio_to_limit(base, order)),
+            }
+            for order in self.orders
+        }
+        data["profiles"] = {label: dict(p) for label, p in self.profiles.items()}
+        data["descriptors"] = {label: dict(d) for label, d in self.descriptors.items()}
+        data["transport"] = dict(self.transport)
+        data.update(self.extra)
+        data["runs"] = [r.to_dict() for r in self.runs]
+        return data

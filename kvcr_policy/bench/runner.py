@@ -1,0 +1,140 @@
+"""The one benchmark loop, the same for every target, backend and comparison.
+
+1. Resolve the setup (:func:`~kvcr_policy.bench.resolve.resolve`): every input is checked first.
+2. Open the pool and fill its source pages; remember one checksum per page.
+3. Open both sides (each starts its own backend instance) and store the n pages through each
+   (in a random order with ``scatter``, so restores read scattered tier slots).
+4. ``repeat`` times, in both orders (P then the baseline, the baseline then P), for each
+   side: measure the limit right before the restore (the memory bandwidth of a shared machine
+   drifts, so each restore is compared with its own moment), poison the destination pages,
+   restore them, and verify every page by checksum.
+5. Metadata: ``exists`` over stored keys, per profile, on a fresh backend instance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from .plan import Plan
+from .resolve import resolve
+from .result import BenchResult, Run
+from .setup import BenchError, BenchSetup
+from .sides import bench_keys, exists_rate
+from .targets import tokens_of
+
+__all__ = ["Progress", "run_bench", "steps"]
+
+Progress = Callable[[str], None]
+
+
+def steps(setup: BenchSetup) -> int:
+    """How many progress messages a run of ``setup`` says (for a progress bar)."""
+    return 4 + 4 * setup.repeat
+
+
+def _quiet(message: str) -> None:
+    return None
+
+
+def _timed(pool_sync: Callable[[], None], call: Callable[[], bool]) -> tuple[float, bool]:
+    pool_sync()
+    start = time.perf_counter()
+    ok = call()
+    pool_sync()
+    return time.perf_counter() - start, ok
+
+
+def run_bench(setup: BenchSetup, progress: Progress | None = None) -> BenchResult:
+    """Run the benchmark ``setup`` describes; see the module docstring."""
+    plan = resolve(setup)
+    return run_plan(plan, progress or _quiet)
+
+
+def _descriptors(stats: Mapping[str, Any]) -> dict[str, int]:
+    """Descriptors before and after coalescing, batches and peak in flight, of one side."""
+    return {
+        "before": int(stats["descriptors_before"]),
+        "after": int(stats["descriptors_after"]),
+        "batches": int(stats["batches"]),
+        "peak_inflight_batches": int(stats["peak_inflight_batches"]),
+    }
+
+
+def run_plan(plan: Plan, say: Progress) -> BenchResult:
+    """Steps 2-5 of the module docstring, for a resolved plan."""
+    setup, measured, backend = plan.setup, plan.measured, plan.backend
+    n, nbytes, base = measured.pages, measured.nbytes, plan.comparison.baseline
+    keys = bench_keys(n, "bench")
+    order = np.random.default_rng(0).permutation(n) if setup.scatter else np.arange(n)
+    runs: list[Run] = []
+    store_gbps: dict[str, float] = {}
+    with ExitStack() as stack:
+        pool, sides = plan.comparison.open(stack, plan)
+        say(f"filling {nbytes / 2**30:.2f} GiB of source pages")
+        pool.fill()
+        page = measured.page_size
+        src = tokens_of(page, pool.src_pages[order])
+        dst = tokens_of(page, pool.dst_pages)
+        stored_keys = [keys[i] for i in order]
+        for label, side in sides.items():
+            say(f"{side.name}: storing {n} pages")
+            seconds, ok = _timed(pool.sync, partial(side.store, stored_keys, src))
+            if not ok:
+                raise BenchError(f"{side.name!r} did not store all {n} pages; see its log")
+            store_gbps[label] = nbytes / seconds / 1e9
+        limit_pipeline = sides["P"].pipeline
+        if limit_pipeline is None:
+            raise BenchError("side P has no pipeline to measure the limit with")
+        for rep in range(setup.repeat):
+            for labels in (("P", base), (base, "P")):
+                for label in labels:
+                    side = sides[label]
+                    limit = backend.limit_gbps(limit_pipeline, nbytes)
+                    pool.poison()
+                    seconds, got = _timed(pool.sync, partial(side.restore, keys, dst))
+                    ok = got and pool.verify()
+                    gbps = nbytes / seconds / 1e9
+                    shown = ",".join(labels)
+                    runs.append(Run(rep, shown, side.name, label, gbps, limit, ok))
+                    say(f"{side.name}: {gbps:.2f} GB/s, limit {limit:.2f} ({shown})")
+        stats = {
+            label: side.pipeline.stats().to_dict()
+            for label, side in sides.items()
+            if side.pipeline is not None
+        }
+        profiles = {label: {"name": side.name, "path": side.path} for label, side in sides.items()}
+    say("metadata: exists over stored keys")
+    exists = {label: exists_rate(plan, label, name) for label, name in plan.profiles.items()}
+    transport = dict(stats["P"]["transport"])
+    return BenchResult(
+        target=plan.target.name,
+        backend=backend.name,
+        geometry=setup.geometry,
+        layout=setup.layout,
+        mla=setup.mla,
+        tokens=setup.tokens,
+        pages=n,
+        page_bytes=measured.page_bytes,
+        nbytes=nbytes,
+        scatter=setup.scatter,
+        repeat=setup.repeat,
+        baseline=base,
+        runs=tuple(runs),
+        limit=backend.limit_text,
+        profiles=profiles,
+        store_gbps=store_gbps,
+        exists_keys_per_s=exists,
+        descriptors={label: _descriptors(s) for label, s in stats.items()},
+        transport=transport,
+        extra={
+            **plan.target.describe(),
+            **backend.describe(transport),
+            **plan.comparison.describe(),
+        },
+    )

@@ -1,0 +1,134 @@
+"""``kvcr-policy bench`` itself: exit codes, the screen, the JSON keys, inputs checked first."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvcr_policy.backends.dram.transports.memory import MemoryTransport
+from kvcr_policy.bench import plot as bench_plot
+from kvcr_policy.cli import main
+
+SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
+# Every key the README's Benchmark section documents.
+README_KEYS = (
+    "bytes", "verified", "limit_gbps", "restore_gbps", "baseline_gbps", "ratio_to_limit",
+    "speedup_vs_baseline", "exists_keys_per_s", "orders", "profiles", "descriptors", "runs",
+)  # fmt: skip
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvcr_policy", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def bench_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any]:
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", *args, "--format", "json"])
+        raise SystemExit(0)
+    out = capsys.readouterr().out
+    return int(stop.value.code or 0), json.loads(out) if out else None
+
+
+def test_json_has_every_documented_key() -> None:
+    done = run_cli("bench", *SMALL, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert all(key in data for key in README_KEYS)
+    assert data["verified"] is True and data["profiles"]["P"]["name"] == "throughput"
+
+
+@pytest.fixture
+def slow_profile(write_profile: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A profile slower by construction: its transport moves at most 50 MB/s."""
+    real = MemoryTransport.copy
+
+    def lagging(self: MemoryTransport, batch: Any) -> None:
+        time.sleep(batch.descriptors.nbytes / 50e6)
+        real(self, batch)
+
+    monkeypatch.setattr(MemoryTransport, "copy", lagging)
+    return str(write_profile('[transport]\nname = "memory"\n', "slow.toml"))
+
+
+def test_the_screen_rejects_a_slower_profile_in_both_orders(
+    slow_profile: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 8 MiB at 0.05 GB/s, against a plain copy of several GB/s.
+    code, data = bench_in_process(
+        capsys, *SMALL, "--profile", slow_profile, "--vs", "default", "--screen", "50"
+    )
+    assert code == 1
+    assert data["verified"] is True
+    assert data["screen"] == {"percent": 50.0, "passed": False, "failed_orders": ["P,Q", "Q,P"]}
+
+
+def test_the_screen_passes_a_faster_profile(
+    slow_profile: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, data = bench_in_process(
+        capsys, *SMALL, "--profile", "default", "--vs", slow_profile, "--screen", "50"
+    )
+    assert code == 0
+    assert data["screen"]["passed"] is True and data["speedup_vs_baseline"] > 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "mooncake"], "unknown backend 'mooncake'; expected one of: dram, peer"),
+        (["--transport", "ucx", "--backend", "dram"], "--backend dram contradicts it"),
+        (["--screen", "150"], "--screen: expected a percent in [0, 100), got 150.0"),
+        (["--tokens", "100"], "try --tokens 96"),
+        (["--profile", "nope"], "no bundled profile or file named 'nope'"),
+    ],
+)
+def test_bad_input_exits_2_before_anything_runs(args: list[str], message: str) -> None:
+    done = run_cli("bench", "--geometry", "small", "--tokens", "256", *args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_plot_is_checked_before_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_plot, "find_spec", lambda name: None)
+    with pytest.raises(Exception, match=r"needs matplotlib.*kvcr-policy\[plot\]"):
+        bench_plot.check_plot(str(tmp_path / "run.png"))
+    monkeypatch.setattr(bench_plot, "find_spec", lambda name: object())
+    with pytest.raises(Exception, match="does not exist"):
+        bench_plot.check_plot(str(tmp_path / "missing" / "run.png"))
+    with pytest.raises(Exception, match="is a folder"):
+        bench_plot.check_plot(str(tmp_path))
+    bench_plot.check_plot(str(tmp_path / "run.png"))
+
+
+def test_cli_plot_into_a_missing_folder_exits_2(tmp_path: Path) -> None:
+    done = run_cli("bench", *SMALL, "--plot", str(tmp_path / "missing" / "run.png"))
+    assert done.returncode == 2
+    assert "--plot" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "run.png"
+    done = run_cli("bench", *SMALL, "--plot", str(target), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cuda_target_without_a_gpu_exits_2_with_a_clear_message() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    done = run_cli("bench", "--target", "cuda", "--geometry", "small", "--tokens", "64")
+    assert done.returncode == 2
+    assert "no CUDA device visible" in done.stderr
+    assert "Traceback" not in done.stderr

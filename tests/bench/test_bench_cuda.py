@@ -1,0 +1,35 @@
+"""The cuda target: a GPU pool offloaded to each tier and restored into, checked on the GPU.
+
+Needs a CUDA device (CI has none): on a GPU machine run
+``python -m pytest tests/bench/test_bench_cuda.py -rs``. The refusal without one is tested in
+``test_bench_plan.py`` and ``test_bench_command.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcr_policy.bench import BenchSetup, run_bench
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible (CI)"),
+]
+
+
+@pytest.mark.parametrize("scatter", [False, True])
+def test_restores_verified_bytes_on_a_small_pool(scatter: bool) -> None:
+    setup = BenchSetup(
+        "throughput", "default", "small", tokens=4096, repeat=1, scatter=scatter,
+        target="cuda", exists_keys=1000,
+    )  # fmt: skip
+    data = run_bench(setup).to_dict()
+    assert data["verified"] is True and data["target"] == "cuda"
+    assert data["bytes"] == 4096 * 2 * 16 * 8 * 64 * 2  # K+V, 16 layers, 8x64 bf16
+    assert data["transport"]["name"] == "cuda"
+    assert data["transport"]["registrations"][0]["bytes"] == data["bytes"]
+    assert data["device"] and all(r["verified"] for r in data["runs"])
+    if scatter:  # scattered slots: nothing for coalescing to merge
+        assert data["descriptors"]["P"]["after"] > data["pages"]
