@@ -407,9 +407,29 @@ def bench(
     ] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of every run.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+    vs_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--vs-set",
+            help="Override one value of Q only, after --set: e.g. --vs throughput "
+            "--vs-set observability.metrics=false.",
+        ),
+    ] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option("--metrics", help="Serve /metrics on HOST:PORT (a bare PORT: loopback)."),
+    ] = None,
+    metrics_hold: Annotated[
+        float | None,
+        typer.Option(
+            "--metrics-hold",
+            min=0,
+            help="Seconds /metrics stays up after the run (default: until interrupted).",
+        ),
+    ] = None,
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
-    options = dict(locals(), set_=_overrides(set_))  # every option above, by name
+    options = dict(locals(), set_=_overrides(set_), vs_set=_overrides(vs_set))
     from .bench.command import run_command
 
     run_command(**options)

@@ -106,20 +106,34 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
     )  # fmt: skip
     api = f"http://127.0.0.1:{port}"
     try:
-        _wait(
-            "prometheus", lambda: urllib.request.urlopen(f"{api}/-/ready", timeout=2).status == 200
-        )
+        ready = f"{api}/-/ready"
+        _wait("prometheus", lambda: urllib.request.urlopen(ready, timeout=2).status == 200)
+        # Prometheus hands new targets to its scrapers a few seconds after it is ready: start
+        # the workload only once the target is being scraped (down, until something serves).
+        _wait("the first scrape", lambda: _query(api, 'up{job="kvcr-policy"}') != [])
         yield api, target
     finally:
         _stop(server)
 
 
-def _query(api: str, expr: str) -> list[dict[str, Any]]:
+def _query(api: str, expr: str, span: tuple[float, float] | None = None) -> list[float]:
+    """Every value of ``expr``: at the last moment, or over ``span`` (start, end) every 0.5 s
+    as a Grafana panel asks for its time range."""
     for name, value in VARIABLES.items():
         expr = expr.replace(name, value)
-    reply = _get(f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    if span is None:
+        url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    else:
+        start, end = span
+        query = {"query": expr, "start": start, "end": end, "step": 0.5}
+        url = f"{api}/api/v1/query_range?" + urllib.parse.urlencode(query)
+    reply = _get(url)
     assert reply["status"] == "success", (expr, reply)
-    return list(reply["data"]["result"])
+    values = []
+    for series in reply["data"]["result"]:
+        points = series["values"] if "values" in series else [series["value"]]
+        values.extend(float(v) for _, v in points)
+    return values
 
 
 def test_the_dashboard_is_well_formed() -> None:
@@ -135,6 +149,7 @@ def test_the_dashboard_is_well_formed() -> None:
 
 def test_every_query_returns_data_from_a_real_bench_run(prometheus: tuple[str, int]) -> None:
     api, port = prometheus
+    began = time.time()
     bench = subprocess.Popen(
         [sys.executable, "-m", "kvcr_policy", "bench", "--geometry", "small", "--tokens", "2048",
          "--repeat", "1", "--metrics", f"127.0.0.1:{port}", "--metrics-hold", "120",
@@ -153,10 +168,11 @@ def test_every_query_returns_data_from_a_real_bench_run(prometheus: tuple[str, i
         result = json.loads("".join(lines))
         time.sleep(1.0)  # a few more scrapes of the final values
         restored = _query(api, 'sum(kvcr_policy_bytes_total{direction="restore"})')
-        assert float(restored[0]["value"][1]) == result["bytes"] * len(result["runs"])
+        assert restored == [result["bytes"] * len(result["runs"])]
         empty = []
+        span = (began, time.time())
         for title, ref, expr in queries():
-            values = [float(sample["value"][1]) for sample in _query(api, expr)]
+            values = _query(api, expr, span)
             if not any(math.isfinite(v) for v in values):
                 empty.append(f"{title} [{ref}]: {expr} -> {values}")
         assert not empty, "queries without data:\n" + "\n".join(empty)

@@ -131,11 +131,12 @@ class PoolMeter:
         self.hit = f.keys_hit.labels(*labels)
         self.evictions = f.evictions.labels(*labels)
         self.claims = f.claims.labels(*labels)
-        self.link_limit = f.link_limit.labels(*labels)
+        self._families = f
         self._capacity = Level(f.capacity.labels(*labels))
         self._used = Level(f.used.labels(*labels))
-        self._huge = Level(f.huge_page_bytes.labels(*labels))
-        self._numa_family = f.numa_pages
+        # Made on first report: a series of 0 would claim "no huge pages" or "no link" before
+        # anything was audited or measured.
+        self._huge: Level | None = None
         self._numa: dict[str, Level] = {}
         self._labels = labels
         self._evicted = 0
@@ -200,6 +201,10 @@ class PoolMeter:
         self.seconds["get" if read else "set"].observe(seconds)
         side.miss(miss_reason(err), n_keys - counts.pages)
 
+    def link_limit(self, bytes_per_second: float) -> None:
+        """Export the link limit (bytes per second) of this pool."""
+        self._families.link_limit.labels(*self._labels).set(bytes_per_second)
+
     def probe(self, tier: Any, nbytes: int, runs: int = 1) -> None:
         """Run ``tier.probe(nbytes)`` ``runs`` times; export the best rate as the link limit."""
         best = float("inf")
@@ -208,7 +213,7 @@ class PoolMeter:
             tier.probe(nbytes)
             best = min(best, time.perf_counter() - start)
         if 0 < best < float("inf"):
-            self.link_limit.set(nbytes / best)
+            self.link_limit(nbytes / best)
 
     def attached(self, tier: Any, audit: bool, probe_bytes: int | None, gbps: float | None) -> None:
         """A pool just registered: its tier usage, and the audit and link limit if asked."""
@@ -220,7 +225,7 @@ class PoolMeter:
         if probe_bytes is not None:
             self.probe(tier, probe_bytes, runs=2)  # the first run also faults the pages in
         elif gbps is not None:
-            self.link_limit.set(gbps * 1e9)
+            self.link_limit(gbps * 1e9)
 
     # ---- levels ----------------------------------------------------------------------------
 
@@ -243,18 +248,22 @@ class PoolMeter:
         total = int(audit.get("numa_total_pages") or 0)
         scale = total / sampled if sampled else 0.0
         with self._lock:
+            if self._huge is None:
+                self._huge = Level(self._families.huge_page_bytes.labels(*self._labels))
             self._huge.update(float(audit.get("huge_page_bytes") or 0))
             per_node = {str(k): v * scale for k, v in (audit.get("pages_per_node") or {}).items()}
             for node in set(self._numa) | set(per_node):
                 level = self._numa.get(node)
                 if level is None:
-                    level = self._numa[node] = Level(self._numa_family.labels(*self._labels, node))
+                    child = self._families.numa_pages.labels(*self._labels, node)
+                    level = self._numa[node] = Level(child)
                 level.update(per_node.get(node, 0.0))
 
     def close(self) -> None:
         """Take back every level this meter added (the pool's tier is gone)."""
         with self._lock:
-            for level in (self._capacity, self._used, self._huge, *self._numa.values()):
+            levels = [self._capacity, self._used, *self._numa.values()]
+            for level in levels if self._huge is None else [*levels, self._huge]:
                 level.update(0.0)
 
 
