@@ -16,7 +16,7 @@ def run(profile: str, tier: str, report: Any, stop: Any) -> None:
     """Move pages, put what happened on ``report``, then serve until ``stop`` is set."""
     import torch
 
-    from kvcr_policy.integrations.sglang_cpu import stub_torchvision
+    from kvcr_policy.bench.torchvision_stub import stub_torchvision
 
     torch.set_num_threads(1)
     stub_torchvision()

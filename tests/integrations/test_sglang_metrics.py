@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import queue
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -50,7 +52,7 @@ def test_backend_metrics_appear_in_sglangs_metrics(
     scheduler = spawn.Process(target=_scheduler, args=(str(profile), TIER, report, stop))
     scheduler.start()
     try:
-        done = report.get(timeout=180)
+        done = _report(report, scheduler)
         s = _scrape_like_sglang("sglang-metrics")
     finally:
         stop.set()
@@ -99,6 +101,18 @@ def _scrape_like_sglang(profile: str) -> dict:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def _report(report: Any, scheduler: Any) -> dict[str, Any]:
+    """What the scheduler reports; fails at once if it died first."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            return dict(report.get(timeout=1))
+        except queue.Empty:
+            if not scheduler.is_alive():
+                pytest.fail(f"the scheduler process died (exit code {scheduler.exitcode})")
+    pytest.fail("the scheduler reported nothing within 180 s")
 
 
 def _scheduler(profile: str, tier: str, report: object, stop: object) -> None:
