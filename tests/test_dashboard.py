@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tests.installs import missing
+
 DASHBOARD = Path(__file__).resolve().parent.parent / "dashboards" / "kvcr-policy.json"
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE = "200ms"
@@ -31,13 +33,15 @@ SCRAPE = "200ms"
 # the whole run.
 VARIABLES = {"$__rate_interval": "2m", "$profile": ".*", "$pool": ".*"}
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        PROMETHEUS is None,
-        reason="prometheus is not installed: apt-get install prometheus (.ci/run installs it)",
-    ),
-]
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def _prometheus_installed() -> None:
+    if PROMETHEUS is None:
+        missing(
+            "prometheus is not installed: bash .ci/install-tests.sh (or apt-get install prometheus)"
+        )
 
 
 def _free_port() -> int:
