@@ -343,6 +343,15 @@ def bench(
     ] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of every run.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+    ranks: Annotated[
+        int,
+        typer.Option(
+            "--ranks",
+            min=1,
+            help="Tensor-parallel ranks: one process each (one GPU each on cuda), all restoring "
+            "their shards at once.",
+        ),
+    ] = 1,
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
     options = dict(locals(), set_=_overrides(set_))  # every option above, by name

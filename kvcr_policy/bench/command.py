@@ -62,6 +62,7 @@ def run_command(
     screen_pct: float | None,
     plot: str | None,
     format: str,
+    ranks: int = 1,
 ) -> None:
     """Check, run, print; see the module docstring."""
     setup = BenchSetup(
@@ -78,6 +79,7 @@ def run_command(
         backend=_backend(_text(transport), backend),
         peer=_text(peer),
         tls=ucx_tls,
+        ranks=ranks,
     )
     if screen_pct is not None and not 0 <= screen_pct < 100:
         raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")

@@ -45,3 +45,6 @@ class BenchSetup:
     exists_keys: int = 100_000
     #: Where a file-backed peer implementation writes (default: /dev/shm when it exists).
     folder: str | None = None
+    #: Tensor-parallel ranks: one process per rank (each on its own GPU on ``cuda``), each
+    #: with its shard of the pool, all restoring at once (:mod:`.ranks`); 1 runs in-process.
+    ranks: int = 1
