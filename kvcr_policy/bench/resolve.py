@@ -73,6 +73,8 @@ def resolve(setup: BenchSetup) -> Plan:
         name = default_backend(load_config(profile=setup.profile, overrides=setup.overrides))
     if name not in BACKENDS:
         raise _choice("backend", name, BACKENDS)
+    if setup.ranks > 1:  # on cuda: a GPU per rank ("no CUDA device visible" without one)
+        check_ranks(setup, name, target)
     backend = BACKENDS[name](setup)
     backend.check()
     comparison: Comparison = ProfileComparison()
@@ -82,8 +84,6 @@ def resolve(setup: BenchSetup) -> Plan:
         comparison = COMPARISONS[setup.peer]()
     plan = Plan(setup, measured, target, backend, comparison)
     comparison.check(plan)
-    if setup.ranks > 1:
-        check_ranks(plan)  # on cuda: a GPU per rank ("no CUDA device visible" without one)
     target.check(measured)
     for profile in plan.profiles.values():  # ConfigError (exit 2) names the bad value
         planned = {

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..geometry import PRESETS, PoolGeometry
 from .plan import Plan
-from .setup import BenchError
+from .setup import BenchError, BenchSetup
+from .targets import CpuTarget, CudaTarget
 
 __all__ = ["check_ranks", "describe_shard", "shard_geometry", "shard_heads"]
 
@@ -54,20 +55,18 @@ def describe_shard(plan: Plan) -> dict[str, Any]:
     }
 
 
-def check_ranks(plan: Plan) -> None:
-    """Refuse what a multi-rank run cannot do, before any process starts."""
-    setup = plan.setup
+def check_ranks(setup: BenchSetup, backend: str, target: CpuTarget | CudaTarget) -> None:
+    """Refuse what a multi-rank run cannot do, before any process starts or module is checked."""
     if setup.peer is not None:
         message = (
             f"--ranks {setup.ranks} compares two profiles on every rank; --peer {setup.peer} "
             "runs in one process: drop --peer or --ranks"
         )
         raise BenchError(message)
-    if plan.backend.name != "dram":
+    if backend != "dram":
         message = (
             f"--ranks {setup.ranks} gives every rank its own process-owned tier (backend "
-            f"'dram'); backend {plan.backend.name!r} is not supported with --ranks: use "
-            "--backend dram"
+            f"'dram'); backend {backend!r} is not supported with --ranks: use --backend dram"
         )
         raise BenchError(message)
-    plan.target.check_ranks(setup.ranks)
+    target.check_ranks(setup.ranks)

@@ -444,9 +444,11 @@ def cuda_locality(torch: Any, index: int) -> DeviceLocality:
     """GPU ``index`` and its NUMA node: its PCI address from torch's device properties (the
     same fields ``torch.numa.binding`` reads), its node from sysfs."""
     props = torch.cuda.get_device_properties(index)
-    ids = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    address = None if None in ids else pci_address(*(int(i) for i in ids))
-    return locate(f"cuda:{index}", address)
+    try:  # torch builds without these fields (older ones) leave the GPU unlocated
+        ids = [int(getattr(props, f"pci_{name}_id")) for name in ("domain", "bus", "device")]
+    except AttributeError:
+        return locate(f"cuda:{index}", None)
+    return locate(f"cuda:{index}", pci_address(*ids))
 
 
 def _copies(src: Any, dst: Any, d: Any) -> None:
