@@ -43,7 +43,8 @@ __all__ = [
     "OsCallError", "SmapsEntry", "clear_caches", "format_node_list", "get_mempolicy",
     "has_numa_syscalls", "has_populate_write", "has_thp", "huge_page_size", "madvise", "mbind",
     "mem_total",
-    "move_pages_query", "online_nodes", "page_size", "parse_node_list", "proc_root",
+    "move_pages_query", "online_nodes", "page_size", "parse_node_list", "pci_numa_node",
+    "proc_root",
     "smaps_anon_huge_bytes", "smaps_entries", "smaps_vm_flags", "sys_root", "thp_mode",
     "use_roots",
 ]  # fmt: skip
@@ -243,6 +244,22 @@ def online_nodes() -> tuple[int, ...]:
     except OSError:
         names = []
     return tuple(sorted(int(n[4:]) for n in names)) or (0,)
+
+
+def pci_numa_node(address: str) -> int | None:
+    """The ``numa_node`` of PCI device ``address`` (``"0000:3b:00.0"``), None when unreadable.
+
+    ``bus/pci/devices/<address>/numa_node`` holds the node the device is attached to, or -1
+    where the platform reports none (single-node hosts, most VMs), which is returned as is
+    (Documentation/ABI/testing/sysfs-bus-pci, ``numa_node``).
+    """
+    text = _read_text(sys_root() / "bus/pci/devices" / address / "numa_node")
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
 
 
 def clear_caches() -> None:

@@ -427,6 +427,15 @@ def bench(
             help="Seconds /metrics stays up after the run (default: until interrupted).",
         ),
     ] = None,
+    ranks: Annotated[
+        int,
+        typer.Option(
+            "--ranks",
+            min=1,
+            help="Tensor-parallel ranks: one process each (one GPU each on cuda), all restoring "
+            "their shards at once.",
+        ),
+    ] = 1,
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
     options = dict(locals(), set_=_overrides(set_), vs_set=_overrides(vs_set))

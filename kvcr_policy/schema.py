@@ -121,18 +121,34 @@ class PlacementSection(Section):
     huge_pages: Literal["off", "prefer", "require"] = Field(
         "off", description="Transparent huge-page advice for the tier (MADV_HUGEPAGE)."
     )
-    numa_policy: Literal["none", "preferred", "bind", "interleave"] = Field(
-        "none", description="NUMA memory policy applied to the tier with mbind(2)."
+    numa_policy: Literal["none", "preferred", "bind", "interleave", "gpu"] = Field(
+        "none",
+        description=(
+            "NUMA memory policy applied to the tier with mbind(2); 'gpu': the node of each "
+            "pool's GPU (from sysfs), preferred or bound as numa_mode says, and left unbound "
+            "where the GPU reports no node."
+        ),
     )
     numa_nodes: tuple[int, ...] = Field((), description="NUMA nodes named by numa_policy.")
     numa_mode: Literal["prefer", "require"] = Field(
-        "prefer", description="On a NUMA placement that cannot be had: warn and go on, or fail."
+        "prefer",
+        description=(
+            "On a NUMA placement that cannot be had: warn and go on, or fail ('gpu': prefer "
+            "the GPU's node, or bind to it)."
+        ),
     )
     eviction: str = Field("lru", description="Eviction policy of the slot store ('lru', 'fifo').")
     options: dict[str, Any] = _options_field()
 
     @model_validator(mode="after")
     def _nodes_match_policy(self) -> PlacementSection:
+        if self.numa_policy == "gpu" and self.numa_nodes:
+            message = (
+                f"placement.numa_nodes {list(self.numa_nodes)} is set but placement.numa_policy "
+                "'gpu' takes each tier's node from its pool's GPU; drop numa_nodes, or name the "
+                "nodes with numa_policy 'preferred', 'bind' or 'interleave'"
+            )
+            raise ValueError(message)
         if self.numa_policy == "none" and self.numa_nodes:
             message = (
                 f"placement.numa_nodes {list(self.numa_nodes)} is set but placement.numa_policy "
@@ -140,7 +156,7 @@ class PlacementSection(Section):
                 "numa_nodes"
             )
             raise ValueError(message)
-        if self.numa_policy != "none" and not self.numa_nodes:
+        if self.numa_policy not in ("none", "gpu") and not self.numa_nodes:
             message = (
                 f"placement.numa_policy {self.numa_policy!r} needs placement.numa_nodes; "
                 "name at least one node, e.g. numa_nodes = [0]"

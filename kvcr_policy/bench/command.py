@@ -68,6 +68,7 @@ def run_command(
     vs_set: Mapping[str, str] | None = None,
     metrics: str | None = None,
     metrics_hold: float | None = None,
+    ranks: int = 1,
 ) -> None:
     """Check, run, print; see the module docstring."""
     if metrics is not None:
@@ -88,6 +89,7 @@ def run_command(
         tls=ucx_tls,
         vs_overrides=dict(vs_set or {}),
         metrics=metrics is not None,
+        ranks=ranks,
     )
     if screen_pct is not None and not 0 <= screen_pct < 100:
         raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .plan import Plan
+from .ranks import run_ranks
 from .resolve import resolve
 from .result import BenchResult, Run
 from .setup import BenchError, BenchSetup
@@ -67,7 +68,9 @@ def _descriptors(stats: Mapping[str, Any]) -> dict[str, int]:
 
 
 def run_plan(plan: Plan, say: Progress) -> BenchResult:
-    """Steps 2-5 of the module docstring, for a resolved plan."""
+    """Steps 2-5 of the module docstring, for a resolved plan (``--ranks``: :mod:`.ranks`)."""
+    if plan.setup.ranks > 1:
+        return run_ranks(plan, say)
     setup, measured, backend = plan.setup, plan.measured, plan.backend
     n, nbytes, base = measured.pages, measured.nbytes, plan.comparison.baseline
     keys = bench_keys(n, "bench")

@@ -50,3 +50,6 @@ class BenchSetup:
     #: Metrics are served (``--metrics``): the placement is audited after the stores, so the
     #: placement gauges show where the stored pages are.
     metrics: bool = False
+    #: Tensor-parallel ranks: one process per rank (each on its own GPU on ``cuda``), each
+    #: with its shard of the pool, all restoring at once (:mod:`.ranks`); 1 runs in-process.
+    ranks: int = 1
