@@ -106,10 +106,20 @@ def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
 
 def resolve_base(name: str, folder: Path, where: str) -> Path:
     """A ``[profile] base``: a bundled name, else a path relative to the naming file's folder."""
-    if name in bundled_profiles():
-        return resolve_profile(name, where)
+    bundled = bundled_profiles()
+    if name in bundled:
+        return bundled[name]
     path = Path(name).expanduser()
-    return resolve_profile(path if path.is_absolute() else folder / path, where)
+    path = path if path.is_absolute() else folder / path
+    if path.is_file():
+        return path.resolve()
+    nearest = suggest(name, list(bundled))
+    hint = f" (did you mean {nearest!r}?)" if nearest else ""
+    message = (
+        f"base {name!r} is neither a bundled profile{hint} nor a file (looked for {path}); "
+        f"name one of: {', '.join(bundled)}, or a path relative to this file"
+    )
+    raise ConfigError([ConfigIssue("profile.base", where, message)], title="cannot find a base")
 
 
 def _chain_source(chain: list[Path]) -> tuple[Leaves, list[ConfigIssue]]:
