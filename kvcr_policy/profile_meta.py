@@ -70,7 +70,7 @@ def read_meta(path: Path) -> tuple[ProfileMeta, list[ConfigIssue]]:
     where = profile_origin(str(path), PROFILE_TABLE)
     if not isinstance(table, dict):
         message = (
-            f"expected a table ([{PROFILE_TABLE}] with base = \"NAME\"), got {type(table).__name__}"
+            f'expected a table ([{PROFILE_TABLE}] with base = "NAME"), got {type(table).__name__}'
         )
         return ProfileMeta(), [ConfigIssue(PROFILE_TABLE, where, message)]
     issues = []

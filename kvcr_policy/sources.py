@@ -51,8 +51,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 __all__ = [
     "ALIASED_ENV",
     "DOTENV_FILE",
-    "RESERVED_ENV",
     "PROFILE_TABLE",
+    "RESERVED_ENV",
     "Leaves",
     "PolicySettings",
     "dotenv_source",

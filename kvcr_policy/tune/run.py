@@ -191,7 +191,9 @@ def tune(
     outcome.verdict = verdict = judge(result, setup.screen_pct)
     outcome.seconds = clock() - began
     if verdict.wins:
-        outcome.message = f"the tuned profile wins: at least {verdict.gain * 100:+.1f} % in each order"
+        outcome.message = (
+            f"the tuned profile wins: at least {verdict.gain * 100:+.1f} % in each order"
+        )
     else:
         outcome.message = f"{start!r} stands: " + "; ".join(verdict.reasons())
     if write is not None and (verdict.wins or always_write):

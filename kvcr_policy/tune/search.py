@@ -52,7 +52,9 @@ class Trial:
             "number": self.number,
             "changed": dict(self.changed),
             "speedup": None if self.speedup is None else round(self.speedup, 4),
-            "ratio_to_limit": None if self.ratio_to_limit is None else round(self.ratio_to_limit, 4),
+            "ratio_to_limit": None
+            if self.ratio_to_limit is None
+            else round(self.ratio_to_limit, 4),
             "seconds": round(self.seconds, 2),
             "error": self.error,
         }
@@ -136,7 +138,5 @@ class Search:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=self.setup.seed)
         study = optuna.create_study(direction="maximize", sampler=sampler)
-        study.optimize(
-            self._objective, catch=(KVCRPolicyError,), callbacks=[self._stop_when_full]
-        )
+        study.optimize(self._objective, catch=(KVCRPolicyError,), callbacks=[self._stop_when_full])
         return self.trials

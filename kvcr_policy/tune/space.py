@@ -118,9 +118,8 @@ def _owner(spec: Spec) -> str:
 
 def field_adapter(info: FieldInfo) -> TypeAdapter[Any]:
     """A validator of one value of the field ``info`` describes: its type and its bounds."""
-    if info.metadata:
-        return TypeAdapter(Annotated[info.annotation, *info.metadata])
-    return TypeAdapter(info.annotation)
+    # The FieldInfo as Annotated metadata carries the field's constraints (gt, le, ...).
+    return TypeAdapter(Annotated[info.annotation, info])
 
 
 def _fields(model: type[BaseModel]) -> Iterator[tuple[str, Tunable, TypeAdapter[Any]]]:

@@ -56,9 +56,9 @@ class OrderFigures:
 
     def describe(self) -> str:
         return (
-            f"order {self.name}: before {self.before_gbps:.2f} GB/s ({self.before_ratio:.3f} of the limit), after "
-            f"{self.after_gbps:.2f} GB/s ({self.after_ratio:.3f}), gain {_pct(self.gain)} "
-            f"(spread {self.spread * 100:.1f} %)"
+            f"order {self.name}: before {self.before_gbps:.2f} GB/s ({self.before_ratio:.3f} "
+            f"of the limit), after {self.after_gbps:.2f} GB/s ({self.after_ratio:.3f}), "
+            f"gain {_pct(self.gain)} (spread {self.spread * 100:.1f} %)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,7 +102,8 @@ class Verdict:
         if not self.verified:
             found.append("restored bytes did not match what was stored")
         for order in self.screen.failed_orders:
-            found.append(f"order {ORDER_NAMES.get(order, order)}: more than {self.screen.percent:g} % below the start")
+            name = ORDER_NAMES.get(order, order)
+            found.append(f"order {name}: more than {self.screen.percent:g} % below the start")
         for o in self.orders:
             if o.repeats < MIN_REPEATS:
                 found.append(f"order {o.name}: {o.repeats} repeats, fewer than {MIN_REPEATS}")

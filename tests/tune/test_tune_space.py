@@ -44,7 +44,9 @@ def test_the_cuda_space_takes_the_cuda_transport_options_and_drops_the_cpu_knobs
 
 
 def test_set_values_are_fixed_and_only_narrows() -> None:
-    assert "batching.read_batch_pages" not in paths("throughput", fixed={"batching.read_batch_pages"})
+    assert "batching.read_batch_pages" not in paths(
+        "throughput", fixed={"batching.read_batch_pages"}
+    )
     assert paths("throughput", only={"coalescing.split_bytes"}) == {"coalescing.split_bytes"}
     with pytest.raises(TuneError, match=r"--only names no tunable knob.*batching\.nope"):
         paths("throughput", only={"batching.nope"})
