@@ -182,8 +182,7 @@ def tune(
             outcome.message = f"{start!r} stands: no candidate that differs from it was measured"
             outcome.seconds = clock() - began
             return outcome
-        slowest = max(t.seconds for t in outcome.trials)
-        repeat = confirm_repeats(setup, slowest, began + setup.budget_s - clock())
+        repeat = confirm_repeats(setup, search.slowest, began + setup.budget_s - clock())
         say(f"confirming the best candidate: {repeat} repeats in both orders")
         profile = search.candidate(best.changed, "candidate")
         result = run_bench(setup.bench(str(profile), start, repeat), say)
