@@ -144,3 +144,41 @@ def test_cuda_target_without_a_gpu_exits_2_with_a_clear_message() -> None:
     done = run_cli("--target", "cuda", "--geometry", "small", "--tokens", "64")
     assert done.returncode == 2
     assert "no CUDA device visible" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_third_party_option_is_tuned_and_written_like_a_built_in(
+    capsys: pytest.CaptureFixture[str],
+    example_plugin: None,
+    write_profile: Callable[..., Path],
+    slow_small_batches: Callable[[bool], None],
+    tmp_path: Path,
+) -> None:
+    # The example plugin's `adaptive` batching aims each batch at target_batch_bytes: one
+    # 512 KiB page a batch to start with, so every page pays the injected per-call cost.
+    start = write_profile(
+        """
+        [profile]
+        base = "throughput"
+        [batching]
+        strategy = "adaptive"
+        [batching.options]
+        page_bytes = "512KiB"
+        target_batch_bytes = "512KiB"
+        """
+    )
+    target = tmp_path / "site.toml"
+    slow_small_batches(False)
+    code, data, err = tune_in_process(
+        capsys,
+        *("--from", str(start), "--only", "batching.options.target_batch_bytes"),
+        *("--budget", "12", "--repeat", "5", "--write", str(target)),
+    )
+    assert code == 0, err
+    assert data["knobs"] == ["batching.options.target_batch_bytes"]
+    assert data["verdict"]["wins"] is True, data["message"]
+    loaded = load_config(profile=target, dotenv=False)
+    assert loaded.config.batching.strategy == "adaptive"
+    assert loaded.config.batching.options["target_batch_bytes"] >= 4 << 20
+    origin = loaded.origin("batching.options.target_batch_bytes")
+    assert origin == f"profile {target} [batching.options]"
+    assert loaded.origin("batching.options.page_bytes") == f"profile {start} [batching.options]"
