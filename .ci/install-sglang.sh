@@ -24,6 +24,7 @@ want = {"sglang": sys.argv[1], "torch": sys.argv[2]}
 needed = [
     "triton", "transformers", "dill", "sentencepiece", "compressed-tensors", "loguru",
     "gguf", "apache-tvm-ffi", "orjson", "pybase64", "msgspec", "pyzmq", "IPython", "aiohttp",
+    "uvicorn", "prometheus-client",
 ]
 try:
     for name, version in want.items():
@@ -57,6 +58,9 @@ pip --no-deps "sglang==$SGLANG_VERSION"
 # storage backend factory.
 pip -c "$pin" numpy orjson psutil pybase64 requests packaging pillow starlette msgspec \
     pydantic pyzmq tqdm IPython aiohttp
+# SGLang's /metrics (add_prometheus_middleware: a MultiProcessCollector served by uvicorn),
+# which the metrics test reads the backend's metrics through.
+pip -c "$pin" uvicorn prometheus-client
 # Stubbing triton breaks torch inside pool_host, so it is installed for real (about 1 GB);
 # 3.9.0 is the release checked with torch 2.13.0.
 pip --no-deps "triton==3.9.0"

@@ -42,6 +42,7 @@ __all__ = [
     "MPOL_INTERLEAVE", "MPOL_NAMES", "MPOL_PREFERRED", "PROC_ROOT_ENV", "SYS_ROOT_ENV",
     "OsCallError", "SmapsEntry", "clear_caches", "format_node_list", "get_mempolicy",
     "has_numa_syscalls", "has_populate_write", "has_thp", "huge_page_size", "madvise", "mbind",
+    "mem_total",
     "move_pages_query", "online_nodes", "page_size", "parse_node_list", "proc_root",
     "smaps_anon_huge_bytes", "smaps_entries", "smaps_vm_flags", "sys_root", "thp_mode",
     "use_roots",
@@ -182,6 +183,13 @@ def huge_page_size() -> int:
     meminfo = _read_text(proc_root() / "meminfo") or ""
     match = re.search(r"^Hugepagesize:\s+(\d+)\s*kB", meminfo, re.MULTILINE)
     return int(match.group(1)) * 1024 if match else _DEFAULT_HUGE_PAGE
+
+
+def mem_total() -> int | None:
+    """The host's memory in bytes (``MemTotal`` of /proc/meminfo), None where unreadable."""
+    meminfo = _read_text(proc_root() / "meminfo") or ""
+    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", meminfo, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
 
 
 @functools.cache

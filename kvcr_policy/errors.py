@@ -16,7 +16,8 @@ Every error a user can meet derives from :class:`KVCRPolicyError`; catching it c
     ├── TransportError         a transfer failed (the pipeline turns it into misses)
     │   ├── UnsupportedError   the transport cannot do what the config asks (coalesce, split)
     │   │   └── CudaUnavailableError   the cuda transport where no CUDA device is visible
-    │   └── ProtocolError      a peer sent a malformed, truncated or oversize frame
+    │   ├── ProtocolError      a peer sent a malformed, truncated or oversize frame
+    │   └── BackendUnavailableError   the tier cannot be reached (a peer gone or not answering)
     ├── UnimplementedError     an engine API that this backend deliberately does not provide
     ├── BenchError             a benchmark could not run or its bytes did not verify
     └── ClosedError            a call reached an object that is closing or closed
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ArgumentError",
+    "BackendUnavailableError",
     "BenchError",
     "CapacityError",
     "ClosedError",
@@ -133,6 +135,10 @@ class UnsupportedError(TransportError):
 
 class ProtocolError(TransportError):
     """A peer sent a frame that is malformed, truncated, oversize or of an unknown version."""
+
+
+class BackendUnavailableError(TransportError):
+    """The tier backend cannot be reached: a peer went away or did not answer in time."""
 
 
 class ClosedError(KVCRPolicyError, RuntimeError):

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from .errors import ClosedError, IndicesError, PoolError, UnsupportedError
 from .geometry import PoolGeometry, page_indices, validate_buffer
 from .loading import LoadedConfig, load_config
 from .mover import Mover
+from .observability.meter import Meters
 from .plugins import PluginManager, make_plugin_manager
 from .schema import STRATEGY_SECTIONS
 from .stats import PipelineStats, StatsRecorder
@@ -48,6 +50,10 @@ class Pipeline:
     Lifetime: open -> closing -> closed. :meth:`close` waits for in-flight calls, closes the
     backend (which never unmaps memory a transfer may still touch) and restores thread tuning;
     calls after it raise :class:`ClosedError`.
+
+    Metrics (``observability.metrics``): each pool gets a
+    :class:`~kvcr_policy.observability.meter.PoolMeter` that exists, get and set feed once per
+    call (the window once per batch), never per page.
     """
 
     def __init__(
@@ -88,6 +94,9 @@ class Pipeline:
         self.allowed = coalescing.needs & backend.capabilities
         self._pools: dict[str, tuple[PoolGeometry, PoolTier]] = {}
         self.refused: dict[str, str] = {}
+        # The ``profile`` label of the metrics is the profile file's name.
+        profile = Path(loaded.profile).stem if loaded.profile else "default"
+        self.meters = Meters(self.config.observability.metrics, backend.name, profile)
         self._stats = StatsRecorder()
         self._mover = Mover(batching, coalescing, self.allowed, fallback, self._stats)
         self._cond = threading.Condition()
@@ -127,6 +136,7 @@ class Pipeline:
                 self.backend.close()
             finally:
                 self.thread_tuning.restore()
+                self.meters.close()
         finally:
             final = self.stats().to_dict()
             with self._cond:
@@ -164,6 +174,21 @@ class Pipeline:
             self._pools[name] = (geometry, tier)
             self.refused.pop(name, None)
             log.info("pool %r registered on backend %r: %s", name, self.backend.name, geometry)
+            meter = self.meters.open(name)
+            if meter is not None:
+                wanted = self.config.observability
+                probe = wanted.link_probe_bytes
+                meter.attached(tier, wanted.audit_placement, probe and int(probe),
+                               wanted.link_limit_gbps)  # fmt: skip
+
+    def count_misses(self, pool: str, read: bool, reason: str, pages: int) -> None:
+        """Count misses a caller decided before reaching the pipeline (an integration that
+        refused the pool itself); ``reason`` as in
+        :data:`~kvcr_policy.observability.metrics.MISS_REASONS`. ``pool`` becomes a label:
+        pass names from a fixed set (the engine's pool names), never user input."""
+        meter = self.meters.open(pool)
+        if meter is not None:
+            meter.direction(read).miss(reason, pages)
 
     @property
     def pools(self) -> dict[str, PoolGeometry]:
@@ -196,7 +221,13 @@ class Pipeline:
         """How many keys from the start are present, asked in metadata-query batches."""
         with self._operation("exists"):
             self._stats.add(keys_queried=len(keys))
-            return self._mover.count(self._pool(pool)[1], keys)
+            geometry, tier = self._pool(pool)
+            start = time.perf_counter()
+            found = self._mover.count(tier, keys)
+            meter = self.meters.get(geometry.name)
+            if meter is not None:
+                meter.exists(len(keys), found, time.perf_counter() - start)
+            return found
 
     def exists_pools(self, keys: Sequence[str], pools: Sequence[str]) -> int:
         """The usable prefix over several pools: the minimum of their counts."""
@@ -233,15 +264,17 @@ class Pipeline:
         pool: str | None,
         on_ready: Callable[[int], None] | None,
     ) -> list[bool]:
-        geometry, tier = self._pool(pool)
-        pages = self._pages(geometry, keys, indices)
-        transfer = tier.begin(read, keys, pages)
+        name = pool
         try:
-            moved = self._mover.move(transfer, read, geometry.page_bytes, on_ready)
-        except BaseException:
-            transfer.abort()
+            geometry, tier = self._pool(pool)
+            name = geometry.name
+            pages = self._pages(geometry, keys, indices)
+        except PoolError:
+            if name is not None and (name in self._pools or name in self.refused):
+                self.count_misses(name, read, "pool_refused", len(keys))
             raise
-        return transfer.finish(moved)
+        meter = self.meters.get(geometry.name)
+        return self._mover.run(tier, read, keys, pages, geometry.page_bytes, on_ready, meter)
 
     def get_pools(self, requests: Mapping[str, tuple[Sequence[str], Any]]) -> dict[str, list[bool]]:
         """:meth:`get` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""
@@ -253,13 +286,21 @@ class Pipeline:
 
     def delete(self, keys: Sequence[str], pool: str | None = None) -> int:
         with self._operation("delete"):
-            return self._pool(pool)[1].delete(keys)
+            geometry, tier = self._pool(pool)
+            removed = tier.delete(keys)
+            meter = self.meters.get(geometry.name)
+            if meter is not None:
+                meter.usage(tier)
+            return removed
 
     def clear(self) -> None:
         """Forget every key of every pool (claimed slots are freed once released)."""
         with self._operation("clear"):
-            for _, tier in self._pools.values():
+            for name, (_, tier) in self._pools.items():
                 tier.clear()
+                meter = self.meters.get(name)
+                if meter is not None:
+                    meter.usage(tier)
 
     def probe(self, nbytes: int, pool: str | None = None) -> None:
         """Move ``nbytes`` from the tier into the pool's first bytes with the backend's largest
@@ -272,7 +313,12 @@ class Pipeline:
         with self._operation("probe"):
             if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
                 raise IndicesError(f"probe: expected a positive number of bytes, got {nbytes!r}")
-            self._pool(pool)[1].probe(nbytes)
+            geometry, tier = self._pool(pool)
+            meter = self.meters.get(geometry.name)
+            if meter is not None:
+                meter.probe(tier, nbytes)  # the link-limit gauge
+            else:
+                tier.probe(nbytes)
 
     # ---- reporting ----------------------------------------------------------------------
 
@@ -283,7 +329,12 @@ class Pipeline:
     def audit(self) -> dict[str, Any]:
         """The placement audit of every pool whose backend places memory."""
         audits = {name: tier.audit() for name, (_, tier) in self._pools.items()}
-        return {name: audit for name, audit in audits.items() if audit is not None}
+        found = {name: audit for name, audit in audits.items() if audit is not None}
+        for name, audit in found.items():
+            meter = self.meters.get(name)
+            if meter is not None:
+                meter.placement(audit)  # the placement gauges follow every audit
+        return found
 
 
 def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None) -> Pipeline:

@@ -21,6 +21,7 @@ __all__ = [
     "BatchingSection",
     "CoalescingSection",
     "FallbackSection",
+    "ObservabilitySection",
     "PlacementSection",
     "PluginsSection",
     "PolicyConfig",
@@ -253,6 +254,43 @@ class BackendSection(Section):
     )
 
 
+class ObservabilitySection(Section):
+    """What this process reports about itself: Prometheus metrics and the link limit."""
+
+    metrics: bool = Field(
+        True,
+        description=(
+            "Record kvcr_policy_* metrics in prometheus-client's default registry (per call or "
+            "per batch, never per page); inside SGLang with --enable-metrics they appear in "
+            "SGLang's /metrics. false: record nothing."
+        ),
+    )
+    audit_placement: bool = Field(
+        False,
+        description=(
+            "Audit each pool's tier placement when the pool registers (huge-page bytes, pages "
+            "per NUMA node) and export it; Pipeline.audit() always refreshes the gauges."
+        ),
+    )
+    link_probe_bytes: ByteSize | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Measure the link limit when a pool registers: one move of this many bytes from "
+            "the tier into the pool's first bytes, before the engine uses the pool (e.g. "
+            "'256MiB'); unset: not measured."
+        ),
+    )
+    link_limit_gbps: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "A known link limit in GB/s, exported when none is measured and used by "
+            "`kvcr-policy plan`; unset: none."
+        ),
+    )
+
+
 class PolicyConfig(Section):
     """The whole validated configuration. Frozen: plugins read it, never change it."""
 
@@ -264,6 +302,7 @@ class PolicyConfig(Section):
     transport: TransportSection = Field(default_factory=TransportSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     backend: BackendSection = Field(default_factory=BackendSection)
+    observability: ObservabilitySection = Field(default_factory=ObservabilitySection)
 
 
 #: Every public config type whose positional order is pinned in schemas/field-order.json.
@@ -277,6 +316,7 @@ POSITIONAL_TYPES: tuple[type[Section], ...] = (
     TransportSection,
     PluginsSection,
     BackendSection,
+    ObservabilitySection,
 )
 
 #: Strategy sections and the registry kind that names their strategy.

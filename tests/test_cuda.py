@@ -250,7 +250,7 @@ def test_close_waits_unregisters_and_refuses_later_calls() -> None:
     pool = random_pool(geo)
     p = pipeline(geo)
     p.register_pool("kv", geo, pool)
-    region = p._pool("kv").region
+    region = p._pool("kv")[1].region  # the dram backend's pool tier
     transport = p.transport
     p.set(keys(geo.pages), tokens(np.arange(geo.pages)))
     p.close()
@@ -274,7 +274,7 @@ def test_refusals_name_the_problem() -> None:
             p.register_pool("kv", cpu_geo, torch.zeros(cpu_geo.shape, dtype=torch.bfloat16))
         pool = random_pool(geo)
         p.register_pool("kv", geo, pool)
-        endpoint = p._pool("kv").endpoint
+        endpoint = p._pool("kv")[1].pool_side.endpoint
         beyond = Descriptors.from_arrays([0], [geo.nbytes], [1])
         with pytest.raises(TransportError, match="outside its buffers"):
             p.transport.submit(CopyBatch(endpoint, endpoint, beyond))

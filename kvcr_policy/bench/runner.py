@@ -88,6 +88,8 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
             if not ok:
                 raise BenchError(f"{side.name!r} did not store all {n} pages; see its log")
             store_gbps[label] = nbytes / seconds / 1e9
+            if setup.metrics and side.pipeline is not None:
+                side.pipeline.audit()  # the placement gauges: where the stored pages are
         limit_pipeline = sides["P"].pipeline
         if limit_pipeline is None:
             raise BenchError("side P has no pipeline to measure the limit with")

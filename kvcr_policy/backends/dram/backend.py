@@ -21,7 +21,7 @@ import numpy as np
 from ...descriptors import Descriptors, build_descriptors
 from ...errors import ClosedError, IndicesError, PoolError
 from ...geometry import PoolGeometry
-from ..base import BackendContext, Endpoint, PoolSpec, Shape, check_device
+from ..base import BackendContext, Endpoint, PoolSpec, Shape, TierUsage, check_device
 from .store import Claim, Reservation, Store
 from .tier import Region
 from .transports.base import CopyBatch, Transport
@@ -54,11 +54,13 @@ class _Transfer:
             self.slots = self.claim.slots
             self.limit = len(self.slots)
             self.needs: np.ndarray | None = None
+            self.miss = "evicted" if self.claim.evicted else "absent"
         else:
             self.reservation = pool.store.reserve(keys)
             self.slots = self.reservation.slots
             self.limit = len(self.reservation.keys)
             self.needs = self.slots >= 0
+            self.miss = "claimed"  # keys past limit: every slot held by transfers in flight
 
     def _batch(self, positions: np.ndarray, shape: Shape | None) -> CopyBatch:
         pool, tier = self.pool.pool_side, self.pool.tier_side
@@ -172,6 +174,11 @@ class DramPool:
 
     def audit(self) -> dict[str, Any] | None:
         return self.region.audit().to_dict()
+
+    def usage(self) -> TierUsage:
+        s = self.store.stats()
+        page_bytes = self.geometry.page_bytes
+        return TierUsage(s.capacity * page_bytes, s.used * page_bytes, s.evictions)
 
     def close(self) -> None:
         """After the transport finished every copy: close the store, unpin, then unmap."""

@@ -32,8 +32,8 @@ _RECV_CHUNK = 1 << 20
 
 
 class Channel:
-    """See the module docstring. ``on_message(message, request_id)`` and ``on_closed(reason)``
-    run on the loop's thread; ``on_closed`` exactly once."""
+    """See the module docstring. ``on_message(message, request_id)``, ``on_closed(reason)``
+    and ``on_malformed()`` run on the loop's thread; ``on_closed`` exactly once."""
 
     def __init__(
         self,
@@ -44,12 +44,14 @@ class Channel:
         on_message: Callable[[Message, int], None],
         on_closed: Callable[[str], None],
         max_payload: int = MAX_PAYLOAD,
+        on_malformed: Callable[[], None] | None = None,
     ) -> None:
         self.loop = loop
         self.sock = sock
         self.name = name
         self.on_message = on_message
         self.on_closed = on_closed
+        self.on_malformed = on_malformed  # a frame that did not decode (the server counts it)
         self.reader = FrameReader(KINDS, max_payload)
         self.last_recv = self.last_sent = time.monotonic()
         self.closed = False
@@ -121,6 +123,8 @@ class Channel:
                 if self.closed or self.lingering:
                     return
         except ProtocolError as err:
+            if self.on_malformed is not None:
+                self.on_malformed()
             self.fail(Err.PROTOCOL, f"protocol error: {err}")
 
     def pump(self) -> None:

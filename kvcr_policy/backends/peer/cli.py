@@ -1,8 +1,9 @@
 """``kvcr-policy serve``: run a peer tier until SIGTERM or SIGINT.
 
 On start it prints one JSON line to stdout, ``{"listening": "HOST:PORT", "pid": ...}``, so
-scripts and tests learn the port when ``--listen`` asks for port 0; the same is logged. A
-signal stops it cleanly (see :meth:`PeerServer.stop`) and it exits 0.
+scripts and tests learn the port when ``--listen`` asks for port 0; the same is logged. With
+``--metrics HOST:PORT`` it also serves ``/metrics`` (its URL is in that line, ``"metrics"``).
+A signal stops it cleanly (see :meth:`PeerServer.stop`) and it exits 0.
 """
 
 from __future__ import annotations
@@ -45,9 +46,16 @@ def serve_command(
         typer.Option(help="Seconds in-flight requests get on SIGTERM (default op_timeout_s)."),
     ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics", help="Serve /metrics on HOST:PORT (a bare PORT listens on loopback)."
+        ),
+    ] = None,
 ) -> None:
     """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
     from kvcr_policy.loading import load_config
+    from kvcr_policy.observability.exposition import MetricsServer, parse_listen, serve_metrics
 
     from .server.server import PeerServer
 
@@ -62,8 +70,11 @@ def serve_command(
         if not sep or not key.strip():
             raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
         overrides[key.strip()] = value
+    if metrics is not None:
+        parse_listen(metrics)  # a bad address is refused before anything starts
     loaded = load_config(profile=profile, overrides=overrides)
     server = PeerServer(loaded, listen=listen)
+    exposed: MetricsServer | None = None
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -76,13 +87,19 @@ def serve_command(
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: stacks to stderr
     try:
         server.start()
+        if metrics is not None:
+            exposed = serve_metrics(metrics)
         line = {"listening": server.address, "pid": os.getpid(), **server.describe()}
+        if exposed is not None:
+            line["metrics"] = exposed.url
         sys.stdout.write(json.dumps(line, default=str) + "\n")
         sys.stdout.flush()
         while not stop.wait(0.2):
             pass
     finally:
         server.stop(grace)
+        if exposed is not None:
+            exposed.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -20,11 +20,13 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from kvcr_policy.errors import ClosedError, KVCRPolicyError, UnsupportedError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import LoadedConfig, load_config
+from kvcr_policy.observability.peer_server import ServerMeter, open_server_meter
 from kvcr_policy.plugins import make_plugin_manager
 
 from ..host import host_id
@@ -32,7 +34,7 @@ from ..options import UcxOptions, is_loopback, parse_address
 from ..wire import messages as m
 from ..worker import Worker, acquire_worker
 from .addrcheck import AddressChecker
-from .session import Session
+from .session import REQUEST_KINDS, Session
 from .tiers import Tiers
 
 __all__ = ["PeerServer", "server_options"]
@@ -80,6 +82,10 @@ class PeerServer:
         self.state = "new"
         self._listener: socket.socket | None = None
         self._checker: AddressChecker | None = None
+        profile = Path(self.loaded.profile).stem if self.loaded.profile else "default"
+        self.meter: ServerMeter | None = open_server_meter(
+            config.observability.metrics, profile, REQUEST_KINDS
+        )
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -147,6 +153,8 @@ class PeerServer:
             log.warning("tiers %s stay mapped: a transfer may still touch them", leaked)
         if self._checker is not None:
             self._checker.close()
+        if self.meter is not None:
+            self.meter.close()
         self.worker.release()
         self.state = "closed"
         log.info("stopped")
@@ -200,8 +208,12 @@ class PeerServer:
                 sock.close()
                 continue
             self.sessions.add(Session(self, sock, name))
+            if self.meter is not None:
+                self.meter.connected()
 
     def session_closed(self, session: Session, reason: str) -> None:
+        if session in self.sessions and self.meter is not None:
+            self.meter.disconnected()
         self.sessions.discard(session)
         self._settling = {s for s in self._settling if s.groups}
         if session.groups:

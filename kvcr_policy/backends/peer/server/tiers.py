@@ -26,6 +26,7 @@ import numpy as np
 from kvcr_policy.errors import CapacityError, PoolError
 from kvcr_policy.geometry import PoolGeometry
 
+from ...base import TierUsage
 from ...dram.store import Store
 from ...dram.tier import Region
 
@@ -47,6 +48,12 @@ class Tier:
     @property
     def slots(self) -> int:
         return self.store.capacity
+
+    def usage(self) -> TierUsage:
+        """Capacity, bytes in use and evictions, for the server's metrics."""
+        s = self.store.stats()
+        page_bytes = self.geometry.page_bytes
+        return TierUsage(s.capacity * page_bytes, s.used * page_bytes, s.evictions)
 
     def stats(self) -> dict[str, Any]:
         s = self.store.stats()
