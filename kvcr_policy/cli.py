@@ -185,10 +185,17 @@ def schema(
     folder: Annotated[
         Path | None, typer.Option("--dir", help="Another schemas/ folder to write or check.")
     ] = None,
+    tunable: Annotated[
+        bool,
+        typer.Option("--tunable", help="List the knobs `tune` searches, with their candidates."),
+    ] = False,
 ) -> None:
     """Print, regenerate (--write) or verify (--check) the committed schemas."""
     from .contract import check_schemas, json_schema, write_schemas
 
+    if tunable:
+        _print_tunable()
+        return
     if write:
         for path in write_schemas(folder):
             out.print(f"wrote {path}")
@@ -208,6 +215,15 @@ def schema(
         out.print("✓ schemas/ matches the code")
         return
     _print_json(json_schema())
+
+
+def _print_tunable() -> None:
+    """Every tunable declaration: the schema's and each registered options model's."""
+    from .tune.space import declared_knobs
+
+    registry = load_config().registry
+    assert registry is not None  # every load_config result carries the registry it used
+    _print_json([declared.to_dict() for declared in declared_knobs(registry)])
 
 
 @app.command()
@@ -440,6 +456,56 @@ def bench(
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
     options = dict(locals(), set_=_overrides(set_), vs_set=_overrides(vs_set))
     from .bench.command import run_command
+
+    run_command(**options)
+
+
+@app.command()
+def tune(
+    start: Annotated[
+        str, typer.Option("--from", help="Starting profile: the base the result extends.")
+    ] = "throughput",
+    target: Annotated[Target, typer.Option("--target")] = Target.cpu,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="Tier backend: dram or peer (default: the profile's)."),
+    ] = None,
+    geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
+    layout: Annotated[str, typer.Option("--layout")] = "layer_first",
+    tokens: Annotated[int, typer.Option("--tokens", min=1)] = 8192,
+    mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
+    scatter: Annotated[
+        bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
+    ] = False,
+    set_: SetOpt = None,
+    budget: Annotated[
+        float, typer.Option("--budget", help="Seconds for the whole run, confirmation included.")
+    ] = 300.0,
+    repeat: Annotated[
+        int, typer.Option("--repeat", help="Repeats per order confirming (and --check).")
+    ] = 9,
+    trial_repeat: Annotated[
+        int, typer.Option("--trial-repeat", min=1, help="Repeats per order of each trial.")
+    ] = 3,
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help="Search only this knob (repeatable).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="The sampler's seed.")] = 0,
+    write: Annotated[
+        Path | None, typer.Option("--write", help="Write the profile here if it wins.")
+    ] = None,
+    always_write: Annotated[
+        bool, typer.Option("--always-write", help="Write the best candidate even if it loses.")
+    ] = False,
+    check_path: Annotated[
+        Path | None,
+        typer.Option("--check", help="Re-measure a written profile against its base."),
+    ] = None,
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+) -> None:
+    """Search the tunable knobs on this host; write the profile only if it wins."""
+    options = dict(locals(), set_=_overrides(set_))  # every option above, by name
+    from .tune.command import run_command
 
     run_command(**options)
 

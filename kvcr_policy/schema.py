@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 
 from .errors import UsageError
+from .tunable import tunable
 
 __all__ = [
     "ENV_PREFIX",
@@ -69,10 +70,18 @@ class BatchingSection(Section):
     """How reads and metadata queries are grouped, and how much may be in flight at once."""
 
     strategy: str = Field("fixed", description="Name of the registered batching strategy.")
-    read_batch_pages: int = Field(128, gt=0, description="Pages per read or write batch.")
+    read_batch_pages: int = Field(
+        128,
+        gt=0,
+        description="Pages per read or write batch.",
+        json_schema_extra=tunable(choices=(32, 64, 128, 256, 512, 1024, 2048)),
+    )
     query_batch_keys: int = Field(128, gt=0, description="Keys per metadata-query batch.")
     window_batches: int | None = Field(
-        None, gt=0, description="Most batches in flight at once; unset means unbounded."
+        None,
+        gt=0,
+        description="Most batches in flight at once; unset means unbounded.",
+        json_schema_extra=tunable(choices=(None, 1, 2, 4, 8, 16)),
     )
     window_pages: int | None = Field(
         None, gt=0, description="Most pages in flight at once; unset means unbounded."
@@ -101,7 +110,10 @@ class CoalescingSection(Section):
         "none", description="Name of the coalescing strategy: 'none' sends one per fragment."
     )
     split_bytes: ByteSize | None = Field(
-        None, gt=0, description="Cut descriptors longer than this (e.g. UCX '8MiB'); unset: never."
+        None,
+        gt=0,
+        description="Cut descriptors longer than this (e.g. UCX '8MiB'); unset: never.",
+        json_schema_extra=tunable(choices=(None, "4MiB", "16MiB", "64MiB", "256MiB")),
     )
     on_unsupported: Literal["fallback", "error"] = Field(
         "fallback",
@@ -119,7 +131,10 @@ class PlacementSection(Section):
     )
     prefault: bool = Field(False, description="Touch the whole tier when it opens.")
     huge_pages: Literal["off", "prefer", "require"] = Field(
-        "off", description="Transparent huge-page advice for the tier (MADV_HUGEPAGE)."
+        "off",
+        description="Transparent huge-page advice for the tier (MADV_HUGEPAGE).",
+        # 'require' is a deployment's demand, not a speed: it only adds a way to fail.
+        json_schema_extra=tunable(choices=("off", "prefer")),
     )
     numa_policy: Literal["none", "preferred", "bind", "interleave", "gpu"] = Field(
         "none",
@@ -180,6 +195,7 @@ class ThreadTuningSection(Section):
         gt=0,
         le=1.0,
         description="sys.setswitchinterval value while open (e.g. 0.0005); unset: untouched.",
+        json_schema_extra=tunable(choices=(None, 0.0001, 0.0005, 0.001, 0.005)),
     )
     options: dict[str, Any] = _options_field()
 
@@ -201,7 +217,12 @@ class TransportSection(Section):
 
     name: str = Field("cpu", description="Registered transport: 'cpu', 'cuda', 'ucx', 'memory'.")
     threads: int = Field(
-        1, ge=0, description="Copy threads of the cpu transport; 0 means one per CPU core."
+        1,
+        ge=0,
+        description="Copy threads of the cpu transport; 0 means one per CPU core.",
+        json_schema_extra=tunable(
+            choices=(1, 2, 4, 8, 16, 32, 64), at_most_cpus=True, when={"transport.name": ["cpu"]}
+        ),
     )
     op_timeout_s: float = Field(
         30.0, gt=0, description="Longest a single transfer may take before it counts as failed."
@@ -213,6 +234,9 @@ class TransportSection(Section):
         description=(
             "cpu transport: copies of at least this size use non-temporal stores (e.g. '1MiB'); "
             "unset: plain memmove."
+        ),
+        json_schema_extra=tunable(
+            choices=(None, "256KiB", "1MiB", "4MiB", "16MiB"), when={"transport.name": ["cpu"]}
         ),
     )
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 from kvcr_policy import hookimpl
 from kvcr_policy.schema import BatchingSection
 from kvcr_policy.strategies import Window
+from kvcr_policy.tunable import tunable
 
 if TYPE_CHECKING:
     from kvcr_policy.registry import RegisterStrategy
@@ -38,7 +39,11 @@ class AdaptiveOptions(BaseModel):
         gt=0, description="Bytes of one page of the pool (e.g. '16MiB' for qwen3-32b, P=64)."
     )
     target_batch_bytes: ByteSize = Field(
-        ByteSize(256 << 20), gt=0, description="Bytes a read batch aims at (e.g. '256MiB')."
+        ByteSize(256 << 20),
+        gt=0,
+        description="Bytes a read batch aims at (e.g. '256MiB').",
+        # `kvcr-policy tune` searches these like any built-in knob.
+        json_schema_extra=tunable(choices=("4MiB", "16MiB", "64MiB", "256MiB", "1GiB", "4GiB")),
     )
     first_batch_bytes: ByteSize | None = Field(
         None,

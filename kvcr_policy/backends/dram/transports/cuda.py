@@ -36,6 +36,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
 from kvcr_policy.schema import PolicyConfig
+from kvcr_policy.tunable import tunable
 
 from ..locality import DeviceLocality, locate, pci_address
 from .base import CopyBatch, Endpoint, Transport, check_bounds
@@ -71,17 +72,25 @@ class CudaOptions(BaseModel):
             "issues one copy per descriptor (upstream); 'with_coalescing' is 'auto' when "
             "coalescing.strategy is not 'none', else 'never'."
         ),
+        json_schema_extra=tunable(choices=("auto", "always", "never")),
     )
     gather_below_bytes: ByteSize = Field(
-        ByteSize(2 << 20), gt=0, description="auto: gather when the mean descriptor is smaller."
+        ByteSize(2 << 20),
+        gt=0,
+        description="auto: gather when the mean descriptor is smaller.",
+        json_schema_extra=tunable(choices=("256KiB", "1MiB", "2MiB", "8MiB", "32MiB")),
     )
     gather_min_descriptors: int = Field(
-        64, ge=1, description="auto: gather only batches with at least this many descriptors."
+        64,
+        ge=1,
+        description="auto: gather only batches with at least this many descriptors.",
+        json_schema_extra=tunable(choices=(8, 32, 64, 256, 1024)),
     )
     gather_chunk_bytes: ByteSize = Field(
         ByteSize(256 << 20),
         gt=0,
         description="Most bytes one gather kernel moves (also bounds its GPU scratch memory).",
+        json_schema_extra=tunable(choices=("32MiB", "64MiB", "256MiB", "1GiB")),
     )
 
 
