@@ -162,6 +162,10 @@ class CpuTarget:
     def open(self, measured: PoolGeometry) -> HostPool:
         return HostPool(self.geometry(measured))
 
+    def metadata_pool(self, geometry: PoolGeometry) -> tuple[PoolGeometry, Any]:
+        """A small pool of ``geometry`` in host memory, for the metadata measurement."""
+        return geometry, np.zeros(geometry.shape, dtype=np.dtype(geometry.dtype))
+
     def describe(self) -> dict[str, Any]:
         return {}
 
@@ -240,6 +244,14 @@ class CudaTarget:
     def select(self, rank: int) -> None:
         """Rank ``rank`` runs on GPU ``rank`` (made current, so its pool is allocated there)."""
         self._torch().cuda.set_device(rank)
+
+    def metadata_pool(self, geometry: PoolGeometry) -> tuple[PoolGeometry, Any]:
+        """A small pool of ``geometry`` on the current GPU, for the metadata measurement (a
+        profile that names the cuda transport moves only GPU memory)."""
+        torch = self._torch()
+        on_gpu = self.geometry(geometry)
+        dtype = getattr(torch, geometry.dtype)
+        return on_gpu, torch.zeros(geometry.shape, dtype=dtype, device=on_gpu.device)
 
     def open(self, measured: PoolGeometry) -> GpuPool:
         return GpuPool(self._torch(), self.geometry(measured))
