@@ -1,7 +1,8 @@
 """MooncakePool: one registered pool on Mooncake Store; the :class:`PoolTier` of ``mooncake``.
 
-The mover drives it like any backend: one ``batch_is_exist`` per metadata-query batch, and
-per batch of a get or set one zero-copy batch call (:mod:`.objects`) on a worker thread, so
+The mover drives it like any backend: one ``batch_is_exist`` per metadata-query batch (and one
+per get, for the leading present run it reads), and per batch of a get or set one zero-copy
+batch call (:mod:`.objects`) on a worker thread, so
 the delivery window bounds real calls in flight. What each key's result code means:
 
 - get: the page's size in bytes -> arrived; OBJECT_NOT_FOUND or not ready -> absent (the run
@@ -201,7 +202,9 @@ class _Transfer:
         self.keys = keys
         self.pages = pages
         self.objects = pool.plan.keys(keys)
-        self.limit = len(keys)
+        # A read covers the leading run present now: one batch_is_exist, whose lease keeps
+        # those objects from eviction and removal while the batches read them (the claim).
+        self.limit = pool.contains(keys) if read else len(keys)
         self.needs: np.ndarray | None = None
         self.first: dict[str, int] = {}
         if not read and len(set(keys)) < len(keys):
@@ -276,7 +279,8 @@ class _Transfer:
         return bool(self._move(np.array([position]))[0])
 
     def finish(self, moved: np.ndarray) -> list[bool]:
-        result = [bool(x) for x in moved[: self.limit]]
+        result = [False] * len(self.keys)
+        result[: self.limit] = [bool(x) for x in moved[: self.limit]]
         for i, key in enumerate(self.keys):
             first = self.first.get(key, i)
             if first != i:  # a repeat within this set: as its first occurrence
