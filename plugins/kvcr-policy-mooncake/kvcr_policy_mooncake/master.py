@@ -4,8 +4,9 @@ Started with the binary the ``mooncake`` package ships (the console script of th
 execs it, so the PID is the master's), ready once ``GET /health`` on its metrics port answers,
 and stopped by PID: SIGTERM, then SIGKILL if it overstays. :meth:`MasterProcess.kill` is the
 crash a test inflicts (SIGKILL) and :meth:`MasterProcess.start` brings it back on the same
-ports. The master is told to die with the process that started it (``PR_SET_PDEATHSIG``), so
-a crashed test run leaves no master behind.
+ports. Started from the main thread, the master is told to die with the process that started
+it (``PR_SET_PDEATHSIG``), so a crashed test run leaves no master behind; the kernel ties that
+signal to the starting *thread*, so from any other thread it is not asked for.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from kvcr_policy.errors import TransportError
 
-__all__ = ["MasterProcess", "free_port", "master_binary"]
+__all__ = ["MasterProcess", "child_setup", "free_port", "master_binary"]
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
@@ -61,6 +64,12 @@ _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 def _die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def child_setup() -> Any:
+    """``preexec_fn`` for a child that should die with this process, or None where the
+    calling thread is not the main one (the signal would fire when that thread ends)."""
+    return _die_with_parent if threading.current_thread() is threading.main_thread() else None
 
 
 class MasterProcess:
@@ -100,7 +109,7 @@ class MasterProcess:
         ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_setup()
             )
         self._wait_ready(timeout)
 

@@ -21,7 +21,7 @@ from pydantic import ByteSize, TypeAdapter
 
 from kvcr_policy.errors import TransportError
 
-from .master import _die_with_parent
+from .master import child_setup
 
 __all__ = ["SegmentProcess", "main"]
 
@@ -44,7 +44,7 @@ class SegmentProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=child_setup(),
         )
         self.log: list[str] = []
         self._drainer = threading.Thread(target=self._drain, daemon=True)
