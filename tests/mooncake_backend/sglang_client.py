@@ -12,7 +12,8 @@ failed. Commands:
 - ``{"op": "master", "host": H}``: start a ``mooncake_master`` here (in this process's network
   namespace); replies ``{"address": "H:PORT", "pid": ...}``. It stops when this process ends.
 - ``{"op": "open", "master": ADDR, "segment_bytes": "64MiB", "overrides": {...}}``: one backend
-  per layout; replies ``{"pools": [...], "refused": {...}}``.
+  per layout; replies ``{"pools": [...], "refused": {...}, "hostname": ...}`` (the address the
+  Mooncake client advertises).
 - ``{"op": "store", "pages": N}``: ``batch_set_v1`` of pages 0..N-1 of every pool.
 - ``{"op": "restore", "pages": N}``: ``batch_exists`` then ``batch_get_v1`` into pages
   N..2N-1 (poisoned first); replies per pool the count, the results, whether every page that
@@ -85,7 +86,9 @@ class Client:
             self.backends[name], self.pools[name] = backend, pool
             if backend.refused:
                 refused[name] = backend.refused
-        return {"pools": list(self.backends), "refused": refused}
+        first = next(iter(self.backends.values()))
+        transport = first.pipeline.stats().transport
+        return {"pools": list(self.backends), "refused": refused, "hostname": transport["hostname"]}
 
     def store(self, pages: int) -> dict[str, Any]:
         stored = {}
