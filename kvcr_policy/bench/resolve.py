@@ -17,6 +17,8 @@ from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
 from ..loading import load_config
 from .backends import BACKENDS, default_backend
 from .hicache import PEER, HiCacheFileComparison
+from .sglang_mooncake import PEER as SGLANG_MOONCAKE
+from .sglang_mooncake import SGLangMooncakeComparison
 from .plan import Comparison, Plan
 from .setup import BenchError, BenchSetup
 from .sides import ProfileComparison
@@ -25,7 +27,10 @@ from .targets import TARGETS
 __all__ = ["COMPARISONS", "resolve"]
 
 #: ``--peer`` names -> the comparison that runs P against that implementation.
-COMPARISONS = {PEER: HiCacheFileComparison}
+COMPARISONS: dict[str, type[Comparison]] = {
+    PEER: HiCacheFileComparison,
+    SGLANG_MOONCAKE: SGLangMooncakeComparison,
+}
 
 
 def _choice(what: str, value: str, known: Iterable[str]) -> BenchError:

@@ -62,9 +62,9 @@ class ObjectPlan:
         prefix = self.namespace + "/"
         return [prefix + key for key in keys]
 
-    def probe_key(self, client: str, nbytes: int) -> str:
-        """The object a client's limit probe reads; never a page key ('#' not '/')."""
-        return f"{self.namespace}#probe/{client}/{nbytes}"
+    def probe_key(self, client: str, nbytes: int, piece: int) -> str:
+        """Piece ``piece`` of a client's limit probe of ``nbytes``; never a page key ('#')."""
+        return f"{self.namespace}#probe/{client}/{nbytes}/{piece}"
 
     def buffers(self, pages: np.ndarray) -> tuple[list[Any], list[Any]]:
         """Per page, where its bytes are in the pool: ``(pointers, sizes)``, each a list of

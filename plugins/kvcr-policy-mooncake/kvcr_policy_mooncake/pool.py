@@ -143,8 +143,9 @@ class MooncakePool:
                 self._cond.notify_all()
 
     def probe(self, nbytes: int) -> None:
-        """One ``batch_get_into`` of ``nbytes`` into the pool's first bytes, from an object the
-        first probe of that size stored (so from the segments the master places pages in)."""
+        """One ``batch_get_into`` of ``nbytes`` into the pool's first bytes: as many page-sized
+        objects as the bytes make, stored by the first probe of that size (so placed by the
+        master as pages are), read back in one call into contiguous pool memory."""
         self._check_open("probe")
         room = self.endpoint.nbytes
         if nbytes > room:
@@ -153,20 +154,25 @@ class MooncakePool:
                 f"({room} bytes); probe at most {room}"
             )
             raise IndicesError(message)
-        key = self.plan.probe_key(self.client.hostname, nbytes)
-        address = self.endpoint.address
+        page = self.geometry.page_bytes
+        sizes = [page] * (nbytes // page) + ([nbytes % page] if nbytes % page else [])
+        starts = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
+        pointers = (self.endpoint.address + starts).tolist()
+        keys = [self.plan.probe_key(self.client.hostname, nbytes, i) for i in range(len(sizes))]
         with self.moving():
-            if key not in self._probes:
-                codes = self.client.put([key], [address], [nbytes], multi=False)
-                if codes[0] not in _STORED:
+            if keys[0] not in self._probes:
+                codes = self.client.put(keys, pointers, sizes, multi=False)
+                failed = sorted({describe(c) for c in codes if c not in _STORED})
+                if failed:
                     message = f"pool {self.name!r}: storing the {nbytes}-byte probe failed: "
-                    raise TransportError(message + describe(codes[0]))
-                self._probes.add(key)
-            codes = self.client.get([key], [address], [nbytes], multi=False)
-        if codes[0] != nbytes:
-            self._probes.discard(key)
-            message = f"pool {self.name!r}: the {nbytes}-byte probe read {describe(codes[0])}"
-            raise TransportError(message)
+                    raise TransportError(message + ", ".join(failed))
+                self._probes.update(keys)
+            codes = self.client.get(keys, pointers, sizes, multi=False)
+        if codes != sizes:
+            self._probes.difference_update(keys)
+            failed = sorted({describe(c) for c, n in zip(codes, sizes, strict=True) if c != n})
+            message = f"pool {self.name!r}: the {nbytes}-byte probe read "
+            raise TransportError(message + ", ".join(failed))
 
     def stats(self) -> dict[str, Any]:
         return {
