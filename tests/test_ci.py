@@ -16,10 +16,13 @@ def test_ci_runs_the_quick_starts_test_command() -> None:
     commands = block.group(1).strip().splitlines()
     test_command = commands[-1]
     assert test_command.endswith("python -m pytest -q")
-    # What the tests need: the project with its test and ucx extras, the example plugin, and
-    # SGLang through the CPU-safe installer (never a plain `pip install sglang`).
+    # What the tests need: the project with its test and ucx extras, the example and Mooncake
+    # plugins, SGLang through the CPU-safe installer (never a plain `pip install sglang`) and
+    # the Mooncake transfer engine through its installer (the wheel and libibverbs1).
     assert "-e '.[test,ucx]'" in test_command and "plugins/kvcr-policy-example" in test_command
+    assert "-e plugins/kvcr-policy-mooncake" in test_command
     assert "bash .ci/install-sglang.sh" in test_command
+    assert "bash .ci/install-mooncake.sh" in test_command
     assert "sglang" not in test_command.replace("bash .ci/install-sglang.sh", "")
     ci = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
     assert [line for line in ci if "pytest" in line and not line.startswith("#")] == [test_command]

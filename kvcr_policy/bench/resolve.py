@@ -17,10 +17,10 @@ from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
 from ..loading import load_config
 from .backends import BACKENDS, default_backend
 from .hicache import PEER, HiCacheFileComparison
-from .sglang_mooncake import PEER as SGLANG_MOONCAKE
-from .sglang_mooncake import SGLangMooncakeComparison
 from .plan import Comparison, Plan
 from .setup import BenchError, BenchSetup
+from .sglang_mooncake import PEER as SGLANG_MOONCAKE
+from .sglang_mooncake import SGLangMooncakeComparison
 from .sides import ProfileComparison
 from .targets import TARGETS
 

@@ -56,7 +56,7 @@ class ClientProcess:
         command = [sys.executable, "-m", "tests.mooncake_backend.sglang_client"]
         if netns is not None:
             command = ["ip", "netns", "exec", netns, *command]
-        self.stderr = tempfile.TemporaryFile()
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
         self.proc = subprocess.Popen(
             command,
             cwd=ROOT,
@@ -87,13 +87,15 @@ class ClientProcess:
         self.proc.stdin.flush()
         reply = self._read(timeout)
         if "error" in reply:
-            raise AssertionError(f"{op} failed in the client process: {reply['error']}\n{self.log()}")
+            raise AssertionError(
+                f"{op} failed in the client process: {reply['error']}\n{self.log()}"
+            )
         return reply
 
     def log(self, lines: int = 40) -> str:
         self.stderr.seek(0)
         text = self.stderr.read().decode(errors="replace").splitlines()
-        return "\n".join(line for line in text if not line[:1] in "IW" or "Error" in line)[-6000:]
+        return "\n".join(line for line in text if line[:1] not in "IW" or "Error" in line)[-6000:]
 
     @property
     def pid(self) -> int:

@@ -30,7 +30,13 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from tests.integrations.conftest import load_sglang, mha_pool, mla_pool, page_bytes_of, token_indices
+from tests.integrations.conftest import (
+    load_sglang,
+    mha_pool,
+    mla_pool,
+    page_bytes_of,
+    token_indices,
+)
 
 PAGES = 48  # host pages per pool: stored from the first half, restored into the second
 POOLS = [

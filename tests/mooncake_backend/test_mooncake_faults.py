@@ -24,7 +24,7 @@ from kvcr_policy.errors import CapacityError, TransportError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.mooncake, pytest.mark.slow]
 
 # 32 KiB pages (2 layers, 4 heads, head dim 64, fp16, 16 tokens), K and V apart (multi-buffer).
 GEO = PoolGeometry("kv", "page_first", 2, 4, 64, "float16", 16, 16 * 128)

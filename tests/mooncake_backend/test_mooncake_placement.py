@@ -18,7 +18,7 @@ import pytest
 from mooncake_helpers import need_mooncake
 from test_mooncake_faults import GEO, filled, pipeline_on, tokens, view
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.mooncake, pytest.mark.slow]
 
 N = 24
 

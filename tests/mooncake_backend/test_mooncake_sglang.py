@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from mooncake_helpers import ClientProcess
 
-from tests.integrations.conftest import SGLANG_MISSING, sglang_installed
 from tests.installs import missing
+from tests.integrations.conftest import SGLANG_MISSING, sglang_installed
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.mooncake, pytest.mark.sglang, pytest.mark.slow]
 
 PAGES = 16
 

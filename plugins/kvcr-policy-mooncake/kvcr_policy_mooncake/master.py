@@ -73,7 +73,7 @@ def child_setup() -> Any:
 
 
 class MasterProcess:
-    """See the module docstring. ``args`` are extra master flags (``--default_kv_lease_ttl=500``)."""
+    """See the module docstring; ``args`` are extra master flags (``--client_ttl=2``)."""
 
     def __init__(
         self, host: str = "127.0.0.1", args: Sequence[str] = (), *, timeout: float = 30.0
@@ -124,10 +124,9 @@ class MasterProcess:
                     + self.log_tail()
                 )
                 raise TransportError(message)
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url, timeout=1.0) as reply:
-                    if b'"service_ready":true' in reply.read():
-                        return
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1.0) as reply:
+                if b'"service_ready":true' in reply.read():
+                    return
             time.sleep(0.05)
         self.stop()
         message = f"mooncake_master did not get ready within {timeout} s:\n{self.log_tail()}"

@@ -249,7 +249,9 @@ class _Transfer:
     def _judge_read(self, codes: list[int]) -> np.ndarray:
         page_bytes = self.pool.geometry.page_bytes
         arrived = np.array([code == page_bytes for code in codes], dtype=bool)
-        failed = [c for c in codes if c != page_bytes and c not in _ABSENT and not is_master_down(c)]
+        failed = [
+            c for c in codes if c != page_bytes and c not in _ABSENT and not is_master_down(c)
+        ]
         if failed:
             # A stale exists (a dead holder's keys stay listed for client_ttl) then a failed
             # get: the fallback retries page by page and only pages that arrive count.
