@@ -224,3 +224,25 @@ def expected_page(buffer: np.ndarray, geo: PoolGeometry, page: int) -> np.ndarra
 def tokens_of(geo: PoolGeometry, pages: Any) -> np.ndarray:
     pages = np.asarray(list(pages), dtype=np.int64)
     return (pages[:, None] * geo.page_size + np.arange(geo.page_size)).reshape(-1)
+
+
+def test_pages_of_many_fragments_move_in_calls_the_tcp_queue_holds(own_master: Any) -> None:
+    """Mooncake's tcp transport queues 1024 transfers (one per buffer) per peer and fails the
+    rest: 48 pages of 128 fragments (``layer_first``, 64 layers) are 6144 buffers, so the
+    batch is cut into calls of at most ``call_buffers``, and every page arrives."""
+    geo = PoolGeometry("kv", "layer_first", 64, 1, 8, "float16", 1, 96)
+    buffer = filled(geo, seed=3)
+    pages = view(buffer, geo)
+    keys = [f"frag-{i}" for i in range(48)]
+    with pipeline_on(own_master) as pipeline:  # default profile: one batch of 48 pages
+        pipeline.register_pool("kv", geo, buffer)
+        assert pipeline.stats().transport["call_buffers"] == 1024
+        assert pipeline.stats().pools["kv"]["call_pages"] == 8
+        assert pipeline.set(keys, tokens_of(geo, range(48))) == [True] * 48
+        expected = pages[:, :48].copy()
+        pages[:, 48:] = 0
+        assert pipeline.get(keys, tokens_of(geo, range(48, 96))) == [True] * 48
+        assert np.array_equal(pages[:, 48:], expected)
+        counters = pipeline.stats().pools["kv"]["counters"]
+        assert counters["set_calls"] == counters["get_calls"] == 6
+        assert sum(pipeline.stats().fallbacks.values()) == 0

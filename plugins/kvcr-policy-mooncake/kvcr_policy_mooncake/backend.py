@@ -3,14 +3,17 @@
 One Mooncake client per pipeline (started within ``connect_timeout_s``, see :mod:`.client`);
 each pool the engine registers is registered with the store as it is (zero-copy) and served
 by a :class:`~.pool.MooncakePool`. The pipeline's controls drive the store: the batching
-strategy sizes each call, the delivery window bounds the calls in flight (``threads`` worker
-threads, one call each), the fallback strategy retries a failed batch page by page, and
-``replicas`` / ``preferred_segment`` go with every put. Close order: every call finishes, each
-pool unregisters its memory, then the client closes (its segment leaves the store).
+strategy sizes each batch, the delivery window bounds the batches in flight (``threads``
+worker threads, one batch each, cut into calls of at most ``call_buffers`` buffers so that the
+tcp transport's per-peer queue holds them), the fallback strategy retries a failed batch page
+by page, and ``replicas`` / ``preferred_segment`` go with every put. Close order: every call
+finishes, each pool unregisters its memory, then the client closes (its segment leaves the
+store).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -25,7 +28,9 @@ from .codes import describe
 from .options import MooncakeOptions
 from .pool import MooncakePool
 
-__all__ = ["MooncakeBackend"]
+__all__ = ["TCP_QUEUE_ENV", "MooncakeBackend"]
+
+TCP_QUEUE_ENV = "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"
 
 
 class MooncakeBackend:
@@ -43,6 +48,11 @@ class MooncakeBackend:
         self.loaded = context.loaded
         window = context.config.batching.window_batches
         self.threads = options.threads or window or 1
+        # Mooncake's tcp transport queues at most this many transfers (one per buffer) per
+        # peer, and as many more waiting for admission; a call beyond that fails them
+        # (QUEUE_FULL, reported as TRANSFER_FAIL). So calls in flight together stay within it.
+        queue = int(os.environ.get(TCP_QUEUE_ENV, "1024"))
+        self.call_buffers = options.call_buffers or max(1, queue // self.threads)
         self.client = StoreClient(options, context.loaded.origin)
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="kvcr-mooncake")
         self._pools: list[MooncakePool] = []
@@ -69,12 +79,17 @@ class MooncakeBackend:
                     f"zero-copy transfers: {describe(code)}"
                 )
                 raise PoolError(message)
-            pool = MooncakePool(spec, self.client, self.run)
+            pool = MooncakePool(spec, self.client, self.run, self.call_buffers)
             self._pools.append(pool)
         return pool
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "threads": self.threads, **self.client.describe()}
+        return {
+            "name": self.name,
+            "threads": self.threads,
+            "call_buffers": self.call_buffers,
+            **self.client.describe(),
+        }
 
     def close(self) -> None:
         """Wait for every call, close each pool, then the client; idempotent."""

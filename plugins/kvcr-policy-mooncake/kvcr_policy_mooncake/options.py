@@ -100,6 +100,13 @@ class MooncakeOptions(BaseModel):
         description="Store calls in flight at once; unset: batching.window_batches, or 1 "
         "when the window is unbounded (one synchronous call at a time, as upstream).",
     )
+    call_buffers: int | None = Field(
+        None,
+        ge=1,
+        description="Most buffers (page fragments) one store call moves; a bigger batch is "
+        "cut into calls of this many. Unset: the tcp transport's per-peer queue "
+        "(MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER, 1024 unless set) over threads.",
+    )
     recheck_s: float = Field(
         0.5,
         gt=0,

@@ -51,13 +51,16 @@ _STORED = frozenset({0, Code.OBJECT_ALREADY_EXISTS})
 class MooncakePool:
     """See the module docstring; made by :meth:`MooncakeBackend.attach`."""
 
-    def __init__(self, spec: PoolSpec, client: StoreClient, run: Run) -> None:
+    def __init__(self, spec: PoolSpec, client: StoreClient, run: Run, call_buffers: int) -> None:
         self.name = spec.name
         self.geometry = spec.geometry
         self.endpoint = spec.endpoint
         self.client = client
         self.run = run
         self.plan = ObjectPlan(spec.name, spec.geometry, spec.endpoint.address)
+        self.call_buffers = call_buffers
+        # Pages per store call: a page's fragments always travel together.
+        self.call_pages = max(1, call_buffers // spec.geometry.fragments_per_page)
         self.counters: Counter[str] = Counter()
         self._cond = threading.Condition()
         self._active = 0  # this pool's batches running now
@@ -144,7 +147,8 @@ class MooncakePool:
 
     def probe(self, nbytes: int) -> None:
         """One ``batch_get_into`` of ``nbytes`` into the pool's first bytes: as many page-sized
-        objects as the bytes make, stored by the first probe of that size (so placed by the
+        objects as the bytes make (whole multiples of a page if one call could not hold that
+        many: ``call_buffers``), stored by the first probe of that size (so placed by the
         master as pages are), read back in one call into contiguous pool memory."""
         self._check_open("probe")
         room = self.endpoint.nbytes
@@ -154,8 +158,11 @@ class MooncakePool:
                 f"({room} bytes); probe at most {room}"
             )
             raise IndicesError(message)
+        # Page-sized objects; whole multiples of a page where one call would hold too many.
         page = self.geometry.page_bytes
-        sizes = [page] * (nbytes // page) + ([nbytes % page] if nbytes % page else [])
+        pages = -(-nbytes // page)  # rounded up
+        piece = page * -(-pages // self.call_buffers)  # pages per object, so one call holds all
+        sizes = [piece] * (nbytes // piece) + ([nbytes % piece] if nbytes % piece else [])
         starts = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
         pointers = (self.endpoint.address + starts).tolist()
         keys = [self.plan.probe_key(self.client.hostname, nbytes, i) for i in range(len(sizes))]
@@ -179,6 +186,7 @@ class MooncakePool:
             "page_bytes": self.geometry.page_bytes,
             "namespace": self.plan.namespace,
             "calls": "multi_buffers" if self.plan.multi else "single_buffer",
+            "call_pages": self.call_pages,
             "counters": dict(self.counters),
         }
 
@@ -222,26 +230,30 @@ class _Transfer:
                     needs[i] = True
             self.needs = needs
 
-    def _call(self, positions: np.ndarray) -> list[int] | None:
-        """The store call of ``positions``; None when the master is down (not called)."""
+    def _call(self, positions: np.ndarray) -> list[int]:
+        """The store calls of ``positions`` (at most ``call_pages`` pages each, one after
+        another); pages not asked because the master is down read RPC_FAIL (misses)."""
         pool = self.pool
-        if not pool.client.health.allows():
-            pool.counters["batches_refused"] += 1
-            return None
-        objects = [self.objects[p] for p in positions.tolist()]
-        pointers, sizes = pool.plan.buffers(self.pages[positions])
-        with pool.moving():
-            if self.read:
-                codes = pool.client.get(objects, pointers, sizes, pool.plan.multi)
-            else:
-                codes = pool.client.put(objects, pointers, sizes, pool.plan.multi)
-        pool.counters["get_batches" if self.read else "set_batches"] += 1
-        pool.count_codes("get" if self.read else "set", codes)
+        codes: list[int] = []
+        for start in range(0, len(positions), pool.call_pages):
+            part = positions[start : start + pool.call_pages]
+            if not pool.client.health.allows():
+                pool.counters["calls_refused"] += 1
+                codes += [int(Code.RPC_FAIL)] * (len(positions) - start)
+                break
+            objects = [self.objects[p] for p in part.tolist()]
+            pointers, sizes = pool.plan.buffers(self.pages[part])
+            with pool.moving():
+                if self.read:
+                    got = pool.client.get(objects, pointers, sizes, pool.plan.multi)
+                else:
+                    got = pool.client.put(objects, pointers, sizes, pool.plan.multi)
+            pool.counters["get_calls" if self.read else "set_calls"] += 1
+            pool.count_codes("get" if self.read else "set", got)
+            codes += got
         return codes
 
-    def _judge(self, codes: list[int] | None, count: int) -> np.ndarray:
-        if codes is None:
-            return np.zeros(count, dtype=bool)
+    def _judge(self, codes: list[int]) -> np.ndarray:
         if self.read:
             return self._judge_read(codes)
         return self._judge_write(codes)
@@ -277,7 +289,7 @@ class _Transfer:
         return stored
 
     def _move(self, positions: np.ndarray) -> np.ndarray:
-        return self._judge(self._call(positions), len(positions))
+        return self._judge(self._call(positions))
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
         # No descriptors to shape: each page is one object, gathered or scattered in place.
