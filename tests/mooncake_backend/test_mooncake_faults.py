@@ -226,15 +226,20 @@ def tokens_of(geo: PoolGeometry, pages: Any) -> np.ndarray:
     return (pages[:, None] * geo.page_size + np.arange(geo.page_size)).reshape(-1)
 
 
-def test_pages_of_many_fragments_move_in_calls_the_tcp_queue_holds(own_master: Any) -> None:
+@pytest.mark.parametrize("window", [None, 4])
+def test_pages_of_many_fragments_move_in_calls_the_tcp_queue_holds(
+    own_master: Any, window: int | None
+) -> None:
     """Mooncake's tcp transport queues 1024 transfers (one per buffer) per peer and fails the
-    rest: 48 pages of 128 fragments (``layer_first``, 64 layers) are 6144 buffers, so the
-    batch is cut into calls of at most ``call_buffers``, and every page arrives."""
+    rest: 48 pages of 128 fragments (``layer_first``, 64 layers) are 6144 buffers. A batch is
+    cut into calls of at most ``call_buffers`` (8 pages here), and calls of batches in flight
+    together (a window of 4) wait for room in the queue: every page arrives, none by fallback."""
     geo = PoolGeometry("kv", "layer_first", 64, 1, 8, "float16", 1, 96)
     buffer = filled(geo, seed=3)
     pages = view(buffer, geo)
     keys = [f"frag-{i}" for i in range(48)]
-    with pipeline_on(own_master) as pipeline:  # default profile: one batch of 48 pages
+    batching = {"batching__read_batch_pages": 12, "batching__window_batches": window}
+    with pipeline_on(own_master, **(batching if window else {})) as pipeline:
         pipeline.register_pool("kv", geo, buffer)
         assert pipeline.stats().transport["call_buffers"] == 1024
         assert pipeline.stats().pools["kv"]["call_pages"] == 8
@@ -244,5 +249,6 @@ def test_pages_of_many_fragments_move_in_calls_the_tcp_queue_holds(own_master: A
         assert pipeline.get(keys, tokens_of(geo, range(48, 96))) == [True] * 48
         assert np.array_equal(pages[:, 48:], expected)
         counters = pipeline.stats().pools["kv"]["counters"]
-        assert counters["set_calls"] == counters["get_calls"] == 6
+        calls = 6 if window is None else 8  # one batch of 48, or 4 of 12 (8 + 4 pages each)
+        assert counters["set_calls"] == counters["get_calls"] == calls
         assert sum(pipeline.stats().fallbacks.values()) == 0

@@ -4,16 +4,15 @@ One Mooncake client per pipeline (started within ``connect_timeout_s``, see :mod
 each pool the engine registers is registered with the store as it is (zero-copy) and served
 by a :class:`~.pool.MooncakePool`. The pipeline's controls drive the store: the batching
 strategy sizes each batch, the delivery window bounds the batches in flight (``threads``
-worker threads, one batch each, cut into calls of at most ``call_buffers`` buffers so that the
-tcp transport's per-peer queue holds them), the fallback strategy retries a failed batch page
-by page, and ``replicas`` / ``preferred_segment`` go with every put. Close order: every call
-finishes, each pool unregisters its memory, then the client closes (its segment leaves the
-store).
+worker threads, one batch each, cut into calls of at most ``call_buffers`` buffers; calls in
+flight together never hold more transfers than the tcp transport queues per peer), the
+fallback strategy retries a failed batch page by page, and ``replicas`` /
+``preferred_segment`` go with every put. Close order: every call finishes, each pool
+unregisters its memory, then the client closes (its segment leaves the store).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -28,9 +27,7 @@ from .codes import describe
 from .options import MooncakeOptions
 from .pool import MooncakePool
 
-__all__ = ["TCP_QUEUE_ENV", "MooncakeBackend"]
-
-TCP_QUEUE_ENV = "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"
+__all__ = ["MooncakeBackend"]
 
 
 class MooncakeBackend:
@@ -48,12 +45,9 @@ class MooncakeBackend:
         self.loaded = context.loaded
         window = context.config.batching.window_batches
         self.threads = options.threads or window or 1
-        # Mooncake's tcp transport queues at most this many transfers (one per buffer) per
-        # peer, and as many more waiting for admission; a call beyond that fails them
-        # (QUEUE_FULL, reported as TRANSFER_FAIL). So calls in flight together stay within it.
-        queue = int(os.environ.get(TCP_QUEUE_ENV, "1024"))
-        self.call_buffers = options.call_buffers or max(1, queue // self.threads)
         self.client = StoreClient(options, context.loaded.origin)
+        # One call never holds more transfers than the tcp transport queues (client.py).
+        self.call_buffers = min(options.call_buffers or self.client.queue, self.client.queue)
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="kvcr-mooncake")
         self._pools: list[MooncakePool] = []
         self._lock = threading.Lock()

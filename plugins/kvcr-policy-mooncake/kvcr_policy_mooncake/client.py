@@ -10,10 +10,12 @@ is down it is not made at all.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from kvcr_policy.errors import PluginError, TransportError
@@ -22,7 +24,7 @@ from .codes import describe, is_master_down
 from .health import Health
 from .options import MooncakeOptions, split_address
 
-__all__ = ["INSTALL", "StoreClient", "import_store"]
+__all__ = ["INSTALL", "TCP_QUEUE_ENV", "StoreClient", "import_store"]
 
 log = logging.getLogger("kvcr_policy_mooncake.client")
 
@@ -31,6 +33,11 @@ INSTALL = (
     "mooncake-transfer-engine) and apt-get install libibverbs1, or from the kvcr_policy "
     "source tree: bash .ci/install-mooncake.sh"
 )
+
+#: Mooncake's tcp transport queues at most this many transfers (one per buffer) per peer, 1024
+#: unless the variable says otherwise, and fails the ones beyond what also fits its admission
+#: queue (QUEUE_FULL, reported as TRANSFER_FAIL). Calls in flight together stay within it.
+TCP_QUEUE_ENV = "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"
 
 # The key the health probe asks about: never stored, so the query grants no lease.
 _PROBE_KEY = "kvcr-policy/health-probe"
@@ -102,6 +109,9 @@ class StoreClient:
         if preferred is not None:
             self.replicate.preferred_segment = self.hostname if preferred == "local" else preferred
         self.health = Health(self.master, self.store.health_check, self._probe, options.recheck_s)
+        self.queue = int(os.environ.get(TCP_QUEUE_ENV, "1024"))
+        self._room = threading.Condition()
+        self._queued = 0
         self._closed = False
 
     def _setup(self, hostname: str, deadline: float, origin: Callable[[str], str]) -> None:
@@ -163,18 +173,35 @@ class StoreClient:
     def exists(self, keys: list[str]) -> list[int]:
         return self._checked(self.store.batch_is_exist(keys))
 
+    @contextmanager
+    def _admitted(self, ptrs: list[Any], multi: bool) -> Iterator[None]:
+        """Wait until this call's transfers (one per buffer) fit the transport's queue beside
+        the calls already in flight."""
+        need = min(self.queue, sum(map(len, ptrs)) if multi else len(ptrs))
+        with self._room:
+            self._room.wait_for(lambda: self._queued + need <= self.queue)
+            self._queued += need
+        try:
+            yield
+        finally:
+            with self._room:
+                self._queued -= need
+                self._room.notify_all()
+
     def put(self, keys: list[str], ptrs: list[Any], sizes: list[Any], multi: bool) -> list[int]:
-        if multi:
-            codes = self.store.batch_put_from_multi_buffers(keys, ptrs, sizes, self.replicate)
-        else:
-            codes = self.store.batch_put_from(keys, ptrs, sizes, self.replicate)
+        with self._admitted(ptrs, multi):
+            if multi:
+                codes = self.store.batch_put_from_multi_buffers(keys, ptrs, sizes, self.replicate)
+            else:
+                codes = self.store.batch_put_from(keys, ptrs, sizes, self.replicate)
         return self._checked(codes)
 
     def get(self, keys: list[str], ptrs: list[Any], sizes: list[Any], multi: bool) -> list[int]:
-        if multi:
-            codes = self.store.batch_get_into_multi_buffers(keys, ptrs, sizes)
-        else:
-            codes = self.store.batch_get_into(keys, ptrs, sizes)
+        with self._admitted(ptrs, multi):
+            if multi:
+                codes = self.store.batch_get_into_multi_buffers(keys, ptrs, sizes)
+            else:
+                codes = self.store.batch_get_into(keys, ptrs, sizes)
         return self._checked(codes)
 
     def remove(self, keys: list[str], force: bool = False) -> list[int]:

@@ -104,8 +104,8 @@ class MooncakeOptions(BaseModel):
         None,
         ge=1,
         description="Most buffers (page fragments) one store call moves; a bigger batch is "
-        "cut into calls of this many. Unset: the tcp transport's per-peer queue "
-        "(MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER, 1024 unless set) over threads.",
+        "cut into calls of this many. Unset, and never more: the tcp transport's per-peer "
+        "queue (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER, 1024 unless set).",
     )
     recheck_s: float = Field(
         0.5,
