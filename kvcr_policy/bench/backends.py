@@ -155,8 +155,9 @@ class MooncakeBackend(BenchBackend):
         "one batch_get_into of the same bytes (page-sized objects) from the same segment into "
         "contiguous pool memory (Pipeline.probe)"
     )
-    #: Copies of the run's pages one segment holds: P's (or the peer's) pages, the probe.
-    copies = 3
+    #: The segment's size in copies of the run's pages: it holds P's pages, the peer's (with
+    #: --peer) and the probe's, and the master starts evicting at 90 % full.
+    copies = 4
 
     def __init__(self, setup: BenchSetup) -> None:
         super().__init__(setup)
