@@ -252,3 +252,20 @@ def test_pages_of_many_fragments_move_in_calls_the_tcp_queue_holds(
         calls = 6 if window is None else 8  # one batch of 48, or 4 of 12 (8 + 4 pages each)
         assert counters["set_calls"] == counters["get_calls"] == calls
         assert sum(pipeline.stats().fallbacks.values()) == 0
+
+
+def test_a_pool_the_engine_cannot_move_is_refused_with_the_reason(own_master: Any) -> None:
+    """The non-CUDA transfer engine moves host memory: a GPU pool is refused, naming why,
+    while a host pool of the same pipeline keeps working."""
+    from kvcr_policy.backends.base import Endpoint, PoolSpec
+    from kvcr_policy.errors import PoolError
+
+    with pipeline_on(own_master) as pipeline:
+        gpu = PoolSpec("gpu", GEO, Endpoint(0x7F0000000000, GEO.nbytes, "cuda:0"))
+        with pytest.raises(
+            PoolError, match="lives on cuda:0, but backend 'mooncake' moves host memory only"
+        ):
+            pipeline.backend.attach(gpu)
+        buffer = filled()
+        pipeline.register_pool("kv", GEO, buffer)
+        assert pipeline.set(["host-0"], tokens([0])) == [True]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.backends.base import BackendContext, PoolSpec, check_device
+from kvcr_policy.backends.base import BackendContext, PoolSpec
 from kvcr_policy.errors import ClosedError, PoolError
 
 from .client import StoreClient
@@ -61,7 +61,14 @@ class MooncakeBackend:
             return self._executor.submit(work, positions)
 
     def attach(self, spec: PoolSpec) -> MooncakePool:
-        check_device(spec, self.devices, "backend 'mooncake' (mooncake-transfer-engine-non-cuda)")
+        device = spec.endpoint.device
+        if device.split(":")[0] not in self.devices:
+            message = (
+                f"pool {spec.name!r} lives on {device}, but backend 'mooncake' moves host memory "
+                "only (the pool is registered with the transfer engine for tcp or RDMA from "
+                "the CPU); register a host pool (SGLang's host KV pool is one)"
+            )
+            raise PoolError(message)
         with self._lock:
             if self._closed:
                 raise ClosedError("backend 'mooncake' is closed; build a new pipeline")
