@@ -53,6 +53,7 @@ def test_every_option_is_settable_from_the_environment() -> None:
         "TENANT": "team-a",
         "CONNECT_TIMEOUT_S": "3.5",
         "THREADS": "8",
+        "CALL_BUFFERS": "512",
         "RECHECK_S": "0.25",
     }
     config = loaded(**{ENV + name: value for name, value in values.items()})
@@ -70,6 +71,7 @@ def test_every_option_is_settable_from_the_environment() -> None:
         "tenant": "team-a",
         "connect_timeout_s": 3.5,
         "threads": 8,
+        "call_buffers": 512,
         "recheck_s": 0.25,
     }
     for name in values:
