@@ -3,6 +3,7 @@ errors; and what building it says where Mooncake is missing. No master is needed
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from importlib import metadata
@@ -16,7 +17,7 @@ from kvcr_policy.loading import LoadedConfig
 from kvcr_policy.registry import Registry
 from tests.installs import missing
 
-from mooncake_helpers import PLUGIN_DIST  # isort: skip
+from mooncake_helpers import PLUGIN_DIST, ROOT  # isort: skip
 
 ENV = "KVCR_POLICY_BACKEND__OPTIONS__"
 
@@ -131,3 +132,17 @@ def test_building_without_mooncake_says_how_to_install(monkeypatch: pytest.Monke
     message = str(caught.value)
     assert "mooncake-transfer-engine-non-cuda==0.3.13.post1" in message
     assert "libibverbs1" in message and ".ci/install-mooncake.sh" in message
+
+
+def test_the_readmes_profile_loads_as_it_says(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Across hosts with Mooncake Store", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert block is not None, "the section has no profile"
+    profile = tmp_path / "mooncake.toml"
+    profile.write_text(block.group(1), encoding="utf-8")
+    config = load_config(profile, environ={}, dotenv=False).config
+    assert config.backend.name == "mooncake"
+    assert config.backend.options["master"] == "10.0.0.5:50051"
+    assert config.backend.options["protocol"] == "rdma"
+    assert config.batching.window_batches == 4
