@@ -4,7 +4,7 @@
 # Never a plain `pip install sglang`: its metadata pins torch 2.14.1 and ~60 CUDA packages.
 # So torch is pinned to the CPU 2.13.0 through a constraint file, sglang and the few packages
 # that would pull a CUDA build come in with --no-deps, and the rest is exactly what the
-# storage path imports (see shared/notes/sglang-on-cpu.md). `pip check` fails afterwards on
+# storage path imports (checked on a CPU-only machine). `pip check` fails afterwards on
 # purpose (sglang's CUDA requirements stay unmet): don't run it.
 #
 # Idempotent, and fast when everything is already there: one Python probe, then exit.

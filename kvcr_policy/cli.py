@@ -351,6 +351,7 @@ class Via(str, Enum):
 
 class Peer(str, Enum):
     hicache_file = "hicache-file"
+    sglang_mooncake = "sglang-mooncake"
 
 
 def _parse_size(text: str, option: str = "--size") -> int:
@@ -405,10 +406,15 @@ def bench(
     ] = Via.local,
     backend: Annotated[
         str | None,
-        typer.Option("--backend", help="Tier backend: dram or peer (default: the profile's)."),
+        typer.Option(
+            "--backend", help="Tier backend: dram, peer or mooncake (default: the profile's)."
+        ),
     ] = None,
     peer: Annotated[
-        Peer | None, typer.Option("--peer", help="Compare P with SGLang's HiCacheFile.")
+        Peer | None,
+        typer.Option(
+            "--peer", help="Compare P with SGLang's HiCacheFile or its own Mooncake backend."
+        ),
     ] = None,
     ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", min=1)] = 5,

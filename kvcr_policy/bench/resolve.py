@@ -20,6 +20,8 @@ from .backends import BACKENDS, default_backend
 from .hicache import PEER, HiCacheFileComparison
 from .plan import Comparison, Plan
 from .setup import BenchError, BenchSetup
+from .sglang_mooncake import PEER as SGLANG_MOONCAKE
+from .sglang_mooncake import SGLangMooncakeComparison
 from .sides import ProfileComparison
 from .targets import TARGETS
 from .tp import check_ranks, shard_geometry
@@ -27,7 +29,10 @@ from .tp import check_ranks, shard_geometry
 __all__ = ["COMPARISONS", "resolve"]
 
 #: ``--peer`` names -> the comparison that runs P against that implementation.
-COMPARISONS = {PEER: HiCacheFileComparison}
+COMPARISONS: dict[str, type[Comparison]] = {
+    PEER: HiCacheFileComparison,
+    SGLANG_MOONCAKE: SGLangMooncakeComparison,
+}
 
 
 def _choice(what: str, value: str, known: Iterable[str]) -> BenchError:

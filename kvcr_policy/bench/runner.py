@@ -8,7 +8,8 @@
    side: measure the limit right before the restore (the memory bandwidth of a shared machine
    drifts, so each restore is compared with its own moment), poison the destination pages,
    restore them, and verify every page by checksum.
-5. Metadata: ``exists`` over stored keys, per profile, on a fresh backend instance.
+5. Metadata: ``exists`` over stored keys, per profile, on a fresh backend instance (and,
+   where the comparison provides ``exists_rates``, on both of its sides the same way).
 """
 
 from __future__ import annotations
@@ -115,7 +116,12 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
         }
         profiles = {label: {"name": side.name, "path": side.path} for label, side in sides.items()}
     say("metadata: exists over stored keys")
-    exists = {label: exists_rate(plan, label, name) for label, name in plan.profiles.items()}
+    # A comparison that can query its peer implementation measures both sides the same way.
+    exists_rates = getattr(plan.comparison, "exists_rates", None)
+    if exists_rates is not None:
+        exists = exists_rates(plan)
+    else:
+        exists = {label: exists_rate(plan, label, name) for label, name in plan.profiles.items()}
     transport = dict(stats["P"]["transport"])
     return BenchResult(
         target=plan.target.name,
