@@ -4,7 +4,7 @@
 # Never a plain `pip install sglang`: its metadata pins torch 2.14.1 and ~60 CUDA packages.
 # So torch is pinned to the CPU 2.13.0 through a constraint file, sglang and the few packages
 # that would pull a CUDA build come in with --no-deps, and the rest is exactly what the
-# storage path imports (see shared/notes/sglang-on-cpu.md). `pip check` fails afterwards on
+# storage path imports (checked on a CPU-only machine). `pip check` fails afterwards on
 # purpose (sglang's CUDA requirements stay unmet): don't run it.
 #
 # Idempotent, and fast when everything is already there: one Python probe, then exit.
@@ -24,6 +24,7 @@ want = {"sglang": sys.argv[1], "torch": sys.argv[2]}
 needed = [
     "triton", "transformers", "dill", "sentencepiece", "compressed-tensors", "loguru",
     "gguf", "apache-tvm-ffi", "orjson", "pybase64", "msgspec", "pyzmq", "IPython", "aiohttp",
+    "uvicorn", "prometheus-client",
 ]
 try:
     for name, version in want.items():
@@ -57,6 +58,9 @@ pip --no-deps "sglang==$SGLANG_VERSION"
 # storage backend factory.
 pip -c "$pin" numpy orjson psutil pybase64 requests packaging pillow starlette msgspec \
     pydantic pyzmq tqdm IPython aiohttp
+# SGLang's /metrics (add_prometheus_middleware: a MultiProcessCollector served by uvicorn),
+# which the metrics test reads the backend's metrics through.
+pip -c "$pin" uvicorn prometheus-client
 # Stubbing triton breaks torch inside pool_host, so it is installed for real (about 1 GB);
 # 3.9.0 is the release checked with torch 2.13.0.
 pip --no-deps "triton==3.9.0"

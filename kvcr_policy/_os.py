@@ -46,8 +46,9 @@ __all__ = [
     "MPOL_INTERLEAVE", "MPOL_NAMES", "MPOL_PREFERRED", "PROC_ROOT_ENV", "SYS_ROOT_ENV",
     "OsCallError", "SmapsEntry", "clear_caches", "format_node_list", "get_mempolicy",
     "has_numa_syscalls", "has_populate_write", "has_thp", "huge_page_size",
-    "limit_heap_retention", "madvise", "mbind", "memory_available",
-    "move_pages_query", "online_nodes", "page_size", "parse_node_list", "proc_root",
+    "limit_heap_retention", "madvise", "mbind", "mem_total", "memory_available",
+    "move_pages_query", "online_nodes", "page_size", "parse_node_list", "pci_numa_node",
+    "proc_root",
     "smaps_anon_huge_bytes", "smaps_entries", "smaps_vm_flags", "sys_root", "thp_mode",
     "use_roots", "writable_range",
 ]  # fmt: skip
@@ -189,6 +190,13 @@ def huge_page_size() -> int:
     return int(match.group(1)) * 1024 if match else _DEFAULT_HUGE_PAGE
 
 
+def mem_total() -> int | None:
+    """The host's memory in bytes (``MemTotal`` of /proc/meminfo), None where unreadable."""
+    meminfo = _read_text(proc_root() / "meminfo") or ""
+    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", meminfo, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
+
+
 @functools.cache
 def thp_mode() -> str | None:
     """The bracketed transparent huge page mode (always, madvise, never), None without THP."""
@@ -240,6 +248,22 @@ def online_nodes() -> tuple[int, ...]:
     except OSError:
         names = []
     return tuple(sorted(int(n[4:]) for n in names)) or (0,)
+
+
+def pci_numa_node(address: str) -> int | None:
+    """The ``numa_node`` of PCI device ``address`` (``"0000:3b:00.0"``), None when unreadable.
+
+    ``bus/pci/devices/<address>/numa_node`` holds the node the device is attached to, or -1
+    where the platform reports none (single-node hosts, most VMs), which is returned as is
+    (Documentation/ABI/testing/sysfs-bus-pci, ``numa_node``).
+    """
+    text = _read_text(sys_root() / "bus/pci/devices" / address / "numa_node")
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
 
 
 def clear_caches() -> None:

@@ -20,7 +20,6 @@ from rich.table import Table
 from .backends.peer.cli import register as _register_peer
 from .errors import KVCRPolicyError
 from .loading import LoadedConfig, bundled_profiles, load_config
-from .sources import env_name, flatten
 from .values import parse_size, shorten
 
 __all__ = ["app", "main"]
@@ -103,6 +102,9 @@ def show(
     profile: ProfileOpt = None,
     set_: SetOpt = None,
     format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+    env: Annotated[
+        bool, typer.Option("--env", help="Add the environment variable of each key.")
+    ] = False,
 ) -> None:
     """The effective configuration and where each value came from."""
     loaded = _load(profile, set_)
@@ -126,18 +128,9 @@ def show(
                     lines.append(_toml_line(key, value, origin))
         sys.stdout.write("\n".join(lines) + "\n")
         return
-    table = Table(title=f"profile: {loaded.profile or 'none (schema defaults)'}")
-    table.add_column("key")
-    table.add_column("value")
-    table.add_column("origin")
-    table.add_column("env")
-    for path, value in flatten(data).items():
-        if isinstance(value, dict) and not value:
-            continue
-        origin = loaded.origins.get(path, "default")
-        style = None if origin == "default" else "bold"
-        table.add_row(path, escape(json.dumps(value)), escape(origin), env_name(path), style=style)
-    out.print(table)
+    from .config_table import config_table
+
+    out.print(config_table(loaded, env=env))
 
 
 @app.command()
@@ -193,10 +186,17 @@ def schema(
     folder: Annotated[
         Path | None, typer.Option("--dir", help="Another schemas/ folder to write or check.")
     ] = None,
+    tunable: Annotated[
+        bool,
+        typer.Option("--tunable", help="List the knobs `tune` searches, with their candidates."),
+    ] = False,
 ) -> None:
     """Print, regenerate (--write) or verify (--check) the committed schemas."""
     from .contract import check_schemas, json_schema, write_schemas
 
+    if tunable:
+        _print_tunable()
+        return
     if write:
         for path in write_schemas(folder):
             out.print(f"wrote {path}")
@@ -216,6 +216,15 @@ def schema(
         out.print("✓ schemas/ matches the code")
         return
     _print_json(json_schema())
+
+
+def _print_tunable() -> None:
+    """Every tunable declaration: the schema's and each registered options model's."""
+    from .tune.space import declared_knobs
+
+    registry = load_config().registry
+    assert registry is not None  # every load_config result carries the registry it used
+    _print_json([declared.to_dict() for declared in declared_knobs(registry)])
 
 
 @app.command()
@@ -261,6 +270,76 @@ def plugins(
         )
 
 
+@app.command()
+def plan(
+    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Tokens the tier should hold.")],
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+    geometry: Annotated[
+        str | None, typer.Option("--geometry", help="A model preset: qwen3-32b or small.")
+    ] = None,
+    layers: Annotated[int | None, typer.Option("--layers", min=1)] = None,
+    heads: Annotated[int | None, typer.Option("--heads", min=1, help="KV heads.")] = None,
+    head_dim: Annotated[int | None, typer.Option("--head-dim", min=1)] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="e.g. bfloat16.")] = None,
+    page_size: Annotated[int | None, typer.Option("--page-size", min=1)] = None,
+    mla: Annotated[bool | None, typer.Option("--mla/--mha", help="An MLA latent pool.")] = None,
+    layout: Annotated[str, typer.Option("--layout")] = "layer_first",
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")] = None,
+    ranks_per_host: Annotated[
+        int | None, typer.Option("--ranks-per-host", min=1, help="Default: tp x pp.")
+    ] = None,
+    pools: Annotated[int | None, typer.Option("--pools", min=1, help="Pools per rank.")] = None,
+    prefix_tokens: Annotated[
+        int | None, typer.Option("--prefix-tokens", min=1, help="Restore plan for this prefix.")
+    ] = None,
+    host_memory: Annotated[
+        str | None, typer.Option("--host-memory", help="e.g. 2TiB; default: this machine's.")
+    ] = None,
+    link_gbps: Annotated[
+        float | None, typer.Option("--link-gbps", help="Link limit for the predicted time.")
+    ] = None,
+    measure_link: Annotated[
+        bool, typer.Option("--measure-link", help="Measure the link limit here with a probe.")
+    ] = False,
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+) -> None:
+    """Sizing before deploying: tier memory per rank and host, and the restore of a prefix.
+
+    Exit 2 when the plan cannot work (each reason names the value and where it came from).
+    """
+    from .plan import build_request, make_plan, plan_table
+
+    loaded = _load(profile, set_)
+    dims = dict(layers=layers, heads=heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+    request = build_request(
+        loaded,
+        geometry=geometry,
+        dims={**dims, "mla": mla},
+        layout=layout,
+        tp=tp,
+        pp=pp,
+        ranks_per_host=ranks_per_host,
+        pools=pools,
+        tokens=tokens,
+        prefix_tokens=prefix_tokens,
+        host_memory=_parse_size(host_memory, "--host-memory") if host_memory else None,
+        link_gbps=link_gbps,
+        measure_link=measure_link,
+    )
+    result = make_plan(loaded, request)
+    if format is PlainFormat.json:
+        _print_json({"profile": loaded.profile, **result.to_dict()})
+    else:
+        title = {"profile": loaded.profile and Path(loaded.profile).stem, "geometry": geometry}
+        out.print(plan_table(result, title))
+    for refusal in result.refusals:
+        err.print(f"kvcr-policy plan: refused: {refusal}", markup=False, highlight=False)
+    if result.refusals:
+        raise typer.Exit(2)
+
+
 class Target(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
@@ -273,13 +352,14 @@ class Via(str, Enum):
 
 class Peer(str, Enum):
     hicache_file = "hicache-file"
+    sglang_mooncake = "sglang-mooncake"
 
 
-def _parse_size(text: str) -> int:
+def _parse_size(text: str, option: str = "--size") -> int:
     from .schema import MAX_TIER_BYTES
 
     # The same rule and bound as placement.capacity_bytes, the size of a real tier region.
-    return parse_size(text, what="--size", high=MAX_TIER_BYTES)
+    return parse_size(text, what=option, high=MAX_TIER_BYTES)
 
 
 @app.command()
@@ -324,10 +404,15 @@ def bench(
     ] = Via.local,
     backend: Annotated[
         str | None,
-        typer.Option("--backend", help="Tier backend: dram or peer (default: the profile's)."),
+        typer.Option(
+            "--backend", help="Tier backend: dram, peer or mooncake (default: the profile's)."
+        ),
     ] = None,
     peer: Annotated[
-        Peer | None, typer.Option("--peer", help="Compare P with SGLang's HiCacheFile.")
+        Peer | None,
+        typer.Option(
+            "--peer", help="Compare P with SGLang's HiCacheFile or its own Mooncake backend."
+        ),
     ] = None,
     ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", min=1)] = 5,
@@ -342,10 +427,89 @@ def bench(
     ] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of every run.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+    vs_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--vs-set",
+            help="Override one value of Q only, after --set: e.g. --vs throughput "
+            "--vs-set observability.metrics=false.",
+        ),
+    ] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option("--metrics", help="Serve /metrics on HOST:PORT (a bare PORT: loopback)."),
+    ] = None,
+    metrics_hold: Annotated[
+        float | None,
+        typer.Option(
+            "--metrics-hold",
+            min=0,
+            help="Seconds /metrics stays up after the run (default: until interrupted).",
+        ),
+    ] = None,
+    ranks: Annotated[
+        int,
+        typer.Option(
+            "--ranks",
+            min=1,
+            help="Tensor-parallel ranks: one process each (one GPU each on cuda), all restoring "
+            "their shards at once.",
+        ),
+    ] = 1,
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
-    options = dict(locals(), set_=_overrides(set_))  # every option above, by name
+    options = dict(locals(), set_=_overrides(set_), vs_set=_overrides(vs_set))
     from .bench.command import run_command
+
+    run_command(**options)
+
+
+@app.command()
+def tune(
+    start: Annotated[
+        str, typer.Option("--from", help="Starting profile: the base the result extends.")
+    ] = "throughput",
+    target: Annotated[Target, typer.Option("--target")] = Target.cpu,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="Tier backend: dram or peer (default: the profile's)."),
+    ] = None,
+    geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
+    layout: Annotated[str, typer.Option("--layout")] = "layer_first",
+    tokens: Annotated[int, typer.Option("--tokens", min=1)] = 8192,
+    mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
+    scatter: Annotated[
+        bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
+    ] = False,
+    set_: SetOpt = None,
+    budget: Annotated[
+        float, typer.Option("--budget", help="Seconds for the whole run, confirmation included.")
+    ] = 300.0,
+    repeat: Annotated[
+        int, typer.Option("--repeat", help="Repeats per order confirming (and --check).")
+    ] = 9,
+    trial_repeat: Annotated[
+        int, typer.Option("--trial-repeat", min=1, help="Repeats per order of each trial.")
+    ] = 3,
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help="Search only this knob (repeatable).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="The sampler's seed.")] = 0,
+    write: Annotated[
+        Path | None, typer.Option("--write", help="Write the profile here if it wins.")
+    ] = None,
+    always_write: Annotated[
+        bool, typer.Option("--always-write", help="Write the best candidate even if it loses.")
+    ] = False,
+    check_path: Annotated[
+        Path | None,
+        typer.Option("--check", help="Re-measure a written profile against its base."),
+    ] = None,
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+) -> None:
+    """Search the tunable knobs on this host; write the profile only if it wins."""
+    options = dict(locals(), set_=_overrides(set_))  # every option above, by name
+    from .tune.command import run_command
 
     run_command(**options)
 

@@ -17,7 +17,8 @@ Every error a user can meet derives from :class:`KVCRPolicyError`; catching it c
     │   ├── UnsupportedError   the transport cannot do what the config asks (coalesce, split)
     │   │   └── CudaUnavailableError   the cuda transport where no CUDA device is visible
     │   ├── ProtocolError      a peer sent a malformed, truncated or oversize frame
-    │   └── AuthenticationError   a peer refused our secret, or could not prove it holds it
+    │   ├── AuthenticationError   a peer refused our secret, or could not prove it holds it
+    │   └── BackendUnavailableError   the tier cannot be reached (a peer gone or not answering)
     ├── UnimplementedError     an engine API that this backend deliberately does not provide
     ├── BenchError             a benchmark could not run or its bytes did not verify
     └── ClosedError            a call reached an object that is closing or closed
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 __all__ = [
     "ArgumentError",
     "AuthenticationError",
+    "BackendUnavailableError",
     "BenchError",
     "CapacityError",
     "ClosedError",
@@ -139,6 +141,10 @@ class ProtocolError(TransportError):
 
 class AuthenticationError(TransportError):
     """A peer refused this process's secret, or could not prove that it holds the same one."""
+
+
+class BackendUnavailableError(TransportError):
+    """The tier backend cannot be reached: a peer went away or did not answer in time."""
 
 
 class ClosedError(KVCRPolicyError, RuntimeError):

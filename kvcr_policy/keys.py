@@ -7,9 +7,10 @@
   (what the peer tier can carry; the local tier keeps the same rule, so that a deployment can
   move between them).
 - A key repeated in one ``set`` is stored once, from the page of its first occurrence, and
-  every occurrence reports that outcome (:func:`first_positions`: the pipeline hands the
-  backend each key once). In ``get`` every occurrence is restored into its own page;
-  ``exists`` and ``delete`` take repeats as they come.
+  every occurrence reports that outcome. In ``get`` every occurrence is restored into its own
+  page. Either way a backend never sees a key twice in one call (:func:`rounds`: the pipeline
+  hands it the first occurrences, then for a ``get`` the second ones, and so on); ``exists``
+  and ``delete`` take repeats as they come.
 
 A key that breaks the rule raises :class:`~kvcr_policy.errors.UsageError` (wrong type) or
 :class:`~kvcr_policy.errors.ArgumentError` (wrong value), naming the call, the position and
@@ -26,7 +27,7 @@ import numpy as np
 from .errors import ArgumentError, UsageError
 from .values import shorten
 
-__all__ = ["MAX_KEY_BYTES", "check_keys", "first_positions"]
+__all__ = ["MAX_KEY_BYTES", "check_keys", "rounds"]
 
 #: Longest key in UTF-8 bytes (the peer wire format's limit: kvcr_policy.backends.peer.wire).
 MAX_KEY_BYTES = 1024
@@ -73,11 +74,14 @@ def _utf8_size(call: str, position: int, key: str) -> int:
         raise ArgumentError(message) from None
 
 
-def first_positions(keys: list[str]) -> np.ndarray | None:
-    """Positions of each key's first occurrence, in order; None when no key repeats."""
+def rounds(keys: list[str]) -> list[np.ndarray] | None:
+    """Positions of each key's first occurrences, then of its second ones, ...: in each round
+    a key appears once. None when no key repeats."""
     if len(set(keys)) == len(keys):
         return None
-    first: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    occurrence = np.empty(len(keys), dtype=np.int64)
     for position, key in enumerate(keys):
-        first.setdefault(key, position)
-    return np.fromiter(first.values(), dtype=np.int64, count=len(first))
+        occurrence[position] = seen.get(key, 0)
+        seen[key] = occurrence[position] + 1
+    return [np.flatnonzero(occurrence == n) for n in range(int(occurrence.max()) + 1)]

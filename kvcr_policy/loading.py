@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue, UsageError
+from .profile_meta import base_chain
 from .provenance import DEFAULT, dotenv_origin, origin_for
 from .schema import ENV_PREFIX, STRATEGY_SECTIONS, PolicyConfig
 from .sources import (
@@ -40,7 +41,14 @@ if TYPE_CHECKING:
     from .plugins import PluginManager
     from .registry import Registry
 
-__all__ = ["PRECEDENCE", "LoadedConfig", "bundled_profiles", "load_config", "resolve_profile"]
+__all__ = [
+    "PRECEDENCE",
+    "LoadedConfig",
+    "bundled_profiles",
+    "load_config",
+    "resolve_base",
+    "resolve_profile",
+]
 
 #: Where values come from, highest precedence first; the README lists the same order.
 PRECEDENCE: tuple[str, ...] = ("override", "env", "dotenv", "secrets", "profile", DEFAULT)
@@ -60,6 +68,8 @@ class LoadedConfig:
     #: The plugin manager that validated this config, reused by build_pipeline; None when the
     #: caller supplied a registry (build_pipeline then makes one from ``config``).
     plugin_manager: PluginManager | None = field(default=None, compare=False, repr=False)
+    #: The profiles ``profile`` extends (``[profile] base``), nearest first.
+    bases: tuple[str, ...] = ()
 
     def origin(self, path: str) -> str:
         """Where the value at ``path`` came from."""
@@ -100,6 +110,36 @@ def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
         f"(bundled: {', '.join(bundled) or 'none'}; or give a path to a .toml file)"
     )
     raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
+
+
+def resolve_base(name: str, folder: Path, where: str) -> Path:
+    """A ``[profile] base``: a bundled name, else a path relative to the naming file's folder."""
+    bundled = bundled_profiles()
+    if name in bundled:
+        return bundled[name]
+    path = Path(name).expanduser()
+    path = path if path.is_absolute() else folder / path
+    if path.is_file():
+        return path.resolve()
+    nearest = suggest(name, list(bundled))
+    hint = f" (did you mean {nearest!r}?)" if nearest else ""
+    message = (
+        f"base {name!r} is neither a bundled profile{hint} nor a file (looked for {path}); "
+        f"name one of: {', '.join(bundled)}, or a path relative to this file"
+    )
+    raise ConfigError([ConfigIssue("profile.base", where, message)], title="cannot find a base")
+
+
+def _chain_source(chain: list[Path]) -> tuple[Leaves, list[ConfigIssue]]:
+    """The values of a profile over those of its bases: the nearest file wins, each value
+    keeping the file it came from as its origin."""
+    leaves: Leaves = {}
+    issues: list[ConfigIssue] = []
+    for path in reversed(chain):
+        found, problems = profile_source(path)
+        leaves.update(found)
+        issues += problems
+    return leaves, issues
 
 
 def _unflatten(leaves: Mapping[str, Any]) -> dict[str, Any]:
@@ -204,13 +244,17 @@ def load_config(
         where = dotenv_origin(str(dotenv_path), PROFILE_ENV)
     profile_path = resolve_profile(chosen, where) if chosen is not None else None
     secrets_dir = env.get(SECRETS_DIR_ENV)
+    chain: list[Path] = []
+    if profile_path is not None:
+        chain, found = base_chain(profile_path, resolve_base)
+        issues += found
 
     readers: dict[str, Reader] = {
         "override": lambda: override_source(overrides or {}),
         "env": lambda: env_source(env),
         "dotenv": lambda: dotenv_source(dotenv_vars, dotenv_path) if dotenv_path else ({}, []),
         "secrets": lambda: secrets_source(Path(secrets_dir)) if secrets_dir else ({}, []),
-        "profile": lambda: profile_source(profile_path) if profile_path else ({}, []),
+        "profile": lambda: _chain_source(chain),
     }
     layers: list[Leaves] = []
     for kind in reversed(PRECEDENCE):  # lowest first, so that later ones win
@@ -247,6 +291,7 @@ def load_config(
         profile=str(profile_path) if profile_path else None,
         registry=registry,
         plugin_manager=plugin_manager,
+        bases=tuple(str(path) for path in chain[1:]),
     )
 
 

@@ -6,21 +6,28 @@ the backend accepts), delivers results in order, and hands a failed batch to the
 strategy, page by page. Backends only move the batches they are given
 (:class:`~kvcr_policy.backends.base.Transfer`), so a third-party strategy takes effect on every
 backend alike.
+
+Metrics: a call that passes a :class:`~kvcr_policy.observability.meter.DirectionMeter` gets
+its totals (pages, batches, descriptors before and after coalescing and after the split, pages
+handed to the fallback and why) summed into a :class:`CallCounts` and one observation of the
+window per batch; nothing is recorded per page.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 import numpy as np
 
-from .backends.base import PoolTier, Transfer
-from .descriptors import Descriptors
+from .backends.base import PoolTier, Shape, Transfer
+from .descriptors import Descriptors, split_pieces
 from .errors import CapacityError, ClosedError
+from .observability.meter import CallCounts, DirectionMeter, PoolMeter, miss_reason
 from .stats import StatsRecorder
 from .strategies import BatchingStrategy, CoalescingStrategy, FallbackStrategy
 
@@ -60,6 +67,21 @@ class Mover:
         self._stats.add(descriptors_before=len(plain), descriptors_after=len(prepared))
         return prepared
 
+    def _shaper(self, counts: CallCounts | None) -> Shape:
+        """:meth:`shape`, also summing descriptor counts into ``counts`` when given."""
+        if counts is None:
+            return self.shape
+
+        def shape(plain: Descriptors, within: frozenset[str] | None = None) -> Descriptors:
+            prepared = self.shape(plain, within)
+            counts.plain += len(plain)
+            counts.sent += len(prepared)
+            pieces = 0 if prepared is plain else split_pieces(prepared)
+            counts.coalesced += len(prepared) - pieces
+            return prepared
+
+        return shape
+
     def count(self, pool: PoolTier, keys: Sequence[str]) -> int:
         """How many keys from the start ``pool`` holds, asked in metadata-query batches."""
         for start, stop in self.batching.query_batches(len(keys)):
@@ -68,19 +90,74 @@ class Mover:
                 return start + found
         return len(keys)
 
+    def run(
+        self,
+        tier: PoolTier,
+        read: bool,
+        keys: list[str],
+        pages: np.ndarray,
+        page_bytes: int,
+        on_ready: Callable[[int], None] | None = None,
+        meter: PoolMeter | None = None,
+    ) -> list[bool]:
+        """One get (``read``) or set call on ``tier``: begin, :meth:`move`, finish (abort on
+        an exception); True per key that arrived (read) or is now present (write).
+
+        With ``meter``, the call's totals, latency and misses by reason are recorded once,
+        and a read's claimed pages count as outstanding claims while it runs.
+        """
+        if meter is None:
+            transfer = tier.begin(read, keys, pages)
+            try:
+                moved = self.move(transfer, read, page_bytes, on_ready)
+            except BaseException:
+                transfer.abort()
+                raise
+            return transfer.finish(moved)
+        counts = CallCounts()
+        start = time.perf_counter()
+        claimed = 0
+        try:
+            transfer = tier.begin(read, keys, pages)
+            if read:
+                claimed = transfer.limit
+                meter.claims.inc(claimed)
+            try:
+                side = meter.direction(read)
+                moved = self.move(transfer, read, page_bytes, on_ready, side, counts)
+            except BaseException:
+                transfer.abort()
+                raise
+            finally:
+                if claimed:
+                    meter.claims.dec(claimed)
+            result = transfer.finish(moved)
+        except Exception as err:
+            meter.failed(read, len(keys), counts, err, page_bytes, time.perf_counter() - start)
+            raise
+        stored = len(result) if read else result.count(True)
+        seconds = time.perf_counter() - start
+        meter.done(read, len(keys), transfer, moved, stored, counts, page_bytes, seconds)
+        if not read:
+            meter.usage(tier)  # a write may have evicted and filled slots
+        return result
+
     def move(
         self,
         transfer: Transfer,
         read: bool,
         page_bytes: int,
         on_ready: Callable[[int], None] | None = None,
+        meter: DirectionMeter | None = None,
+        counts: CallCounts | None = None,
     ) -> np.ndarray:
         """Move the pages ``transfer`` covers; per position of ``transfer.limit``, whether it
         moved (False where nothing needed moving).
 
         A read stops issuing batches after the first page that did not arrive: HiCache uses
         only the leading run, so later pages would be wasted bandwidth. ``on_ready(n)`` is told,
-        in order, how many leading pages of a read are complete.
+        in order, how many leading pages of a read are complete. ``counts`` (given with
+        ``meter``) receives the call's totals; ``meter`` one window observation per batch.
         """
         limit = transfer.limit
         ok = np.zeros(limit, dtype=bool)
@@ -91,6 +168,7 @@ class Mover:
         state = {"pages": 0, "stop": False}
         error: list[BaseException] = []
         absent: list[int] = []
+        shape = self._shaper(counts)
 
         def finish() -> None:
             future, start, stop = inflight.popleft()
@@ -110,6 +188,9 @@ class Mover:
             except Exception as err:
                 log.warning("batch of %d pages failed (%s); falling back", count, err)
                 self._stats.fallback(type(err).__name__, count)
+                if counts is not None:
+                    counts.failure = reason = miss_reason(err)
+                    counts.fallback[reason] = counts.fallback.get(reason, 0) + count
                 ok[positions] = self.fallback.recover(
                     count, lambda i: transfer.retry(int(positions[i]))
                 )
@@ -134,7 +215,7 @@ class Mover:
                 if state["stop"]:  # a batch that just finished missed a page
                     break
                 try:
-                    future = transfer.submit(order[start:stop], self.shape)
+                    future = transfer.submit(order[start:stop], shape)
                 except ClosedError:
                     raise
                 except Exception as err:  # a backend that refuses at submit fails the batch
@@ -144,6 +225,9 @@ class Mover:
                 self._stats.add(batches=1)
                 self._stats.peak("inflight_batches", len(inflight))
                 self._stats.peak("inflight_bytes", state["pages"] * page_bytes)
+                if meter is not None and counts is not None:
+                    counts.batches += 1
+                    meter.window(len(inflight), state["pages"] * page_bytes)
             while inflight:
                 finish()
         except BaseException:
@@ -162,6 +246,8 @@ class Mover:
             # report keys after a gap, which one claimed run never does).
             ok[min(absent) :] = False
         moved = int(ok.sum())
+        if counts is not None:
+            counts.pages = moved
         if read:
             self._stats.add(pages_read=moved, bytes_read=moved * page_bytes)
         else:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,10 @@ from .errors import (
     UsageError,
 )
 from .geometry import BufferInfo, PoolGeometry, check_unchanged, page_indices, validate_buffer
-from .keys import check_keys, first_positions
+from .keys import check_keys, rounds
 from .loading import LoadedConfig, load_config
 from .mover import Mover
+from .observability.meter import Meters
 from .plugins import PluginManager, make_plugin_manager
 from .schema import STRATEGY_SECTIONS
 from .stats import PipelineStats, StatsRecorder
@@ -59,6 +61,10 @@ class Pipeline:
     backend (which never unmaps memory a transfer may still touch) and restores thread tuning;
     calls after it raise :class:`ClosedError` (``stats()`` and ``audit()`` too; the last
     counters stay in :attr:`final_stats`).
+
+    Metrics (``observability.metrics``): each pool gets a
+    :class:`~kvcr_policy.observability.meter.PoolMeter` that exists, get and set feed once per
+    call (the window once per batch), never per page.
     """
 
     def __init__(
@@ -100,6 +106,9 @@ class Pipeline:
         self._pools: dict[str, tuple[PoolGeometry, PoolTier]] = {}
         self._memory: dict[str, tuple[Any, BufferInfo]] = {}  # the buffer, as validated
         self.refused: dict[str, str] = {}
+        # The ``profile`` label of the metrics is the profile file's name.
+        profile = Path(loaded.profile).stem if loaded.profile else "default"
+        self.meters = Meters(self.config.observability.metrics, backend.name, profile)
         self._stats = StatsRecorder()
         self._mover = Mover(batching, coalescing, self.allowed, fallback, self._stats)
         self._cond = threading.Condition()
@@ -141,6 +150,7 @@ class Pipeline:
                 self.backend.close()
             finally:
                 self.thread_tuning.restore()
+                self.meters.close()
         finally:
             self.final_stats = self._snapshot()
             final = self.final_stats.to_dict()
@@ -189,6 +199,21 @@ class Pipeline:
             self._memory[name] = (buffer, info)
             self.refused.pop(name, None)
             log.info("pool %r registered on backend %r: %s", name, self.backend.name, geometry)
+            meter = self.meters.open(name)
+            if meter is not None:
+                wanted = self.config.observability
+                probe = wanted.link_probe_bytes
+                meter.attached(tier, wanted.audit_placement, probe and int(probe),
+                               wanted.link_limit_gbps)  # fmt: skip
+
+    def count_misses(self, pool: str, read: bool, reason: str, pages: int) -> None:
+        """Count misses a caller decided before reaching the pipeline (an integration that
+        refused the pool itself); ``reason`` as in
+        :data:`~kvcr_policy.observability.metrics.MISS_REASONS`. ``pool`` becomes a label:
+        pass names from a fixed set (the engine's pool names), never user input."""
+        meter = self.meters.open(pool)
+        if meter is not None:
+            meter.direction(read).miss(reason, pages)
 
     @property
     def pools(self) -> dict[str, PoolGeometry]:
@@ -229,7 +254,13 @@ class Pipeline:
         with self._operation("exists"):
             keys = check_keys(keys, "exists")
             self._stats.add(keys_queried=len(keys))
-            return self._mover.count(self._pool(pool)[1], keys)
+            geometry, tier = self._pool(pool)
+            start = time.perf_counter()
+            found = self._mover.count(tier, keys)
+            meter = self.meters.get(geometry.name)
+            if meter is not None:
+                meter.exists(len(keys), found, time.perf_counter() - start)
+            return found
 
     def exists_pools(self, keys: Sequence[str], pools: Sequence[str]) -> int:
         """The usable prefix over several pools: the minimum of their counts."""
@@ -266,33 +297,36 @@ class Pipeline:
         pool: str | None,
         on_ready: Callable[[int], None] | None,
     ) -> list[bool]:
-        geometry, tier = self._pool(pool, touch=True)
-        pages = self._pages(geometry, keys, indices)
-        unique = None if read else first_positions(keys)
-        if unique is not None:  # each key once, from its first page; every repeat reports it
-            results = self._move_pages(
-                False, [keys[i] for i in unique], pages[unique], tier, geometry, None
-            )
-            outcome = dict(zip((keys[i] for i in unique), results, strict=True))
-            return [outcome[key] for key in keys]
-        return self._move_pages(read, keys, pages, tier, geometry, on_ready)
-
-    def _move_pages(
-        self,
-        read: bool,
-        keys: list[str],
-        pages: np.ndarray,
-        tier: PoolTier,
-        geometry: PoolGeometry,
-        on_ready: Callable[[int], None] | None,
-    ) -> list[bool]:
-        transfer = tier.begin(read, keys, pages)
+        name = pool
         try:
-            moved = self._mover.move(transfer, read, geometry.page_bytes, on_ready)
-        except BaseException:
-            transfer.abort()
+            geometry, tier = self._pool(pool, touch=True)
+            name = geometry.name
+            pages = self._pages(geometry, keys, indices)
+        except PoolError:
+            if name is not None and (name in self._pools or name in self.refused):
+                self.count_misses(name, read, "pool_refused", len(keys))
             raise
-        return transfer.finish(moved)
+        meter = self.meters.get(geometry.name)
+        repeats = rounds(keys)
+        if repeats is None:
+            return self._mover.run(tier, read, keys, pages, geometry.page_bytes, on_ready, meter)
+        # A backend sees each key once per call (kvcr_policy.keys): a set stores the first
+        # occurrence's page and every occurrence reports it; a get reads round after round.
+        results = np.zeros(len(keys), dtype=bool)
+        for positions in repeats if read else repeats[:1]:
+            batch = [keys[i] for i in positions]
+            moved = self._mover.run(
+                tier, read, batch, pages[positions], geometry.page_bytes, None, meter
+            )
+            results[positions] = moved
+        if not read:
+            outcome = dict(zip((keys[i] for i in repeats[0]), results[repeats[0]], strict=True))
+            return [bool(outcome[key]) for key in keys]
+        leading = int(np.argmin(results)) if not results.all() else len(keys)
+        results[leading:] = False  # reads report the leading run, as without repeats
+        if on_ready is not None and leading:
+            on_ready(leading)
+        return results.tolist()
 
     def get_pools(self, requests: Mapping[str, tuple[Sequence[str], Any]]) -> dict[str, list[bool]]:
         """:meth:`get` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""
@@ -304,13 +338,21 @@ class Pipeline:
 
     def delete(self, keys: Sequence[str], pool: str | None = None) -> int:
         with self._operation("delete"):
-            return self._pool(pool)[1].delete(check_keys(keys, "delete"))
+            geometry, tier = self._pool(pool)
+            removed = tier.delete(check_keys(keys, "delete"))
+            meter = self.meters.get(geometry.name)
+            if meter is not None:
+                meter.usage(tier)
+            return removed
 
     def clear(self) -> None:
         """Forget every key of every pool (claimed slots are freed once released)."""
         with self._operation("clear"):
-            for _, tier in self._pools.values():
+            for name, (_, tier) in self._pools.items():
                 tier.clear()
+                meter = self.meters.get(name)
+                if meter is not None:
+                    meter.usage(tier)
 
     def probe(self, nbytes: int, pool: str | None = None) -> None:
         """Move ``nbytes`` from the tier into the pool's first bytes with the backend's largest
@@ -330,7 +372,11 @@ class Pipeline:
                     f"({geometry.nbytes} bytes); probe at most {geometry.nbytes}"
                 )
                 raise IndicesError(message)
-            tier.probe(nbytes)
+            meter = self.meters.get(geometry.name)
+            if meter is not None:
+                meter.probe(tier, nbytes)  # the link-limit gauge
+            else:
+                tier.probe(nbytes)
 
     # ---- reporting ----------------------------------------------------------------------
 
@@ -347,7 +393,12 @@ class Pipeline:
         """The placement audit of every pool whose backend places memory."""
         with self._operation("audit"):
             audits = {name: tier.audit() for name, (_, tier) in self._pools.items()}
-            return {name: audit for name, audit in audits.items() if audit is not None}
+            found = {name: audit for name, audit in audits.items() if audit is not None}
+            for name, audit in found.items():
+                meter = self.meters.get(name)
+                if meter is not None:
+                    meter.placement(audit)  # the placement gauges follow every audit
+            return found
 
 
 def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None) -> Pipeline:

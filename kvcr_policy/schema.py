@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from .errors import UsageError
+from .tunable import tunable
 from .values import Size
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "BatchingSection",
     "CoalescingSection",
     "FallbackSection",
+    "ObservabilitySection",
     "PlacementSection",
     "PluginsSection",
     "PolicyConfig",
@@ -85,7 +87,11 @@ class BatchingSection(Section):
 
     strategy: str = Field("fixed", description="Name of the registered batching strategy.")
     read_batch_pages: int = Field(
-        128, gt=0, le=65536, description="Pages per read or write batch (1..65536)."
+        128,
+        gt=0,
+        le=65536,
+        description="Pages per read or write batch (1..65536).",
+        json_schema_extra=tunable(choices=(32, 64, 128, 256, 512, 1024, 2048)),
     )
     query_batch_keys: int = Field(
         128, gt=0, le=1 << 20, description="Keys per metadata-query batch (1..1048576)."
@@ -95,6 +101,7 @@ class BatchingSection(Section):
         gt=0,
         le=65536,
         description="Most batches in flight at once (1..65536); unset means unbounded.",
+        json_schema_extra=tunable(choices=(None, 1, 2, 4, 8, 16)),
     )
     window_pages: int | None = Field(
         None,
@@ -135,6 +142,7 @@ class CoalescingSection(Section):
         le=1 << 40,
         description="Cut descriptors longer than this (e.g. UCX '8MiB', at most 1TiB); unset: "
         "never.",
+        json_schema_extra=tunable(choices=(None, "4MiB", "16MiB", "64MiB", "256MiB")),
     )
     on_unsupported: Literal["fallback", "error"] = Field(
         "fallback",
@@ -155,16 +163,28 @@ class PlacementSection(Section):
     )
     prefault: bool = Field(False, description="Touch the whole tier when it opens.")
     huge_pages: Literal["off", "prefer", "require"] = Field(
-        "off", description="Transparent huge-page advice for the tier (MADV_HUGEPAGE)."
+        "off",
+        description="Transparent huge-page advice for the tier (MADV_HUGEPAGE).",
+        # 'require' is a deployment's demand, not a speed: it only adds a way to fail.
+        json_schema_extra=tunable(choices=("off", "prefer")),
     )
-    numa_policy: Literal["none", "preferred", "bind", "interleave"] = Field(
-        "none", description="NUMA memory policy applied to the tier with mbind(2)."
+    numa_policy: Literal["none", "preferred", "bind", "interleave", "gpu"] = Field(
+        "none",
+        description=(
+            "NUMA memory policy applied to the tier with mbind(2); 'gpu': the node of each "
+            "pool's GPU (from sysfs), preferred or bound as numa_mode says, and left unbound "
+            "where the GPU reports no node."
+        ),
     )
     numa_nodes: tuple[Annotated[int, Field(ge=0, le=1023)], ...] = Field(
         (), max_length=1024, description="NUMA nodes named by numa_policy (each 0..1023)."
     )
     numa_mode: Literal["prefer", "require"] = Field(
-        "prefer", description="On a NUMA placement that cannot be had: warn and go on, or fail."
+        "prefer",
+        description=(
+            "On a NUMA placement that cannot be had: warn and go on, or fail ('gpu': prefer "
+            "the GPU's node, or bind to it)."
+        ),
     )
     eviction: Literal["lru", "fifo"] = Field(
         "lru", description="Eviction policy of the slot store: 'lru' or 'fifo'."
@@ -173,6 +193,13 @@ class PlacementSection(Section):
 
     @model_validator(mode="after")
     def _nodes_match_policy(self) -> PlacementSection:
+        if self.numa_policy == "gpu" and self.numa_nodes:
+            message = (
+                f"placement.numa_nodes {list(self.numa_nodes)} is set but placement.numa_policy "
+                "'gpu' takes each tier's node from its pool's GPU; drop numa_nodes, or name the "
+                "nodes with numa_policy 'preferred', 'bind' or 'interleave'"
+            )
+            raise ValueError(message)
         if self.numa_policy == "none" and self.numa_nodes:
             message = (
                 f"placement.numa_nodes {list(self.numa_nodes)} is set but placement.numa_policy "
@@ -180,7 +207,7 @@ class PlacementSection(Section):
                 "numa_nodes"
             )
             raise ValueError(message)
-        if self.numa_policy != "none" and not self.numa_nodes:
+        if self.numa_policy not in ("none", "gpu") and not self.numa_nodes:
             message = (
                 f"placement.numa_policy {self.numa_policy!r} needs placement.numa_nodes; "
                 "name at least one node, e.g. numa_nodes = [0]"
@@ -206,6 +233,7 @@ class ThreadTuningSection(Section):
         allow_inf_nan=False,
         description="sys.setswitchinterval value while open (e.g. 0.0005; 1e-6..1.0, Python "
         "stores less than a microsecond as 0); unset: untouched.",
+        json_schema_extra=tunable(choices=(None, 0.0001, 0.0005, 0.001, 0.005)),
     )
     options: dict[str, Any] = _options_field()
 
@@ -234,6 +262,9 @@ class TransportSection(Section):
         ge=0,
         le=1024,
         description="Copy threads of the cpu transport (0..1024); 0 means one per CPU core.",
+        json_schema_extra=tunable(
+            choices=(1, 2, 4, 8, 16, 32, 64), at_most_cpus=True, when={"transport.name": ["cpu"]}
+        ),
     )
     op_timeout_s: float = Field(
         30.0,
@@ -251,6 +282,9 @@ class TransportSection(Section):
         description=(
             "cpu transport: copies of at least this size use non-temporal stores (e.g. '1MiB', "
             "at most 1TiB); unset: plain memmove."
+        ),
+        json_schema_extra=tunable(
+            choices=(None, "256KiB", "1MiB", "4MiB", "16MiB"), when={"transport.name": ["cpu"]}
         ),
     )
 
@@ -281,6 +315,46 @@ class BackendSection(Section):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of the chosen backend, validated by that backend's own model.",
+    )
+
+
+class ObservabilitySection(Section):
+    """What this process reports about itself: Prometheus metrics and the link limit."""
+
+    metrics: bool = Field(
+        True,
+        description=(
+            "Record kvcr_policy_* metrics in prometheus-client's default registry (per call or "
+            "per batch, never per page); inside SGLang with --enable-metrics they appear in "
+            "SGLang's /metrics. false: record nothing."
+        ),
+    )
+    audit_placement: bool = Field(
+        False,
+        description=(
+            "Audit each pool's tier placement when the pool registers (huge-page bytes, pages "
+            "per NUMA node) and export it; Pipeline.audit() always refreshes the gauges."
+        ),
+    )
+    link_probe_bytes: Size | None = Field(
+        None,
+        gt=0,
+        le=1 << 40,
+        description=(
+            "Measure the link limit when a pool registers: one move of this many bytes from "
+            "the tier into the pool's first bytes, before the engine uses the pool (e.g. "
+            "'256MiB', at most 1TiB); unset: not measured."
+        ),
+    )
+    link_limit_gbps: float | None = Field(
+        None,
+        gt=0,
+        le=100000,
+        allow_inf_nan=False,
+        description=(
+            "A known link limit in GB/s (at most 100000), exported when none is measured and "
+            "used by `kvcr-policy plan`; unset: none."
+        ),
     )
 
 
@@ -383,6 +457,7 @@ class PolicyConfig(Section):
     transport: TransportSection = Field(default_factory=TransportSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     backend: BackendSection = Field(default_factory=BackendSection)
+    observability: ObservabilitySection = Field(default_factory=ObservabilitySection)
     security: SecuritySection = Field(default_factory=SecuritySection)
 
 
@@ -397,6 +472,7 @@ POSITIONAL_TYPES: tuple[type[Section], ...] = (
     TransportSection,
     PluginsSection,
     BackendSection,
+    ObservabilitySection,
     SecuritySection,
 )
 

@@ -53,6 +53,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 __all__ = [
     "ALIASED_ENV",
     "DOTENV_FILE",
+    "PROFILE_TABLE",
     "RESERVED_ENV",
     "SECRET_LEAVES",
     "Leaves",
@@ -95,6 +96,8 @@ ALIASED_ENV: dict[str, str] = {
 SECRET_LEAVES = frozenset({"security.secret"})
 
 _OPTIONS = "options"
+#: A profile's table about the file itself (its base profile): no config value (profile_meta).
+PROFILE_TABLE = "profile"
 _NONE_WORDS = frozenset({"", "none", "null"})
 
 
@@ -212,6 +215,7 @@ def profile_source(path: Path) -> tuple[Leaves, list[ConfigIssue]]:
     known = known_leaves()
     leaves: Leaves = {}
     issues: list[ConfigIssue] = []
+    data = {key: value for key, value in data.items() if key != PROFILE_TABLE}
     for leaf, value in flatten(data).items():
         table = leaf.rsplit(".", 1)[0] if "." in leaf else "<top level>"
         origin = profile_origin(where, table)

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PipelineStats", "StatsRecorder"]
+__all__ = ["PipelineStats", "StatsRecorder", "host_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,9 @@ class PipelineStats:
     calls: dict[str, int] = field(default_factory=dict)
     pools: dict[str, Any] = field(default_factory=dict)
     transport: dict[str, Any] = field(default_factory=dict)
+    #: What this pipeline (one rank) holds on the host, summed over its pools: tier bytes,
+    #: bytes pinned for DMA and the seconds pinning took (the pools report each).
+    memory: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,4 +85,16 @@ class StatsRecorder:
                 calls=dict(self._calls),
                 pools=pools,
                 transport=transport,
+                memory=host_memory(pools),
             )
+
+
+def host_memory(pools: dict[str, Any]) -> dict[str, Any]:
+    """Tier bytes, pinned bytes and registration seconds summed over pools that report them."""
+    reports = [p for p in pools.values() if isinstance(p, dict)]
+    total = {
+        key: sum(p.get(key) or 0 for p in reports)
+        for key in ("tier_bytes", "pinned_bytes", "registration_s")
+    }
+    total["registration_s"] = round(float(total["registration_s"]), 6)
+    return total

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
+    from .backends.dram.locality import DeviceLocality
     from .backends.dram.store import Store
     from .backends.dram.tier import Region
     from .descriptors import Descriptors
@@ -83,8 +84,13 @@ class CoalescingStrategy(Protocol):
 class PlacementStrategy(Protocol):
     """Backs the DRAM tier and allocates its slots."""
 
-    def open_region(self, name: str, size: int) -> Region:
-        """A process-owned region of at least ``size`` bytes, placed and audited."""
+    def open_region(self, name: str, size: int, device: DeviceLocality | None = None) -> Region:
+        """A process-owned region of at least ``size`` bytes, placed and audited.
+
+        ``device`` is where the pool it backs lives (a GPU and its NUMA node), None for host
+        memory. It is optional for strategies: the ``dram`` backend passes it only to an
+        ``open_region`` that names it, so strategies written for ``(name, size)`` still work.
+        """
         ...
 
     def new_store(self, capacity: int) -> Store:

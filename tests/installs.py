@@ -1,7 +1,8 @@
 """What to do when a test's software is not installed: skip on a developer's machine, fail in CI.
 
 The README's test command installs everything the tests use (SGLang through
-``.ci/install-sglang.sh``, ucxx through the ``ucx`` extra, the example plugin), so in CI a missing
+``.ci/install-sglang.sh``, ucxx through the ``ucx`` extra, the example and Mooncake plugins, the
+Mooncake transfer engine through ``.ci/install-mooncake.sh``), so in CI a missing
 install is a broken setup, never a reason to skip: ``.ci/run`` exports ``CI=true`` and these
 tests fail instead. Only missing hardware (a GPU) skips everywhere.
 """

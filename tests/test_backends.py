@@ -1,9 +1,11 @@
-"""The pipeline's behaviour on every tier backend: the built-in ``dram`` and ``peer`` and the
-example plugin's third-party ``dict`` backend, the latter selected by a TOML profile.
+"""The pipeline's behaviour on every tier backend: the built-in ``dram`` and ``peer``, the
+example plugin's third-party ``dict`` backend (selected by a TOML profile) and the ``mooncake``
+plugin's Mooncake Store.
 
-The same tests run on all three: byte-exact store and restore, leading-run semantics, claims
+The same tests run on all of them: byte-exact store and restore, leading-run semantics, claims
 that keep a page being read from eviction, fallback page by page, delivery windows, lifetime.
-The peer runs as a real ``kvcr-policy serve`` process over ucxx on loopback.
+The peer runs as a real ``kvcr-policy serve`` process over ucxx on loopback; Mooncake as a real
+``mooncake_master`` on free loopback ports, stopped by PID.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError, PoolEr
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
 from tests.conftest import EXAMPLE_MISSING, example_installed
+from tests.mooncake_backend.mooncake_helpers import need_mooncake
 
-BACKENDS = ["dram", "peer", "dict"]
+BACKENDS = ["dram", "peer", "dict", "mooncake"]
 P = 4
 SLOTS = 16  # tier capacity in pages, on every backend
 
@@ -91,6 +94,16 @@ def small_peer() -> Iterator[Any]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def small_master() -> Iterator[Any]:
+    """A ``mooncake_master`` on free loopback ports (module-wide), stopped by PID."""
+    need_mooncake()
+    from kvcr_policy_mooncake.master import MasterProcess
+
+    with MasterProcess() as master:
+        yield master
+
+
 Make = Callable[..., Pipeline]
 
 
@@ -109,6 +122,15 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
             "transport.options.peer": server.address,
             "transport.options.heartbeat_s": 0.5,
             "transport.op_timeout_s": 10,
+        }
+    elif name == "mooncake":
+        master = request.getfixturevalue("small_master")
+        # Mooncake's smallest segment (16 MiB) holds far more than SLOTS pages: the tier
+        # holds them all, and Mooncake's leases, not slot claims, guard pages being read.
+        base = {
+            "backend.name": "mooncake",
+            "backend.options.master": master.address,
+            "backend.options.segment_bytes": "16MiB",
         }
     elif name == "dict":
         if not example_installed():
@@ -271,6 +293,8 @@ def _faulty(make: Make, request: pytest.FixtureRequest) -> tuple[dict[str, Any],
         fake_dist = request.getfixturevalue("fake_dist")
         fake_dist("kvcr-test-flaky", {"flaky": "kvcr_test_flaky"}, {"kvcr_test_flaky": FLAKY})
         return {"coalescing.strategy": "flaky"}, None
+    if make.backend == "mooncake":  # type: ignore[attr-defined]
+        return _flaky_mooncake(request.getfixturevalue("monkeypatch")), None
     count = {"n": 0}
 
     def fault(batch: CopyBatch) -> int | None:
@@ -281,6 +305,30 @@ def _faulty(make: Make, request: pytest.FixtureRequest) -> tuple[dict[str, Any],
         return 1 if count["n"] % 2 == 0 else None
 
     return {}, MemoryTransport(fault=fault)
+
+
+def _flaky_mooncake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Every second store call of several pages reports TRANSFER_FAIL for all but its first
+    page, as Mooncake does when the client holding a segment dies mid-call (a real store call
+    runs first, so some pages did move); single pages pass, so retries get through."""
+    from kvcr_policy_mooncake.client import StoreClient
+
+    count = {"n": 0}
+
+    def flaky(real: Callable[..., list[int]]) -> Callable[..., list[int]]:
+        def call(self: Any, keys: list[str], *args: Any) -> list[int]:
+            codes = real(self, keys, *args)
+            if len(keys) > 1:
+                count["n"] += 1
+                if count["n"] % 2 == 0:
+                    codes[1:] = [-800] * (len(codes) - 1)  # TRANSFER_FAIL
+            return codes
+
+        return call
+
+    monkeypatch.setattr(StoreClient, "get", flaky(StoreClient.get))
+    monkeypatch.setattr(StoreClient, "put", flaky(StoreClient.put))
+    return {}
 
 
 def test_failed_batches_fall_back_page_by_page_and_stay_exact(

@@ -15,12 +15,16 @@ def test_ci_runs_the_quick_starts_test_command() -> None:
     assert block is not None, "the quick start has no bash block"
     commands = block.group(1).strip().splitlines()
     test_command = commands[-1]
-    assert test_command.endswith("python -m pytest -q")
-    # What the tests need: the project with its test and ucx extras, the example plugin, and
-    # SGLang through the CPU-safe installer (never a plain `pip install sglang`).
-    assert "-e '.[test,ucx]'" in test_command and "plugins/kvcr-policy-example" in test_command
-    assert "bash .ci/install-sglang.sh" in test_command
-    assert "sglang" not in test_command.replace("bash .ci/install-sglang.sh", "")
+    assert test_command == "bash .ci/install-tests.sh && python -m pytest -q"
+    # What the tests need: the project with its test and ucx extras, the example plugin,
+    # SGLang through the CPU-safe installer (never a plain `pip install sglang`), Prometheus.
+    script = (ROOT / ".ci/install-tests.sh").read_text(encoding="utf-8")
+    assert "-e '.[test,ucx]'" in script and "plugins/kvcr-policy-example" in script
+    assert "bash .ci/install-sglang.sh" in script and "prometheus" in script
+    assert "plugins/kvcr-policy-mooncake" in script and "bash .ci/install-mooncake.sh" in script
+    commands = [line for line in script.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in commands if "pip install" in line and "sglang" in line]
+    assert "torch==2.13.0" in script
     ci = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
     assert [line for line in ci if "pytest" in line and not line.startswith("#")] == [test_command]
     assert "export HYPOTHESIS_PROFILE=ci" in "\n".join(ci)

@@ -92,7 +92,7 @@ def test_show_table_keeps_table_names_in_origins() -> None:
     # Origins quote TOML tables ("[batching]"); rich must not eat them as markup.
     done = _subprocess("show", "--profile", "throughput")
     assert done.returncode == 0, done.stderr
-    assert f"{bundled_profiles()['throughput']} [batching]" in done.stdout
+    assert "throughput [batching]" in done.stdout  # a bundled profile by its name
 
 
 # --- in-process ---

@@ -250,7 +250,7 @@ def test_close_waits_unregisters_and_refuses_later_calls() -> None:
     pool = random_pool(geo)
     p = pipeline(geo)
     p.register_pool("kv", geo, pool)
-    region = p._pool("kv").region
+    region = p._pool("kv")[1].region  # the dram backend's pool tier
     transport = p.transport
     p.set(keys(geo.pages), tokens(np.arange(geo.pages)))
     p.close()
@@ -274,7 +274,7 @@ def test_refusals_name_the_problem() -> None:
             p.register_pool("kv", cpu_geo, torch.zeros(cpu_geo.shape, dtype=torch.bfloat16))
         pool = random_pool(geo)
         p.register_pool("kv", geo, pool)
-        endpoint = p._pool("kv").endpoint
+        endpoint = p._pool("kv")[1].pool_side.endpoint
         beyond = Descriptors.from_arrays([0], [geo.nbytes], [1])
         with pytest.raises(TransportError, match="outside its buffers"):
             p.transport.submit(CopyBatch(endpoint, endpoint, beyond))
@@ -288,3 +288,28 @@ def test_refusals_name_the_problem() -> None:
 
 def _fields(geo: PoolGeometry) -> dict[str, Any]:
     return {name: getattr(geo, name) for name in geo.__dataclass_fields__}
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_stats_report_pinned_bytes_and_where_the_gpu_sits() -> None:
+    geo = geometry()
+    with pipeline(geo, **{"placement.numa_policy": "gpu", "placement.prefault": True}) as p:
+        p.register_pool("kv", geo, random_pool(geo))
+        stats = p.stats()
+        audit = p.audit()["kv"]
+    pool = stats.pools["kv"]
+    assert pool["pinned_bytes"] == pool["tier_bytes"] == geo.nbytes
+    assert pool["registration_s"] > 0
+    assert stats.memory == {"tier_bytes": geo.nbytes, "pinned_bytes": geo.nbytes,
+                            "registration_s": pool["registration_s"]}  # fmt: skip
+    gpu = pool["device"]
+    assert gpu["device"] == "cuda:0" and gpu["pci_address"]  # torch reports the PCI address
+    # Near its GPU's node, or (a GPU reporting no node, as on single-node hosts and VMs)
+    # left unbound, and said so: either way the audit says which.
+    if gpu["numa_node"] is None:
+        assert audit["numa_near"].endswith("tier left unbound")
+        assert audit["numa_policy_requested"] == "none"
+    else:
+        assert audit["numa_nodes_requested"] == [gpu["numa_node"]]
+        assert audit["pages_per_node"] == {str(gpu["numa_node"]): audit["numa_sampled_pages"]}

@@ -19,12 +19,16 @@ batch at a time and never loops over a call's pages itself::
       .delete(keys) -> int, .clear()
       .probe(nbytes)                    the backend's largest single move, tier -> pool (limits)
       .stats() -> dict, .audit() -> dict | None
+      .usage() -> TierUsage             optional: capacity, bytes used, evictions (metrics)
       .close()                          waits for in-flight work; frees nothing a transfer may
                                         still touch; calls after it raise ClosedError
 
     Transfer                            the keys of one call, in order
       .limit                            keys it covers from the start (a read: the claimed run)
       .needs                            bool mask over those keys: pages to move (None: all)
+      .miss                             optional: why keys past ``limit`` miss, a metrics
+                                        reason ("absent", "evicted", "claimed"; default
+                                        "absent" for a read, "claimed" for a write)
       .submit(positions, shape)         -> Future of per-position success (bool array)
       .retry(position) -> bool          one page alone, synchronously (the fallback's unit)
       .finish(moved) -> list[bool]      publish / release; the call's result per key
@@ -62,6 +66,7 @@ __all__ = [
     "PoolTier",
     "Shape",
     "TierBackend",
+    "TierUsage",
     "Transfer",
     "check_device",
 ]
@@ -92,6 +97,16 @@ class PoolSpec:
     name: str
     geometry: PoolGeometry
     endpoint: Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """What one pool's tier holds now, for the metrics (``PoolTier.usage()``, optional)."""
+
+    capacity_bytes: int
+    used_bytes: int
+    #: Pages evicted since the tier opened.
+    evictions: int
 
 
 @dataclass(frozen=True, slots=True)

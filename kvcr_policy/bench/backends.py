@@ -6,7 +6,8 @@ start one instance of it for one side (a server process, a daemon; nothing for t
 DRAM tier) and which overrides point a pipeline at that instance, and its limit: by default
 the time of :meth:`Pipeline.probe <kvcr_policy.pipeline.Pipeline.probe>`, the backend's
 largest single move of the same bytes from its tier into the pool. Register it in
-:data:`BACKENDS` under the name ``--backend`` selects.
+:data:`BACKENDS` under the name ``--backend`` selects. A backend from a plugin distribution
+(``mooncake``) imports it only when a run starts, and names it in :attr:`BenchBackend.needs`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from ..pipeline import Pipeline
 from .server import PeerProcess
 from .setup import BenchError, BenchSetup
 
-__all__ = ["BACKENDS", "BenchBackend", "DramBackend", "PeerBackend", "default_backend"]
+__all__ = [
+    "BACKENDS",
+    "BenchBackend",
+    "DramBackend",
+    "MooncakeBackend",
+    "PeerBackend",
+    "default_backend",
+]
 
 
 class BenchBackend:
@@ -127,7 +135,84 @@ class PeerBackend(BenchBackend):
         }
 
 
-BACKENDS: dict[str, type[BenchBackend]] = {"dram": DramBackend, "peer": PeerBackend}
+MOONCAKE_INSTALL = (
+    "bash .ci/install-mooncake.sh and pip install -e plugins/kvcr-policy-mooncake (from the "
+    "kvcr_policy source tree)"
+)
+
+
+class MooncakeBackend(BenchBackend):
+    """Mooncake Store: per side a ``mooncake_master`` on free loopback ports and one segment
+    process that holds the pages; the pipelines contribute no segment, so every restore reads
+    another process's segment over tcp. The limit is one ``batch_get_into`` of the same bytes,
+    as page-sized objects in the same segment, into contiguous pool memory
+    (``Pipeline.probe``), after an untimed first probe stored them."""
+
+    name = "mooncake"
+    # mooncake.store itself is checked by importing it (find_spec would import its package).
+    needs: ClassVar[Mapping[str, str]] = {"kvcr_policy_mooncake": MOONCAKE_INSTALL}
+    limit_text = (
+        "one batch_get_into of the same bytes (page-sized objects) from the same segment into "
+        "contiguous pool memory (Pipeline.probe)"
+    )
+    #: The segment's size in copies of the run's pages: it holds P's pages, the peer's (with
+    #: --peer) and the probe's, and the master starts evicting at 90 % full.
+    copies = 4
+
+    def __init__(self, setup: BenchSetup) -> None:
+        super().__init__(setup)
+        self.instances: dict[str, dict[str, Any]] = {}
+        self._probed: set[tuple[int, int]] = set()
+
+    def check(self) -> None:
+        super().check()
+        try:
+            import mooncake.store  # noqa: F401  (libibverbs.so.1 is found only on import)
+        except ImportError as err:
+            raise BenchError(f"backend 'mooncake' cannot import mooncake ({err}): "
+                             f"{MOONCAKE_INSTALL}") from err  # fmt: skip
+
+    def planned(self) -> dict[str, Any]:
+        return {"backend.name": "mooncake", "backend.options.master": "127.0.0.1:1"}
+
+    @contextmanager
+    def start(self, label: str, profile: str, geometry: PoolGeometry) -> Iterator[dict[str, Any]]:
+        from kvcr_policy_mooncake.master import MasterProcess
+        from kvcr_policy_mooncake.segment import SegmentProcess
+
+        with MasterProcess() as master:
+            size = max(64 << 20, self.copies * geometry.nbytes + (64 << 20))
+            holder = SegmentProcess(master.address, size)
+            try:
+                yield {
+                    "backend.name": "mooncake",
+                    "backend.options.master": master.address,
+                    "backend.options.segment_bytes": 0,
+                }
+            finally:
+                self.instances[label] = {
+                    "master": master.address,
+                    "segment": holder.segment,
+                    "segment_bytes": size,
+                    "segment_exit_code": holder.stop(),
+                }
+
+    def limit_gbps(self, pipeline: Pipeline, nbytes: int) -> float:
+        key = (id(pipeline), nbytes)
+        if key not in self._probed:  # the first probe stores the object it reads
+            pipeline.probe(nbytes)
+            self._probed.add(key)
+        return super().limit_gbps(pipeline, nbytes)
+
+    def describe(self, transport: Mapping[str, Any]) -> dict[str, Any]:
+        return {"mooncake": dict(self.instances), "threads": transport.get("threads")}
+
+
+BACKENDS: dict[str, type[BenchBackend]] = {
+    "dram": DramBackend,
+    "peer": PeerBackend,
+    "mooncake": MooncakeBackend,
+}
 
 
 def default_backend(loaded: LoadedConfig) -> str:

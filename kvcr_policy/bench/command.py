@@ -7,7 +7,9 @@ not verify, or a failed ``--screen``, exits 1 after the figures are printed.
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 from collections.abc import Mapping
 from contextlib import nullcontext
 from enum import Enum
@@ -17,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..observability.exposition import MetricsServer, parse_listen, serve_metrics
 from .plot import check_plot, write_plot
 from .resolve import resolve
 from .runner import Progress, run_plan, steps
@@ -62,8 +65,14 @@ def run_command(
     screen_pct: float | None,
     plot: str | None,
     format: str,
+    vs_set: Mapping[str, str] | None = None,
+    metrics: str | None = None,
+    metrics_hold: float | None = None,
+    ranks: int = 1,
 ) -> None:
     """Check, run, print; see the module docstring."""
+    if metrics is not None:
+        parse_listen(metrics)  # a bad address is refused before anything starts
     setup = BenchSetup(
         profile,
         vs,
@@ -78,15 +87,32 @@ def run_command(
         backend=_backend(_text(transport), backend),
         peer=_text(peer),
         tls=ucx_tls,
+        vs_overrides=dict(vs_set or {}),
+        metrics=metrics is not None,
+        ranks=ranks,
     )
     if screen_pct is not None and not 0 <= screen_pct < 100:
         raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")
     if plot:
         check_plot(plot)
     plan = resolve(setup)
-    bar, say = _progress(steps(setup))
-    with bar if bar is not None else nullcontext():
-        result = run_plan(plan, say)
+    exposed = serve_metrics(metrics) if metrics is not None else None
+    try:
+        if exposed is not None:
+            err.print(f"metrics: {exposed.url}", markup=False, highlight=False)
+        bar, say = _progress(steps(setup))
+        with bar if bar is not None else nullcontext():
+            result = run_plan(plan, say)
+        _report(result, screen_pct, plot, format)
+        if exposed is not None:
+            hold(exposed, metrics_hold)
+    finally:
+        if exposed is not None:
+            exposed.close()
+
+
+def _report(result: Any, screen_pct: float | None, plot: str | None, format: str) -> None:
+    """Print the figures, then exit 1 if a restore did not verify or the screen failed."""
     data = result.to_dict()
     verdict = result.screen(screen_pct) if screen_pct is not None else None
     if verdict is not None:
@@ -97,6 +123,7 @@ def run_command(
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
         _print_table(data)
+    sys.stdout.flush()  # before /metrics is held up: a reader of a pipe sees the figures now
     if not result.verified:
         err.print("restored bytes did not match what was stored", markup=False)
         raise typer.Exit(1)
@@ -104,6 +131,23 @@ def run_command(
         orders = ", ".join(verdict.failed_orders)
         err.print(f"regression screen failed in order(s) {orders}", markup=False)
         raise typer.Exit(1)
+
+
+def hold(exposed: MetricsServer, seconds: float | None) -> None:
+    """Keep /metrics up after the run: ``seconds``, or until SIGINT or SIGTERM (None)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        until = "until interrupted" if seconds is None else f"for {seconds:g} s"
+        err.print(f"serving {exposed.url} {until}", markup=False, highlight=False)
+        stop.wait(seconds)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _progress(total: int) -> tuple[Any, Progress]:

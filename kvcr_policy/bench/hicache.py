@@ -179,8 +179,7 @@ def _file_peer(pool: Any, root: str) -> Iterator[HiCacheFileSide]:
 
 def _threads(stack: ExitStack) -> None:
     """One intra-op torch thread for the run: HiCacheFile copies each page with a few small
-    torch ops, and on two busy cores a second thread makes each take milliseconds
-    (shared/notes/sglang-on-cpu.md)."""
+    torch ops, and on two busy cores a second thread makes each take milliseconds."""
     import torch
 
     stack.callback(torch.set_num_threads, torch.get_num_threads())

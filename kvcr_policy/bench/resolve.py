@@ -3,7 +3,8 @@ checked before anything starts.
 
 An unknown geometry, layout, target, backend or peer implementation, a token count that is
 not whole pages, a missing optional module (ucxx, sglang), a missing GPU or too little GPU
-memory, too little host memory, and a profile or ``--set`` value that does not load are all
+memory, too little host memory, ``--ranks`` that the model's KV heads cannot be split across
+or that exceed the visible GPUs, and a profile or ``--set`` value that does not load are all
 refused here with one message (``kvcr-policy bench`` exits 2), before any memory is filled or
 any server started.
 """
@@ -21,13 +22,19 @@ from .backends import BACKENDS, default_backend
 from .hicache import PEER, HiCacheFileComparison
 from .plan import Comparison, Plan
 from .setup import BenchError, BenchSetup
+from .sglang_mooncake import PEER as SGLANG_MOONCAKE
+from .sglang_mooncake import SGLangMooncakeComparison
 from .sides import ProfileComparison
 from .targets import TARGETS
+from .tp import check_ranks, shard_geometry
 
 __all__ = ["COMPARISONS", "resolve"]
 
 #: ``--peer`` names -> the comparison that runs P against that implementation.
-COMPARISONS = {PEER: HiCacheFileComparison}
+COMPARISONS: dict[str, type[Comparison]] = {
+    PEER: HiCacheFileComparison,
+    SGLANG_MOONCAKE: SGLangMooncakeComparison,
+}
 
 
 def _choice(what: str, value: str, known: Iterable[str]) -> BenchError:
@@ -50,7 +57,8 @@ def _measured(setup: BenchSetup) -> PoolGeometry:
         raise BenchError(message)
     layout = cast(Layout, setup.layout)
     geometry = preset(setup.geometry, layout=layout, tokens=setup.tokens, mla=setup.mla)
-    return replace(geometry, name="kv")
+    # With --ranks, one restore moves one rank's tensor-parallel shard.
+    return replace(shard_geometry(geometry, setup.ranks), name="kv")
 
 
 #: Share of the memory available that a run may plan to fill (the rest: Python, torch, UCX).
@@ -80,7 +88,12 @@ def _check_host_memory(plan: Plan) -> None:
 
 def resolve(setup: BenchSetup) -> Plan:
     """Check every input of ``setup`` and pick its target, backend and comparison."""
-    for what, value in (("--repeat", setup.repeat), ("exists_keys", setup.exists_keys)):
+    counts = (
+        ("--repeat", setup.repeat),
+        ("exists_keys", setup.exists_keys),
+        ("--ranks", setup.ranks),
+    )
+    for what, value in counts:
         if value < 1:
             raise BenchError(f"{what}: expected a positive count, got {value}")
     measured = _measured(setup)
@@ -92,6 +105,8 @@ def resolve(setup: BenchSetup) -> Plan:
         name = default_backend(load_config(profile=setup.profile, overrides=setup.overrides))
     if name not in BACKENDS:
         raise _choice("backend", name, BACKENDS)
+    if setup.ranks > 1:  # on cuda: a GPU per rank ("no CUDA device visible" without one)
+        check_ranks(setup, name, target)
     backend = BACKENDS[name](setup)
     backend.check()
     comparison: Comparison = ProfileComparison()

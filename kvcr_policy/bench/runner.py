@@ -8,7 +8,8 @@
    side: measure the limit right before the restore (the memory bandwidth of a shared machine
    drifts, so each restore is compared with its own moment), poison the destination pages,
    restore them, and verify every page by checksum.
-5. Metadata: ``exists`` over stored keys, per profile, on a fresh backend instance.
+5. Metadata: ``exists`` over stored keys, per profile, on a fresh backend instance (and,
+   where the comparison provides ``exists_rates``, on both of its sides the same way).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .plan import Plan
+from .ranks import run_ranks
 from .resolve import resolve
 from .result import BenchResult, Run
 from .setup import BenchError, BenchSetup
@@ -67,7 +69,9 @@ def _descriptors(stats: Mapping[str, Any]) -> dict[str, int]:
 
 
 def run_plan(plan: Plan, say: Progress) -> BenchResult:
-    """Steps 2-5 of the module docstring, for a resolved plan."""
+    """Steps 2-5 of the module docstring, for a resolved plan (``--ranks``: :mod:`.ranks`)."""
+    if plan.setup.ranks > 1:
+        return run_ranks(plan, say)
     setup, measured, backend = plan.setup, plan.measured, plan.backend
     n, nbytes, base = measured.pages, measured.nbytes, plan.comparison.baseline
     keys = bench_keys(n, "bench")
@@ -88,6 +92,8 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
             if not ok:
                 raise BenchError(f"{side.name!r} did not store all {n} pages; see its log")
             store_gbps[label] = nbytes / seconds / 1e9
+            if setup.metrics and side.pipeline is not None:
+                side.pipeline.audit()  # the placement gauges: where the stored pages are
         limit_pipeline = sides["P"].pipeline
         if limit_pipeline is None:
             raise BenchError("side P has no pipeline to measure the limit with")
@@ -110,7 +116,12 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
         }
         profiles = {label: {"name": side.name, "path": side.path} for label, side in sides.items()}
     say("metadata: exists over stored keys")
-    exists = {label: exists_rate(plan, label, name) for label, name in plan.profiles.items()}
+    # A comparison that can query its peer implementation measures both sides the same way.
+    exists_rates = getattr(plan.comparison, "exists_rates", None)
+    if exists_rates is not None:
+        exists = exists_rates(plan)
+    else:
+        exists = {label: exists_rate(plan, label, name) for label, name in plan.profiles.items()}
     transport = dict(stats["P"]["transport"])
     return BenchResult(
         target=plan.target.name,

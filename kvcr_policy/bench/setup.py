@@ -45,3 +45,11 @@ class BenchSetup:
     exists_keys: int = 100_000
     #: Where a file-backed peer implementation writes (default: /dev/shm when it exists).
     folder: str | None = None
+    #: ``--vs-set`` values, applied to Q's pipelines only, after ``overrides``.
+    vs_overrides: Mapping[str, Any] | None = None
+    #: Metrics are served (``--metrics``): the placement is audited after the stores, so the
+    #: placement gauges show where the stored pages are.
+    metrics: bool = False
+    #: Tensor-parallel ranks: one process per rank (each on its own GPU on ``cuda``), each
+    #: with its shard of the pool, all restoring at once (:mod:`.ranks`); 1 runs in-process.
+    ranks: int = 1

@@ -31,9 +31,11 @@ def bench_keys(n: int, salt: str) -> list[str]:
     return [hashlib.sha256(f"{salt}:{i}".encode()).hexdigest() for i in range(n)]
 
 
-def side_overrides(plan: Plan, started: Mapping[str, Any]) -> dict[str, Any]:
-    """A side's overrides: the target's, then the backend instance's, then ``--set``."""
-    return {**plan.target.overrides, **started, **(plan.setup.overrides or {})}
+def side_overrides(plan: Plan, started: Mapping[str, Any], label: str = "P") -> dict[str, Any]:
+    """A side's overrides: the target's, then the backend instance's, then ``--set``, then
+    (for Q) ``--vs-set``."""
+    only_q = (plan.setup.vs_overrides or {}) if label == "Q" else {}
+    return {**plan.target.overrides, **started, **(plan.setup.overrides or {}), **only_q}
 
 
 class ProfileSide:
@@ -68,7 +70,7 @@ class ProfileComparison:
         sides: dict[str, Side] = {}
         for label, profile in (("P", plan.setup.profile), ("Q", plan.setup.vs)):
             started = stack.enter_context(plan.backend.start(label, profile, plan.measured))
-            loaded = load_config(profile=profile, overrides=side_overrides(plan, started))
+            loaded = load_config(profile=profile, overrides=side_overrides(plan, started, label))
             side = ProfileSide(label, loaded, profile, pool)
             stack.callback(side.pipeline.close)
             sides[label] = side
@@ -81,15 +83,23 @@ class ProfileComparison:
 def exists_rate(plan: Plan, label: str, profile: str, repeat: int = 5) -> float:
     """Keys per second of one ``exists`` over ``plan.setup.exists_keys`` stored keys.
 
-    Asked of a fresh backend instance holding a small host pool of one-byte pages (the
-    metadata path is the same for every target), median of ``repeat`` queries.
+    Asked of a fresh backend instance holding a small pool of one-byte pages on the target
+    (in host memory, or on the GPU for ``cuda``, whose profiles may name the cuda transport),
+    median of ``repeat`` queries.
     """
     n = plan.setup.exists_keys
-    geometry = PoolGeometry("kv", "page_first", 1, 1, 8, "uint8", 1, n)
-    buffer = np.zeros(geometry.shape, dtype=np.uint8)
+    geometry, buffer = plan.target.metadata_pool(
+        PoolGeometry("kv", "page_first", 1, 1, 8, "uint8", 1, n)
+    )
     keys = bench_keys(n, "exists")
     with plan.backend.start(f"{label} exists", profile, geometry) as started:
-        overrides = {**started, **(plan.setup.overrides or {})}
+        only_q = (plan.setup.vs_overrides or {}) if label == "Q" else {}
+        overrides = {
+            **plan.target.overrides,
+            **started,
+            **(plan.setup.overrides or {}),
+            **only_q,
+        }
         with build_pipeline(load_config(profile=profile, overrides=overrides)) as pipeline:
             pipeline.register_pool("kv", geometry, buffer)
             stored = pipeline.set(keys, tokens_of(1, np.arange(n, dtype=np.int64)))

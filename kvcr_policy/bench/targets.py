@@ -13,6 +13,7 @@ restore and verifies every one of them after it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Protocol
@@ -150,8 +151,20 @@ class CpuTarget:
     def check(self, measured: PoolGeometry) -> None:
         return None
 
+    def check_ranks(self, ranks: int) -> None:
+        """Any number of ranks share the host (each its own process, pool and tier)."""
+        return None
+
+    def select(self, rank: int) -> None:
+        """Nothing to choose for rank ``rank``: every host pool is in host memory."""
+        return None
+
     def open(self, measured: PoolGeometry) -> HostPool:
         return HostPool(self.geometry(measured))
+
+    def metadata_pool(self, geometry: PoolGeometry) -> tuple[PoolGeometry, Any]:
+        """A small pool of ``geometry`` in host memory, for the metadata measurement."""
+        return geometry, np.zeros(geometry.shape, dtype=np.dtype(geometry.dtype))
 
     def describe(self) -> dict[str, Any]:
         return {}
@@ -213,6 +226,32 @@ class CudaTarget:
                 f"GiB); {free / 2**30:.1f} GiB is free; lower --tokens"
             )
             raise BenchError(message)
+
+    def check_ranks(self, ranks: int) -> None:
+        """One rank per GPU: refuse more ranks than visible GPUs."""
+        torch = self._torch()
+        visible = torch.cuda.device_count()
+        if ranks > visible:
+            env = os.environ.get("CUDA_VISIBLE_DEVICES")
+            shown = "" if env is None else f" (CUDA_VISIBLE_DEVICES={env!r})"
+            message = (
+                f"--ranks {ranks}: one rank runs per GPU, and {visible} CUDA device"
+                f"{'s are' if visible != 1 else ' is'} visible{shown}; use --ranks {visible} or "
+                "fewer, or make more GPUs visible"
+            )
+            raise BenchError(message)
+
+    def select(self, rank: int) -> None:
+        """Rank ``rank`` runs on GPU ``rank`` (made current, so its pool is allocated there)."""
+        self._torch().cuda.set_device(rank)
+
+    def metadata_pool(self, geometry: PoolGeometry) -> tuple[PoolGeometry, Any]:
+        """A small pool of ``geometry`` on the current GPU, for the metadata measurement (a
+        profile that names the cuda transport moves only GPU memory)."""
+        torch = self._torch()
+        on_gpu = self.geometry(geometry)
+        dtype = getattr(torch, geometry.dtype)
+        return on_gpu, torch.zeros(geometry.shape, dtype=dtype, device=on_gpu.device)
 
     def open(self, measured: PoolGeometry) -> GpuPool:
         return GpuPool(self._torch(), self.geometry(measured))

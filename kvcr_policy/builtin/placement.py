@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
 from ..schema import PlacementSection
 
 if TYPE_CHECKING:
+    from ..backends.dram.locality import DeviceLocality
     from ..backends.dram.store import Store
-    from ..backends.dram.tier import Region
+    from ..backends.dram.tier import NumaPolicy, Region
 
 __all__ = ["AnonymousPlacement"]
 
@@ -19,23 +20,31 @@ class AnonymousPlacement:
     """Anonymous mmap (MADV_DONTFORK), huge-page advice and NUMA policy as configured, audited.
 
     Defaults reproduce upstream: no pre-fault, no advice, no binding, LRU eviction.
+    ``numa_policy = "gpu"`` places each tier near the GPU of its pool (``device``, located by
+    the transport); see :mod:`kvcr_policy.backends.dram.locality`.
     """
 
     def __init__(self, section: PlacementSection, options: NoOptions) -> None:
         self.section = section
 
-    def open_region(self, name: str, size: int) -> Region:
+    def open_region(self, name: str, size: int, device: DeviceLocality | None = None) -> Region:
+        from ..backends.dram.locality import near_placement
         from ..backends.dram.tier import open_region
 
         s = self.section
+        policy, nodes, near = str(s.numa_policy), s.numa_nodes, ""
+        if policy == "gpu":
+            plan = near_placement(name, device, s.numa_mode)
+            policy, nodes, near = plan.policy, plan.nodes, plan.note
         return open_region(
             size,
             name=name,
             prefault=s.prefault,
             huge_pages=s.huge_pages,
-            numa_policy=s.numa_policy,
-            numa_nodes=s.numa_nodes,
+            numa_policy=cast("NumaPolicy", policy),
+            numa_nodes=nodes,
             numa_mode=s.numa_mode,
+            near=near,
         )
 
     def new_store(self, capacity: int) -> Store:

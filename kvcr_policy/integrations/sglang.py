@@ -204,6 +204,8 @@ class KVCRPolicyStorage(HiCacheStorage):
         n = len(keys)
         binding = self._binding(name)
         if binding is None or n == 0:
+            if n and (name in self.refused or name == KV):  # SGLang's own pool names only
+                self.pipeline.count_misses(name, op == "get", "pool_refused", n)
             return [False] * n
         call: Callable[..., list[bool]] = self.pipeline.get if op == "get" else self.pipeline.set
         start = time.perf_counter()

@@ -83,7 +83,7 @@ def test_the_screen_passes_a_faster_profile(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--backend", "mooncake"], "unknown backend 'mooncake'; expected one of: dram, peer"),
+        (["--backend", "lmcache"], "unknown backend 'lmcache'; expected one of: dram, mooncake"),
         (["--transport", "ucx", "--backend", "dram"], "--backend dram contradicts it"),
         (["--screen", "150"], "--screen: expected a percent in [0, 100), got 150.0"),
         (["--tokens", "100"], "try --tokens 96"),

@@ -33,3 +33,22 @@ def test_restores_verified_bytes_on_a_small_pool(scatter: bool) -> None:
     assert data["device"] and all(r["verified"] for r in data["runs"])
     if scatter:  # scattered slots: nothing for coalescing to merge
         assert data["descriptors"]["P"]["after"] > data["pages"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_ranks_restore_their_shards_on_their_own_gpus() -> None:
+    setup = BenchSetup(
+        "throughput", "default", "small", tokens=4096, repeat=1, target="cuda", exists_keys=1000,
+        ranks=2,
+    )  # fmt: skip
+    data = run_bench(setup).to_dict()
+    shard = 4096 * 16 * 1024  # small: 32 KiB per token over 8 KV heads, 4 heads per rank
+    assert data["verified"] is True and data["ranks"] == 2
+    assert (data["rank_bytes"], data["bytes"]) == (shard, 2 * shard)
+    assert data["aggregate_ratio_to_limit"] == data["ratio_to_limit"] > 0
+    ranks = data["per_rank"]
+    assert [r["gpu"]["device"] for r in ranks] == ["cuda:0", "cuda:1"]
+    for rank in ranks:
+        assert rank["verified"] and rank["memory"]["P"]["pinned_bytes"] == shard
+        assert rank["memory"]["total"]["pinned_bytes"] == 2 * shard
+    assert data["host"]["pinned_bytes"] == 4 * shard

@@ -28,9 +28,9 @@ def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_unknown_backend_names_the_known_ones() -> None:
     with pytest.raises(
-        BenchError, match=r"unknown backend 'mooncake'; expected one of: dram, peer"
+        BenchError, match=r"unknown backend 'lmcache'; expected one of: dram, mooncake, peer"
     ):
-        resolve(BenchSetup(**SMALL, backend="mooncake"))
+        resolve(BenchSetup(**SMALL, backend="lmcache"))
 
 
 @pytest.mark.parametrize(

@@ -26,11 +26,9 @@ def sglang_installed() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-@pytest.fixture(scope="session")
-def sg() -> SimpleNamespace:
-    """The SGLang names the tests use; skips the test when SGLang is not installed."""
-    if not sglang_installed():
-        missing(SGLANG_MISSING)
+def load_sglang() -> SimpleNamespace:
+    """The SGLang names the tests use (SGLang must be installed); also for the client
+    processes the Mooncake tests start."""
     import torch
 
     # Two busy cores: with two intra-op threads small tensor ops take milliseconds each.
@@ -72,6 +70,14 @@ def sg() -> SimpleNamespace:
         StorageBackendFactory=StorageBackendFactory,
         backend=backend,
     )
+
+
+@pytest.fixture(scope="session")
+def sg() -> SimpleNamespace:
+    """The SGLang names the tests use; skips the test when SGLang is not installed."""
+    if not sglang_installed():
+        missing(SGLANG_MISSING)
+    return load_sglang()
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ region is detached (unpinned) and only then unmapped.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from concurrent.futures import Future
@@ -22,7 +23,8 @@ import numpy as np
 from ...descriptors import Descriptors, build_descriptors
 from ...errors import ClosedError, IndicesError, PoolError
 from ...geometry import PoolGeometry
-from ..base import BackendContext, Endpoint, PoolSpec, Shape, check_device
+from ..base import BackendContext, Endpoint, PoolSpec, Shape, TierUsage, check_device
+from .locality import DeviceLocality
 from .store import Claim, Reservation, Store
 from .tier import Region
 from .transports.base import CopyBatch, Transport
@@ -34,6 +36,14 @@ __all__ = ["DramBackend", "DramPool"]
 
 def _asdict(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__dataclass_fields__}
+
+
+def _takes(function: Any, name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +67,13 @@ class _Transfer:
             self.slots = self.claim.slots
             self.limit = len(self.slots)
             self.needs: np.ndarray | None = None
+            self.miss = "evicted" if self.claim.evicted else "absent"
         else:
             self.reservation = pool.store.reserve(keys)
             self.slots = self.reservation.slots
             self.limit = len(self.reservation.keys)
             self.needs = self.slots >= 0
+            self.miss = "claimed"  # keys past limit: every slot held by transfers in flight
 
     def _batch(self, positions: np.ndarray, shape: Shape | None) -> CopyBatch:
         pool, tier = self.pool.pool_side, self.pool.tier_side
@@ -131,6 +143,7 @@ class DramPool:
         region: Region,
         store: Store,
         transport: Transport,
+        device: DeviceLocality | None = None,
     ) -> None:
         self.name = spec.name
         self.geometry = spec.geometry
@@ -140,6 +153,9 @@ class DramPool:
         self.pool_side = _Side(spec.endpoint, spec.geometry)
         self.tier_side = _Side(Endpoint(region.address, tier_geometry.nbytes, "cpu", region),
                                tier_geometry)  # fmt: skip
+        # What this pool holds on the host, read once: registrations end with the pool.
+        self.pinned_bytes, self.registration_s = transport.pinned(self.tier_side.endpoint)
+        self.device = device
 
     def contains(self, keys: Any) -> int:
         return self.store.contains_prefix(keys)
@@ -171,10 +187,19 @@ class DramPool:
             "page_bytes": self.geometry.page_bytes,
             "slots": self.store.capacity,
             "store": _asdict(store) if store is not None else None,
+            "tier_bytes": self.tier_side.endpoint.nbytes,
+            "pinned_bytes": self.pinned_bytes,
+            "registration_s": round(self.registration_s, 6),
+            "device": self.device.to_dict() if self.device is not None else None,
         }
 
     def audit(self) -> dict[str, Any] | None:
         return self.region.audit().to_dict()
+
+    def usage(self) -> TierUsage:
+        s = self.store.stats()
+        page_bytes = self.geometry.page_bytes
+        return TierUsage(s.capacity * page_bytes, s.used * page_bytes, s.evictions)
 
     def close(self) -> None:
         """After the transport finished every copy: close the store, unpin, then unmap."""
@@ -202,6 +227,10 @@ class DramBackend:
         self.capabilities = transport.capabilities
         self.devices = transport.devices
         self.placement = context.placement
+        # Like pluggy's hook arguments: a placement strategy that names ``device`` in its
+        # open_region gets the pool's device (to place the tier near it); others keep the
+        # two-argument call they were written for.
+        self._placement_takes_device = _takes(self.placement.open_region, "device")
         self.loaded = context.loaded
         self._pools: list[DramPool] = []
         self._lock = threading.Lock()
@@ -225,7 +254,12 @@ class DramBackend:
         with self._lock:
             if self._closed:
                 raise ClosedError("backend 'dram' is closed; build a new pipeline")
-            region = self.placement.open_region(f"tier:{spec.name}", tier_geometry.nbytes)
+            device = self.transport.locate(spec.endpoint)
+            name = f"tier:{spec.name}"
+            if self._placement_takes_device:
+                region = self.placement.open_region(name, tier_geometry.nbytes, device=device)
+            else:
+                region = self.placement.open_region(name, tier_geometry.nbytes)
             tier = Endpoint(region.address, tier_geometry.nbytes, "cpu", region)
             try:
                 self.transport.attach_region(tier, spec.endpoint)
@@ -233,7 +267,7 @@ class DramBackend:
                 region.close()
                 raise
             store = self.placement.new_store(slots)
-            pool = DramPool(spec, tier_geometry, region, store, self.transport)
+            pool = DramPool(spec, tier_geometry, region, store, self.transport, device)
             self._pools.append(pool)
         return pool
 

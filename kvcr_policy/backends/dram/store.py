@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -59,6 +60,9 @@ __all__ = [
     "StoreStats",
     "count_extents",
 ]
+
+# Evicted keys remembered per store for the metrics' miss reasons (see Store.__init__).
+_EVICTED_KEPT = 1 << 16
 
 # One counter for every store in the process, so a Reservation or Claim handed to the wrong
 # store finds no open token there and does nothing, instead of acting on a colliding number.
@@ -116,6 +120,8 @@ class Claim:
     slots: np.ndarray  # int64, read-only
     generations: np.ndarray  # int64, read-only
     requested: int
+    #: Whether the first requested key past the run was evicted (not absent): for metrics.
+    evicted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +204,10 @@ class Store:
         self._evictions = 0
         self._hits = 0
         self._misses = 0
+        # Keys evicted lately, so a miss can say "evicted" rather than "absent"; delete and
+        # clear forget them. Bounded (oldest dropped first): a few MiB of keys at most.
+        self._evicted: OrderedDict[str, None] = OrderedDict()
+        self._evicted_max = min(capacity, _EVICTED_KEPT)
 
     @property
     def capacity(self) -> int:
@@ -339,6 +349,7 @@ class Store:
                 slots=_frozen(slots),
                 generations=_frozen([generation[slot] for slot in slots]),
                 requested=len(keys),
+                evicted=len(run) < len(keys) and keys[len(run)] in self._evicted,
             )
 
     def release(self, claim: Claim) -> None:
@@ -376,6 +387,7 @@ class Store:
         """Remove every key (as :meth:`delete` of all of them); returns how many were published."""
         with self._lock:
             self._check_open("clear")
+            self._evicted.clear()
             return self._remove([*self._index, *self._reserving])
 
     def evict(self, count: int) -> int:
@@ -455,9 +467,13 @@ class Store:
             return claims[slot] == 0 and slot not in protect
 
         victims = self._policy.victims(count, evictable)
+        evicted, owner = self._evicted, self._owner
         for slot in victims:
+            evicted[owner[slot]] = None  # type: ignore[index]  # a published slot has an owner
             self._unpublish(slot)
             self._state[slot] = _FREE
+        while len(evicted) > self._evicted_max:
+            evicted.popitem(last=False)
         self._free.give(victims)
         self._evictions += len(victims)
         return len(victims)
@@ -473,7 +489,9 @@ class Store:
         index, reserving, state, claims = self._index, self._reserving, self._state, self._claims
         freed: list[int] = []
         removed = 0
+        evicted = self._evicted
         for key in keys:
+            evicted.pop(key, None)
             slot = index.get(key)
             if slot is not None:
                 self._unpublish(slot)

@@ -82,6 +82,8 @@ class PlacementAudit:
     numa_total_pages: int
     fallbacks: tuple[tuple[str, str], ...]
     warnings: tuple[str, ...]
+    # numa_policy "gpu": which device the policy above was chosen to be near, or why none.
+    numa_near: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -100,6 +102,7 @@ class _Request:
     numa_policy: NumaPolicy
     numa_nodes: tuple[int, ...]
     numa_mode: NumaMode
+    near: str = ""
 
 
 class Region:
@@ -217,9 +220,15 @@ def open_region(
     numa_policy: NumaPolicy = "none",
     numa_nodes: Sequence[int] = (),
     numa_mode: NumaMode = "prefer",
+    near: str = "",
 ) -> Region:
-    """Map ``size`` bytes, apply the placement asked for, pre-fault if asked, and audit it."""
+    """Map ``size`` bytes, apply the placement asked for, pre-fault if asked, and audit it.
+
+    ``near`` says which device the NUMA policy was chosen for (placement's ``"gpu"``); it is
+    reported by the audit as ``numa_near``.
+    """
     req = _validate(size, prefault, huge_pages, numa_policy, numa_nodes, numa_mode)
+    req = dataclasses.replace(req, near=near)
     region = _map(name, req)
     try:
         try:
@@ -434,7 +443,7 @@ def _audit(region: Region) -> PlacementAudit:
         numa_policy_requested=req.numa_policy, numa_nodes_requested=req.numa_nodes,
         numa_mode=req.numa_mode, numa_policy_obtained=policy, numa_nodes_obtained=nodes,
         pages_per_node=per_node, numa_sampled_pages=sampled, numa_total_pages=total,
-        fallbacks=tuple(region._fallbacks), warnings=tuple(region._warnings),
+        fallbacks=tuple(region._fallbacks), warnings=tuple(region._warnings), numa_near=req.near,
     )  # fmt: skip
 
 
@@ -460,5 +469,7 @@ def format_audit(audit: PlacementAudit) -> str:
         f"  pages/node   {nodes or '-'} (sampled {audit.numa_sampled_pages} of "
         f"{audit.numa_total_pages} pages)",
     ]
+    if audit.numa_near:
+        lines.append(f"  near         {audit.numa_near}")
     lines += [f"  fallback     {what}: {why}" for what, why in audit.fallbacks]
     return "\n".join(lines)

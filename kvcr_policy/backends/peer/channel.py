@@ -47,8 +47,8 @@ class Budget(Protocol):
 
 
 class Channel:
-    """See the module docstring. ``on_message(message, request_id)`` and ``on_closed(reason)``
-    run on the loop's thread; ``on_closed`` exactly once."""
+    """See the module docstring. ``on_message(message, request_id)``, ``on_closed(reason)``
+    and ``on_malformed()`` run on the loop's thread; ``on_closed`` exactly once."""
 
     def __init__(
         self,
@@ -59,6 +59,7 @@ class Channel:
         on_message: Callable[[Message, int], None],
         on_closed: Callable[[str], None],
         max_payload: int = MAX_PAYLOAD,
+        on_malformed: Callable[[], None] | None = None,
         frame_timeout_s: float | None = None,
         budget: Budget | None = None,
         free_payload: int = 0,
@@ -68,6 +69,7 @@ class Channel:
         self.name = name
         self.on_message = on_message
         self.on_closed = on_closed
+        self.on_malformed = on_malformed  # a frame that did not decode (the server counts it)
         self.reader = FrameReader(KINDS, max_payload)
         self.last_recv = self.last_sent = self.last_frame = time.monotonic()
         self.frame_timeout_s = frame_timeout_s
@@ -146,6 +148,8 @@ class Channel:
                 if self.closed or self.lingering:
                     return
         except ProtocolError as err:
+            if self.on_malformed is not None:
+                self.on_malformed()
             self.fail(Err.PROTOCOL, f"protocol error: {err}")
             return
         self._frame_started()

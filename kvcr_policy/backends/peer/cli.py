@@ -3,7 +3,8 @@
 On start it prints one JSON line to stdout, ``{"listening": "HOST:PORT", "pid": ...}``, so
 scripts and tests learn the port when ``--listen`` asks for port 0; the same is logged. The
 line also says where the secret came from (``secret``) and, when ``serve`` had to create one,
-the file it wrote (``secret_created``). A signal stops it cleanly (see
+the file it wrote (``secret_created``). With ``--metrics HOST:PORT`` it also serves
+``/metrics`` (its URL is in that line, ``"metrics"``). A signal stops it cleanly (see
 :meth:`PeerServer.stop`) and it exits 0.
 
 Secrets never come from this command line (its arguments are visible to every user of the
@@ -66,9 +67,16 @@ def serve_command(
         ),
     ] = False,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics", help="Serve /metrics on HOST:PORT (a bare PORT listens on loopback)."
+        ),
+    ] = None,
 ) -> None:
     """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
     from kvcr_policy.loading import load_config
+    from kvcr_policy.observability.exposition import MetricsServer, parse_listen, serve_metrics
 
     from .server.server import PeerServer
 
@@ -83,10 +91,13 @@ def serve_command(
         if not sep or not key.strip():
             raise typer.BadParameter(f"expected KEY=VALUE, got {shorten(pair)}", param_hint="--set")
         overrides[key.strip()] = value
+    if metrics is not None:
+        parse_listen(metrics)  # a bad address is refused before anything starts
     if insecure:
         overrides["security.insecure"] = True
     loaded = load_config(profile=profile, overrides=overrides)
     server = PeerServer(loaded, listen=listen)
+    exposed: MetricsServer | None = None
     if server.keyring.insecure:
         sys.stderr.write(
             "kvcr-policy serve: INSECURE: no authentication; every process that reaches "
@@ -106,6 +117,8 @@ def serve_command(
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         server.start()
+        if metrics is not None:
+            exposed = serve_metrics(metrics)
         line = {
             "listening": server.address,
             "pid": os.getpid(),
@@ -113,12 +126,16 @@ def serve_command(
             "secret_created": str(server.keyring.created) if server.keyring.created else None,
             **server.describe(),
         }
+        if exposed is not None:
+            line["metrics"] = exposed.url
         sys.stdout.write(json.dumps(line, default=str) + "\n")
         sys.stdout.flush()
         while not stop.wait(0.2):
             pass
     finally:
         server.stop(grace)
+        if exposed is not None:
+            exposed.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -33,6 +33,7 @@ from kvcr_policy.values import shorten
 from .auth import key_id
 
 __all__ = [
+    "DEFAULT_TENANT",
     "INSECURE_TENANT",
     "ClientCredentials",
     "Keyring",

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 from kvcr_policy import hookimpl
 from kvcr_policy.schema import BatchingSection
 from kvcr_policy.strategies import Window
+from kvcr_policy.tunable import tunable
 from kvcr_policy.values import Size
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class AdaptiveOptions(BaseModel):
         gt=0,
         le=1 << 48,
         description="Bytes a read batch aims at (e.g. '256MiB'; at most 256TiB).",
+        # `kvcr-policy tune` searches these like any built-in knob.
+        json_schema_extra=tunable(choices=("4MiB", "16MiB", "64MiB", "256MiB", "1GiB", "4GiB")),
     )
     first_batch_bytes: Size | None = Field(
         None,

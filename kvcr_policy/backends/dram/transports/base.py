@@ -18,6 +18,8 @@ from kvcr_policy.backends.base import Endpoint
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, TransportError, UnimplementedError
 
+from ..locality import DeviceLocality
+
 __all__ = ["CopyBatch", "Endpoint", "Transport", "check_bounds"]
 
 
@@ -90,6 +92,14 @@ class Transport:
 
     def detach_region(self, region: Endpoint) -> None:
         """Undo :meth:`attach_region`; called when the backend closes, after the last copy."""
+
+    def pinned(self, region: Endpoint) -> tuple[int, float]:
+        """Bytes of ``region`` that :meth:`attach_region` pinned for DMA, and its seconds."""
+        return 0, 0.0
+
+    def locate(self, endpoint: Endpoint) -> DeviceLocality | None:
+        """The device ``endpoint`` lives on and its NUMA node; None for host memory."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """What the transport reports about itself (shown in stats and the benchmark)."""

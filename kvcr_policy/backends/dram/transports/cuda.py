@@ -36,7 +36,9 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
 from kvcr_policy.schema import PolicyConfig
+from kvcr_policy.tunable import tunable
 
+from ..locality import DeviceLocality, locate, pci_address
 from .base import CopyBatch, Endpoint, Transport, check_bounds
 from .cuda_gather import choose_kernel, plan_rows, run_rows
 
@@ -45,6 +47,7 @@ __all__ = [
     "CudaOptions",
     "CudaTransport",
     "CudaUnavailableError",
+    "cuda_locality",
     "require_cuda",
 ]
 
@@ -69,17 +72,25 @@ class CudaOptions(BaseModel):
             "issues one copy per descriptor (upstream); 'with_coalescing' is 'auto' when "
             "coalescing.strategy is not 'none', else 'never'."
         ),
+        json_schema_extra=tunable(choices=("auto", "always", "never")),
     )
     gather_below_bytes: ByteSize = Field(
-        ByteSize(2 << 20), gt=0, description="auto: gather when the mean descriptor is smaller."
+        ByteSize(2 << 20),
+        gt=0,
+        description="auto: gather when the mean descriptor is smaller.",
+        json_schema_extra=tunable(choices=("256KiB", "1MiB", "2MiB", "8MiB", "32MiB")),
     )
     gather_min_descriptors: int = Field(
-        64, ge=1, description="auto: gather only batches with at least this many descriptors."
+        64,
+        ge=1,
+        description="auto: gather only batches with at least this many descriptors.",
+        json_schema_extra=tunable(choices=(8, 32, 64, 256, 1024)),
     )
     gather_chunk_bytes: ByteSize = Field(
         ByteSize(256 << 20),
         gt=0,
         description="Most bytes one gather kernel moves (also bounds its GPU scratch memory).",
+        json_schema_extra=tunable(choices=("32MiB", "64MiB", "256MiB", "1GiB")),
     )
 
 
@@ -222,6 +233,17 @@ class CudaTransport(Transport):
                 "cudaHostUnregister of the tier region failed: %s",
                 self._cudart.cudaGetErrorString(status),
             )
+
+    def pinned(self, region: Endpoint) -> tuple[int, float]:
+        registration = self._regions.get(region.address)
+        return (0, 0.0) if registration is None else (registration.nbytes, registration.seconds)
+
+    def locate(self, endpoint: Endpoint) -> DeviceLocality | None:
+        """The GPU of a CUDA endpoint, located by the PCI address torch reports for it."""
+        if not endpoint.device.startswith("cuda"):
+            return None
+        index = self._device_index(endpoint)
+        return cuda_locality(self._torch, index)
 
     def _device_pointer(self, address: int) -> tuple[str, int]:
         """Where kernels see a registered address: cudaHostGetDevicePointer when cuda-python
@@ -425,6 +447,17 @@ class CudaTransport(Transport):
             self._done.put(None)
             self._thread.join()
             self._thread = None
+
+
+def cuda_locality(torch: Any, index: int) -> DeviceLocality:
+    """GPU ``index`` and its NUMA node: its PCI address from torch's device properties (the
+    same fields ``torch.numa.binding`` reads), its node from sysfs."""
+    props = torch.cuda.get_device_properties(index)
+    try:  # torch builds without these fields (older ones) leave the GPU unlocated
+        ids = [int(getattr(props, f"pci_{name}_id")) for name in ("domain", "bus", "device")]
+    except AttributeError:
+        return locate(f"cuda:{index}", None)
+    return locate(f"cuda:{index}", pci_address(*ids))
 
 
 def _copies(src: Any, dst: Any, d: Any) -> None:

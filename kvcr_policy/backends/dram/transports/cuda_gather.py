@@ -2,7 +2,7 @@
 
 One ``cudaMemcpyAsync`` per descriptor costs microseconds to issue, so a restore of 128 KiB
 fragments from scattered tier slots runs at a fraction of the PCIe rate (9 GB/s against 55 on the
-H200; ``notes/measured-limits.md``). Here a descriptor array becomes *rows*: every offset and
+H200, measured). Here a descriptor array becomes *rows*: every offset and
 length is a multiple of one row size (their greatest common divisor), so each descriptor is a run
 of whole rows on both sides and the copy is ``dst[dst_rows] = src[src_rows]``. The GPU runs it as
 two torch kernels per chunk (``index_select`` into a scratch buffer, ``index_copy_`` out of it);

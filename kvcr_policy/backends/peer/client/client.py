@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from kvcr_policy.errors import (
     AuthenticationError,
+    BackendUnavailableError,
     ClosedError,
     KVCRPolicyError,
     TransportError,
@@ -114,7 +115,7 @@ class PeerClient:
                     f"peer {self.address} is unreachable ({self._last_error}); next attempt in "
                     f"{self._down_until - now:.2f} s"
                 )
-                raise TransportError(message)
+                raise BackendUnavailableError(message)
             try:
                 conn = self._connect()
             except Exception as err:
@@ -122,7 +123,7 @@ class PeerClient:
                 self._down_until = time.monotonic() + self.retry_after_s
                 if isinstance(err, KVCRPolicyError):
                     raise
-                raise TransportError(f"peer {self.address}: {err}") from err
+                raise BackendUnavailableError(f"peer {self.address}: {err}") from err
             self._conn = conn
             self.connects += 1
             return conn
@@ -132,7 +133,8 @@ class PeerClient:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeout)
         except OSError as err:
-            raise TransportError(f"cannot connect to peer {self.address}: {err}") from err
+            message = f"cannot connect to peer {self.address}: {err}"
+            raise BackendUnavailableError(message) from err
         conn: Connection = self.worker.submit(
             Connection, self.worker, sock, self.address, self.op_timeout_s
         ).result()
@@ -265,7 +267,8 @@ class PeerClient:
         try:
             return future.result(timeout + 1.0)
         except FutureTimeout:
-            raise TransportError(f"peer {self.address}: {what} took over {timeout} s") from None
+            message = f"peer {self.address}: {what} took over {timeout} s"
+            raise BackendUnavailableError(message) from None
 
     # ---- pools and ops ------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvcr_policy.errors import TransportError
+from kvcr_policy.errors import BackendUnavailableError
 
 from ..channel import Channel
 from ..requests import RequestGroup, Timer
@@ -79,7 +79,7 @@ class Connection:
         """Send ``message``; ``callback`` gets its reply, or a TransportError once ``timeout``
         (default op_timeout_s; ``knob`` names the setting that gave it) passed without one."""
         if self.dead is not None:
-            callback(TransportError(f"peer {self.peer}: connection ended: {self.dead}"))
+            callback(BackendUnavailableError(f"peer {self.peer}: connection ended: {self.dead}"))
             return
         number = next(self._ids)
         limit = self.op_timeout_s if timeout is None else timeout
@@ -175,7 +175,7 @@ class Connection:
         for group in list(self._sending):
             self.worker.abandon(group)  # sends only read our memory; COMMIT never follows
         pending, self._pending = self._pending, {}
-        error = TransportError(f"peer {self.peer}: {reason}")
+        error = BackendUnavailableError(f"peer {self.peer}: {reason}")
         for entry in pending.values():
             entry.timer.cancel()
             try:

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from kvcr_policy.descriptors import Descriptors
-from kvcr_policy.errors import ClosedError, IndicesError, TransportError, UnsupportedError
+from kvcr_policy.errors import (
+    BackendUnavailableError,
+    ClosedError,
+    IndicesError,
+    TransportError,
+    UnsupportedError,
+)
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.schema import PolicyConfig
 
@@ -267,4 +273,4 @@ class _Deadline(Future):
             return super().result(self._seconds if timeout is None else timeout)
         except FutureTimeout:
             message = f"the peer did not answer within {self._seconds:.1f} s"
-            raise TransportError(message) from None
+            raise BackendUnavailableError(message) from None

@@ -25,6 +25,7 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from kvcr_policy import _os
@@ -37,6 +38,7 @@ from kvcr_policy.errors import (
 )
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import LoadedConfig, load_config
+from kvcr_policy.observability.peer_server import ServerMeter, open_server_meter
 from kvcr_policy.plugins import make_plugin_manager
 
 from ..credentials import Keyring, server_keyring
@@ -46,7 +48,7 @@ from ..wire import messages as m
 from ..worker import Worker, acquire_worker
 from .addrcheck import AddressChecker
 from .admission import Admission
-from .session import Session
+from .session import REQUEST_KINDS, Session
 from .tiers import Tiers
 
 __all__ = ["PeerServer", "server_options"]
@@ -123,6 +125,10 @@ class PeerServer:
         self.state = "new"
         self._listener: socket.socket | None = None
         self._checker: AddressChecker | None = None
+        profile = Path(self.loaded.profile).stem if self.loaded.profile else "default"
+        self.meter: ServerMeter | None = open_server_meter(
+            config.observability.metrics, profile, REQUEST_KINDS
+        )
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -213,6 +219,8 @@ class PeerServer:
             log.warning("tiers %s stay mapped: a transfer may still touch them", leaked)
         if self._checker is not None:
             self._checker.close()
+        if self.meter is not None:
+            self.meter.close()
         self.worker.release()
         self.state = "closed"
         log.info("stopped")
@@ -269,8 +277,12 @@ class PeerServer:
             session = Session(self, sock, f"{peer[0]}:{peer[1]}")
             self.sessions.add(session)
             self.admission.arrived(session)
+            if self.meter is not None:
+                self.meter.connected()
 
     def session_closed(self, session: Session, reason: str) -> None:
+        if session in self.sessions and self.meter is not None:
+            self.meter.disconnected()
         self.admission.left(session)
         self.sessions.discard(session)
         self._settling = {s for s in self._settling if s.groups}

@@ -24,6 +24,7 @@ from typing import Any, Protocol, cast
 
 from kvcr_policy.errors import CapacityError, KVCRPolicyError, PoolError, UnsupportedError
 from kvcr_policy.geometry import Layout, PoolGeometry
+from kvcr_policy.observability.peer_server import ServerMeter
 
 from ..channel import Channel
 from ..credentials import Keyring
@@ -60,6 +61,7 @@ class Host(Protocol):
     host_id: str
     keyring: Keyring
     admission: Admission
+    meter: ServerMeter | None
 
     def choose_tls(self, hello: m.Hello) -> str: ...
 
@@ -107,11 +109,13 @@ class Session:
             name=f"client {peer}",
             on_message=self._on_message,
             on_closed=self._on_closed,
+            on_malformed=self._malformed,
             max_payload=HELLO_LIMIT,
             frame_timeout_s=server.handshake_timeout_s,
             budget=server.admission,
             free_payload=FREE_PAYLOAD,
         )
+        self.meter = server.meter
         limit = server.handshake_timeout_s
         self._deadline = self.worker.later(limit, lambda: self._overdue(("hello", "auth"), limit))
 
@@ -172,19 +176,38 @@ class Session:
 
     # ---- dispatch -------------------------------------------------------------------------
 
+    def _malformed(self) -> None:
+        if self.meter is not None:
+            self.meter.reject("malformed")
+
+    def _unexpected(self, text: str) -> None:
+        if self.meter is not None:
+            self.meter.reject("unexpected")
+        self.channel.fail(m.Err.PROTOCOL, text)
+
     def _on_message(self, message: m.Message, request: int) -> None:
         if self.handshake is not None:
+            if self.meter is not None:
+                if isinstance(message, (m.Hello, m.Auth)):
+                    self.meter.request(message.KIND.name.lower())
+                else:
+                    self.meter.reject("unexpected")
             self.handshake.on_message(message, request)
             return
         handler = _HANDLERS.get(type(message))
         if handler is None:
-            self.channel.fail(m.Err.PROTOCOL, f"{message.KIND.name} is not a client request")
+            self._unexpected(f"{message.KIND.name} is not a client request")
             return
+        if self.meter is not None:
+            self.meter.request(message.KIND.name.lower())
         if self.state == "draining" and type(message) not in _WHILE_DRAINING:
             self.channel.send(m.Error(m.Err.SHUTTING_DOWN, "the peer is shutting down"), request)
             return
         try:
             handler(self, message, request)
+            number = getattr(message, "pool", None)
+            if self.meter is not None and isinstance(number, int):
+                self.meter.tier(self.pool(number).tier)  # the tier's gauges follow each request
         except (PoolError, UnsupportedError, CapacityError) as err:
             self.channel.send(m.Error(_code(err), str(err)), request)
         except KVCRPolicyError as err:
@@ -332,7 +355,7 @@ def _code(err: Exception) -> int:
     return m.Err.INTERNAL
 
 
-_HANDLERS: dict[type, Any] = {
+_HANDLERS: dict[type[m.Message], Any] = {
     m.Attach: Session._attach,
     m.Exists: Session._exists,
     m.Claim: lambda s, msg, r: s.transfers.claim(msg, r),
@@ -348,3 +371,5 @@ _HANDLERS: dict[type, Any] = {
     m.Ping: Session._ping,
 }
 _WHILE_DRAINING = {m.Send, m.Release, m.Post, m.Commit, m.Ping, m.Stats}
+#: What the server's metrics count requests by: HELLO and every client request's kind.
+REQUEST_KINDS = ["hello", "auth", *(cls.KIND.name.lower() for cls in _HANDLERS)]

@@ -27,8 +27,10 @@ import numpy as np
 from kvcr_policy.errors import CapacityError
 from kvcr_policy.geometry import PoolGeometry
 
+from ...base import TierUsage
 from ...dram.store import Store
 from ...dram.tier import Region
+from ..credentials import DEFAULT_TENANT, INSECURE_TENANT
 
 __all__ = ["Tier", "Tiers"]
 
@@ -48,6 +50,12 @@ class Tier:
     @property
     def slots(self) -> int:
         return self.store.capacity
+
+    def usage(self) -> TierUsage:
+        """Capacity, bytes in use and evictions, for the server's metrics."""
+        s = self.store.stats()
+        page_bytes = self.geometry.page_bytes
+        return TierUsage(s.capacity * page_bytes, s.used * page_bytes, s.evictions)
 
     def stats(self) -> dict[str, Any]:
         s = self.store.stats()
@@ -145,7 +153,11 @@ class Tiers:
             region.close()
             raise
         view = region.array[align : align + tier_geometry.nbytes]
-        tier = Tier(geometry.name, tier_geometry, region, store, view)
+        # The name labels the tier's metrics: a tenant's own prefix where several tenants
+        # could each have a pool of that name.
+        shared = tenant in (DEFAULT_TENANT, INSECURE_TENANT)
+        name = geometry.name if shared else f"{tenant}/{geometry.name}"
+        tier = Tier(name, tier_geometry, region, store, view)
         log.info(
             "tier %r of tenant %r opened: %d slots of %d bytes, offset %d into its first page",
             geometry.name,

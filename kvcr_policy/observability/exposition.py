@@ -1,0 +1,84 @@
+"""Serving ``/metrics`` from a kvcr-policy process (``serve --metrics``, ``bench --metrics``).
+
+prometheus-client's own WSGI server runs in a daemon thread. The address is loopback unless
+the caller names another host: ``--metrics 9480`` listens on ``127.0.0.1:9480``,
+``--metrics 0.0.0.0:9480`` on every interface. Where ``PROMETHEUS_MULTIPROC_DIR`` is set
+(the process is one of several writing to that folder), the page merges every process's values
+with prometheus-client's :class:`~prometheus_client.multiprocess.MultiProcessCollector`, as
+SGLang's ``/metrics`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+from ..errors import ArgumentError
+
+__all__ = ["LOOPBACK", "MetricsServer", "parse_listen", "serve_metrics"]
+
+LOOPBACK = "127.0.0.1"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def parse_listen(text: str, where: str = "--metrics") -> tuple[str, int]:
+    """``PORT``, ``HOST:PORT`` or ``[IPV6]:PORT`` -> (host, port); a bare port is loopback."""
+    value = text.strip()
+    host, sep, port_text = value.rpartition(":")
+    if not sep:
+        host, port_text = LOOPBACK, value
+    host = host.strip("[]") if host.startswith("[") else host
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        message = (
+            f"{where}: expected PORT, HOST:PORT or [IPV6]:PORT with a port from 0 to 65535 "
+            f"(e.g. 9480 for 127.0.0.1:9480), got {text!r}"
+        )
+        raise ArgumentError(message)
+    return host, int(port_text)
+
+
+def _registry() -> Any:
+    folder = os.environ.get(MULTIPROC_ENV)
+    if not folder:
+        return REGISTRY
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=folder)
+    return registry
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` endpoint; :meth:`close` stops it (idempotent)."""
+
+    host: str
+    port: int
+    _server: Any
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+
+
+def serve_metrics(listen: str, registry: CollectorRegistry | None = None) -> MetricsServer:
+    """Start serving ``/metrics`` on ``listen`` (see :func:`parse_listen`); port 0 picks one."""
+    host, port = parse_listen(listen)
+    try:
+        server, thread = start_http_server(port, host, registry or _registry())
+    except OSError as err:
+        message = f"--metrics {listen}: cannot listen on {host}:{port}: {err.strerror or err}"
+        raise ArgumentError(message) from err
+    return MetricsServer(host, int(server.server_port), server, thread)

@@ -1,0 +1,321 @@
+"""PoolMeter: what one pool of one pipeline records, per call or per batch, never per page.
+
+The pipeline builds one :class:`PoolMeter` per registered pool, with every metric child bound
+to its labels up front, so recording is a handful of ``inc``/``observe`` calls on objects
+already resolved. Counts arrive already summed (numpy reductions, lengths), never page by page.
+
+Gauges of levels (tier bytes, claims, placement) are changed by the difference from what this
+meter last reported, not set: two pipelines with the same labels in one process then add up,
+and :meth:`PoolMeter.close` takes back exactly what this meter added.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from .metrics import MISS_REASONS, Families, families
+
+__all__ = [
+    "CallCounts",
+    "DirectionMeter",
+    "Level",
+    "Meters",
+    "PoolMeter",
+    "miss_reason",
+    "open_meter",
+]
+
+log = logging.getLogger("kvcr_policy.observability")
+
+
+def miss_reason(err: BaseException) -> str:
+    """The miss reason (:data:`~.metrics.MISS_REASONS`) of an exception on the data path."""
+    from ..errors import BackendUnavailableError, CapacityError, ClosedError, PoolError
+
+    if isinstance(err, CapacityError):
+        return "claimed"
+    if isinstance(err, PoolError):
+        return "pool_refused"
+    if isinstance(err, BackendUnavailableError | ClosedError | ConnectionError | TimeoutError):
+        return "backend_unavailable"
+    return "transport_error"
+
+
+@dataclass(slots=True)
+class CallCounts:
+    """What one get or set call moved, summed by the mover while it runs."""
+
+    batches: int = 0
+    pages: int = 0
+    plain: int = 0
+    coalesced: int = 0
+    sent: int = 0
+    #: The miss reason of the last batch that failed (its pages went to the fallback).
+    failure: str = "transport_error"
+    fallback: dict[str, int] = field(default_factory=dict)
+
+
+class Level:
+    """A gauge child this meter moves by differences (see the module docstring)."""
+
+    __slots__ = ("_child", "_value")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._value = 0.0
+
+    def update(self, value: float) -> None:
+        delta = value - self._value
+        if delta:
+            self._value = value
+            self._child.inc(delta)
+
+
+class DirectionMeter:
+    """The children of one pool and one direction (``restore`` or ``store``)."""
+
+    def __init__(self, f: Families, labels: tuple[str, ...], direction: str) -> None:
+        moved = (*labels, direction)
+        self.pages = f.pages.labels(*moved)
+        self.bytes = f.bytes.labels(*moved)
+        self.plain = f.descriptors_before.labels(*moved)
+        self.coalesced = f.descriptors_coalesced.labels(*moved)
+        self.sent = f.descriptors_split.labels(*moved)
+        self.batches = f.batches.labels(*moved)
+        self.inflight_batches = f.inflight_batches.labels(*moved)
+        self.inflight_bytes = f.inflight_bytes.labels(*moved)
+        # Every reason is created up front so that a dashboard shows zeros, not gaps.
+        self.misses = {reason: f.misses.labels(*moved, reason) for reason in MISS_REASONS}
+        self.fallback = {reason: f.fallback_pages.labels(*moved, reason) for reason in MISS_REASONS}
+
+    def window(self, batches: int, nbytes: int) -> None:
+        """One batch was submitted with ``batches`` batches and ``nbytes`` bytes in flight."""
+        self.inflight_batches.observe(batches)
+        self.inflight_bytes.observe(nbytes)
+
+    def call(self, counts: CallCounts, page_bytes: int) -> None:
+        """One call's totals."""
+        if counts.pages:
+            self.pages.inc(counts.pages)
+            self.bytes.inc(counts.pages * page_bytes)
+        if counts.batches:
+            self.batches.inc(counts.batches)
+            self.plain.inc(counts.plain)
+            self.coalesced.inc(counts.coalesced)
+            self.sent.inc(counts.sent)
+        for reason, pages in counts.fallback.items():
+            self.fallback[reason].inc(pages)
+
+    def miss(self, reason: str, pages: int) -> None:
+        if pages > 0:
+            self.misses[reason].inc(pages)
+
+
+class PoolMeter:
+    """Every child one pool records into; see the module docstring."""
+
+    def __init__(self, f: Families, backend: str, profile: str, pool: str) -> None:
+        labels = (backend, profile, pool)
+        self.restore = DirectionMeter(f, labels, "restore")
+        self.store = DirectionMeter(f, labels, "store")
+        self.seconds = {c: f.call_seconds.labels(*labels, c) for c in ("exists", "get", "set")}
+        self.queried = f.keys_queried.labels(*labels)
+        self.hit = f.keys_hit.labels(*labels)
+        self.evictions = f.evictions.labels(*labels)
+        self.claims = f.claims.labels(*labels)
+        self._families = f
+        self._capacity = Level(f.capacity.labels(*labels))
+        self._used = Level(f.used.labels(*labels))
+        # Made on first report: a series of 0 would claim "no huge pages" or "no link" before
+        # anything was audited or measured.
+        self._huge: Level | None = None
+        self._numa: dict[str, Level] = {}
+        self._labels = labels
+        self._evicted = 0
+        self._lock = threading.Lock()
+
+    def direction(self, read: bool) -> DirectionMeter:
+        return self.restore if read else self.store
+
+    def exists(self, asked: int, found: int, seconds: float) -> None:
+        self.queried.inc(asked)
+        if found:
+            self.hit.inc(found)
+        self.seconds["exists"].observe(seconds)
+
+    # ---- one get or set call ---------------------------------------------------------------
+
+    def done(
+        self,
+        read: bool,
+        n_keys: int,
+        transfer: Any,
+        moved: np.ndarray,
+        stored: int,
+        counts: CallCounts,
+        page_bytes: int,
+        seconds: float,
+    ) -> None:
+        """A call that returned: its totals, latency and misses by reason.
+
+        Keys past ``transfer.limit`` miss for the backend's reason (``transfer.miss``). Within
+        it, pages the mover did not get through miss for the reason of the batch that failed,
+        or, where no batch raised, because the source said so (a read: ``absent``; a write:
+        ``claimed``); a write's remaining failures (``n_keys - stored`` beyond those) are keys
+        another transfer held.
+        """
+        side = self.direction(read)
+        side.call(counts, page_bytes)
+        self.seconds["get" if read else "set"].observe(seconds)
+        limit = transfer.limit
+        past = n_keys - limit
+        default = "absent" if read else "claimed"
+        side.miss(getattr(transfer, "miss", default), past)
+        within = counts.failure if counts.fallback else default
+        if read:
+            side.miss(within, limit - counts.pages)
+            return
+        needs = transfer.needs
+        if needs is None:
+            lost = limit - int(np.count_nonzero(moved))
+        else:
+            lost = int(np.count_nonzero(needs[:limit] & ~moved))
+        side.miss(within, lost)
+        side.miss(default, n_keys - stored - past - lost)
+
+    def failed(
+        self, read: bool, n_keys: int, counts: CallCounts, err: BaseException, page_bytes: int,
+        seconds: float,
+    ) -> None:  # fmt: skip
+        """A call that raised: what moved before, and every other page as a miss."""
+        side = self.direction(read)
+        side.call(counts, page_bytes)
+        self.seconds["get" if read else "set"].observe(seconds)
+        side.miss(miss_reason(err), n_keys - counts.pages)
+
+    def link_limit(self, bytes_per_second: float) -> None:
+        """Export the link limit (bytes per second) of this pool."""
+        self._families.link_limit.labels(*self._labels).set(bytes_per_second)
+
+    def probe(self, tier: Any, nbytes: int, runs: int = 1) -> None:
+        """Run ``tier.probe(nbytes)`` ``runs`` times; export the best rate as the link limit."""
+        best = float("inf")
+        for _ in range(runs):
+            start = time.perf_counter()
+            tier.probe(nbytes)
+            best = min(best, time.perf_counter() - start)
+        if 0 < best < float("inf"):
+            self.link_limit(nbytes / best)
+
+    def attached(self, tier: Any, audit: bool, probe_bytes: int | None, gbps: float | None) -> None:
+        """A pool just registered: its tier usage, and the audit and link limit if asked."""
+        self.usage(tier)
+        if audit:
+            found = tier.audit()
+            if found is not None:
+                self.placement(found)
+        if probe_bytes is not None:
+            self.probe(tier, probe_bytes, runs=2)  # the first run also faults the pages in
+        elif gbps is not None:
+            self.link_limit(gbps * 1e9)
+
+    # ---- levels ----------------------------------------------------------------------------
+
+    def usage(self, tier: Any) -> None:
+        """Tier capacity, bytes used and evictions from ``tier.usage()``, where it has one."""
+        usage = getattr(tier, "usage", None)
+        if usage is None:
+            return
+        now = usage()
+        with self._lock:
+            self._capacity.update(now.capacity_bytes)
+            self._used.update(now.used_bytes)
+            if now.evictions > self._evicted:
+                self.evictions.inc(now.evictions - self._evicted)
+                self._evicted = now.evictions
+
+    def placement(self, audit: Mapping[str, Any]) -> None:
+        """Huge-page bytes and pages per NUMA node from a placement audit's ``to_dict()``."""
+        sampled = int(audit.get("numa_sampled_pages") or 0)
+        total = int(audit.get("numa_total_pages") or 0)
+        scale = total / sampled if sampled else 0.0
+        with self._lock:
+            if self._huge is None:
+                self._huge = Level(self._families.huge_page_bytes.labels(*self._labels))
+            self._huge.update(float(audit.get("huge_page_bytes") or 0))
+            per_node = {str(k): v * scale for k, v in (audit.get("pages_per_node") or {}).items()}
+            for node in set(self._numa) | set(per_node):
+                level = self._numa.get(node)
+                if level is None:
+                    child = self._families.numa_pages.labels(*self._labels, node)
+                    level = self._numa[node] = Level(child)
+                level.update(per_node.get(node, 0.0))
+
+    def close(self) -> None:
+        """Take back every level this meter added (the pool's tier is gone)."""
+        with self._lock:
+            levels = [self._capacity, self._used, *self._numa.values()]
+            for level in levels if self._huge is None else [*levels, self._huge]:
+                level.update(0.0)
+
+
+def open_meter(
+    enabled: bool,
+    backend: str,
+    profile: str,
+    pool: str,
+    registry: CollectorRegistry | None = None,
+) -> PoolMeter | None:
+    """A meter for one pool, or None when metrics are off or cannot be kept.
+
+    Metrics never stop the data path: a multiprocess folder that cannot be written (SGLang's
+    ``PROMETHEUS_MULTIPROC_DIR`` removed under a running process) logs one warning instead.
+    """
+    if not enabled:
+        return None
+    try:
+        return PoolMeter(families(registry), backend, profile, pool)
+    except (OSError, ValueError) as err:
+        log.warning("kvcr_policy metrics for pool %r are off: %s", pool, err)
+        return None
+
+
+class Meters:
+    """The meters of one pipeline's pools, by pool name (labels ``backend`` and ``profile``
+    fixed for the pipeline); every method is a no-op with metrics off."""
+
+    def __init__(
+        self, enabled: bool, backend: str, profile: str, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.enabled = enabled
+        self.backend = backend
+        self.profile = profile
+        self._registry = registry
+        self._meters: dict[str, PoolMeter | None] = {}
+
+    def get(self, pool: str) -> PoolMeter | None:
+        """The meter of a pool opened before, else None."""
+        return self._meters.get(pool)
+
+    def open(self, pool: str) -> PoolMeter | None:
+        """The meter of ``pool``, made on first use (callers pass only registered or refused
+        pools: an arbitrary name must not become a label)."""
+        if pool not in self._meters:
+            self._meters[pool] = open_meter(
+                self.enabled, self.backend, self.profile, pool, self._registry
+            )
+        return self._meters[pool]
+
+    def close(self) -> None:
+        """Take back every level (the tiers are gone)."""
+        for meter in self._meters.values():
+            if meter is not None:
+                meter.close()

@@ -1,0 +1,92 @@
+"""ServerMeter: what a peer server (``kvcr-policy serve``) records, per request, never per page.
+
+Connections it holds open, requests answered by kind (the wire's message kinds: a bounded
+set), frames rejected by reason (``malformed``: the frame or its payload did not decode;
+``unexpected``: a well-formed message out of order or not a client request), and, per tier it
+serves, the same tier gauges a pipeline exports (capacity, bytes used, claims, evictions) under
+``backend="peer-server"``, refreshed after each request that names the tier.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from .meter import Level, PoolMeter
+from .metrics import families
+
+__all__ = ["BACKEND", "REJECT_REASONS", "ServerMeter", "open_server_meter"]
+
+log = logging.getLogger("kvcr_policy.observability")
+
+BACKEND = "peer-server"
+REJECT_REASONS = ("malformed", "unexpected")
+
+
+class ServerMeter:
+    """The children of one peer server (labels ``backend="peer-server"`` and its profile)."""
+
+    def __init__(self, profile: str, kinds: list[str], registry: CollectorRegistry | None = None):
+        f = families(registry)
+        self._families = f
+        self.profile = profile
+        self.connections = f.peer_connections.labels(BACKEND, profile)
+        self.requests = {kind: f.peer_requests.labels(BACKEND, profile, kind) for kind in kinds}
+        self.rejected = {r: f.peer_rejected.labels(BACKEND, profile, r) for r in REJECT_REASONS}
+        self._tiers: dict[str, tuple[PoolMeter, Level]] = {}
+        self._lock = threading.Lock()
+        self._open = 0
+
+    def connected(self) -> None:
+        with self._lock:
+            self._open += 1
+        self.connections.inc()
+
+    def disconnected(self) -> None:
+        with self._lock:
+            self._open -= 1
+        self.connections.dec()
+
+    def request(self, kind: str) -> None:
+        child = self.requests.get(kind)
+        if child is not None:
+            child.inc()
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason].inc()
+
+    def tier(self, tier: Any) -> None:
+        """Refresh the gauges of ``tier`` (a server tier with ``name``, ``usage()`` and
+        ``store``) and count its new evictions."""
+        with self._lock:
+            entry = self._tiers.get(tier.name)
+            if entry is None:
+                meter = PoolMeter(self._families, BACKEND, self.profile, tier.name)
+                entry = self._tiers[tier.name] = (meter, Level(meter.claims))
+        meter, claims = entry
+        meter.usage(tier)
+        claims.update(tier.store.stats().claimed)
+
+    def close(self) -> None:
+        """Take back what this server added to the levels (its tiers and connections)."""
+        with self._lock:
+            for meter, claims in self._tiers.values():
+                meter.close()
+                claims.update(0)
+            open_, self._open = self._open, 0
+        if open_:
+            self.connections.dec(open_)
+
+
+def open_server_meter(enabled: bool, profile: str, kinds: list[str]) -> ServerMeter | None:
+    """A server meter, or None with metrics off (or when they cannot be kept: logged)."""
+    if not enabled:
+        return None
+    try:
+        return ServerMeter(profile, kinds)
+    except (OSError, ValueError) as err:
+        log.warning("kvcr_policy metrics of the peer server are off: %s", err)
+        return None

@@ -1,0 +1,329 @@
+"""make_plan: what a configuration will need and do on a host, worked out before deploying.
+
+Every figure is computed with the objects a pipeline would use: the geometry's own byte
+arithmetic, the configured batching and coalescing strategies from the registry, real
+descriptors for a restore batch (:func:`~kvcr_policy.descriptors.build_descriptors`, shaped by
+the strategy within the backend's capabilities), and the batching window's own ``admits``.
+Each input carries its origin (:class:`Given`), so a refusal names the value and where it came
+from.
+
+Per rank: MHA heads are split over TP (``heads / tp``; one replicated head when TP exceeds the
+KV heads, as SGLang does); an MLA latent is replicated on every TP rank; layers are split over
+PP (the largest stage counted). Every rank of a host holds its own tier for each pool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..descriptors import build_descriptors, split_pieces
+from ..errors import ArgumentError
+from ..geometry import PRESETS, PoolGeometry
+from ..loading import LoadedConfig
+
+__all__ = [
+    "Given",
+    "Plan",
+    "PlanRequest",
+    "geometry_given",
+    "make_plan",
+    "rank_geometry",
+    "sized",
+]
+
+_HOST_SHARE_WARN = 0.75  # a tier above this share of the host's memory leaves little for the rest
+_PINNED_SHARE_WARN = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Given:
+    """An input of the plan and where it came from (``--tp``, ``profile ... [placement]``)."""
+
+    value: Any
+    origin: str
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the plan is asked about; every value with its origin."""
+
+    geometry: dict[str, Given]  # layers, heads, head_dim, dtype, page_size, mla, layout
+    tp: Given
+    pp: Given
+    ranks_per_host: Given
+    pools: Given
+    tokens: Given
+    prefix_tokens: Given
+    host_memory: Given  # bytes, or value None where unknown
+    link_gbps: Given  # GB/s, or value None
+
+
+@dataclass
+class Plan:
+    """The figures (plain data, JSON-ready), warnings (risky) and refusals (cannot work)."""
+
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.figures, "warnings": self.warnings, "refusals": self.refusals}
+
+
+def sized(n: float) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            value = n / (1 << shift)
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.2f}{unit}"
+    return f"{int(n)}B"
+
+
+def _origin(loaded: LoadedConfig, path: str) -> str:
+    """Where ``path`` came from, a bundled profile by name and a file by a short path."""
+    from ..config_table import short_origin
+
+    return short_origin(loaded.origin(path))
+
+
+def geometry_given(
+    preset: str | None, explicit: dict[str, tuple[Any, str]], layout: Given
+) -> dict[str, Given]:
+    """Model dimensions from a preset (origin ``--geometry NAME``) overridden by explicit
+    options (each with its own origin)."""
+    fields: dict[str, Given] = {"mla": Given(False, "default"), "layout": layout}
+    if preset is not None:
+        if preset not in PRESETS:
+            message = f"--geometry {preset!r}: expected one of {', '.join(PRESETS)}"
+            raise ArgumentError(message)
+        for key, value in PRESETS[preset].items():
+            fields[key] = Given(value, f"--geometry {preset}")
+    for key, (value, origin) in explicit.items():
+        if value is not None:
+            fields[key] = Given(value, origin)
+    missing = [k for k in ("layers", "heads", "head_dim", "dtype", "page_size") if k not in fields]
+    if missing:
+        message = (
+            f"the plan needs a model geometry: give --geometry ({', '.join(PRESETS)}) or each of "
+            f"--layers --heads --head-dim --dtype --page-size (missing: {', '.join(missing)})"
+        )
+        raise ArgumentError(message)
+    return fields
+
+
+def rank_geometry(request: PlanRequest, plan: Plan) -> PoolGeometry | None:
+    g = {k: v.value for k, v in request.geometry.items()}
+    tp, pp = request.tp.value, request.pp.value
+    heads = g["heads"]
+    if g["mla"]:
+        rank_heads = 1
+    elif heads % tp == 0:
+        rank_heads = heads // tp
+    elif tp % heads == 0:
+        rank_heads = 1  # SGLang replicates KV heads when TP exceeds them
+    else:
+        plan.refusals.append(
+            f"--tp {tp} (from {request.tp.origin}) neither divides nor is a multiple of the "
+            f"{heads} KV heads (from {request.geometry['heads'].origin}): no rank layout exists"
+        )
+        return None
+    layers = math.ceil(g["layers"] / pp)
+    return PoolGeometry(
+        name="kv", layout=g["layout"], layers=layers, heads=rank_heads, head_dim=g["head_dim"],
+        dtype=g["dtype"], page_size=g["page_size"], tokens=g["page_size"], mla=bool(g["mla"]),
+    )  # fmt: skip
+
+
+def _strategies(loaded: LoadedConfig) -> tuple[Any, Any, frozenset[str]]:
+    """The configured batching and coalescing objects, and what the backend lets through."""
+    config = loaded.config
+    registry = loaded.registry
+    assert registry is not None  # every load_config result carries its registry
+    batching = registry.get("batching", config.batching.strategy).create(
+        config.batching, options=config.batching.options
+    )
+    coalescing = registry.get("coalescing", config.coalescing.strategy).create(
+        config.coalescing, options=config.coalescing.options
+    )
+    backend = registry.backend_for(config.backend.name, config.transport.name)
+    if backend == "dram":
+        factory = registry.get("transport", config.transport.name).factory
+    else:
+        factory = registry.get("backend", backend).factory
+    capabilities = getattr(factory, "capabilities", coalescing.needs)
+    return batching, coalescing, coalescing.needs & frozenset(capabilities)
+
+
+def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan: Plan) -> None:
+    config = loaded.config
+    capacity = int(config.placement.capacity_bytes)
+    capacity_from = _origin(loaded, "placement.capacity_bytes")
+    pools, ranks = request.pools.value, request.ranks_per_host.value
+    per_rank = capacity * pools
+    per_host = per_rank * ranks
+    slots = capacity // geo.page_bytes
+    plan.figures["tier"] = {
+        "capacity_bytes_per_pool": capacity,
+        "pools_per_rank": pools,
+        "ranks_per_host": ranks,
+        "bytes_per_rank": per_rank,
+        "bytes_per_host": per_host,
+        "pages_per_pool": slots,
+        "tokens_per_pool": slots * geo.page_size,
+    }
+    if slots < 1:
+        plan.refusals.append(
+            f"placement.capacity_bytes = {sized(capacity)} (from {capacity_from}) holds no page "
+            f"of {sized(geo.page_bytes)}: raise it to at least {sized(geo.page_bytes)}"
+        )
+    host = request.host_memory.value
+    if host is not None and per_host > host:
+        plan.refusals.append(
+            f"placement.capacity_bytes = {sized(capacity)} (from {capacity_from}) x {pools} "
+            f"pool(s) (from {request.pools.origin}) x {ranks} ranks per host (from "
+            f"{request.ranks_per_host.origin}) = {sized(per_host)} of tier, more than the "
+            f"host's {sized(host)} of memory (from {request.host_memory.origin}); lower "
+            "placement.capacity_bytes or run fewer ranks per host"
+        )
+    elif host is not None and per_host > _HOST_SHARE_WARN * host:
+        plan.warnings.append(
+            f"the tier takes {per_host / host:.0%} of the host's memory ({sized(per_host)} of "
+            f"{sized(host)}): little is left for the engine's host KV pool and the system"
+        )
+    if slots and request.tokens.value > slots * geo.page_size:
+        plan.warnings.append(
+            f"--tokens {request.tokens.value} (from {request.tokens.origin}) is more than the "
+            f"{slots * geo.page_size} tokens a pool's tier holds per rank: the oldest pages "
+            "will be evicted"
+        )
+    pinned = per_rank if config.transport.name == "cuda" else 0
+    plan.figures["tier"]["pinned_bytes_per_rank"] = pinned
+    plan.figures["tier"]["pinned_bytes_per_host"] = pinned * ranks
+    if host is not None and pinned * ranks > _PINNED_SHARE_WARN * host:
+        plan.warnings.append(
+            f"{sized(pinned * ranks)} of the host's memory will be pinned for DMA "
+            f"(transport.name 'cuda', from {_origin(loaded, 'transport.name')}): pinned memory "
+            "cannot be swapped or reclaimed"
+        )
+    _huge_pages(loaded, per_rank, ranks, plan)
+
+
+def _huge_pages(loaded: LoadedConfig, per_rank: int, ranks: int, plan: Plan) -> None:
+    from .._os import huge_page_size, thp_mode
+
+    advice = loaded.config.placement.huge_pages
+    size = huge_page_size()
+    needed = math.ceil(per_rank / size) if advice != "off" else 0
+    plan.figures["tier"].update(
+        huge_pages=advice,
+        huge_page_bytes=size,
+        huge_pages_per_rank=needed,
+        huge_pages_per_host=needed * ranks,
+    )
+    mode = thp_mode()
+    if advice == "require" and mode not in ("always", "madvise"):
+        plan.warnings.append(
+            f"placement.huge_pages = 'require' (from {_origin(loaded, 'placement.huge_pages')}) "
+            f"but transparent huge pages are {mode or 'absent'} on this machine: the tier "
+            "will fail to open here (/sys/kernel/mm/transparent_hugepage/enabled)"
+        )
+
+
+def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan: Plan) -> None:
+    config = loaded.config
+    batching, coalescing, allowed = _strategies(loaded)
+    tokens = request.prefix_tokens.value
+    pages = math.ceil(tokens / geo.page_size)
+    batches = batching.read_batches(pages)
+    sizes = [stop - start for start, stop in batches]
+    plain = coalesced = sent = 0
+    # A prefix stored together sits in consecutive slots; every batch of the same size has the
+    # same descriptors, so each distinct size is shaped once.
+    full = replace(geo, tokens=max(sizes, default=1) * geo.page_size)
+    for size in set(sizes):
+        import numpy as np
+
+        order = np.arange(size)
+        shaped_in = build_descriptors(full, order, full, order)
+        shaped = coalescing.prepare(shaped_in, allowed)
+        times = sizes.count(size)
+        plain += times * len(shaped_in)
+        sent += times * len(shaped)
+        coalesced += times * (len(shaped) - (0 if shaped is shaped_in else split_pieces(shaped)))
+    window, batch = batching.window, max(sizes, default=0)
+    inflight = 1
+    while inflight < len(sizes) and window.admits(
+        inflight, inflight * batch, inflight * batch * geo.page_bytes, batch, batch * geo.page_bytes
+    ):
+        inflight += 1
+    nbytes = pages * geo.page_bytes
+    plan.figures["restore"] = {
+        "prefix_tokens": tokens,
+        "pages": pages,
+        "bytes": nbytes,
+        "batches": len(batches),
+        "pages_per_batch": batch,
+        "descriptors_before_coalescing": plain,
+        "descriptors_after_coalescing": coalesced,
+        "descriptors_after_split": sent,
+        "batches_in_flight": inflight,
+        "windows": math.ceil(len(batches) / inflight) if batches else 0,
+    }
+    missing = coalescing.needs - allowed
+    if missing:
+        plan.warnings.append(
+            f"coalescing.strategy {config.coalescing.strategy!r} (from "
+            f"{_origin(loaded, 'coalescing.strategy')}) asks to {', '.join(sorted(missing))} "
+            "descriptors, which the backend cannot: plain descriptors are sent instead"
+        )
+    window_bytes = config.batching.window_bytes
+    if window_bytes is not None and int(window_bytes) < batch * geo.page_bytes:
+        plan.refusals.append(
+            f"batching.window_bytes = {sized(int(window_bytes))} (from "
+            f"{_origin(loaded, 'batching.window_bytes')}) is smaller than one batch: "
+            f"batching.read_batch_pages = {batch} (from "
+            f"{_origin(loaded, 'batching.read_batch_pages')}) x {sized(geo.page_bytes)} = "
+            f"{sized(batch * geo.page_bytes)}; raise window_bytes or lower read_batch_pages"
+        )
+    capacity = int(config.placement.capacity_bytes)
+    if batch * geo.page_bytes > capacity >= geo.page_bytes:
+        plan.warnings.append(
+            f"one batch ({sized(batch * geo.page_bytes)}) is larger than a pool's tier "
+            f"(placement.capacity_bytes = {sized(capacity)}, from "
+            f"{_origin(loaded, 'placement.capacity_bytes')}): a store of a full batch cannot fit"
+        )
+    gbps = request.link_gbps.value
+    plan.figures["restore"]["link_gbps"] = gbps
+    plan.figures["restore"]["link_from"] = request.link_gbps.origin if gbps else None
+    plan.figures["restore"]["predicted_seconds"] = nbytes / (gbps * 1e9) if gbps else None
+
+
+def make_plan(loaded: LoadedConfig, request: PlanRequest) -> Plan:
+    """Work out the plan; refusals and warnings are collected, never raised."""
+    plan = Plan()
+    geo = rank_geometry(request, plan)
+    if geo is None:
+        return plan
+    model = replace(
+        geo, layers=request.geometry["layers"].value, heads=request.geometry["heads"].value
+    )
+    plan.figures["geometry"] = {
+        "layout": geo.layout,
+        "mla": geo.mla,
+        "tp": request.tp.value,
+        "pp": request.pp.value,
+        "layers_per_rank": geo.layers,
+        "heads_per_rank": geo.heads,
+        "page_size": geo.page_size,
+        "bytes_per_token_model": model.token_bytes,
+        "bytes_per_token_rank": geo.token_bytes,
+        "bytes_per_page_rank": geo.page_bytes,
+        "fragments_per_page": geo.fragments_per_page,
+        "fragment_bytes": geo.fragment_bytes,
+        "host_memory": request.host_memory.value,
+        "host_memory_from": request.host_memory.origin,
+    }
+    _memory(loaded, request, geo, plan)
+    _restore(loaded, request, geo, plan)
+    return plan

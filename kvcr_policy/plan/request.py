@@ -1,0 +1,99 @@
+"""build_request: the plan's inputs from command-line values, each with its origin.
+
+A value given on the command line has the option as its origin (``--tp``); one left out has
+its default spelled out (``default: tp x pp``); the host's memory, unless given, is read from
+``/proc/meminfo``; the link limit comes from ``--link-gbps``, else the configuration
+(``observability.link_limit_gbps``), else a measurement when ``--measure-link`` asks for one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ArgumentError
+from ..loading import LoadedConfig
+from .figures import Given, PlanRequest, geometry_given
+
+__all__ = ["build_request"]
+
+_MEASURE_BYTES = 1 << 30  # at most 1 GiB per probe: long enough to be a rate, short to run
+
+
+def _given(value: Any, option: str, default: Any) -> Given:
+    if value is None:
+        return Given(default, f"default ({default})")
+    return Given(value, option)
+
+
+def build_request(
+    loaded: LoadedConfig,
+    *,
+    geometry: str | None,
+    dims: dict[str, Any],
+    layout: str,
+    tp: int | None,
+    pp: int | None,
+    ranks_per_host: int | None,
+    pools: int | None,
+    tokens: int,
+    prefix_tokens: int | None,
+    host_memory: int | None,
+    link_gbps: float | None,
+    measure_link: bool,
+) -> PlanRequest:
+    """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line."""
+    from .._os import mem_total
+
+    explicit = {key: (value, f"--{key.replace('_', '-')}") for key, value in dims.items()}
+    fields = geometry_given(geometry, explicit, Given(layout, "--layout"))
+    tp_given, pp_given = _given(tp, "--tp", 1), _given(pp, "--pp", 1)
+    ranks = ranks_per_host
+    ranks_given = (
+        Given(ranks, "--ranks-per-host")
+        if ranks is not None
+        else Given(tp_given.value * pp_given.value, "default: tp x pp, every rank on one host")
+    )
+    if host_memory is not None:
+        host = Given(host_memory, "--host-memory")
+    else:
+        host = Given(mem_total(), "this machine's /proc/meminfo MemTotal")
+    request = PlanRequest(
+        geometry=fields,
+        tp=tp_given,
+        pp=pp_given,
+        ranks_per_host=ranks_given,
+        pools=_given(pools, "--pools", 1),
+        tokens=Given(tokens, "--tokens"),
+        prefix_tokens=_given(prefix_tokens, "--prefix-tokens", tokens),
+        host_memory=host,
+        link_gbps=Given(None, "none"),
+    )
+    return _with_link(loaded, request, link_gbps, measure_link)
+
+
+def _with_link(
+    loaded: LoadedConfig, request: PlanRequest, gbps: float | None, measure: bool
+) -> PlanRequest:
+    from dataclasses import replace
+
+    if gbps is not None:
+        if gbps <= 0:
+            raise ArgumentError(f"--link-gbps: expected a positive rate in GB/s, got {gbps}")
+        return replace(request, link_gbps=Given(gbps, "--link-gbps"))
+    configured = loaded.config.observability.link_limit_gbps
+    if configured is not None:
+        origin = loaded.origin("observability.link_limit_gbps")
+        return replace(request, link_gbps=Given(configured, origin))
+    if not measure:
+        return request
+    from .figures import Plan, rank_geometry
+    from .link import measure_link
+
+    geometry = rank_geometry(request, Plan())
+    if geometry is None:
+        return request  # the plan refuses the rank layout itself
+    nbytes = min(_MEASURE_BYTES, max(geometry.page_bytes, request.prefix_tokens.value *
+                                     geometry.token_bytes))  # fmt: skip
+    measured = measure_link(loaded, geometry, nbytes)
+    origin = f"measured here: best of 3 probes of {nbytes} bytes with this profile"
+    return replace(request, link_gbps=Given(measured, origin))

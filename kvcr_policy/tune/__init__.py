@@ -1,0 +1,20 @@
+"""``kvcr-policy tune``: measure this host and write the profile that is fastest on it.
+
+- :mod:`.space`: the knobs, from the tunable declarations (:mod:`kvcr_policy.tunable`) of the
+  schema and of the options models the starting config names, built-in or third-party;
+- :mod:`.search`: optuna's TPE sampler over them within a time budget, each trial one
+  comparison against the start through the bench's runner (:mod:`kvcr_policy.bench`);
+- :mod:`.verdict`: no win without evidence (both orders, repeats, the screen, the spread);
+- :mod:`.written`, :mod:`.host`: the profile written, with its evidence in a comment header;
+- :mod:`.run`: ``tune`` and ``tune --check`` as functions; :mod:`.command`: the command.
+
+Nothing but the CLI (and the tests) imports this package.
+"""
+
+from __future__ import annotations
+
+from .run import Outcome, check, tune
+from .setup import TuneError, TuneSetup
+from .verdict import Verdict, judge
+
+__all__ = ["Outcome", "TuneError", "TuneSetup", "Verdict", "check", "judge", "tune"]

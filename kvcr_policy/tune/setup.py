@@ -1,0 +1,76 @@
+"""What one ``kvcr-policy tune`` is asked to do: :class:`TuneSetup`, and :class:`TuneError`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..bench import BenchError, BenchSetup
+
+__all__ = ["METADATA_KEYS", "TuneError", "TuneSetup"]
+
+#: Keys of the metadata figure each measurement takes (the bench's ``exists``): tune ranks
+#: restores only, so the figure is kept as small as the runner allows.
+METADATA_KEYS = 1
+
+
+class TuneError(BenchError):
+    """``tune`` cannot run as asked: an input, the budget, or no candidate could be measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class TuneSetup:
+    """The bench's axes, the starting profile, and how long and how hard to search."""
+
+    start: str = "throughput"
+    geometry: str = "qwen3-32b"
+    layout: str = "layer_first"
+    tokens: int = 8192
+    target: str = "cpu"
+    backend: str | None = None
+    mla: bool = False
+    scatter: bool = False
+    #: ``--set`` values: applied to both sides of every measurement, never tuned or written.
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    #: Wall-clock seconds for the whole command: search and confirmation.
+    budget_s: float = 300.0
+    #: Restores per side and order when confirming (and for ``--check``).
+    repeat: int = 9
+    #: Restores per side and order of each search trial.
+    trial_repeat: int = 3
+    #: Search only these knobs (dotted paths); empty: every knob that applies.
+    only: tuple[str, ...] = ()
+    seed: int = 0
+    #: The regression screen, in percent, that a written profile must pass in both orders.
+    screen_pct: float = 5.0
+
+    def bench(self, profile: str, vs: str, repeat: int) -> BenchSetup:
+        """One measured comparison of ``profile`` (P) against ``vs`` (Q) on these axes."""
+        return BenchSetup(
+            profile,
+            vs,
+            self.geometry,
+            self.layout,
+            self.tokens,
+            repeat,
+            self.mla,
+            self.scatter,
+            dict(self.overrides),
+            target=self.target,
+            backend=self.backend,
+            exists_keys=METADATA_KEYS,
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The axes as ``[profile.tune]`` records them, for ``tune --check``."""
+        return {
+            "target": self.target,
+            "backend": self.backend,
+            "geometry": self.geometry,
+            "layout": self.layout,
+            "tokens": self.tokens,
+            "mla": self.mla,
+            "scatter": self.scatter,
+            "set": {key: str(value) for key, value in self.overrides.items()},
+        }

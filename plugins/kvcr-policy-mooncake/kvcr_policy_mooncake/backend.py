@@ -1,0 +1,106 @@
+"""MooncakeBackend: Mooncake Store as a kvcr_policy tier backend.
+
+One Mooncake client per pipeline (started within ``connect_timeout_s``, see :mod:`.client`);
+each pool the engine registers is registered with the store as it is (zero-copy) and served
+by a :class:`~.pool.MooncakePool`. The pipeline's controls drive the store: the batching
+strategy sizes each batch, the delivery window bounds the batches in flight (``threads``
+worker threads, one batch each, cut into calls of at most ``call_buffers`` buffers; calls in
+flight together never hold more transfers than the tcp transport queues per peer), the
+fallback strategy retries a failed batch page by page, and ``replicas`` /
+``preferred_segment`` go with every put. Close order: every call finishes, each pool
+unregisters its memory, then the client closes (its segment leaves the store).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from kvcr_policy.backends.base import BackendContext, PoolSpec
+from kvcr_policy.errors import ClosedError, PoolError
+
+from .client import StoreClient
+from .codes import describe
+from .options import MooncakeOptions
+from .pool import MooncakePool
+
+__all__ = ["MooncakeBackend"]
+
+
+class MooncakeBackend:
+    """The ``mooncake`` backend; see the module docstring."""
+
+    name = "mooncake"
+    # Each page is one object gathered from (or scattered to) its fragments in place: there
+    # are no descriptors to merge or cut, so a coalescing profile sends them plain.
+    capabilities: frozenset[str] = frozenset()
+    # The non-CUDA transfer engine moves host memory only.
+    devices = frozenset({"cpu"})
+
+    def __init__(self, context: BackendContext, options: MooncakeOptions) -> None:
+        self.options = options
+        self.loaded = context.loaded
+        window = context.config.batching.window_batches
+        self.threads = options.threads or window or 1
+        self.client = StoreClient(options, context.loaded.origin)
+        # One call never holds more transfers than the tcp transport queues (client.py).
+        self.call_buffers = min(options.call_buffers or self.client.queue, self.client.queue)
+        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="kvcr-mooncake")
+        self._pools: list[MooncakePool] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, work: Any, positions: np.ndarray) -> Future[np.ndarray]:
+        """One batch on a worker thread."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError("backend 'mooncake' is closed; build a new pipeline")
+            return self._executor.submit(work, positions)
+
+    def attach(self, spec: PoolSpec) -> MooncakePool:
+        device = spec.endpoint.device
+        if device.split(":")[0] not in self.devices:
+            message = (
+                f"pool {spec.name!r} lives on {device}, but backend 'mooncake' moves host memory "
+                "only (the pool is registered with the transfer engine for tcp or RDMA from "
+                "the CPU); register a host pool (SGLang's host KV pool is one)"
+            )
+            raise PoolError(message)
+        with self._lock:
+            if self._closed:
+                raise ClosedError("backend 'mooncake' is closed; build a new pipeline")
+            code = self.client.register(spec.endpoint.address, spec.endpoint.nbytes)
+            if code != 0:
+                message = (
+                    f"pool {spec.name!r}: Mooncake could not register its memory "
+                    f"({spec.endpoint.nbytes} bytes at {spec.endpoint.address:#x}) for "
+                    f"zero-copy transfers: {describe(code)}"
+                )
+                raise PoolError(message)
+            pool = MooncakePool(spec, self.client, self.run, self.call_buffers)
+            self._pools.append(pool)
+        return pool
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "threads": self.threads,
+            "call_buffers": self.call_buffers,
+            **self.client.describe(),
+        }
+
+    def close(self) -> None:
+        """Wait for every call, close each pool, then the client; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._executor.shutdown(wait=True)  # every call returned before memory is unregistered
+        try:
+            for pool in self._pools:
+                pool.close()
+        finally:
+            self.client.close()

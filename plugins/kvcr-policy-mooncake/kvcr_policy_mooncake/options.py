@@ -1,0 +1,133 @@
+"""MooncakeOptions: the ``[backend.options]`` of the ``mooncake`` backend.
+
+Importable without Mooncake itself, so a profile naming ``mooncake`` validates (and
+``kvcr-policy show`` works) where the transfer engine is not installed; only building the
+backend needs it. Each option is also settable from the environment as
+``KVCR_POLICY_BACKEND__OPTIONS__<NAME>`` (e.g. ``KVCR_POLICY_BACKEND__OPTIONS__MASTER``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+
+__all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "split_address"]
+
+#: Mooncake refuses a smaller segment ("Total size must be at least 16777216",
+#: mooncake-store client_buffer_allocation.cpp); 0 contributes no segment at all.
+MIN_SEGMENT_BYTES = 16 << 20
+
+
+def split_address(text: str, *, where: str = "master") -> tuple[str, int]:
+    """``"host:port"`` (``"[v6]:port"`` for IPv6) -> ``(host, port)``; ValueError says why."""
+    host, sep, port_text = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host:
+        message = f"{where}: expected HOST:PORT (e.g. 10.0.0.5:50051), got {text!r}"
+        raise ValueError(message)
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        message = f"{where}: expected a port in 1..65535 after the last ':', got {text!r}"
+        raise ValueError(message)
+    return host, int(port_text)
+
+
+class MooncakeOptions(BaseModel):
+    """Where the Mooncake master is and what this client contributes to the store.
+
+    Placement across the cluster is the master's: ``replicas`` and ``preferred_segment`` are
+    handed to every put (Mooncake's ``ReplicateConfig``); eviction and leases are configured
+    on ``mooncake_master``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    master: str = Field(
+        ...,
+        description="HOST:PORT of mooncake_master's RPC service (its --rpc_address and "
+        "--rpc_port; Mooncake's default port is 50051).",
+    )
+    metadata: str = Field(
+        "P2PHANDSHAKE",
+        description="Transfer-engine metadata: P2PHANDSHAKE (no metadata server), or the URL "
+        "of one (http://HOST:PORT/metadata, etcd://HOST:PORT).",
+    )
+    protocol: Literal["tcp", "rdma"] = Field(
+        "tcp", description="How pages move between hosts: tcp, or rdma (needs device)."
+    )
+    device: str = Field(
+        "", description="RDMA device names, comma-separated (e.g. mlx5_0,mlx5_1); '' for tcp."
+    )
+    local_hostname: str = Field(
+        "auto",
+        description="The address other clients reach this one at; auto: this host's address "
+        "on the route to the master (127.0.0.1 when the master is on loopback).",
+    )
+    segment_bytes: ByteSize = Field(
+        ByteSize(4 << 30),
+        description="Memory this client contributes to the store (0: none, a pure reader or "
+        "writer; else at least 16MiB). Pages land in any client's segment.",
+    )
+    buffer_bytes: ByteSize = Field(
+        ByteSize(16 << 20),
+        gt=0,
+        description="The client's local transfer buffer (pages move zero-copy from the "
+        "registered pool; Mooncake still needs one).",
+    )
+    replicas: int = Field(1, ge=1, le=16, description="Copies of each page across segments.")
+    preferred_segment: str | None = Field(
+        None,
+        description="Segment puts should land in first (a client's HOST:PORT name; 'local': "
+        "this client's own segment); unset: the master's allocation strategy decides.",
+    )
+    tenant: str = Field(
+        "default",
+        min_length=1,
+        description="Mooncake tenant: keys of different tenants never meet (needs a master "
+        "with multi-tenancy for quotas).",
+    )
+    connect_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Start-up fails after this long without an answering master (else "
+        "Mooncake's own setup() blocks about 90 s).",
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Store calls in flight at once; unset: batching.window_batches, or 1 "
+        "when the window is unbounded (one synchronous call at a time, as upstream).",
+    )
+    call_buffers: int | None = Field(
+        None,
+        ge=1,
+        description="Most buffers (page fragments) one store call moves; a bigger batch is "
+        "cut into calls of this many. Unset, and never more: the tcp transport's per-peer "
+        "queue (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER, 1024 unless set).",
+    )
+    recheck_s: float = Field(
+        0.5,
+        gt=0,
+        le=60,
+        description="How often the master is checked: while it is down every call answers "
+        "misses at once, and service resumes within this long of it coming back.",
+    )
+
+    @field_validator("master")
+    @classmethod
+    def _master_is_host_port(cls, value: str) -> str:
+        split_address(value)
+        return value.strip()
+
+    @field_validator("segment_bytes")
+    @classmethod
+    def _segment_is_usable(cls, value: ByteSize) -> ByteSize:
+        if 0 < value < MIN_SEGMENT_BYTES:
+            message = (
+                f"expected 0 (contribute no segment) or at least 16MiB (Mooncake's smallest "
+                f"segment), got {int(value)} bytes"
+            )
+            raise ValueError(message)
+        return value

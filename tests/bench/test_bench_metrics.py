@@ -1,0 +1,109 @@
+"""``kvcr-policy bench --metrics``: /metrics over HTTP after a real run, held up for a scrape.
+
+The bytes restored equal the JSON's ``bytes`` times its ``runs``; descriptors before and after
+coalescing and the link-limit gauge are there; ``--vs-set`` changes Q only (here: Q records no
+metrics, so only P's restores are counted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tests.observability.scraping import Samples, read_samples, value
+
+SMALL = ["--geometry", "small", "--tokens", "1024", "--repeat", "1", "--format", "json"]
+
+
+@contextmanager
+def bench(*args: str) -> Iterator[tuple[dict[str, Any], str]]:
+    """A bench run with ``--metrics 0`` (loopback, a free port), held up until the block
+    ends: (its JSON result, its /metrics URL)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVCR_POLICY_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvcr_policy", "bench", *SMALL, "--metrics", "0",
+         "--metrics-hold", "120", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**clean, "PYTHONPATH": ":".join(sys.path)},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("metrics: http://127.0.0.1:"), first
+        url = first.split()[1]
+        lines = []
+        for line in proc.stdout:  # the figures are printed, then /metrics is held up
+            lines.append(line)
+            if line.rstrip() == "}":
+                break
+        yield json.loads("".join(lines)), url
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0  # SIGTERM ends the hold cleanly
+
+
+def _restored(samples: Samples) -> float:
+    return value(samples, "kvcr_policy_bytes_total", direction="restore")
+
+
+def test_a_scrape_after_the_run_shows_what_it_restored() -> None:
+    with bench("--profile", "throughput", "--vs", "default") as (result, url):
+        s = read_samples(url)
+    assert _restored(s) == result["bytes"] * len(result["runs"])
+    for profile in ("throughput", "default"):
+        mine = read_samples_of(s, profile)
+        assert _restored(mine) == result["bytes"] * len(result["runs"]) / 2
+    before = value(
+        read_samples_of(s, "throughput"), "kvcr_policy_descriptors_before_coalescing_total"
+    )
+    after = value(
+        read_samples_of(s, "throughput"), "kvcr_policy_descriptors_after_coalescing_total"
+    )
+    assert before > after > 0  # throughput coalesces; default sends one per fragment
+    plain = read_samples_of(s, "default")
+    assert value(plain, "kvcr_policy_descriptors_before_coalescing_total") == value(
+        plain, "kvcr_policy_descriptors_after_coalescing_total"
+    )
+    # The limit is measured with P's pipeline before every restore.
+    assert value(read_samples_of(s, "throughput"), "kvcr_policy_link_limit_bytes_per_second") > 0
+    assert value(s, "kvcr_policy_placement_numa_pages") >= 0  # audited after the stores
+
+
+def read_samples_of(samples: Samples, profile: str) -> Samples:
+    """The samples of one profile label (``read_samples`` keeps the label when not asked)."""
+    return {
+        (name, tuple(kv for kv in labels if kv[0] != "profile")): v
+        for (name, labels), v in samples.items()
+        if ("profile", profile) in labels
+    }
+
+
+def test_vs_set_changes_q_only() -> None:
+    args = ["--profile", "throughput", "--vs", "throughput", "--vs-set",
+            "observability.metrics=false"]  # fmt: skip
+    with bench(*args) as (result, url):
+        s = read_samples(url, "throughput")
+    # Q had metrics off: only P's restores (half of the runs) were recorded.
+    assert _restored(s) == result["bytes"] * len(result["runs"]) / 2
+    assert {r["profile"] for r in result["runs"]} == {"throughput"}
+
+
+def test_a_bad_metrics_address_exits_2_before_the_run() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvcr_policy", "bench", *SMALL, "--metrics", "host:port"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ":".join(sys.path)},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--metrics: expected PORT, HOST:PORT" in done.stderr
+    assert done.stdout == ""

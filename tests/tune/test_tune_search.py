@@ -1,0 +1,133 @@
+"""The search and the decision with hand-made measurements: the budget holds, a confirmed win
+is written, a win in one order only or inside the spread is not.
+
+The bench's runner is replaced by a fake that reads each side's profile and answers known
+rates on a fake clock: what is tested is tune's own logic, not a measurement (the real runner
+is exercised in test_tune_command.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvcr_policy import load_config
+from kvcr_policy.bench import BenchResult, BenchSetup
+from kvcr_policy.tune import run as tune_run
+from kvcr_policy.tune import search as tune_search
+from kvcr_policy.tune.run import tune
+from kvcr_policy.tune.search import confirm_repeats
+from kvcr_policy.tune.setup import TuneSetup
+from tests.tune.measured import result
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+Rate = Callable[[Any, str], float]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeBench:
+    """Each call takes ``seconds`` of the fake clock and restores at ``rate(config, order)``."""
+
+    def __init__(self, clock: Clock, rate: Rate, seconds: float = 10.0) -> None:
+        self.clock, self.rate, self.seconds = clock, rate, seconds
+        self.calls: list[BenchSetup] = []
+
+    def __call__(self, setup: BenchSetup, say: Any = None) -> BenchResult:
+        self.calls.append(setup)
+        self.clock.now += self.seconds
+        p = load_config(profile=setup.profile, dotenv=False).config
+        q = load_config(profile=setup.vs, dotenv=False).config
+        pairs = {}
+        for order in ("P,Q", "Q,P"):
+            jitter = [1.0 + 0.001 * (i % 3) for i in range(setup.repeat)]
+            pairs[order] = [(self.rate(p, order) * j, self.rate(q, order)) for j in jitter]
+        return result(pairs)
+
+
+def install(monkeypatch: pytest.MonkeyPatch, rate: Rate, seconds: float = 10.0) -> FakeBench:
+    clock = Clock()
+    fake = FakeBench(clock, rate, seconds)
+    monkeypatch.setattr(tune_search, "run_bench", fake)
+    monkeypatch.setattr(tune_run, "run_bench", fake)
+    return fake
+
+
+SETUP = TuneSetup(
+    start="throughput",
+    geometry="small",
+    tokens=256,
+    budget_s=200.0,
+    only=("batching.read_batch_pages",),
+)
+
+
+def bigger_is_faster(config: Any, order: str) -> float:
+    return 1.0 + config.batching.read_batch_pages / 256
+
+
+def test_the_search_stops_in_time_for_the_confirmation(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = install(monkeypatch, bigger_is_faster)
+    outcome = tune(SETUP, clock=fake.clock)
+    assert outcome.seconds <= SETUP.budget_s
+    trials = [c for c in fake.calls if c.repeat == SETUP.trial_repeat]
+    confirm = fake.calls[-1]
+    assert len(trials) >= 3 and confirm.repeat >= 3
+    assert confirm.profile.endswith("candidate.toml") and confirm.vs == "throughput"
+    # Every measurement is a comparison against the start, with tune's own metadata size.
+    assert all(c.vs == "throughput" and c.exists_keys == 1 for c in fake.calls)
+
+
+def test_a_confirmed_win_is_written_with_its_evidence(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = install(monkeypatch, bigger_is_faster)
+    target = tmp_path / "site.toml"
+    outcome = tune(SETUP, write=target, command="kvcr-policy tune --x", clock=fake.clock)
+    assert outcome.verdict is not None and outcome.verdict.wins
+    assert outcome.written == target
+    text = target.read_text()
+    for needle in ("# host: ", "# date: ", "# command: kvcr-policy tune --x", "order tuned, then"):
+        assert needle in text
+    loaded = load_config(profile=target, dotenv=False)
+    assert loaded.config.batching.read_batch_pages == 2048  # the best candidate
+    assert loaded.origin("batching.read_batch_pages") == f"profile {target} [batching]"
+
+
+def test_a_win_in_one_order_only_is_not_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def one_order(config: Any, order: str) -> float:
+        return bigger_is_faster(config, order) if order == "P,Q" else 1.0
+
+    fake = install(monkeypatch, one_order)
+    target = tmp_path / "site.toml"
+    outcome = tune(SETUP, write=target, clock=fake.clock)
+    assert outcome.verdict is not None and not outcome.verdict.wins
+    assert not target.exists() and outcome.written is None
+    assert outcome.message.startswith("'throughput' stands: order base, then tuned: ")
+
+
+def test_nothing_faster_means_the_start_stands(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = install(monkeypatch, lambda config, order: 5.0)
+    outcome = tune(SETUP, write=tmp_path / "site.toml", clock=fake.clock)
+    assert "stands" in outcome.message and outcome.written is None
+
+
+def test_confirm_repeats_fit_what_is_left() -> None:
+    setup = TuneSetup(repeat=9, trial_repeat=3)
+    assert confirm_repeats(setup, slowest_trial_s=3.0, left_s=100.0) == 9
+    assert confirm_repeats(setup, slowest_trial_s=3.0, left_s=5.0) == 5
+    assert confirm_repeats(setup, slowest_trial_s=3.0, left_s=0.0) == 3
