@@ -325,7 +325,9 @@ def bench(
     ] = Via.local,
     backend: Annotated[
         str | None,
-        typer.Option("--backend", help="Tier backend: dram or peer (default: the profile's)."),
+        typer.Option(
+            "--backend", help="Tier backend: dram, peer or kvcr (default: the profile's)."
+        ),
     ] = None,
     peer: Annotated[
         Peer | None, typer.Option("--peer", help="Compare P with SGLang's HiCacheFile.")

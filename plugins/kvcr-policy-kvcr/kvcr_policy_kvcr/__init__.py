@@ -29,7 +29,7 @@ def _backend(context: BackendContext, options: KvcrOptions) -> Any:
     try:
         from .backend import KvcrBackend
     except ImportError as err:
-        message = f"backend 'kvcr' needs the KVCR runner, which cannot be imported ({err}); {INSTALL}"
+        message = f"backend 'kvcr' needs the KVCR runner, which does not import ({err}); {INSTALL}"
         raise PluginError(message, plugin="kvcr", distribution="kvcr-policy-kvcr") from err
     return KvcrBackend(context, options)
 

@@ -69,7 +69,9 @@ def starting(name: str, progress_thread: bool) -> Iterator[None]:
 class ProbeAgent:
     """One NIXL agent moving one descriptor from ``src`` to ``dst`` (both host memory)."""
 
-    def __init__(self, name: str, progress_thread: bool, src: tuple[int, int], dst: tuple[int, int]):
+    def __init__(
+        self, name: str, progress_thread: bool, src: tuple[int, int], dst: tuple[int, int]
+    ) -> None:
         from nixl import nixl_agent, nixl_agent_config
 
         config = nixl_agent_config(

@@ -135,12 +135,11 @@ class KvcrBackend:
                 f"of {size} bytes"
             )
         if problem is not None:
-            message = f"pool {name!r} cannot use the G3 tier ({self._origin('g3_paths')}): {problem}"
+            where = self._origin("g3_paths")
+            message = f"pool {name!r} cannot use the G3 tier ({where}): {problem}"
             raise PoolError(message)
         paths = tuple(Path(p).with_name(f"{Path(p).name}.{layout.pool}") for p in options.g3_paths)
-        return G3Options(
-            paths=paths, capacity_bytes_per_file=capacity, backend=options.g3_backend
-        )
+        return G3Options(paths=paths, capacity_bytes_per_file=capacity, backend=options.g3_backend)
 
     def attach(self, spec: PoolSpec) -> KvcrPool:
         check_device(spec, self.devices, "backend 'kvcr' (NIXL over UCX, host memory)")
@@ -244,7 +243,7 @@ class KvcrBackend:
     # ---- reports and lifetime -------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        versions = {}
+        versions: dict[str, str | None] = {}
         for dist in ("kvcr", "nixl"):
             try:
                 versions[dist] = metadata.version(dist)

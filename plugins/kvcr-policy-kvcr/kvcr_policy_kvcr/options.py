@@ -69,10 +69,11 @@ class KvcrOptions(BaseModel):
         description="Further UCX_* variables for the runner, each applied only if unset.",
     )
     poll_interval_s: float = Field(
-        0.0002,
+        0.0005,
         gt=0,
         le=0.1,
-        description="How often completions are collected while KVCR operations are in flight.",
+        description="How often completions are collected while KVCR operations are in flight "
+        "(KVCR's own progress loop looks at its transfers about once a millisecond).",
     )
     g3_paths: tuple[Path, ...] = Field(
         (),

@@ -44,18 +44,18 @@ PRESENT = frozenset({(QueryStatus.HIT, CacheTier.LOCAL_G2), (QueryStatus.FETCHAB
 
 
 def _ok(entries: Entries, block: bytes) -> bool:
-    entry = entries.get(block)  # type: ignore[call-overload]
+    entry = entries.get(block)
     return entry is not None and entry.success
 
 
 def _status(entries: Entries, block: bytes) -> str:
-    entry = entries.get(block)  # type: ignore[call-overload]
+    entry = entries.get(block)
     return "no result" if entry is None else str(entry.status.value)
 
 
-def _plain(descriptors: Descriptors, within: frozenset[str] | None = None) -> Descriptors:
+def _plain(plain: Descriptors, within: frozenset[str] | None = None) -> Descriptors:
     """A page the fallback retries alone travels unshaped."""
-    return descriptors
+    return plain
 
 
 class KvcrPool:
@@ -103,7 +103,8 @@ class KvcrPool:
         keys = list(dict.fromkeys(keys))
         blocks = self.keys.block_keys(keys)
         statuses = self.runner.query(blocks)
-        present = [(k, b, s) for k, b, s in zip(keys, blocks, statuses, strict=True) if s in PRESENT]
+        rows = zip(keys, blocks, statuses, strict=True)
+        present = [(k, b, s) for k, b, s in rows if s in PRESENT]
         if not present:
             return 0
         self.keys.forget([key for key, _, _ in present])
@@ -133,7 +134,8 @@ class KvcrPool:
         if nbytes > room:
             message = (
                 f"pool {self.name!r}: probe of {nbytes} bytes does not fit (KVCR region "
-                f"{self.region.size} bytes, pool {self.endpoint.nbytes} bytes); probe at most {room}"
+                f"{self.region.size} bytes, pool {self.endpoint.nbytes} bytes); probe at most "
+                f"{room}"
             )
             raise IndicesError(message)
         with self._lock:

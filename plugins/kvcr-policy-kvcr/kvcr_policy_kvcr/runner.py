@@ -87,7 +87,8 @@ class Runner:
         if self.state != "open":
             raise ClosedError(f"KVCR runner {self.name!r} is {self.state}: {call}() refused")
         if self._failure is not None:
-            message = f"KVCR runner {self.name!r} failed earlier ({self._failure}); {call}() refused"
+            failure = self._failure
+            message = f"KVCR runner {self.name!r} failed earlier ({failure}); {call}() refused"
             raise TransportError(message)
 
     def start(self, kind: str, call: Callable[..., int], *args: Any) -> Future[Entries]:
@@ -255,7 +256,8 @@ class Runner:
     def _close_kvcr(self) -> bool:
         with self._lock:
             if self._claims and self._failure is None:
-                log.warning("KVCR runner %r: releasing %d claims at close", self.name, len(self._claims))
+                held = len(self._claims)
+                log.warning("KVCR runner %r: releasing %d claims at close", self.name, held)
                 try:
                     self.kvcr.release(list(self._claims))
                 except Exception as err:
