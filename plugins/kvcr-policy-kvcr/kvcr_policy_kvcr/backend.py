@@ -39,7 +39,7 @@ from .layout import PageLayout, kvcr_pool_name
 from .options import KvcrOptions
 from .policy import POLICIES, TierPolicy
 from .pool import KvcrPool
-from .process import ProcessReport, apply_process_defaults, free_port
+from .process import ProcessReport, apply_process_defaults, free_port, port_free
 from .runner import Runner
 from .telemetry import Interval, Totals
 
@@ -106,11 +106,20 @@ class KvcrBackend:
         if port is None:
             return free_port(), "chosen free (backend.options.listen_port unset)"
         taken = [pool for pool, (p, _) in self._ports.items() if p == port]
+        if not taken and not port_free(port):
+            message = (
+                f"pool {name!r}: backend.options.listen_port = {port} (from "
+                f"{self.loaded.origins.get('backend.options.listen_port', 'default')}) is in use "
+                "on this host (NIXL's listener binds every interface); choose a free port, or "
+                "unset listen_port to choose one per pool"
+            )
+            raise PoolError(message)
         if taken:
             message = (
-                f"pool {name!r}: {self._origin('listen_port')} = {port} already serves pool "
-                f"{taken[0]!r}, and each pool's KVCR runner needs its own listener; unset "
-                "listen_port to choose a free port per pool"
+                f"pool {name!r}: backend.options.listen_port = {port} (from "
+                f"{self.loaded.origins.get('backend.options.listen_port', 'default')}) already "
+                f"serves pool {taken[0]!r}, and each pool's KVCR runner needs its own listener; "
+                "unset listen_port to choose a free port per pool"
             )
             raise PoolError(message)
         return port, self._origin("listen_port")
@@ -131,8 +140,8 @@ class KvcrBackend:
             problem = f"its pages of {size} bytes are not whole {page}-byte memory pages"
         elif capacity % size:
             problem = (
-                f"{self._origin('g3_capacity_bytes_per_file')} = {capacity} is not whole pages "
-                f"of {size} bytes"
+                f"backend.options.g3_capacity_bytes_per_file = {capacity} is not whole pages of "
+                f"{size} bytes"
             )
         if problem is not None:
             where = self._origin("g3_paths")
@@ -162,15 +171,16 @@ class KvcrBackend:
             region = self.placement.open_region(f"kvcr:{spec.name}", slots * geometry.page_bytes)
             try:
                 started = self._start(spec, layout, region, g3)
-            except KVCRStartupError as err:
+            except _Retained as err:
                 # KVCR kept native resources that may still touch the region: never unmap it.
                 with contextlib.suppress(RuntimeError):
                     region.close(wait=_raise_startup)
                 message = (
                     f"pool {spec.name!r}: the KVCR runner failed to start and could not stop its "
-                    f"native work ({err}); its region stays mapped until the process exits"
+                    f"native work ({err.__cause__}); its region stays mapped until the process "
+                    "exits"
                 )
-                raise PoolError(message) from err
+                raise PoolError(message) from err.__cause__
             except BaseException:
                 region.close()
                 raise
@@ -222,9 +232,9 @@ class KvcrBackend:
             try:
                 with agent.starting(layout.agent, self.options.progress_thread):
                     kvcr = KVCR(config, bindings, backends)
-            except KVCRStartupError:
-                raise
             except Exception as err:
+                if not _stopped(err, layout.agent):
+                    raise _Retained() from err
                 chosen = self.options.listen_port is None
                 if chosen and attempt == 0 and "bind" in str(err).lower():
                     continue  # the free port was taken in between: choose again
@@ -287,6 +297,32 @@ class KvcrBackend:
                 errors.append(err)
         if errors:
             raise errors[0]
+
+
+class _Retained(Exception):
+    """KVCR failed to start and kept native resources (its ``KVCRStartupError``)."""
+
+
+def _stopped(err: BaseException, agent_name: str) -> bool:
+    """Whether a KVCR that failed to start holds nothing native any more.
+
+    A failed start raises ``KVCRStartupError`` and keeps the core whenever its close raised,
+    which it does whenever the start failed in its progress thread (a taken port), even when
+    that thread already released every registration. KVCR keeps such cores in a list of its own
+    (``kvcr.api._NONQUIESCENT_STARTUP_RESOURCES``, 0.1.1); its own quiescence check on the core
+    decides here. Anything unknown counts as not stopped: the region is then kept mapped.
+    """
+    if not isinstance(err, KVCRStartupError):
+        return True
+    try:
+        from kvcr import api
+
+        for core, _ in api._NONQUIESCENT_STARTUP_RESOURCES:
+            if core.config.nixl_agent_name == agent_name:
+                return bool(core.is_quiescent())
+    except Exception:
+        return False
+    return False
 
 
 def _raise_startup() -> None:

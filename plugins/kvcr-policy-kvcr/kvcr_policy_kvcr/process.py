@@ -26,7 +26,7 @@ from kvcr_policy.errors import ConfigError, ConfigIssue
 
 from .options import KvcrOptions, tls_keeps_tcp
 
-__all__ = ["ProcessReport", "apply_process_defaults", "free_port"]
+__all__ = ["ProcessReport", "apply_process_defaults", "free_port", "port_free"]
 
 _lock = threading.Lock()
 _applied: dict[str, str] = {}  # variables a kvcr backend of this process set, and to what
@@ -110,3 +110,13 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("0.0.0.0", 0))
         return int(probe.getsockname()[1])
+
+
+def port_free(port: int) -> bool:
+    """Whether ``port`` can be bound on every interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
