@@ -53,14 +53,15 @@ Make = Callable[..., Pipeline]
 def kvcr_pipeline(kvcr_profile: Callable[..., Path]) -> Iterator[Make]:
     """``kvcr_pipeline(extra_toml="", profile=None, **overrides)``: a pipeline on ``kvcr``,
     closed after the test. ``profile`` (a bundled name) comes in as overrides under the TOML
-    that selects the backend; ``overrides`` use ``__`` for dots."""
+    that selects the backend; ``overrides`` use ``__`` for dots. Tiers hold 1 MiB unless
+    ``placement__capacity_bytes`` says otherwise."""
     opened: list[Pipeline] = []
 
     def make(extra: str = "", profile: str | None = None, **overrides: Any) -> Pipeline:
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {"placement.capacity_bytes": "1MiB"}  # never 4 GiB here
         if profile is not None:
             named = load_config(profile, environ={}).changed()
-            values = {path: value for path, (value, _) in named.items()}
+            values |= {path: value for path, (value, _) in named.items()}
         values.update({key.replace("__", "."): value for key, value in overrides.items()})
         loaded = load_config(kvcr_profile(extra), environ={}, overrides=values)
         pipeline = build_pipeline(loaded)
