@@ -147,8 +147,9 @@ def test_a_runner_that_fails_to_start_frees_its_region_once_kvcr_stopped(
 ) -> None:
     """KVCR's own start failure (its listener cannot bind: the port was taken after it was
     chosen) raises KVCRStartupError; KVCR's quiescence check decides whether the region can go."""
-    from kvcr_policy.backends.dram import tier
     from kvcr_policy_kvcr import backend
+
+    from kvcr_policy.backends.dram import tier
 
     opened: list[Any] = []
     original = tier.open_region

@@ -40,7 +40,8 @@ __all__ = ["KvcrPool"]
 log = logging.getLogger("kvcr_policy_kvcr.pool")
 
 #: What ``contains`` counts as present: in KVCR's local DRAM, or in its G3 files.
-PRESENT = frozenset({(QueryStatus.HIT, CacheTier.LOCAL_G2), (QueryStatus.FETCHABLE, CacheTier.G3)})
+LOCAL = (QueryStatus.HIT, CacheTier.LOCAL_G2)
+PRESENT = frozenset({LOCAL, (QueryStatus.FETCHABLE, CacheTier.G3)})
 
 
 def _ok(entries: Entries, block: bytes) -> bool:
@@ -111,7 +112,7 @@ class KvcrPool:
         self.policy.mark_dead([block for _, block, _ in present])
         # A claim and its release make KVCR score each block in DRAM again, now as dead (a
         # fetch of a block in G3 would copy it back into DRAM: those wait for G3's eviction).
-        local = [b for _, b, s in present if s == (QueryStatus.HIT, CacheTier.LOCAL_G2)]
+        local = [b for _, b, s in present if s == LOCAL]
         if local:
             labels = self.layout.labels
             entries = self.runner.start("fetch", self.runner.kvcr.fetch, local, None, labels)
@@ -193,6 +194,7 @@ class _Transfer:
         self.handles: list[Any] = []
         self.needs: np.ndarray | None = None
         self.first: np.ndarray | None = None  # a write's repeated keys -> first occurrence
+        self.local = 0  # a read's leading run claimed up front (in KVCR's DRAM)
         if read:
             self.limit = self._claim()
             return
@@ -203,23 +205,64 @@ class _Transfer:
             self.needs = self.first == np.arange(len(keys))
 
     def _claim(self) -> int:
-        """Claim the leading present run with KVCR's own handles; its length."""
-        runner, step, labels = self.pool.runner, self.pool._query_batch, self.pool.layout.labels
-        lead = 0
+        """The leading present run (its length); KVCR claims for its leading part in DRAM.
+
+        Blocks KVCR holds in G3 must first be copied into DRAM, which needs free DRAM: they
+        (and everything after the first of them) are claimed batch by batch instead, so DRAM
+        only ever holds the delivery window's worth of them.
+        """
+        runner, step = self.pool.runner, self.pool._query_batch
+        limit, local = 0, None
         for start in range(0, len(self.blocks), step):
-            part = self.blocks[start : start + step]
+            statuses = runner.query(self.blocks[start : start + step])
+            for i, status in enumerate(statuses):
+                if status not in PRESENT:
+                    break
+                if local is None and status != LOCAL:
+                    local = start + i
+            else:
+                limit += len(statuses)
+                continue
+            limit += i
+            break
+        self.local = limit if local is None else local
+        claimed, handles = self._fetch(self.blocks[: self.local])
+        self.handles.extend(handles)
+        if claimed < self.local:  # evicted since the query: the run ends there
+            self.local = limit = claimed
+        return limit
+
+    def _fetch(self, blocks: list[bytes]) -> tuple[int, list[Any]]:
+        """Claim ``blocks`` with KVCR's fetch (in metadata-query-sized calls, stopping at the
+        first that fails): how many lead, and the handles held for them."""
+        runner, step, labels = self.pool.runner, self.pool._query_batch, self.pool.layout.labels
+        lead, held = 0, []
+        for start in range(0, len(blocks), step):
+            part = blocks[start : start + step]
             entries = runner.start("fetch", runner.kvcr.fetch, part, None, labels).result()
             run = next((i for i, b in enumerate(part) if not _ok(entries, b)), len(part))
-            held = {part[i] for i in range(run)}
+            kept = set(part[:run])
             claims = {b: e.release_handle for b, e in entries.items() if e.release_handle}
             runner.hold(list(claims.values()))
-            # Blocks past the first miss are not read: their claims go back at once.
-            runner.release([h for b, h in claims.items() if b not in held])
-            self.handles.extend(h for b, h in claims.items() if b in held)
+            # Blocks past the first failure are not read: their claims go back at once.
+            runner.release([h for b, h in claims.items() if b not in kept])
+            held.extend(h for b, h in claims.items() if b in kept)
             lead += run
             if run < len(part):
                 break
-        return lead
+        return lead, held
+
+    def _claim_late(self, positions: np.ndarray) -> list[Any]:
+        """Claims for the batch's pages past the leading DRAM run (raise if any fails)."""
+        late = [self.blocks[p] for p in positions.tolist() if p >= self.local]
+        if not late:
+            return []
+        claimed, handles = self._fetch(list(dict.fromkeys(late)))
+        if claimed < len(set(late)):
+            self.pool.runner.release(handles)
+            message = f"pool {self.pool.name!r}: KVCR could not bring a page of the batch into DRAM"
+            raise TransportError(message)
+        return handles
 
     def _positions_by_round(self, positions: np.ndarray) -> list[np.ndarray]:
         """Positions cut so that no KVCR call names a block twice (a read of one key into two
@@ -248,8 +291,13 @@ class _Transfer:
         return runner.start("deposit", runner.kvcr.deposit, blocks)
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
-        rounds = self._positions_by_round(positions)
-        started = [(r, self._start(r, shape)) for r in rounds]
+        late = self._claim_late(positions) if self.read else []
+        try:
+            rounds = self._positions_by_round(positions)
+            started = [(r, self._start(r, shape)) for r in rounds]
+        except BaseException:
+            self.pool.runner.release(late)
+            raise
         done: Future[np.ndarray] = Future()
         left = [len(started)]
         lock = threading.Lock()
@@ -259,6 +307,7 @@ class _Transfer:
                 left[0] -= 1
                 if left[0]:
                     return
+            self.pool.runner.release(late)  # delivered or failed: DRAM may take others
             try:
                 self._check(positions, [(r, f.result()) for r, f in started])
             except BaseException as err:
@@ -289,7 +338,11 @@ class _Transfer:
 
     def retry(self, position: int) -> bool:
         one = np.array([position], dtype=np.int64)
-        entries = self._start(one, _plain).result()
+        late = self._claim_late(one) if self.read else []
+        try:
+            entries = self._start(one, _plain).result()
+        finally:
+            self.pool.runner.release(late)
         return _ok(entries, self.blocks[position])
 
     def finish(self, moved: np.ndarray) -> list[bool]:
