@@ -16,9 +16,10 @@ def test_ci_runs_the_quick_starts_test_command() -> None:
     commands = block.group(1).strip().splitlines()
     test_command = commands[-1]
     assert test_command.endswith("python -m pytest -q")
-    # What the tests need: the project with its test and ucx extras, the example plugin, and
-    # SGLang through the CPU-safe installer (never a plain `pip install sglang`).
+    # What the tests need: the project with its test and ucx extras, the example and KVCR plugins,
+    # and SGLang through the CPU-safe installer (never a plain `pip install sglang`).
     assert "-e '.[test,ucx]'" in test_command and "plugins/kvcr-policy-example" in test_command
+    assert "-e plugins/kvcr-policy-kvcr" in test_command  # the KVCR runner and its plugin
     assert "bash .ci/install-sglang.sh" in test_command
     assert "sglang" not in test_command.replace("bash .ci/install-sglang.sh", "")
     ci = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
