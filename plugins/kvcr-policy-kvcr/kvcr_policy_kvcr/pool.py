@@ -236,7 +236,8 @@ class _Transfer:
         """Claim ``blocks`` with KVCR's fetch (in metadata-query-sized calls, stopping at the
         first that fails): how many lead, and the handles held for them."""
         runner, step, labels = self.pool.runner, self.pool._query_batch, self.pool.layout.labels
-        lead, held = 0, list[Any]()
+        lead = 0
+        held: list[Any] = []
         for start in range(0, len(blocks), step):
             part = blocks[start : start + step]
             entries = runner.start("fetch", runner.kvcr.fetch, part, None, labels).result()
