@@ -21,52 +21,26 @@ import logging
 import os
 import threading
 import uuid
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kvcr.api import KVCR, KVCRBindings
-from kvcr.config import G3Options, KVCRBackendConfigs, KVCRConfig, LocalDramOptions
-from kvcr.types import KVCRStartupError, PinRequestId
+from kvcr.config import G3Options
 
 from kvcr_policy.backends.base import BackendContext, PoolSpec, check_device
 from kvcr_policy.backends.dram.tier import Region
 from kvcr_policy.errors import ClosedError, PoolError
 
-from . import agent
 from .layout import PageLayout, kvcr_pool_name
 from .options import KvcrOptions
-from .policy import POLICIES, TierPolicy
+from .policy import POLICIES
 from .pool import KvcrPool
 from .process import ProcessReport, apply_process_defaults, free_port, port_free
-from .runner import Runner
-from .telemetry import Interval, Totals
+from .startup import Retained, Started, StartFailed, start_runner
 
 __all__ = ["KvcrBackend"]
 
 log = logging.getLogger("kvcr_policy_kvcr.backend")
-
-
-# Pins are how KVCR reaches a framework's own G2 memory on other hosts (remote G2); a local
-# tier never asks (checked with kvcr 0.1.1), but KVCRBindings requires the three callables.
-def _request_pin(keys: Any) -> PinRequestId:
-    return PinRequestId(0)
-
-
-def _poll_pin_results() -> list[Any]:
-    return []
-
-
-def _release_pin(handle: Any) -> bool:
-    return False
-
-
-@dataclass(frozen=True, slots=True)
-class _Started:
-    runner: Runner
-    policy: TierPolicy
-    port: tuple[int, str]
 
 
 class KvcrBackend:
@@ -171,10 +145,10 @@ class KvcrBackend:
             region = self.placement.open_region(f"kvcr:{spec.name}", slots * geometry.page_bytes)
             try:
                 started = self._start(spec, layout, region, g3)
-            except _Retained as err:
+            except Retained as err:
                 # KVCR kept native resources that may still touch the region: never unmap it.
                 with contextlib.suppress(RuntimeError):
-                    region.close(wait=_raise_startup)
+                    region.close(wait=err.refuse)
                 message = (
                     f"pool {spec.name!r}: the KVCR runner failed to start and could not stop its "
                     f"native work ({err.__cause__}); its region stays mapped until the process "
@@ -203,51 +177,33 @@ class KvcrBackend:
 
     def _start(
         self, spec: PoolSpec, layout: PageLayout, region: Region, g3: G3Options | None
-    ) -> _Started:
-        inner, inner_g3 = POLICIES[self.config.placement.eviction]
-        policy = TierPolicy(inner_g3() if g3 is not None else inner())
-        timeout_ms = max(1, round(self.config.transport.op_timeout_s * 1000))
-        backends = KVCRBackendConfigs(
-            framework_regions=[layout.framework_region(spec.endpoint.address)],
-            local_dram=LocalDramOptions(pools=[(layout.pool, region.address, region.size)]),
-            g3=g3,
-        )
-        bindings = KVCRBindings(
-            request_pin=_request_pin,
-            poll_pin_results=_poll_pin_results,
-            release_pin=_release_pin,
-            stats_factory=Interval,
-            policy=policy,
-        )
+    ) -> Started:
+        """A runner for ``spec``; a port chosen free that was taken meanwhile is chosen again."""
         for attempt in range(2):
             port = self._port(spec.name)
-            config = KVCRConfig(
-                nixl_agent_name=layout.agent,
-                pool_layouts=[(layout.pool, layout.element_bytes)],
-                enable_telemetry=True,
-                operation_timeout_ms=timeout_ms,
-                abandon_timeout_ms=2 * timeout_ms,
-                nixl_listen_port=port[0],
-            )
             try:
-                with agent.starting(layout.agent, self.options.progress_thread):
-                    kvcr = KVCR(config, bindings, backends)
-            except Exception as err:
-                if not _stopped(err, layout.agent):
-                    raise _Retained() from err
+                return start_runner(
+                    layout,
+                    spec.endpoint.address,
+                    region,
+                    g3,
+                    port,
+                    eviction=self.config.placement.eviction,
+                    op_timeout_s=self.config.transport.op_timeout_s,
+                    progress_thread=self.options.progress_thread,
+                    poll_interval_s=self.options.poll_interval_s,
+                )
+            except StartFailed as failed:
+                err = failed.__cause__
                 chosen = self.options.listen_port is None
                 if chosen and attempt == 0 and "bind" in str(err).lower():
-                    continue  # the free port was taken in between: choose again
+                    continue
                 message = (
                     f"pool {spec.name!r}: the KVCR runner could not start: {err} (listen port "
                     f"{port[0]}, {port[1]}; UCX_TLS={os.environ.get('UCX_TLS')!r}, "
                     f"UCX_NET_DEVICES={os.environ.get('UCX_NET_DEVICES')!r})"
                 )
                 raise PoolError(message) from err
-            runner = Runner(
-                kvcr, layout.agent, self.options.poll_interval_s, 2 * timeout_ms / 1000, Totals()
-            )
-            return _Started(runner, policy, port)
         raise AssertionError("unreachable")  # the loop returns or raises
 
     # ---- reports and lifetime -------------------------------------------------------------
@@ -297,33 +253,3 @@ class KvcrBackend:
                 errors.append(err)
         if errors:
             raise errors[0]
-
-
-class _Retained(Exception):
-    """KVCR failed to start and kept native resources (its ``KVCRStartupError``)."""
-
-
-def _stopped(err: BaseException, agent_name: str) -> bool:
-    """Whether a KVCR that failed to start holds nothing native any more.
-
-    A failed start raises ``KVCRStartupError`` and keeps the core whenever its close raised,
-    which it does whenever the start failed in its progress thread (a taken port), even when
-    that thread already released every registration. KVCR keeps such cores in a list of its own
-    (``kvcr.api._NONQUIESCENT_STARTUP_RESOURCES``, 0.1.1); its own quiescence check on the core
-    decides here. Anything unknown counts as not stopped: the region is then kept mapped.
-    """
-    if not isinstance(err, KVCRStartupError):
-        return True
-    try:
-        from kvcr import api
-
-        for core, _ in api._NONQUIESCENT_STARTUP_RESOURCES:
-            if core.config.nixl_agent_name == agent_name:
-                return bool(core.is_quiescent())
-    except Exception:
-        return False
-    return False
-
-
-def _raise_startup() -> None:
-    raise RuntimeError("KVCR failed to start without reaching quiescence")
