@@ -209,3 +209,46 @@ def test_pages_move_with_the_progress_thread_on_too(kvcr_pipeline: Any) -> None:
     expected = view[:, :6].copy()
     assert pipeline.get(keys, tokens(range(10, 16))) == [True] * 6
     assert np.array_equal(view[:, 10:16], expected)
+
+
+BLOCKED = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class Block(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "kvcr" or name.startswith(("kvcr.", "nixl")):
+            raise ImportError(f"{name} blocked for this test")
+        return None
+
+sys.meta_path.insert(0, Block())
+from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.errors import PluginError
+
+loaded = load_config("default", environ={}, overrides={"backend.name": "kvcr"})
+print("validated", loaded.config.backend.options["ucx_net_devices"])
+try:
+    build_pipeline(loaded)
+except PluginError as err:
+    print("refused:", err)
+"""
+
+
+def test_a_profile_naming_kvcr_validates_where_the_runner_is_missing() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVCR_POLICY_")}
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED],
+        env={**env, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "validated lo" in done.stdout
+    assert "refused: backend 'kvcr' needs the KVCR runner" in done.stdout
+    assert "pip install kvcr-policy-kvcr" in done.stdout
