@@ -5,7 +5,8 @@ are counted outside its lock, ``query`` reads its tables unlocked, and ``poll_co
 drains one shared queue), while SGLang calls from its prefetch and backup threads together. So
 every call into KVCR takes this runner's lock, and one polling thread collects completions
 (``poll_completed``) while operations are in flight and hands each to the future its caller
-waits on. The thread sleeps on a condition when nothing is in flight.
+waits on: every ``poll_interval_s`` at first, less often (down to every 2 ms) while nothing
+completes. The thread sleeps on a condition when nothing is in flight.
 
 Operations are bounded twice: KVCR fails what its operation timeout expires; a completion that
 never comes (KVCR's abandon timeout) fails the caller's future and is still waited for at
@@ -38,6 +39,10 @@ __all__ = ["Entries", "Runner"]
 log = logging.getLogger("kvcr_policy_kvcr.runner")
 
 Entries = Mapping[BlockKey, OpEntryResult]
+
+#: Longest pause between polls while operations are in flight (a finished operation waits at
+#: most this long for its caller to hear of it).
+MAX_POLL_S = 0.002
 
 
 @dataclass
@@ -160,6 +165,7 @@ class Runner:
     # ---- completions ----------------------------------------------------------------------
 
     def _poll(self) -> None:
+        idle = 0  # polls in a row that found nothing
         while True:
             with self._cond:
                 while not self._pending and self.state != "closed":
@@ -175,8 +181,13 @@ class Runner:
             for handle, entries in completed:
                 self._settle(int(handle), entries)
             self._expire(time.monotonic())
-            if not completed:
-                time.sleep(self._interval)
+            if completed:
+                idle = 0
+                continue
+            # Back off while a long transfer runs: each poll takes the GIL from KVCR's own
+            # progress thread, which looks at its transfers about once a millisecond anyway.
+            time.sleep(min(self._interval * (1 << min(idle, 4)), MAX_POLL_S))
+            idle += 1
 
     def _settle(self, handle: int, entries: Entries) -> None:
         with self._cond:
