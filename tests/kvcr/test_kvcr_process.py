@@ -252,3 +252,38 @@ def test_a_profile_naming_kvcr_validates_where_the_runner_is_missing() -> None:
     assert "validated lo" in done.stdout
     assert "refused: backend 'kvcr' needs the KVCR runner" in done.stdout
     assert "pip install kvcr-policy-kvcr" in done.stdout
+
+
+QUIET = """
+import logging
+import numpy as np
+from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.geometry import PoolGeometry
+
+geometry = PoolGeometry("kv", "page_first", 2, 2, 8, "uint8", 4, 32)
+overrides = {"backend.name": "kvcr", "placement.capacity_bytes": geometry.nbytes}
+with build_pipeline(load_config("default", environ={}, overrides=overrides)) as pipeline:
+    pipeline.register_pool("kv", geometry, np.zeros(geometry.shape, dtype=np.uint8))
+    pipeline.probe(64)
+print("only this", logging.raiseExceptions)
+"""
+
+
+def test_nixl_prints_nothing_on_stdout() -> None:
+    """NIXL's own logging prints INFO lines on stdout, where a command's JSON goes: routed to
+    the application's logging instead, and Python's logging.raiseExceptions left alone."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVCR_POLICY_", "NIXL_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET],
+        env={**env, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout == "only this True\n"

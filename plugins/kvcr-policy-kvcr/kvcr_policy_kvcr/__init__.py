@@ -27,6 +27,9 @@ INSTALL = "pip install kvcr-policy-kvcr (it pulls kvcr==0.1.1 and nixl)"
 
 def _backend(context: BackendContext, options: KvcrOptions) -> Any:
     try:
+        from .agent import load_nixl
+
+        load_nixl()  # before kvcr imports it: NIXL's own logging would print on stdout
         from .backend import KvcrBackend
     except ImportError as err:
         message = f"backend 'kvcr' needs the KVCR runner, which does not import ({err}); {INSTALL}"

@@ -17,6 +17,9 @@ what :meth:`~kvcr_policy_kvcr.pool.KvcrPool.probe` times as a restore's limit.
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,13 +28,37 @@ from typing import Any
 
 from kvcr_policy.errors import TransportError
 
-__all__ = ["KVCR_UCX_THREADS", "ProbeAgent", "starting"]
+__all__ = ["KVCR_UCX_THREADS", "ProbeAgent", "load_nixl", "starting"]
 
 #: The UCX worker threads kvcr 0.1.1 gives its agent (hard-coded in kvcr/progress.py).
 KVCR_UCX_THREADS = 4
 
 _lock = threading.Lock()
 _progress_thread: dict[str, bool] = {}  # agent name -> NIXL progress thread, while it starts
+
+
+def load_nixl() -> None:
+    """Import NIXL with its logging routed like any library's (idempotent).
+
+    Importing NIXL (1.5) configures its ``nixl`` logger to print INFO lines on stdout, where a
+    command's JSON (``kvcr-policy bench --format json``) or an engine's own output goes, and
+    sets ``logging.raiseExceptions`` for the whole process. Here its records go to the
+    application's logging instead (NIXL_LOG_LEVEL, when set, still sets their level), and the
+    process's ``raiseExceptions`` stays as it was.
+    """
+    raise_exceptions = logging.raiseExceptions
+    first = "nixl" not in sys.modules
+    import nixl  # noqa: F401
+
+    if first:
+        logging.raiseExceptions = raise_exceptions
+    logger = logging.getLogger("nixl")
+    for handler in list(logger.handlers):
+        if getattr(handler, "stream", None) is sys.stdout:
+            logger.removeHandler(handler)
+    logger.propagate = True
+    if not os.environ.get("NIXL_LOG_LEVEL"):
+        logger.setLevel(logging.NOTSET)
 
 
 def _install() -> None:
