@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the test suite uses, idempotently (fast when all is there):
-# - the project with its test and ucx extras, and the example and Mooncake plugins (editable);
+# - the project with its test and ucx extras, and the example, KVCR and Mooncake plugins
+#   (editable; the KVCR plugin pulls kvcr==0.1.1 and nixl);
 # - SGLang 0.5.23 for the HiCache backend tests, CPU-only (.ci/install-sglang.sh: never a plain
 #   `pip install sglang`, whose metadata pulls a CUDA torch);
 # - the Mooncake transfer engine (its CPU wheel and Debian's libibverbs1) for the tests against a
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 pip install -q torch==2.13.0 -e '.[test,ucx]' -e plugins/kvcr-policy-example \
-    -e plugins/kvcr-policy-mooncake
+    -e plugins/kvcr-policy-kvcr -e plugins/kvcr-policy-mooncake
 bash .ci/install-sglang.sh
 bash .ci/install-mooncake.sh
 if ! command -v prometheus >/dev/null 2>&1; then

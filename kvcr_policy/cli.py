@@ -405,7 +405,8 @@ def bench(
     backend: Annotated[
         str | None,
         typer.Option(
-            "--backend", help="Tier backend: dram, peer or mooncake (default: the profile's)."
+            "--backend",
+            help="Tier backend: dram, peer, kvcr or mooncake (default: the profile's).",
         ),
     ] = None,
     peer: Annotated[

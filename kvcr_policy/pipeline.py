@@ -93,11 +93,9 @@ class Pipeline:
         missing = coalescing.needs - backend.capabilities
         if missing:
             what = ", ".join(sorted(missing))
-            origin = loaded.origin("coalescing.strategy")
             message = (
                 f"backend {backend.name!r} (transport {getattr(transport, 'name', '?')!r}) "
-                f"cannot {what} descriptors, which coalescing.strategy "
-                f"{self.config.coalescing.strategy!r} (from {origin}) asks for"
+                f"cannot {what} descriptors, which {_asking(loaded, missing)}"
             )
             if self.config.coalescing.on_unsupported == "error":
                 raise UnsupportedError(message + "; set coalescing.on_unsupported = 'fallback'")
@@ -399,6 +397,19 @@ class Pipeline:
                 if meter is not None:
                     meter.placement(audit)  # the placement gauges follow every audit
             return found
+
+
+def _asking(loaded: LoadedConfig, missing: frozenset[str]) -> str:
+    """The options that ask for the ``missing`` capabilities, with their values and origins."""
+    section = loaded.config.coalescing
+    options = []
+    if "split" in missing and section.split_bytes is not None:
+        split = loaded.origin("coalescing.split_bytes")
+        options.append(f"coalescing.split_bytes {int(section.split_bytes)} (from {split})")
+    if missing - {"split"} or not options:
+        strategy = loaded.origin("coalescing.strategy")
+        options.insert(0, f"coalescing.strategy {section.strategy!r} (from {strategy})")
+    return " and ".join(options) + (" ask for" if len(options) > 1 else " asks for")
 
 
 def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None) -> Pipeline:

@@ -67,6 +67,25 @@ EXAMPLE_MISSING = (
 )
 
 
+KVCR_DIST = "kvcr-policy-kvcr"
+
+
+def kvcr_missing() -> str | None:
+    """Why the ``kvcr`` backend cannot run here (its plugin or the runner is not installed)."""
+    try:
+        metadata.distribution(KVCR_DIST)
+    except metadata.PackageNotFoundError:
+        return (
+            f"{KVCR_DIST} is not installed; run `pip install -e plugins/kvcr-policy-kvcr` "
+            "(.ci/run does; it pulls kvcr==0.1.1 and nixl)"
+        )
+    try:
+        import kvcr.api  # noqa: F401
+    except Exception as err:  # a broken native install is missing too
+        return f"kvcr cannot be imported ({err}); pip install kvcr==0.1.1"
+    return None
+
+
 def example_installed() -> bool:
     """Whether the example plugin distribution is installed in this environment."""
     try:

@@ -1,10 +1,11 @@
 """The pipeline's behaviour on every tier backend: the built-in ``dram`` and ``peer``, the
-example plugin's third-party ``dict`` backend (selected by a TOML profile) and the ``mooncake``
-plugin's Mooncake Store.
+example plugin's third-party ``dict`` backend (selected by a TOML profile), the ``kvcr``
+plugin's KVCR runner (selected by the environment) and the ``mooncake`` plugin's Mooncake Store.
 
 The same tests run on all of them: byte-exact store and restore, leading-run semantics, claims
 that keep a page being read from eviction, fallback page by page, delivery windows, lifetime.
-The peer runs as a real ``kvcr-policy serve`` process over ucxx on loopback; Mooncake as a real
+The peer runs as a real ``kvcr-policy serve`` process over ucxx on loopback; ``kvcr`` runs the
+real KVCR 0.1.1 over NIXL, in this process, next to ucxx; Mooncake as a real
 ``mooncake_master`` on free loopback ports, stopped by PID.
 """
 
@@ -26,10 +27,11 @@ from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError, PoolError, UsageError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
-from tests.conftest import EXAMPLE_MISSING, example_installed
+from tests.conftest import EXAMPLE_MISSING, example_installed, kvcr_missing
+from tests.installs import missing
 from tests.mooncake_backend.mooncake_helpers import need_mooncake
 
-BACKENDS = ["dram", "peer", "dict", "mooncake"]
+BACKENDS = ["dram", "peer", "dict", "kvcr", "mooncake"]
 P = 4
 SLOTS = 16  # tier capacity in pages, on every backend
 
@@ -115,6 +117,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
     opened: list[Pipeline] = []
     base: dict[str, Any] = {"placement.capacity_bytes": SLOTS * PAGE_BYTES}
     selector: Path | None = None
+    environ: dict[str, str] = {}
     if name == "peer":
         server = request.getfixturevalue("small_peer")
         base = {
@@ -150,6 +153,11 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
             ),
             encoding="utf-8",
         )
+    elif name == "kvcr":
+        reason = kvcr_missing()
+        if reason is not None:
+            missing(reason)
+        environ = {"KVCR_POLICY_BACKEND__NAME": "kvcr"}  # chosen like any value
 
     def build(
         profile: str = "default",
@@ -164,7 +172,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
             values = {path: value for path, (value, _) in named.items()} | values
             loaded = load_config(selector, environ={}, overrides=values)
         else:
-            loaded = load_config(profile, environ={}, overrides=values)
+            loaded = load_config(profile, environ=environ, overrides=values)
         pipeline = build_pipeline(loaded, transport=transport)
         assert pipeline.backend.name == name
         opened.append(pipeline)
@@ -289,6 +297,8 @@ def _faulty(make: Make, request: pytest.FixtureRequest) -> tuple[dict[str, Any],
     where the backend allows that)."""
     if make.backend == "dict":  # type: ignore[attr-defined]
         return {"backend.options.fail_every": 2}, None
+    if make.backend == "kvcr":  # type: ignore[attr-defined]
+        return _kvcr_faults(request.getfixturevalue("monkeypatch")), None
     if make.backend == "peer":  # type: ignore[attr-defined]
         fake_dist = request.getfixturevalue("fake_dist")
         fake_dist("kvcr-test-flaky", {"flaky": "kvcr_test_flaky"}, {"kvcr_test_flaky": FLAKY})
@@ -328,6 +338,26 @@ def _flaky_mooncake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(StoreClient, "get", flaky(StoreClient.get))
     monkeypatch.setattr(StoreClient, "put", flaky(StoreClient.put))
+    return {}
+
+
+def _kvcr_faults(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Every second NIXL transfer KVCR submits for several pages fails at submission (KVCR then
+    reports the whole copy FAILED, as after a transport error); single pages pass."""
+    from kvcr.progress import _KVCRProgress
+
+    original = _KVCRProgress.submit_transfer
+    count = {"n": 0}
+    planes = geometry().fragments_per_page
+
+    def submit_transfer(self: Any, operation: str, local: Any, remote: Any, **kw: Any) -> Any:
+        if len(local) > planes:
+            count["n"] += 1
+            if count["n"] % 2 == 0:
+                raise RuntimeError("injected NIXL failure")
+        return original(self, operation, local, remote, **kw)
+
+    monkeypatch.setattr(_KVCRProgress, "submit_transfer", submit_transfer)
     return {}
 
 

@@ -21,6 +21,7 @@ def test_ci_runs_the_quick_starts_test_command() -> None:
     script = (ROOT / ".ci/install-tests.sh").read_text(encoding="utf-8")
     assert "-e '.[test,ucx]'" in script and "plugins/kvcr-policy-example" in script
     assert "bash .ci/install-sglang.sh" in script and "prometheus" in script
+    assert "-e plugins/kvcr-policy-kvcr" in script  # the KVCR runner and its plugin
     assert "plugins/kvcr-policy-mooncake" in script and "bash .ci/install-mooncake.sh" in script
     commands = [line for line in script.splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in commands if "pip install" in line and "sglang" in line]

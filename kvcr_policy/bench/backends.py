@@ -13,6 +13,7 @@ largest single move of the same bytes from its tier into the pool. Register it i
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib.util import find_spec
@@ -28,6 +29,7 @@ __all__ = [
     "BACKENDS",
     "BenchBackend",
     "DramBackend",
+    "KvcrBackend",
     "MooncakeBackend",
     "PeerBackend",
     "default_backend",
@@ -208,13 +210,51 @@ class MooncakeBackend(BenchBackend):
         return {"mooncake": dict(self.instances), "threads": transport.get("threads")}
 
 
+class KvcrBackend(BenchBackend):
+    """The KVCR runner (plugin ``kvcr-policy-kvcr``) in this process, one per side and pool:
+    its local DRAM is a region the side's placement opens, as in a deployment."""
+
+    name = "kvcr"
+    needs: ClassVar[Mapping[str, str]] = {
+        "kvcr_policy_kvcr": "pip install -e plugins/kvcr-policy-kvcr (it pulls kvcr==0.1.1)",
+        "kvcr": "pip install kvcr==0.1.1",
+    }
+    limit_text = (
+        "one NIXL transfer of the same bytes, KVCR's DRAM region -> pool, by an agent built "
+        "like KVCR's"
+    )
+
+    def __init__(self, setup: BenchSetup) -> None:
+        super().__init__(setup)
+        self._warm: weakref.WeakSet[Pipeline] = weakref.WeakSet()
+
+    def planned(self) -> dict[str, Any]:
+        return {"backend.name": self.name}
+
+    @contextmanager
+    def start(self, label: str, profile: str, geometry: PoolGeometry) -> Iterator[dict[str, Any]]:
+        yield {"backend.name": self.name, "placement.capacity_bytes": geometry.nbytes}
+
+    def limit_gbps(self, pipeline: Pipeline, nbytes: int) -> float:
+        # The first probe builds the probe agent and registers both buffers: not a transfer.
+        if pipeline not in self._warm:
+            pipeline.probe(nbytes)
+            self._warm.add(pipeline)
+        return super().limit_gbps(pipeline, nbytes)
+
+
 BACKENDS: dict[str, type[BenchBackend]] = {
     "dram": DramBackend,
     "peer": PeerBackend,
+    "kvcr": KvcrBackend,
     "mooncake": MooncakeBackend,
 }
 
 
 def default_backend(loaded: LoadedConfig) -> str:
-    """The backend a profile implies: ``peer`` when its transport is ``ucx``, else ``dram``."""
+    """The backend a profile implies: the one it names, when the benchmark knows it; else
+    ``peer`` when its transport is ``ucx``, else ``dram``."""
+    named = loaded.config.backend.name
+    if named in BACKENDS:
+        return named
     return "peer" if loaded.config.transport.name == "ucx" else "dram"

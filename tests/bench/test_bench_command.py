@@ -13,6 +13,7 @@ import pytest
 
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.bench import plot as bench_plot
+from kvcr_policy.bench.backends import BACKENDS
 from kvcr_policy.cli import main
 
 SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
@@ -83,7 +84,10 @@ def test_the_screen_passes_a_faster_profile(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--backend", "lmcache"], "unknown backend 'lmcache'; expected one of: dram, mooncake"),
+        (
+            ["--backend", "nope"],
+            f"unknown backend 'nope'; expected one of: {', '.join(sorted(BACKENDS))}",
+        ),
         (["--transport", "ucx", "--backend", "dram"], "--backend dram contradicts it"),
         (["--screen", "150"], "--screen: expected a percent in [0, 100), got 150.0"),
         (["--tokens", "100"], "try --tokens 96"),

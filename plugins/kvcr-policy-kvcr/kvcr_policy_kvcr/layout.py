@@ -1,0 +1,79 @@
+"""PageLayout: how one pool's pages are described to KVCR.
+
+A KVCR block is a list of fixed-size elements of registered memory (``MemoryRef``), each as
+large as the pool's block size, and KVCR keeps one local DRAM slot per element. A page of a
+:class:`~kvcr_policy.geometry.PoolGeometry` is ``fragments_per_page`` contiguous fragments, one
+per plane, and every plane is ``pages`` fragments back to back; so the whole pool buffer is one
+registration of ``planes x pages`` elements of ``fragment_bytes``, and fragment ``f`` of page
+``p`` is element ``f * pages + p`` (its byte offset divided by the fragment size). A page of one
+fragment is a block of one unlabelled element (what KVCR's G3 tier requires); otherwise fragment
+``f`` is the part ``<pool>:<f>`` of the block, all parts sharing the registration ``<pool>:*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from kvcr.types import MemoryRef, RegionDescriptor
+
+from kvcr_policy.descriptors import Descriptors
+from kvcr_policy.errors import UnsupportedError
+from kvcr_policy.geometry import PoolGeometry
+
+__all__ = ["PageLayout", "kvcr_pool_name"]
+
+
+def kvcr_pool_name(name: str) -> str:
+    """A pipeline pool name as a KVCR pool name (which may not contain a colon)."""
+    return name.replace(":", "_") or "kv"
+
+
+@dataclass(frozen=True, slots=True)
+class PageLayout:
+    """The KVCR view of one pool: its KVCR pool name, agent, element size and part labels."""
+
+    pool: str
+    agent: str
+    geometry: PoolGeometry
+
+    @property
+    def element_bytes(self) -> int:
+        return self.geometry.fragment_bytes
+
+    @property
+    def labels(self) -> list[str]:
+        planes = self.geometry.fragments_per_page
+        return [self.pool] if planes == 1 else [f"{self.pool}:{f}" for f in range(planes)]
+
+    def framework_region(self, address: int) -> RegionDescriptor:
+        """The pool buffer as one registration of every fragment of every page."""
+        g = self.geometry
+        label = self.pool if g.fragments_per_page == 1 else f"{self.pool}:*"
+        count = g.fragments_per_page * g.pages
+        return RegionDescriptor(addr=address, size=g.fragment_bytes, count=count, label=label)
+
+    def refs(self, shaped: Descriptors, pool_side: np.ndarray) -> list[list[MemoryRef]]:
+        """Per page of a batch, the elements of its fragments, from the batch's descriptors.
+
+        ``pool_side`` is ``shaped.dst`` for a read (pool pages receive) or ``shaped.src`` for a
+        write. KVCR moves whole elements only, so every descriptor must be one fragment.
+        """
+        size = self.element_bytes
+        planes = self.geometry.fragments_per_page
+        if len(shaped) % planes or (shaped.length != size).any() or (pool_side % size).any():
+            message = (
+                f"pool {self.pool!r}: KVCR moves whole fragments of {size} bytes, one element "
+                "each, but the batch's descriptors were merged or cut (a coalescing strategy "
+                "that ignored what the backend accepts); use coalescing.strategy = 'none'"
+            )
+            raise UnsupportedError(message)
+        elements = (pool_side // size).reshape(planes, -1).T.tolist()
+        agent, labels = self.agent, self.labels
+        return [
+            [
+                MemoryRef(end_point_name=agent, label=label, element_index=element)
+                for label, element in zip(labels, row, strict=True)
+            ]
+            for row in elements
+        ]
