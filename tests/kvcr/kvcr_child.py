@@ -49,12 +49,11 @@ def main(port: int, folder: str) -> None:
         pipeline.get(keys, tokens + 128 * GEOMETRY.page_size)
     pool = pipeline._pools["kv"][1]
     pipeline.close()
-    audit = pipeline.audit()["kv"]
     state = {
         "claims": pool.runner.claims,
         "quiescent": pool.runner.quiescent,
-        "region": audit["state"],
-        "leaked": audit["leaked"],
+        "region": pool.region.state,
+        "leaked": pool.region.leaked,
     }
     print(json.dumps(state), flush=True)
 

@@ -58,8 +58,7 @@ def test_kvcr_keeps_its_pages_in_the_region_the_placement_opened(
     for key in ("prefaulted", "huge_pages_requested", "numa_policy_obtained", "numa_mode"):
         assert reported[key] == audit[key]
     pipeline.close()
-    closed = pipeline.audit()["kv"]
-    assert closed["state"] == "closed" and not closed["leaked"]
+    assert region.state == "closed" and not region.leaked
 
 
 def _recorded_releases(kvcr: Any) -> list[int]:
