@@ -61,7 +61,11 @@ def check_keys(keys: Any, call: str) -> list[str]:
         )
         raise UsageError(message) from None
     if ascii_only:  # one byte per character, no surrogate: sizes are lengths
-        sizes = list(map(len, keys)) if max(map(len, keys)) > MAX_KEY_BYTES or "" in keys else []
+        lengths = set(map(len, keys))  # the distinct lengths: one C pass, a small set
+        if not 1 <= min(lengths) <= max(lengths) <= MAX_KEY_BYTES:
+            sizes = list(map(len, keys))
+        else:
+            sizes = []
     else:
         sizes = [_utf8_size(call, i, k) for i, k in enumerate(keys)]
     for position, size in enumerate(sizes):

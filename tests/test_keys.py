@@ -1,0 +1,60 @@
+"""The key rule (kvcr_policy.keys) against a plain reference, on lists long enough to cross
+the chunks its C passes work in, with the offending key anywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcr_policy.errors import ArgumentError, UsageError
+from kvcr_policy.keys import _CHUNK, MAX_KEY_BYTES, check_keys
+
+
+def reference(keys: list[Any]) -> tuple[type[Exception], int] | None:
+    """The rule written the slow way: the first bad key's error class and position."""
+    for position, key in enumerate(keys):
+        if not isinstance(key, str):
+            return UsageError, position
+    for position, key in enumerate(keys):
+        try:
+            size = len(key.encode("utf-8"))
+        except UnicodeEncodeError:
+            return ArgumentError, position
+        if not 1 <= size <= MAX_KEY_BYTES:
+            return ArgumentError, position
+    return None
+
+
+good = st.text(min_size=1, max_size=12)
+bad = st.one_of(
+    st.just(""),
+    st.just("k" * (MAX_KEY_BYTES + 1)),
+    st.just("é" * (MAX_KEY_BYTES // 2 + 1)),  # 1026 bytes in 513 characters
+    st.just("\udc80"),
+    st.integers(),
+    st.none(),
+    st.binary(max_size=3),
+)
+
+
+@given(
+    n=st.integers(1, 2 * _CHUNK + 5),
+    where=st.integers(0, 10**6),
+    key=st.one_of(good, bad),
+    second=st.booleans(),
+)
+def test_the_rule_matches_its_reference(n: int, where: int, key: Any, second: bool) -> None:
+    keys: list[Any] = [f"page-{i}" for i in range(n)]
+    keys[where % n] = key
+    if second:  # a second, harmless wide key elsewhere: non-ASCII lists take the slow path
+        keys[(where + 1) % n] = "ключ"
+    expected = reference(keys)
+    if expected is None:
+        assert check_keys(keys, "get") is keys
+        return
+    error, position = expected
+    with pytest.raises(error, match=rf"get\(\): key at position {position} "):
+        check_keys(keys, "get")
