@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "MAX_LINE",
     "ArgumentError",
     "AuthenticationError",
     "BackendUnavailableError",
@@ -61,11 +62,32 @@ __all__ = [
     "UnimplementedError",
     "UnsupportedError",
     "UsageError",
+    "cut_line",
 ]
 
 
+#: Longest line of an error's text: a value quoted in a message (a 50 MB strategy name, say)
+#: is cut in the middle rather than echoed whole on a terminal or in a log.
+MAX_LINE = 1000
+
+
+def cut_line(line: str, limit: int = MAX_LINE) -> str:
+    """``line``, or its head and tail around a note of how much was cut."""
+    if len(line) <= limit:
+        return line
+    head, tail = line[: limit * 2 // 3], line[-(limit // 4) :]
+    return f"{head} ... [{len(line) - len(head) - len(tail)} characters cut] ... {tail}"
+
+
 class KVCRPolicyError(Exception):
-    """Base of every error raised by kvcr_policy."""
+    """Base of every error raised by kvcr_policy. Its text never holds a line longer than
+    :data:`MAX_LINE` characters, whatever value a message quotes."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if len(text) <= MAX_LINE:
+            return text
+        return "\n".join(map(cut_line, text.split("\n")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +99,7 @@ class ConfigIssue:
     message: str
 
     def render(self) -> str:
-        return f"{self.path} (from {self.origin}): {self.message}"
+        return cut_line(f"{self.path} (from {self.origin}): {self.message}")
 
 
 class ConfigError(KVCRPolicyError, ValueError):

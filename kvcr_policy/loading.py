@@ -353,7 +353,7 @@ def _validate_strategies(
             noun = kind if kind in {"transport", "backend"} else f"{kind} strategy"
             message = (
                 f"unknown {noun} "
-                f"{name!r}{hint} (registered: {', '.join(names) or 'none'}; "
+                f"{shorten(name)}{hint} (registered: {', '.join(names) or 'none'}; "
                 + (f"skipped plugins: {skipped}; " if skipped else "")
                 + "`kvcr-policy plugins` lists them and who provides them)"
             )

@@ -229,7 +229,7 @@ class Pipeline:
             if name in self.refused:
                 raise PoolError(f"pool {name!r} was refused: {self.refused[name]}")
             known = ", ".join(self._pools) or "none"
-            raise PoolError(f"no pool named {name!r} is registered (registered: {known})")
+            raise PoolError(f"no pool named {shorten(name)} is registered (registered: {known})")
         if touch:
             buffer, info = self._memory[name]
             check_unchanged(pool[0], buffer, info)

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from .errors import PluginError
+from .values import shorten
 
 __all__ = [
     "KINDS",
@@ -121,7 +122,7 @@ class Registry:
         spec = self.find(kind, name)
         if spec is None:
             names = ", ".join(self.names(kind)) or "none"
-            message = f"no {kind} named {name!r} is registered (registered: {names})"
+            message = f"no {kind} named {shorten(name)} is registered (registered: {names})"
             raise PluginError(message, plugin=None, distribution=None)
         return spec
 

@@ -3,15 +3,18 @@
 pydantic's :class:`~pydantic.ByteSize` matches its pattern at the start of the text only, so
 ``"64GiB garbage"`` parses as 64 GiB, and its ``\\d`` takes any Unicode digit (``"６４GiB"``).
 :data:`Size` is ``ByteSize`` behind a whole-text, ASCII-only check: digits (an optional decimal
-part), an optional known unit, and nothing after it. :func:`parse_size` is the same rule for
-command-line arguments. :func:`shorten` cuts a value echoed in an error message (a 50 MB string
-must not come back whole on stderr), with :mod:`reprlib`, the standard library's bounded repr.
+part), an optional known unit, and nothing after it, naming a whole number of bytes
+(``1.5`` alone would be truncated to 1 byte; ``1.5KiB`` is 1536). :func:`parse_size` is the
+same rule for command-line arguments. :func:`shorten` cuts a value echoed in an error message
+(a 50 MB string must not come back whole on stderr), with :mod:`reprlib`, the standard
+library's bounded repr.
 """
 
 from __future__ import annotations
 
 import re
 import reprlib
+from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ByteSize
@@ -55,6 +58,12 @@ def check_size_text(value: Any) -> Any:
         message = (
             f"unknown size unit {match.group(2)!r} (known: B, KB, KiB, MB, MiB, GB, GiB, TB, TiB, "
             "PB, PiB, EB, EiB)"
+        )
+        raise ValueError(message)
+    number = Decimal(match.group(1)) * Decimal(ByteSize.byte_sizes[unit or "b"])
+    if number != number.to_integral_value():
+        message = (
+            f"expected a whole number of bytes ({_EXAMPLES}), got {shorten(value)} = {number} bytes"
         )
         raise ValueError(message)
     return value

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 from pydantic import BaseModel
@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from kvcr_policy import load_config
 from kvcr_policy.backends.peer.options import UcxOptions
 from kvcr_policy.contract import json_schema, standard_bounds
-from kvcr_policy.errors import ArgumentError, ConfigError
+from kvcr_policy.errors import MAX_LINE, ArgumentError, ConfigError, PluginError
 from kvcr_policy.registry import Registry
 from kvcr_policy.schema import PolicyConfig
 from kvcr_policy.sources import env_name, known_leaves
@@ -30,6 +30,8 @@ REFUSED: list[tuple[str, str, str]] = [
     ("placement.capacity_bytes", "６４GiB", "ASCII digits"),
     ("placement.capacity_bytes", "1000EiB", "less than or equal"),
     ("placement.capacity_bytes", "64 gigs", "unknown size unit"),
+    ("placement.capacity_bytes", "1.5", "whole number of bytes"),
+    ("batching.window_bytes", "1.0001KiB", "whole number of bytes"),
     ("batching.window_bytes", "1GiB garbage", "nothing after it"),
     ("coalescing.split_bytes", "8MiB!", "nothing after it"),
     ("transport.stream_min_bytes", "1MiB 2", "nothing after it"),
@@ -136,6 +138,30 @@ def test_every_number_is_bounded_and_says_so() -> None:
     assert all(p in leaves or p.startswith("transport.options.") for p, *_ in fields)
 
 
+def test_every_registered_options_model_is_bounded_and_strict(registry: Registry) -> None:
+    """Built-in and plugin options alike (every installed plugin's strategies, transports and
+    backends): each number bounded on both sides, each byte size strict text (the red team
+    found raw ByteSize and unbounded integers in transport and plugin options)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    checked = sizes = 0
+    for (kind, name), spec in registry.specs.items():
+        model = spec.options
+        for path, number, _ in _numbers(model, model.model_json_schema(), f"{kind} {name}: "):
+            assert "maximum" in number or "exclusiveMaximum" in number, path
+            assert "minimum" in number or "exclusiveMinimum" in number, path
+            checked += 1
+        for field in model.model_fields.values():
+            if "ByteSize" not in repr(field.annotation):
+                continue
+            adapter: TypeAdapter[Any] = TypeAdapter(Annotated[(field.annotation, *field.metadata)])
+            for bad in ("64GiB garbage", "1.5", "６４GiB"):
+                with pytest.raises(ValidationError):
+                    adapter.validate_python(bad)
+            sizes += 1
+    assert checked >= 10 and sizes >= 3, (checked, sizes)
+
+
 def test_a_secret_is_never_echoed_nor_read_from_a_profile_or_an_override(
     tmp_path: Path, registry: Registry, write_profile: Any
 ) -> None:
@@ -182,6 +208,16 @@ def test_a_huge_value_is_cut_in_the_message(registry: Registry) -> None:
         )
     assert len(str(info.value)) < 2_000
     assert len(shorten("x" * 10**6)) < 100
+    # Names are looked up, not validated by pydantic: each echo is cut too (red team S11).
+    for leaf in ("batching.strategy", "coalescing.strategy", "transport.name", "backend.name"):
+        with pytest.raises(ConfigError) as info:
+            load_config(environ={}, overrides={leaf: "n" * 100_000}, registry=registry)
+        assert len(str(info.value)) < 2_000 and "registered:" in str(info.value), leaf
+    with pytest.raises(PluginError) as error:
+        registry.get("batching", "n" * 100_000)
+    assert len(str(error.value)) < 1_000
+    # Whatever a message quotes, no error's text holds a line longer than MAX_LINE.
+    assert max(map(len, str(ArgumentError("v" * 10**6 + "\nfix: ...")).split("\n"))) <= MAX_LINE
 
 
 def test_command_line_sizes_are_strict_and_bounded() -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kvcr_policy.values import Size
 
 __all__ = ["KvcrOptions", "tls_keeps_tcp"]
 
@@ -80,8 +82,11 @@ class KvcrOptions(BaseModel):
         description="Files of KVCR's G3 file tier (one set per pool: the pool name is appended); "
         "empty: no G3. Pages must be one fragment (MLA page-first layouts) in kvcr 0.1.1.",
     )
-    g3_capacity_bytes_per_file: ByteSize | None = Field(
-        None, gt=0, description="Bytes of each G3 file: whole pages, required with g3_paths."
+    g3_capacity_bytes_per_file: Size | None = Field(
+        None,
+        gt=0,
+        le=1 << 48,
+        description="Bytes of each G3 file: whole pages, required with g3_paths (at most 256TiB).",
     )
     g3_backend: str = Field(
         "POSIX", min_length=1, description="NIXL backend of the G3 file tier (POSIX on CPU)."

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
+from kvcr_policy.values import Size
+
 __all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "split_address"]
 
 #: Mooncake refuses a smaller segment ("Total size must be at least 16777216",
@@ -63,16 +65,19 @@ class MooncakeOptions(BaseModel):
         description="The address other clients reach this one at; auto: this host's address "
         "on the route to the master (127.0.0.1 when the master is on loopback).",
     )
-    segment_bytes: ByteSize = Field(
+    segment_bytes: Size = Field(
         ByteSize(4 << 30),
+        ge=0,
+        le=1 << 48,
         description="Memory this client contributes to the store (0: none, a pure reader or "
-        "writer; else at least 16MiB). Pages land in any client's segment.",
+        "writer; else at least 16MiB, at most 256TiB). Pages land in any client's segment.",
     )
-    buffer_bytes: ByteSize = Field(
+    buffer_bytes: Size = Field(
         ByteSize(16 << 20),
         gt=0,
+        le=1 << 40,
         description="The client's local transfer buffer (pages move zero-copy from the "
-        "registered pool; Mooncake still needs one).",
+        "registered pool; Mooncake still needs one; at most 1TiB).",
     )
     replicas: int = Field(1, ge=1, le=16, description="Copies of each page across segments.")
     preferred_segment: str | None = Field(
@@ -103,9 +108,10 @@ class MooncakeOptions(BaseModel):
     call_buffers: int | None = Field(
         None,
         ge=1,
-        description="Most buffers (page fragments) one store call moves; a bigger batch is "
-        "cut into calls of this many. Unset, and never more: the tcp transport's per-peer "
-        "queue (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER, 1024 unless set).",
+        le=1 << 20,
+        description="Most buffers (page fragments) one store call moves, at most 1048576; a "
+        "bigger batch is cut into calls of this many. Unset, and never more: the tcp "
+        "transport's per-peer queue (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER, 1024 unless set).",
     )
     recheck_s: float = Field(
         0.5,

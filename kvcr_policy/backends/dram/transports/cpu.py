@@ -7,12 +7,13 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import TransportError
 from kvcr_policy.schema import PolicyConfig
 from kvcr_policy.tunable import tunable
+from kvcr_policy.values import Size
 
 from . import copy as host_copy
 from .base import CopyBatch, Transport, check_bounds
@@ -25,10 +26,11 @@ _MIN_PARALLEL_BYTES = 4 << 20
 
 class CpuOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    min_parallel_bytes: int = Field(
-        _MIN_PARALLEL_BYTES,
+    min_parallel_bytes: Size = Field(
+        ByteSize(_MIN_PARALLEL_BYTES),
         ge=0,
-        description="Smaller batches are copied by one thread.",
+        le=1 << 40,
+        description="Smaller batches are copied by one thread (at most 1TiB).",
         json_schema_extra=tunable(choices=(1 << 20, 4 << 20, 16 << 20, 64 << 20)),
     )
 

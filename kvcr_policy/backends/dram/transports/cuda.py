@@ -37,6 +37,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field
 from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
 from kvcr_policy.schema import PolicyConfig
 from kvcr_policy.tunable import tunable
+from kvcr_policy.values import Size
 
 from ..locality import DeviceLocality, locate, pci_address
 from .base import CopyBatch, Endpoint, Transport, check_bounds
@@ -74,22 +75,27 @@ class CudaOptions(BaseModel):
         ),
         json_schema_extra=tunable(choices=("auto", "always", "never")),
     )
-    gather_below_bytes: ByteSize = Field(
+    gather_below_bytes: Size = Field(
         ByteSize(2 << 20),
         gt=0,
-        description="auto: gather when the mean descriptor is smaller.",
+        le=1 << 40,
+        description="auto: gather when the mean descriptor is smaller (at most 1TiB).",
         json_schema_extra=tunable(choices=("256KiB", "1MiB", "2MiB", "8MiB", "32MiB")),
     )
     gather_min_descriptors: int = Field(
         64,
         ge=1,
-        description="auto: gather only batches with at least this many descriptors.",
+        le=1 << 30,
+        description="auto: gather only batches with at least this many descriptors (at most "
+        "1073741824).",
         json_schema_extra=tunable(choices=(8, 32, 64, 256, 1024)),
     )
-    gather_chunk_bytes: ByteSize = Field(
+    gather_chunk_bytes: Size = Field(
         ByteSize(256 << 20),
         gt=0,
-        description="Most bytes one gather kernel moves (also bounds its GPU scratch memory).",
+        le=1 << 40,
+        description="Most bytes one gather kernel moves (also bounds its GPU scratch memory; at "
+        "most 1TiB).",
         json_schema_extra=tunable(choices=("32MiB", "64MiB", "256MiB", "1GiB")),
     )
 
