@@ -29,8 +29,8 @@ class CpuOptions(BaseModel):
     min_parallel_bytes: Size = Field(
         ByteSize(_MIN_PARALLEL_BYTES),
         ge=0,
-        le=1 << 40,
-        description="Smaller batches are copied by one thread (at most 1TiB).",
+        le=1 << 36,
+        description="Smaller batches are copied by one thread (at most 64GiB).",
         json_schema_extra=tunable(choices=(1 << 20, 4 << 20, 16 << 20, 64 << 20)),
     )
 
