@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, settings
 
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import Registry
-from tests import stateful
-from tests.installs import missing
+from tests.support import stateful
+from tests.support.installs import missing
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 settings.register_profile(

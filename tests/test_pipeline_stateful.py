@@ -45,8 +45,8 @@ from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
-from tests.stateful import count_sequence, machine_settings, same_bytes
 from tests.strategies import distinct_pages, page_bytes, page_slice, token_indices
+from tests.support.stateful import count_sequence, machine_settings, same_bytes
 
 P = 2
 PAGES = 8  # pool pages: sources and destinations are drawn from these

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.installs import missing
+from tests.support.installs import missing
 
 SGLANG_MISSING = "sglang==0.5.23 is not installed; run `bash .ci/install-sglang.sh` (.ci/run does)"
 # Small enough for 2 cores and a shared CI box; every test's tier is one region of this size.

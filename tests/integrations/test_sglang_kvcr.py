@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import kvcr_missing
-from tests.installs import missing
+from tests.support.installs import missing
 
 pytestmark = pytest.mark.sglang
 

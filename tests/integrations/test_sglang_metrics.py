@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.installs import missing
 from tests.integrations.conftest import TIER
 from tests.observability.scraping import read_samples, value
+from tests.support.installs import missing
 
 pytestmark = pytest.mark.sglang
 

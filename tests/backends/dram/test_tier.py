@@ -1,11 +1,11 @@
 """Tests for the DRAM tier region: regions, placement audit, prefer/require, close and leaks.
 
 Real syscalls run on the node this process's memory lands on; a node the kernel lacks is one
-past the highest online node (``tests.hosts``), so the tests hold on hosts with any number of
-nodes. Topologies and kernels this host lacks (the CI machine has one NUMA node and THP in
-``madvise`` mode) are faked with temporary /sys trees through ``_os.use_roots``; the kernel
-still knows only its real nodes, which is what makes the "validated but refused by mbind" path
-testable.
+past the highest online node (``tests.support.hosts``), so the tests hold on hosts with any
+number of nodes. Topologies and kernels this host lacks (the CI machine has one NUMA node and
+THP in ``madvise`` mode) are faked with temporary /sys trees through ``_os.use_roots``; the
+kernel still knows only its real nodes, which is what makes the "validated but refused by mbind"
+path testable.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 from kvcr_policy import _os
 from kvcr_policy.backends.dram.tier import PlacementAudit, Region, format_audit, open_region
 from kvcr_policy.errors import ClosedError, PlacementError
-from tests.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
+from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 
 MIB = 1 << 20
 LOGGER = "kvcr_policy.backends.dram.tier"

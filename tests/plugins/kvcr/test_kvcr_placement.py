@@ -15,7 +15,7 @@ import pytest
 
 from kvcr_policy.cli import main
 from kvcr_policy.geometry import PoolGeometry
-from tests.kvcr.kvcr_helpers import (
+from tests.plugins.kvcr.kvcr_helpers import (
     fresh_keys,
     geometry,
     kvcr_of,

@@ -139,7 +139,7 @@ RECEIVES = textwrap.dedent(
 
     arr.Array = Recorded
 
-    sys.path.insert(0, "tests/peer")
+    sys.path.insert(0, "tests/backends/peer")
     from peer_helpers import geometry, pool_buffer, token_indices
     from kvcr_policy import build_pipeline, load_config
 

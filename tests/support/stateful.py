@@ -5,7 +5,7 @@ bytes through :func:`same_bytes`, which counts a mismatch before it fails the st
 session-finish hook in ``tests/conftest.py`` prints the totals, so a CI log shows how much of
 the production path ran under stateful testing and that no page reported present was wrong.
 
-Import this module as ``tests.stateful`` everywhere (one module object, one tally).
+Import this module as ``tests.support.stateful`` everywhere (one module object, one tally).
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from kvcr_policy.errors import ClosedError, TransportError
-from tests.kvcr.kvcr_helpers import kvcr_of, pages_of, pool_tier, stored, tokens
+from tests.plugins.kvcr.kvcr_helpers import kvcr_of, pages_of, pool_tier, stored, tokens
 
 CHILD = Path(__file__).with_name("kvcr_child.py")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _handles(kvcr: Any) -> tuple[list[int], list[int]]:
@@ -142,7 +142,7 @@ def test_a_process_killed_mid_restore_leaves_nothing_behind(
 ) -> None:
     from kvcr_policy_kvcr.process import free_port, port_free
 
-    from tests.kvcr.kvcr_child import GEOMETRY
+    from tests.plugins.kvcr.kvcr_child import GEOMETRY
 
     port = free_port()
     child = _child(port, tmp_path)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from kvcr_policy.geometry import PoolGeometry
-from tests.installs import missing
+from tests.support.installs import missing
 
 SERVER_SETS = {
     "transport.name": "ucx",

@@ -28,8 +28,8 @@ from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError, PoolEr
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
 from tests.conftest import EXAMPLE_MISSING, example_installed, kvcr_missing
-from tests.installs import missing
-from tests.mooncake_backend.mooncake_helpers import need_mooncake
+from tests.plugins.mooncake.mooncake_helpers import need_mooncake
+from tests.support.installs import missing
 
 BACKENDS = ["dram", "peer", "dict", "kvcr", "mooncake"]
 P = 4

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from mooncake_helpers import ClientProcess
 
-from tests.installs import missing
 from tests.integrations.conftest import SGLANG_MISSING, sglang_installed
+from tests.support.installs import missing
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.sglang, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvcr_policy.errors import UnsupportedError
-from tests.kvcr.kvcr_helpers import (
+from tests.plugins.kvcr.kvcr_helpers import (
     fresh_keys,
     geometry,
     kvcr_of,

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from tests.installs import missing
+from tests.support.installs import missing
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "dashboards" / "kvcr-policy.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "kvcr-policy.json"
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE = "200ms"
 # Grafana's variables as the test fills them in: every profile and pool, a window that covers

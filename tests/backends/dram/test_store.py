@@ -35,7 +35,7 @@ from kvcr_policy.backends.dram.store import (
     count_extents,
 )
 from kvcr_policy.errors import CapacityError, ClosedError
-from tests.stateful import count_sequence, machine_settings, same_bytes
+from tests.support.stateful import count_sequence, machine_settings, same_bytes
 
 
 def put(store: Store, keys: Sequence[str]) -> Reservation:

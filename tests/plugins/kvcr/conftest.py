@@ -17,7 +17,7 @@ import pytest
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.pipeline import Pipeline
 from tests.conftest import kvcr_missing
-from tests.installs import missing
+from tests.support.installs import missing
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """A HiCache client process for the Mooncake tests, driven by JSON lines on stdin.
 
-Run as ``python -m tests.mooncake_backend.sglang_client`` from the repository root. It builds
+Run as ``python -m tests.plugins.mooncake.sglang_client`` from the repository root. It builds
 our backend the way SGLang does (``StorageBackendFactory.create_backend("dynamic", ...)``,
 backend ``mooncake`` chosen by ``overrides``) on real sglang 0.5.23 host pools, one per
 layout, each filled with the same random bytes in every process (a fixed seed per pool), so a

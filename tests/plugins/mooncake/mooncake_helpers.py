@@ -1,7 +1,8 @@
 """What the Mooncake tests share: whether Mooncake and the plugin are installed.
 
-The directory is not named ``mooncake``: pytest puts ``tests/`` on ``sys.path``, and Mooncake's
-package extends its ``__path__`` over every ``mooncake`` folder it finds there.
+No test module may live directly in ``tests/plugins/``: pytest would put that folder on
+``sys.path``, and Mooncake's package extends its ``__path__`` over every ``mooncake`` folder it
+finds there (this one included).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tests.installs import missing
+from tests.support.installs import missing
 
 __all__ = ["PLUGIN_DIST", "ROOT", "ClientProcess", "mooncake_problem", "need_mooncake"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 PLUGIN_DIST = "kvcr-policy-mooncake"
 INSTALL = (
@@ -49,11 +50,11 @@ def need_mooncake() -> None:
 
 
 class ClientProcess:
-    """``python -m tests.mooncake_backend.sglang_client`` as a child (inside network namespace
+    """``python -m tests.plugins.mooncake.sglang_client`` as a child (inside network namespace
     ``netns`` when given), stopped by PID; :meth:`ask` sends one command and reads its reply."""
 
     def __init__(self, netns: str | None = None, timeout: float = 180.0) -> None:
-        command = [sys.executable, "-m", "tests.mooncake_backend.sglang_client"]
+        command = [sys.executable, "-m", "tests.plugins.mooncake.sglang_client"]
         if netns is not None:
             command = ["ip", "netns", "exec", netns, *command]
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from kvcr_policy import build_pipeline, load_config
-from tests.installs import missing
-from tests.kvcr.kvcr_helpers import fresh_keys, geometry, pages_of, pool_buffer, tokens
+from tests.plugins.kvcr.kvcr_helpers import fresh_keys, geometry, pages_of, pool_buffer, tokens
+from tests.support.installs import missing
 
 pytestmark = pytest.mark.ucx
 

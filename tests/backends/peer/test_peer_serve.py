@@ -1,6 +1,6 @@
 """``kvcr-policy serve`` as the README describes it: loopback by default, a clean SIGTERM.
 
-The server runs as a child process started through its command line (``tests/peer``'s
+The server runs as a child process started through its command line (``tests/backends/peer``'s
 :class:`Serve`); what it does is read from outside: the JSON line it prints, the kernel's socket
 table, its exit code, its log, and what clients see.
 """

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.installs import missing
+from tests.support.installs import missing
 
 from mooncake_helpers import PLUGIN_DIST  # isort: skip
 

@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcr_policy.geometry import PoolGeometry
-from tests.installs import missing
 from tests.strategies import geometries, page_bytes, raw_bytes
+from tests.support.installs import missing
 
 from mooncake_helpers import PLUGIN_DIST  # isort: skip
 

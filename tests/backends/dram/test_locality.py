@@ -31,7 +31,7 @@ from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import build_pipeline
 from kvcr_policy.registry import NoOptions
 from kvcr_policy.schema import PlacementSection
-from tests.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
+from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 
 MIB = 1 << 20
 LOGGER = "kvcr_policy.backends.dram.locality"

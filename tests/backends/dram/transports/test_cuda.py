@@ -2,7 +2,8 @@
 
 Planning, options and the "no CUDA device visible" refusal run everywhere. Tests marked
 ``cuda`` need a GPU and skip without one (CI has none); on a GPU machine run
-``python -m pytest tests/test_cuda.py -rs``. Byte checks of those tests compare on the GPU.
+``python -m pytest tests/backends/dram/transports/test_cuda.py -rs``. Byte checks of those
+tests compare on the GPU.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ torch = pytest.importorskip("torch")
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
     not HAS_CUDA,
-    reason=f"{NO_CUDA} (CI has no GPU); on a GPU machine: python -m pytest tests/test_cuda.py",
+    reason=(
+        f"{NO_CUDA} (CI has no GPU); on a GPU machine: "
+        "python -m pytest tests/backends/dram/transports/test_cuda.py"
+    ),
 )
 
 

@@ -15,7 +15,7 @@ from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.errors import ConfigError, PluginError
 from kvcr_policy.loading import LoadedConfig
 from kvcr_policy.registry import Registry
-from tests.installs import missing
+from tests.support.installs import missing
 
 from mooncake_helpers import PLUGIN_DIST, ROOT  # isort: skip
 

@@ -15,7 +15,7 @@ import pytest
 
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.errors import ConfigError, PoolError
-from tests.kvcr.kvcr_helpers import geometry, pool_buffer
+from tests.plugins.kvcr.kvcr_helpers import geometry, pool_buffer
 
 
 def _process() -> Any:
@@ -201,7 +201,7 @@ def test_pages_move_with_the_progress_thread_on_too(kvcr_pipeline: Any) -> None:
     geo = geometry()
     buffer = pool_buffer(geo)
     pipeline.register_pool("kv", geo, buffer)
-    from tests.kvcr.kvcr_helpers import fresh_keys, pages_of, tokens
+    from tests.plugins.kvcr.kvcr_helpers import fresh_keys, pages_of, tokens
 
     keys = fresh_keys(6)
     assert pipeline.set(keys, tokens(range(6))) == [True] * 6
@@ -238,7 +238,7 @@ def test_a_profile_naming_kvcr_validates_where_the_runner_is_missing() -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVCR_POLICY_")}
     done = subprocess.run(
@@ -275,7 +275,7 @@ def test_nixl_prints_nothing_on_stdout() -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVCR_POLICY_", "NIXL_"))}
     done = subprocess.run(

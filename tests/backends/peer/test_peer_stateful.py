@@ -46,8 +46,8 @@ from peer_helpers import Serve, need_ucxx
 
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.geometry import PoolGeometry
-from tests.stateful import count_sequence, machine_settings, same_bytes
 from tests.strategies import distinct_pages, page_slice, token_indices
+from tests.support.stateful import count_sequence, machine_settings, same_bytes
 
 pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 
