@@ -25,53 +25,15 @@ from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError, PoolError, UsageError
-from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
 from tests.conftest import EXAMPLE_MISSING, example_installed, kvcr_missing
 from tests.plugins.mooncake.mooncake_helpers import need_mooncake
 from tests.support.installs import missing
+from tests.support.pools import P, fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 BACKENDS = ["dram", "peer", "dict", "kvcr", "mooncake"]
-P = 4
 SLOTS = 16  # tier capacity in pages, on every backend
-
-
-def geometry(pages: int = 48, name: str = "kv") -> PoolGeometry:
-    return PoolGeometry(
-        name=name,
-        layout="layer_first",
-        layers=3,
-        heads=2,
-        head_dim=16,
-        dtype="float16",
-        page_size=P,
-        tokens=P * pages,
-    )
-
-
 PAGE_BYTES = geometry().page_bytes
-
-
-def pool_buffer(geo: PoolGeometry, seed: int = 0) -> np.ndarray:
-    buffer = np.empty(geo.shape, dtype=np.float16)
-    raw = buffer.view(np.uint8).reshape(-1)
-    raw[:] = np.random.default_rng(seed).integers(0, 256, raw.size, dtype=np.uint8)
-    return buffer
-
-
-def pages_of(buffer: np.ndarray, geo: PoolGeometry) -> np.ndarray:
-    """(planes, pages, fragment bytes): page p is [:, p]."""
-    return buffer.view(np.uint8).reshape(geo.fragments_per_page, geo.pages, geo.fragment_bytes)
-
-
-def tokens(pages: Any) -> np.ndarray:
-    pages = np.asarray(pages, dtype=np.int64)
-    return (pages[:, None] * P + np.arange(P)).reshape(-1)
-
-
-def fresh_keys(n: int) -> list[str]:
-    salt = uuid.uuid4().hex[:8]
-    return [f"{salt}-{i}" for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +153,7 @@ def stored(make: Make, profile: str = "default", n: int = 12, **overrides: Any) 
     # A pool name of its own: a peer keeps one tier per pool name, fresh for each test.
     pipeline.register_pool(f"kv-{uuid.uuid4().hex[:8]}", geo, buffer)
     keys = fresh_keys(n)
-    assert pipeline.set(keys, tokens(range(n))) == [True] * n
+    assert pipeline.set(keys, token_indices(range(n), P)) == [True] * n
     return pipeline, geo, buffer, keys
 
 
@@ -204,7 +166,7 @@ def test_restore_is_byte_exact(make: Make, profile: str) -> None:
     view = pages_of(buffer, geo)
     expected = view[:, :12].copy()
     view[:, 20:32] = 0
-    assert pipeline.get(keys, tokens(range(20, 32))) == [True] * 12
+    assert pipeline.get(keys, token_indices(range(20, 32), P)) == [True] * 12
     assert np.array_equal(view[:, 20:32], expected)
     stats = pipeline.stats()
     assert stats.pages_read == 12 and stats.pages_written == 12
@@ -217,7 +179,7 @@ def test_exists_and_get_use_the_leading_run(make: Make) -> None:
     view = pages_of(buffer, geo)
     expected = view[:, :3].copy()
     view[:, 30:37] = 0
-    got = pipeline.get(asked, tokens(range(30, 37)))
+    got = pipeline.get(asked, token_indices(range(30, 37), P))
     assert got == [True] * 3 + [False] * 4
     assert np.array_equal(view[:, 30:33], expected)
     assert not view[:, 33:37].any()  # nothing after the first miss is read
@@ -225,7 +187,7 @@ def test_exists_and_get_use_the_leading_run(make: Make) -> None:
 
 def test_a_set_of_present_keys_succeeds_and_delete_and_clear_forget(make: Make) -> None:
     pipeline, _, _, keys = stored(make, n=4)
-    assert pipeline.set(keys, tokens(range(10, 14))) == [True] * 4
+    assert pipeline.set(keys, token_indices(range(10, 14), P)) == [True] * 4
     assert pipeline.delete(keys[:2]) == 2
     assert pipeline.exists(keys) == 0
     assert pipeline.exists(keys[2:]) == 2
@@ -250,12 +212,12 @@ def test_a_page_being_read_is_never_evicted_or_overwritten(make: Make) -> None:
         batch = intruders[len(pressure) * 4 : len(pressure) * 4 + 4]
         view[:, 40:44] = 0xA5  # bytes that must never reach the tier under a claimed key
         try:
-            pressure.append(pipeline.set(batch, tokens(range(40, 44))))
+            pressure.append(pipeline.set(batch, token_indices(range(40, 44), P)))
         except CapacityError as err:  # every slot claimed: refusing is correct
             pressure.append(err)
 
     view[:, 20:36] = 0
-    got = pipeline.get(keys, tokens(range(20, 20 + SLOTS)), on_ready=on_ready)
+    got = pipeline.get(keys, token_indices(range(20, 20 + SLOTS), P), on_ready=on_ready)
     assert pressure, "on_ready never ran"
     lead = got.index(False) if False in got else len(got)
     assert got == [True] * lead + [False] * (len(got) - lead)
@@ -371,11 +333,11 @@ def test_failed_batches_fall_back_page_by_page_and_stay_exact(
     # A pool name of its own: a peer keeps one tier per pool name, fresh for each test.
     pipeline.register_pool(f"kv-{uuid.uuid4().hex[:8]}", geo, buffer)
     keys = fresh_keys(12)
-    assert pipeline.set(keys, tokens(range(12))) == [True] * 12
+    assert pipeline.set(keys, token_indices(range(12), P)) == [True] * 12
     view = pages_of(buffer, geo)
     expected = view[:, :12].copy()
     view[:, 20:32] = 0
-    assert pipeline.get(keys, tokens(range(20, 32))) == [True] * 12
+    assert pipeline.get(keys, token_indices(range(20, 32), P)) == [True] * 12
     assert np.array_equal(view[:, 20:32], expected)
     assert sum(pipeline.stats().fallbacks.values()) > 0
 
@@ -390,7 +352,7 @@ def test_the_window_bounds_batches_in_flight_and_delivery_is_in_order(make: Make
     expected = view[:, :12].copy()
     view[:, 20:32] = 0
     ready: list[int] = []
-    assert pipeline.get(keys, tokens(range(20, 32)), on_ready=ready.append) == [True] * 12
+    assert pipeline.get(keys, token_indices(range(20, 32), P), on_ready=ready.append) == [True] * 12
     assert ready == [2, 4, 6, 8, 10, 12]
     assert np.array_equal(view[:, 20:32], expected)
     stats = pipeline.stats()
@@ -409,7 +371,7 @@ def test_a_third_party_coalescer_shapes_what_the_backend_moves(make: Make) -> No
     view = pages_of(buffer, geo)
     expected = view[:, :8].copy()
     view[:, 20:28] = 0
-    assert pipeline.get(keys, tokens(range(20, 28))) == [True] * 8
+    assert pipeline.get(keys, token_indices(range(20, 28), P)) == [True] * 8
     assert np.array_equal(view[:, 20:28], expected)
     stats = pipeline.stats()
     planes = geo.fragments_per_page
@@ -428,7 +390,9 @@ def test_close_waits_for_a_running_call_and_later_calls_raise(make: Make) -> Non
     started, results = threading.Event(), []
 
     def restore() -> None:
-        results.append(pipeline.get(keys, tokens(range(20, 32)), on_ready=lambda n: started.set()))
+        results.append(
+            pipeline.get(keys, token_indices(range(20, 32), P), on_ready=lambda n: started.set())
+        )
 
     worker = threading.Thread(target=restore)
     worker.start()
@@ -437,7 +401,7 @@ def test_close_waits_for_a_running_call_and_later_calls_raise(make: Make) -> Non
     worker.join(30)
     assert results == [[True] * 12]  # close waited for the whole call
     with pytest.raises(ClosedError):
-        pipeline.get(keys, tokens(range(20, 32)))
+        pipeline.get(keys, token_indices(range(20, 32), P))
     with pytest.raises(ClosedError):
         pipeline.exists(keys)
     pipeline.close()  # idempotent
@@ -469,7 +433,7 @@ def test_close_waits_for_a_running_call_and_later_calls_raise(make: Make) -> Non
 def test_one_key_rule_on_every_backend(make: Make, keys: Any, error: type, match: str) -> None:
     pipeline, _, _, _ = stored(make, n=1)
     for call in ("exists", "get", "set", "delete"):
-        args = (keys,) if call in ("exists", "delete") else (keys, tokens([20]))
+        args = (keys,) if call in ("exists", "delete") else (keys, token_indices([20], P))
         with pytest.raises(error, match=match):
             getattr(pipeline, call)(*args)
     assert pipeline.exists(["x" * 1024]) == 0  # the longest key is fine everywhere
@@ -479,9 +443,9 @@ def test_a_key_repeated_in_one_set_stores_its_first_page_on_every_backend(make: 
     pipeline, geo, buffer, keys = stored(make, n=1)
     view = pages_of(buffer, geo)
     twice = fresh_keys(1)[0]
-    assert pipeline.set([twice, keys[0], twice], tokens([5, 6, 7])) == [True] * 3
+    assert pipeline.set([twice, keys[0], twice], token_indices([5, 6, 7], P)) == [True] * 3
     view[:, 20:23] = 0
-    assert pipeline.get([twice, twice], tokens([20, 21])) == [True, True]
+    assert pipeline.get([twice, twice], token_indices([20, 21], P)) == [True, True]
     assert np.array_equal(view[:, 20], view[:, 5]) and np.array_equal(view[:, 21], view[:, 5])
 
 

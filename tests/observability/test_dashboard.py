@@ -25,8 +25,10 @@ from typing import Any
 import pytest
 
 from tests.support.installs import missing
+from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "kvcr-policy.json"
+DASHBOARD = ROOT / "dashboards" / "kvcr-policy.json"
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE = "200ms"
 # Grafana's variables as the test fills them in: every profile and pool, a window that covers
@@ -53,19 +55,6 @@ def _free_port() -> int:
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as reply:
         return json.loads(reply.read().decode())
-
-
-def _wait(what: str, ready: Any, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if ready():
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not come up within {seconds:.0f} s")
-        time.sleep(0.1)
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
@@ -111,10 +100,22 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
     api = f"http://127.0.0.1:{port}"
     try:
         ready = f"{api}/-/ready"
-        _wait("prometheus", lambda: urllib.request.urlopen(ready, timeout=2).status == 200)
+        wait_until(
+            lambda: urllib.request.urlopen(ready, timeout=2).status == 200,
+            "prometheus ready",
+            60,
+            every=0.1,
+            ignore=(OSError,),
+        )
         # Prometheus hands new targets to its scrapers a few seconds after it is ready: start
         # the workload only once the target is being scraped (down, until something serves).
-        _wait("the first scrape", lambda: _query(api, 'up{job="kvcr-policy"}') != [])
+        wait_until(
+            lambda: _query(api, 'up{job="kvcr-policy"}') != [],
+            "the first scrape",
+            60,
+            every=0.1,
+            ignore=(OSError,),
+        )
         yield api, target
     finally:
         _stop(server)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from kvcr_policy.cli import main
 from kvcr_policy.geometry import preset
 from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import build_pipeline
 from kvcr_policy.registry import Registry
+from tests.support.commands import run_main
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -26,19 +26,9 @@ Run = Callable[..., tuple[int, str, str]]
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
+    """``cli(*argv)``: ``kvcr-policy plan ARGV`` in-process, in an 80-column terminal."""
     monkeypatch.setenv("COLUMNS", "80")
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        try:
-            main(["plan", *argv])
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        else:
-            code = 0
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
+    return lambda *argv: run_main(capsys, "plan", *argv)
 
 
 def _json(cli: Run, *argv: str) -> tuple[int, dict[str, Any], str]:

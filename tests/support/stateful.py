@@ -10,12 +10,23 @@ Import this module as ``tests.support.stateful`` everywhere (one module object, 
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 
 import numpy as np
 from hypothesis import settings
 
-__all__ = ["MISMATCHES", "SEQUENCES", "count_sequence", "machine_settings", "same_bytes"]
+from kvcr_policy.geometry import PoolGeometry
+from tests.support.pools import page_slice
+
+__all__ = [
+    "MISMATCHES",
+    "SEQUENCES",
+    "content",
+    "count_sequence",
+    "machine_settings",
+    "same_bytes",
+]
 
 #: Sequences run per machine name, in this process.
 SEQUENCES: Counter[str] = Counter()
@@ -53,3 +64,10 @@ def machine_settings(ci_sequences: int, steps: int) -> settings:
         stateful_step_count=steps,
         deadline=None,
     )
+
+
+def content(geo: PoolGeometry, key: str, version: int) -> np.ndarray:
+    """The bytes a machine stores for ``key`` at ``version``, shaped as one page of the pool."""
+    shape = np.zeros(geo.shape, np.uint8)[page_slice(geo, 0)].shape
+    rng = np.random.default_rng(zlib.crc32(f"{key}@{version}".encode()))
+    return rng.integers(0, 1 << 16, size=shape, dtype=np.uint16).view(np.float16)

@@ -35,6 +35,7 @@ from kvcr_policy.backends.dram.store import (
     count_extents,
 )
 from kvcr_policy.errors import CapacityError, ClosedError
+from tests.support.pools import keys_of
 from tests.support.stateful import count_sequence, machine_settings, same_bytes
 
 
@@ -43,10 +44,6 @@ def put(store: Store, keys: Sequence[str]) -> Reservation:
     reservation = store.reserve(keys)
     store.commit(reservation, [True] * len(reservation.keys))
     return reservation
-
-
-def keys_of(prefix: str, count: int) -> list[str]:
-    return [f"{prefix}{i}" for i in range(count)]
 
 
 # ---- allocation in extents ------------------------------------------------------------------

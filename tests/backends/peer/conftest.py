@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from peer_helpers import SERVER_SETS, need_ucxx
+
+from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +19,19 @@ def peer() -> Iterator[Any]:
     server = PeerProcess(SERVER_SETS)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Any]:
+    """This process's UCX worker thread: a real worker address, so that a raw client's HELLO
+    and AUTH get their WELCOME."""
+    need_ucxx()
+    from kvcr_policy.backends.peer.options import UcxOptions
+    from kvcr_policy.backends.peer.worker import acquire_worker
+
+    worker = acquire_worker(UcxOptions())
+    yield worker
+    worker.release()
 
 
 @pytest.fixture

@@ -1,4 +1,7 @@
-"""Helpers of the peer tests: small pools, their pages, fresh keys, the server and its settings."""
+"""Helpers of the peer tests: the server, its settings, and pools big enough to kill mid-read.
+
+Small pools, their pages and fresh keys come from :mod:`tests.support.pools`.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,13 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 
-import numpy as np
+import pytest
 
 from kvcr_policy.geometry import PoolGeometry
 from tests.support.installs import missing
+from tests.support.processes import next_line
 
 SERVER_SETS = {
     "transport.name": "ucx",
@@ -30,42 +33,19 @@ def need_ucxx() -> None:
         missing(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
 
 
-def geometry(
-    layout: str = "layer_first", *, pages: int = 8, mla: bool = False, name: str = "kv"
-) -> PoolGeometry:
+def big_geometry(name: str) -> PoolGeometry:
+    """layer_first, 32 fragments of 64 KiB per page (2 MiB pages): the default profile sends
+    4,096 messages for 128 pages, a read that lasts long enough to be caught in flight."""
     return PoolGeometry(
         name=name,
-        layout=layout,
-        layers=3,
-        heads=1 if mla else 2,
-        head_dim=16,  # type: ignore[arg-type]
+        layout="layer_first",
+        layers=16,
+        heads=8,
+        head_dim=128,
         dtype="float16",
-        page_size=4,
-        tokens=4 * pages,
-        mla=mla,
+        page_size=32,
+        tokens=32 * 256,
     )
-
-
-def pool_buffer(geo: PoolGeometry, seed: int = 0) -> np.ndarray:
-    buffer = np.empty(geo.shape, dtype=np.float16)
-    raw = buffer.view(np.uint8).reshape(-1)
-    raw[:] = np.random.default_rng(seed).integers(0, 256, raw.size, dtype=np.uint8)
-    return buffer
-
-
-def pages_of(buffer: np.ndarray, geo: PoolGeometry) -> np.ndarray:
-    """(planes, pages, fragment bytes) byte view: page p is [:, p]."""
-    return buffer.view(np.uint8).reshape(geo.fragments_per_page, geo.pages, geo.fragment_bytes)
-
-
-def token_indices(geo: PoolGeometry, pages: range | np.ndarray) -> np.ndarray:
-    pages = np.asarray(pages, dtype=np.int64)
-    return (pages[:, None] * geo.page_size + np.arange(geo.page_size)).reshape(-1)
-
-
-def new_keys(n: int) -> list[str]:
-    salt = uuid.uuid4().hex[:8]
-    return [f"{salt}-{i}" for i in range(n)]
 
 
 class Serve:
@@ -92,19 +72,15 @@ class Serve:
         self.log: list[str] = []
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
-        lines: list[str] = []
-        reader = threading.Thread(
-            target=lambda: lines.append(self.proc.stdout.readline()),  # type: ignore[union-attr]
-            daemon=True,
-        )
-        reader.start()
-        reader.join(timeout)
-        if not lines or not lines[0]:
+        try:
+            first = next_line(self.proc, timeout=timeout)
+        except pytest.fail.Exception as err:
             self.proc.kill()
             self.proc.wait()
+            self._drainer.join(5.0)  # the child's last words explain why it did not start
             tail = "\n".join(self.log[-20:])
-            raise AssertionError(f"kvcr-policy serve printed no line within {timeout} s:\n{tail}")
-        self.info: dict[str, object] = json.loads(lines[0])
+            raise AssertionError(f"kvcr-policy serve did not start: {err}\n{tail}") from None
+        self.info: dict[str, object] = json.loads(first)
         self.address = str(self.info["listening"])
         self.port = int(self.address.rsplit(":", 1)[1])
 

@@ -14,6 +14,12 @@ from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import FrameReader
 
 
+def open_socket(address: str, timeout: float = 5.0) -> socket.socket:
+    """A plain TCP connection to a server's ``HOST:PORT`` (nothing sent yet)."""
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=timeout)
+
+
 def default_secret() -> bytes:
     """The secret the suite's servers created (tests/conftest.py points XDG_CONFIG_HOME)."""
     return default_secret_file().read_text(encoding="utf-8").strip().encode()
@@ -29,8 +35,7 @@ class Raw:
     """One request, one reply, over a raw control socket."""
 
     def __init__(self, address: str, timeout: float = 5.0) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock = open_socket(address, timeout)
         self.reader = FrameReader(m.KINDS)
         self.pending: list[m.Message] = []
         self.ids = iter(range(1, 1 << 30))

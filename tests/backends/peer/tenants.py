@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from peer_helpers import SERVER_SETS, need_ucxx
+from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
 
 
 def write_secret(path: Path, text: str | None = None, mode: int = 0o600) -> Path:

@@ -4,31 +4,28 @@ byte or count mismatch is refused before anything moves; a failure fails exactly
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from peer_strategies import reshaped
-from strategies import PageTransfer, geometries, page_lists, page_transfers
 
 from kvcr_policy.backends.peer.wire.coverage import Cover
 from kvcr_policy.backends.peer.wire.payload import MAX_DESCRIPTORS
 from kvcr_policy.descriptors import Descriptors, build_descriptors, coalesce, split
 from kvcr_policy.errors import ProtocolError
 from kvcr_policy.errors import TransportError as TE
-from kvcr_policy.geometry import PoolGeometry, preset
+from kvcr_policy.geometry import preset
+from tests.strategies import (
+    geometries,
+    page_transfers,
+    repeating_transfers,
+    reshaped,
+    tier_slots,
+)
 
 ANY = frozenset({"coalesce", "split"})
-
-
-def _slots(geo: PoolGeometry, *, repeats: bool) -> st.SearchStrategy[list[int]]:
-    """Slots a server claimed (a read may name a slot twice) or reserved (distinct)."""
-    if repeats:
-        return st.lists(st.integers(0, geo.pages - 1), min_size=1, max_size=6)
-    return page_lists(geo.pages).filter(bool)
 
 
 def _tier_side(cover: Cover) -> Descriptors:
@@ -54,14 +51,14 @@ def _refused(cover: Cover, offsets: np.ndarray, lengths: np.ndarray, accepts=ANY
 
 @given(geometries(), st.booleans(), st.data())
 def test_any_merge_and_cut_of_the_claimed_slots_is_accepted(geo, repeats, data) -> None:
-    cover = Cover.of_pages(geo, data.draw(_slots(geo, repeats=repeats)))
+    cover = Cover.of_pages(geo, data.draw(tier_slots(geo, repeats=repeats)))
     shaped = data.draw(reshaped(_tier_side(cover), by_src=True))
     assert not _refused(cover, shaped.src, shaped.length)
 
 
 @given(geometries(), st.booleans(), st.data())
 def test_a_gap_an_overlap_a_stray_byte_or_a_count_mismatch_is_refused(geo, repeats, data) -> None:
-    cover = Cover.of_pages(geo, data.draw(_slots(geo, repeats=repeats)))
+    cover = Cover.of_pages(geo, data.draw(tier_slots(geo, repeats=repeats)))
     shaped = data.draw(reshaped(_tier_side(cover), by_src=True))
     offsets, lengths = shaped.src.copy(), shaped.length.copy()
     i = data.draw(st.integers(0, len(offsets) - 1))
@@ -84,7 +81,7 @@ def test_a_gap_an_overlap_a_stray_byte_or_a_count_mismatch_is_refused(geo, repea
 
 @given(geometries(max_pages=4), st.data())
 def test_the_check_agrees_with_counting_every_byte(geo, data) -> None:
-    cover = Cover.of_pages(geo, data.draw(_slots(geo, repeats=True)))
+    cover = Cover.of_pages(geo, data.draw(tier_slots(geo, repeats=True)))
     if data.draw(st.booleans()):
         shaped = data.draw(reshaped(_tier_side(cover), by_src=True))
         offsets, lengths = shaped.src, shaped.length
@@ -106,7 +103,7 @@ def test_the_check_agrees_with_counting_every_byte(geo, data) -> None:
 
 @given(geometries(), st.sets(st.sampled_from(sorted(ANY))), st.data())
 def test_shapes_the_peer_does_not_accept_are_refused(geo, accepts, data) -> None:
-    cover = Cover.of_pages(geo, data.draw(_slots(geo, repeats=False)))
+    cover = Cover.of_pages(geo, data.draw(tier_slots(geo, repeats=False)))
     shaped = data.draw(reshaped(_tier_side(cover), by_src=True))
     starts, lengths = cover.ranges()
     ends = starts + lengths
@@ -121,7 +118,7 @@ def test_shapes_the_peer_does_not_accept_are_refused(geo, accepts, data) -> None
 
 @given(geometries(), st.booleans(), st.data())
 def test_a_failed_message_fails_exactly_the_pages_it_touched(geo, repeats, data) -> None:
-    cover = Cover.of_pages(geo, data.draw(_slots(geo, repeats=repeats)))
+    cover = Cover.of_pages(geo, data.draw(tier_slots(geo, repeats=repeats)))
     shaped = data.draw(reshaped(_tier_side(cover), by_src=True))
     failed = np.asarray(
         data.draw(st.lists(st.booleans(), min_size=len(shaped), max_size=len(shaped))), dtype=bool
@@ -200,16 +197,6 @@ def test_a_misrouted_missing_or_extra_byte_is_refused(t, data) -> None:
     assert _moves_refused(t, Descriptors.from_arrays(src, dst, length))
 
 
-@st.composite
-def _repeating_transfers(draw: st.DrawFn) -> PageTransfer:
-    """A pool and a tier, with pages that may repeat on either side (a key read twice)."""
-    src = draw(geometries(max_pages=4))
-    dst = replace(src, name="tier", tokens=src.page_size * draw(st.integers(1, 4)))
-    n = draw(st.integers(0, 4))
-    pick = lambda pages: st.lists(st.integers(0, pages - 1), min_size=n, max_size=n)  # noqa: E731
-    return PageTransfer(src, draw(pick(src.pages)), dst, draw(pick(dst.pages)))
-
-
 def _byte_moves(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> Counter[tuple[int, int]]:
     moves: Counter[tuple[int, int]] = Counter()
     for s, d, n in zip(src.tolist(), dst.tolist(), length.tolist(), strict=True):
@@ -217,7 +204,7 @@ def _byte_moves(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> Counter
     return moves
 
 
-@given(_repeating_transfers(), st.data())
+@given(repeating_transfers(), st.data())
 def test_the_client_check_agrees_with_listing_every_byte_move(t, data) -> None:
     plain = build_descriptors(t.src, t.src_pages, t.dst, t.dst_pages)
     shaped = data.draw(reshaped(plain))

@@ -7,7 +7,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from tenants import write_secret
 
 from kvcr_policy import load_config
 from kvcr_policy.backends.peer import auth
@@ -17,6 +16,7 @@ from kvcr_policy.backends.peer.credentials import (
     server_keyring,
 )
 from kvcr_policy.errors import ConfigError
+from tests.backends.peer.tenants import write_secret
 
 
 def _load(**overrides: object) -> object:

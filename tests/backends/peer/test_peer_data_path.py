@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -24,9 +23,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peer_helpers import Serve, need_ucxx, new_keys
 
 from kvcr_policy import build_pipeline, load_config
+from tests.backends.peer.peer_helpers import Serve, need_ucxx
+from tests.support.paths import child_env
+from tests.support.pools import fresh_keys
 
 pytestmark = [pytest.mark.ucx]
 
@@ -96,7 +97,7 @@ class Proxy:
 def test_exists_takes_one_round_trip_per_query_batch(
     server: Serve, stored: int, keys: int, batch: int
 ) -> None:
-    from peer_helpers import geometry, pool_buffer, token_indices
+    from tests.support.pools import geometry, pool_buffer, token_indices
 
     proxy = Proxy(server.address)
     overrides = {
@@ -109,8 +110,8 @@ def test_exists_takes_one_round_trip_per_query_batch(
     try:
         geo = geometry("page_first", pages=16)
         pipeline.register_pool("kv", geo, pool_buffer(geo))
-        names = new_keys(keys)
-        assert all(pipeline.set(names[:stored], token_indices(geo, range(stored))))
+        names = fresh_keys(keys)
+        assert all(pipeline.set(names[:stored], token_indices(range(stored), geo.page_size)))
         since = proxy.mark()
         assert pipeline.exists(names) == stored
         # Batches are asked in order until one comes back short (or all are asked).
@@ -139,8 +140,7 @@ RECEIVES = textwrap.dedent(
 
     arr.Array = Recorded
 
-    sys.path.insert(0, "tests/backends/peer")
-    from peer_helpers import geometry, pool_buffer, token_indices
+    from tests.support.pools import geometry, pool_buffer, token_indices
     from kvcr_policy import build_pipeline, load_config
 
     address, profile, layout = sys.argv[1:4]
@@ -151,9 +151,9 @@ RECEIVES = textwrap.dedent(
     with build_pipeline(load_config(profile, overrides=overrides)) as pipeline:
         pipeline.register_pool("kv", geo, buffer)
         keys = [f"{profile}-{layout}-{i}" for i in range(6)]
-        assert all(pipeline.set(keys, token_indices(geo, [0, 1, 2, 3, 4, 5])))
+        assert all(pipeline.set(keys, token_indices([0, 1, 2, 3, 4, 5], geo.page_size)))
         recording[0] = True
-        result = pipeline.get(keys, token_indices(geo, [9, 10, 11, 14, 7, 8]))
+        result = pipeline.get(keys, token_indices([9, 10, 11, 14, 7, 8], geo.page_size))
         recording[0] = False
     print(json.dumps({"pool": [int(buffer.ctypes.data), int(buffer.nbytes)],
                       "posted": posted, "result": result}))
@@ -168,16 +168,14 @@ RECEIVES = textwrap.dedent(
 def test_reads_are_received_straight_into_the_pool_pages(
     server: Serve, profile: str, layout: str
 ) -> None:
-    from peer_helpers import geometry
-
-    from tests.strategies import page_slice
+    from tests.support.pools import geometry, page_slice
 
     done = subprocess.run(
         [sys.executable, "-c", RECEIVES, server.address, profile, layout],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env=child_env(),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

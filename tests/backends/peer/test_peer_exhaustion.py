@@ -21,13 +21,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peer_helpers import geometry, need_ucxx, new_keys, pages_of, pool_buffer, token_indices
-from raw_client import Raw, hello
-from tenants import client_factory, rss_bytes, start_peer, tenants_dir
 
 from kvcr_policy.backends.peer.server.handshake import AUTH_LIMIT
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, MAX_PAYLOAD, VERSION
+from tests.backends.peer.raw_client import Raw, hello, open_socket
+from tests.backends.peer.tenants import client_factory, rss_bytes, start_peer, tenants_dir
+from tests.support.paths import ROOT
+from tests.support.pools import fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 
@@ -51,17 +52,6 @@ def server(folder: Path) -> Iterator[Any]:
     peer = start_peer(folder, **LIMITS)
     yield peer
     peer.stop()
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Any]:
-    need_ucxx()
-    from kvcr_policy.backends.peer.options import UcxOptions
-    from kvcr_policy.backends.peer.worker import acquire_worker
-
-    worker = acquire_worker(UcxOptions())
-    yield worker
-    worker.release()
 
 
 def _secret(folder: Path, name: str) -> bytes:
@@ -97,9 +87,9 @@ class Service:
         buffer = pool_buffer(geo, len(self.rounds))
         with build_pipeline(self.loaded) as pipeline:
             pipeline.register_pool("svc", geo, buffer)
-            keys = new_keys(2)
-            stored = pipeline.set(keys, token_indices(geo, range(2)))
-            got = pipeline.get(keys, token_indices(geo, range(2, 4)))
+            keys = fresh_keys(2)
+            stored = pipeline.set(keys, token_indices(range(2), geo.page_size))
+            got = pipeline.get(keys, token_indices(range(2, 4), geo.page_size))
         view = pages_of(buffer, geo)
         same = np.array_equal(view[:, 2:4], view[:, :2])
         return stored == [True, True] and got == [True, True] and same
@@ -137,11 +127,6 @@ class Service:
         assert max(seconds for _, seconds in self.rounds) < slowest_s, self.rounds
 
 
-def _connect(address: str) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=5)
-
-
 def _peak_rss(pid: int, seconds: float, every: float = 0.1) -> int:
     peak, deadline = 0, time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -159,7 +144,7 @@ def test_half_open_connections_declaring_huge_frames_cost_little_memory(
     filler = bytes(1 << 20)
     with Service(server.address, folder / "alice") as service:
         for i in range(256):  # S3: HELLO (or, past it, AUTH) declaring its largest payload
-            sock = _connect(server.address)
+            sock = open_socket(server.address)
             if i % 2:  # past HELLO, the most an AUTH may declare, all but one byte sent
                 sock.sendall(m.encode(hello(None), 1))
                 kind, limit, body = m.Kind.AUTH, AUTH_LIMIT, bytes(AUTH_LIMIT - 1)
@@ -190,7 +175,7 @@ def test_silent_sockets_reopened_at_their_deadline_lock_nobody_out(
     reopened = [0]
 
     def squat() -> None:  # S4: 300 idle sockets, each reopened as soon as it is closed
-        socks = [_connect(server.address) for _ in range(300)]
+        socks = [open_socket(server.address) for _ in range(300)]
         holding.set()
         while not stop.is_set():
             for i, sock in enumerate(socks):
@@ -203,7 +188,7 @@ def test_silent_sockets_reopened_at_their_deadline_lock_nobody_out(
                     closed = True
                 if closed:
                     sock.close()
-                    socks[i] = _connect(server.address)
+                    socks[i] = open_socket(server.address)
                     reopened[0] += 1
             time.sleep(0.01)
         for sock in socks:
@@ -304,7 +289,7 @@ def _trickle(sock: socket.socket, frame: bytes, every: float = 0.1) -> float:
 
 WRITER = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {root!r})
 import numpy as np
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.geometry import PoolGeometry
@@ -342,7 +327,7 @@ def test_a_client_killed_mid_set_leaves_no_reservation(folder: Path, tls: str) -
                     sys.executable,
                     "-c",
                     WRITER.format(
-                        tests=os.path.dirname(__file__),
+                        root=str(ROOT),
                         address=peer.address,
                         tls=tls,
                         secret=str(folder / "alice"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,51 +11,30 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peer_helpers import (
-    SERVER_SETS,
-    need_ucxx,
-    new_keys,
-    pages_of,
-    pool_buffer,
-    token_indices,
-)
+
+from tests.backends.peer.peer_helpers import SERVER_SETS, big_geometry, need_ucxx
+from tests.support.paths import ROOT
+from tests.support.pools import fresh_keys, pages_of, pool_buffer, token_indices
 
 pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 
 
-def big_geometry(name: str) -> Any:
-    from kvcr_policy.geometry import PoolGeometry
-
-    # layer_first, 32 fragments of 64 KiB per page (2 MiB pages): the default profile sends
-    # 4,096 messages for 128 pages, long enough to be killed in the middle.
-    return PoolGeometry(
-        name=name,
-        layout="layer_first",
-        layers=16,
-        heads=8,
-        head_dim=128,
-        dtype="float16",
-        page_size=32,
-        tokens=32 * 256,
-    )
-
-
 HOLDER = """
 import sys
-sys.path.insert(0, {tests!r})
-from peer_helpers import new_keys, pool_buffer, token_indices
-from test_peer_faults import big_geometry
+sys.path.insert(0, {root!r})
+from tests.support.pools import fresh_keys, pool_buffer, token_indices
+from tests.backends.peer.peer_helpers import big_geometry
 from kvcr_policy import build_pipeline, load_config
 p = build_pipeline(load_config(overrides={{"transport.name": "ucx",
     "transport.options.peer": {address!r}}}))
 geo = big_geometry("victim")
 buf = pool_buffer(geo, 3)
 p.register_pool("victim", geo, buf)
-keys = new_keys(128)
-assert all(p.set(keys, token_indices(geo, range(128)), "victim"))
+keys = fresh_keys(128)
+assert all(p.set(keys, token_indices(range(128), geo.page_size), "victim"))
 print("stored", flush=True)
 while True:
-    p.get(keys, token_indices(geo, range(128, 256)), "victim")
+    p.get(keys, token_indices(range(128, 256), geo.page_size), "victim")
     print("got", flush=True)
 """
 
@@ -67,9 +45,8 @@ def tier_counts(pipeline: Any, name: str) -> dict[str, int]:
 
 
 def test_a_client_killed_mid_transfer_leaves_no_claim(peer: Any, connect: Any) -> None:
-    tests = os.path.dirname(__file__)
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER.format(tests=tests, address=peer.address)],
+        [sys.executable, "-c", HOLDER.format(root=str(ROOT), address=peer.address)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -102,8 +79,8 @@ def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(conne
     geo = big_geometry("doomed")
     buffer = pool_buffer(geo, 5)
     pipeline.register_pool("doomed", geo, buffer)
-    keys = new_keys(128)
-    assert all(pipeline.set(keys, token_indices(geo, range(128)), "doomed"))
+    keys = fresh_keys(128)
+    assert all(pipeline.set(keys, token_indices(range(128), geo.page_size), "doomed"))
     view = pages_of(buffer, geo)
     thread, results = reads_until_a_miss(pipeline, geo, keys, view)
     time.sleep(0.03)
@@ -119,12 +96,12 @@ def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(conne
     restarted = PeerProcess(SERVER_SETS, listen=f"127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + 15
-        fresh = new_keys(4)
-        while not all(pipeline.set(fresh, token_indices(geo, range(4)), "doomed")):
+        fresh = fresh_keys(4)
+        while not all(pipeline.set(fresh, token_indices(range(4), geo.page_size), "doomed")):
             assert time.monotonic() < deadline, "no reconnect after the restart"
             time.sleep(0.2)
         view[:, 128:132] = 0
-        assert all(pipeline.get(fresh, token_indices(geo, range(128, 132)), "doomed"))
+        assert all(pipeline.get(fresh, token_indices(range(128, 132), geo.page_size), "doomed"))
         assert np.array_equal(view[:, 128:132], view[:, :4])
         assert pipeline.transport.describe()["connects"] >= 2
     finally:
@@ -145,7 +122,7 @@ def reads_until_a_miss(pipeline: Any, geo: Any, keys: list[str], view: np.ndarra
             view[:, n : 2 * n] = 0
             start = time.monotonic()
             started.append(start)
-            got = pipeline.get(keys, token_indices(geo, range(n, 2 * n)), geo.name)
+            got = pipeline.get(keys, token_indices(range(n, 2 * n), geo.page_size), geo.name)
             results.append((got, time.monotonic() - start))
             arrived = np.flatnonzero(got)
             if not np.array_equal(view[:, n + arrived], source[:, arrived]):
@@ -170,8 +147,8 @@ def test_sigterm_mid_transfer_stops_cleanly_and_logs(connect: Any) -> None:
     geo = big_geometry("term")
     buffer = pool_buffer(geo, 9)
     pipeline.register_pool("term", geo, buffer)
-    keys = new_keys(128)
-    assert all(pipeline.set(keys, token_indices(geo, range(128)), "term"))
+    keys = fresh_keys(128)
+    assert all(pipeline.set(keys, token_indices(range(128), geo.page_size), "term"))
     thread, results = reads_until_a_miss(pipeline, geo, keys, pages_of(buffer, geo))
     time.sleep(0.03)
     start = time.monotonic()

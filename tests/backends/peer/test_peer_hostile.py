@@ -7,32 +7,20 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from peer_helpers import geometry, new_keys, pool_buffer, token_indices
-from peer_strategies import hostile_frames
-from raw_client import Raw, default_secret
 
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
+from tests.backends.peer.raw_client import Raw, default_secret, open_socket
+from tests.strategies import hostile_frames
+from tests.support.pools import fresh_keys, geometry, pool_buffer, token_indices
 
 pytestmark = pytest.mark.ucx
 
 
 def _connect(peer: Any, quiet_after: float = 3.0) -> socket.socket:
-    host, port = peer.address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock = open_socket(peer.address)
     sock.settimeout(quiet_after)
     return sock
-
-
-@pytest.fixture(scope="module")
-def worker() -> Any:
-    """This process's UCX worker thread: a real worker address, so a HELLO gets its WELCOME."""
-    from kvcr_policy.backends.peer.options import UcxOptions
-    from kvcr_policy.backends.peer.worker import acquire_worker
-
-    worker = acquire_worker(UcxOptions())
-    yield worker
-    worker.release()
 
 
 def _replies(sock: socket.socket) -> tuple[list[m.Message], bool]:
@@ -52,10 +40,10 @@ def _replies(sock: socket.socket) -> tuple[list[m.Message], bool]:
 def _assert_alive(peer: Any, connect: Any) -> None:
     assert peer.proc.poll() is None, "the server died"
     pipeline = connect()
-    geo = geometry(name="alive")
+    geo = geometry(pages=8, name="alive")
     pipeline.register_pool("alive", geo, pool_buffer(geo))
-    keys = new_keys(2)
-    assert pipeline.set(keys, token_indices(geo, range(2)), "alive") == [True, True]
+    keys = fresh_keys(2)
+    assert pipeline.set(keys, token_indices(range(2), geo.page_size), "alive") == [True, True]
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ tier gauges, read over HTTP while a real client moves pages over UCX."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -12,11 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from peer_helpers import SERVER_SETS, geometry, need_ucxx, new_keys, pool_buffer, token_indices
 
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
+from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
 from tests.observability.scraping import Samples, read_samples, value
+from tests.support.paths import child_env
+from tests.support.pools import fresh_keys, geometry, pool_buffer, token_indices
+from tests.support.processes import next_line
 
 pytestmark = pytest.mark.ucx
 
@@ -30,18 +32,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     profile = tmp_path_factory.mktemp("peer") / f"{PROFILE}.toml"
     profile.write_text("", encoding="utf-8")
     sets = [arg for key, val in SERVER_SETS.items() for arg in ("--set", f"{key}={val}")]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVCR_POLICY_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvcr_policy", "serve", "--listen", "127.0.0.1:0", "--metrics",
          "0", "--profile", str(profile), *sets, "--log-level", "warning"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env={**clean, "PYTHONPATH": ":".join(sys.path)},
+        env=child_env(drop=("KVCR_POLICY_",)),
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        line = json.loads(proc.stdout.readline())
+        line = json.loads(next_line(proc))
         yield line
     finally:
         proc.terminate()
@@ -80,10 +80,10 @@ def test_requests_connections_and_tier_while_a_client_works(served: dict[str, An
     geo = geometry(name="kv", pages=8)
     with build_pipeline(load_config(overrides=overrides, environ={})) as pipeline:
         pipeline.register_pool("kv", geo, pool_buffer(geo))
-        keys = new_keys(6)
-        assert pipeline.set(keys, token_indices(geo, range(6))) == [True] * 6
+        keys = fresh_keys(6)
+        assert pipeline.set(keys, token_indices(range(6), geo.page_size)) == [True] * 6
         assert pipeline.exists(keys) == 6
-        assert pipeline.get(keys, token_indices(geo, range(6))) == [True] * 6
+        assert pipeline.get(keys, token_indices(range(6), geo.page_size)) == [True] * 6
         s = _scrape(served)
         assert value(s, "kvcr_policy_peer_connections") == 1
         for kind in ("hello", "attach", "exists", "claim", "reserve"):
@@ -131,11 +131,10 @@ def test_a_peer_gone_is_backend_unavailable(tmp_path: Any, metrics_url: str) -> 
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env={**os.environ, "PYTHONPATH": ":".join(sys.path)},
+        env=child_env(),
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        address = json.loads(proc.stdout.readline())["listening"]
+        address = json.loads(next_line(proc))["listening"]
         profile = tmp_path / "peer-gone.toml"
         profile.write_text('[fallback]\nstrategy = "miss"\n', encoding="utf-8")
         overrides = {
@@ -146,11 +145,14 @@ def test_a_peer_gone_is_backend_unavailable(tmp_path: Any, metrics_url: str) -> 
         geo = geometry(name="kv", pages=8)
         with build_pipeline(load_config(profile, overrides=overrides, environ={})) as pipeline:
             pipeline.register_pool("kv", geo, pool_buffer(geo))
-            keys = new_keys(4)
-            assert pipeline.set(keys, token_indices(geo, range(4))) == [True] * 4
+            keys = fresh_keys(4)
+            assert pipeline.set(keys, token_indices(range(4), geo.page_size)) == [True] * 4
             proc.kill()
             proc.wait(timeout=30)
-            assert pipeline.set(new_keys(3), token_indices(geo, range(4, 7))) == [False] * 3
+            assert (
+                pipeline.set(fresh_keys(3), token_indices(range(4, 7), geo.page_size))
+                == [False] * 3
+            )
     finally:
         if proc.poll() is None:
             proc.kill()

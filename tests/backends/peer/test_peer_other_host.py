@@ -18,15 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peer_helpers import (
-    SERVER_SETS,
-    geometry,
-    need_ucxx,
-    new_keys,
-    pages_of,
-    pool_buffer,
-    token_indices,
-)
+
+from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
+from tests.support.pools import fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 pytestmark = [pytest.mark.ucx]
 
@@ -77,11 +71,11 @@ def test_auto_picks_tcp_for_a_peer_that_cannot_share_memory(far_peer: str) -> No
     }
     with build_pipeline(load_config("throughput", environ={}, overrides=overrides)) as pipeline:
         pipeline.register_pool("kv", geo, buffer)
-        keys = new_keys(8)
-        assert pipeline.set(keys, token_indices(geo, range(8))) == [True] * 8
+        keys = fresh_keys(8)
+        assert pipeline.set(keys, token_indices(range(8), geo.page_size)) == [True] * 8
         assert pipeline.exists(keys) == 8
         buffer[...] = 0
-        assert pipeline.get(keys, token_indices(geo, range(8, 16))) == [True] * 8
+        assert pipeline.get(keys, token_indices(range(8, 16), geo.page_size)) == [True] * 8
         described = pipeline.stats().transport
     assert described["transport_used"] == "tcp"
     assert np.array_equal(pages_of(buffer, geo)[:, 8:16], pages_of(original, geo)[:, 0:8])

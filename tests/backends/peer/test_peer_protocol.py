@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from peer_strategies import frames, hostile_frames, messages
 
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import (
@@ -23,6 +22,7 @@ from kvcr_policy.backends.peer.wire.framing import (
 from kvcr_policy.backends.peer.wire.message import message
 from kvcr_policy.backends.peer.wire.payload import MAX_DESCRIPTORS, MAX_KEYS, Reader, Writer
 from kvcr_policy.errors import ProtocolError
+from tests.strategies import frames, hostile_frames, messages
 
 
 def _same(a: m.Message, b: m.Message) -> bool:

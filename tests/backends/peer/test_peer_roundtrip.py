@@ -9,9 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peer_helpers import geometry, need_ucxx, new_keys, pages_of, pool_buffer, token_indices
 
 from kvcr_policy.errors import UnsupportedError
+from tests.backends.peer.peer_helpers import need_ucxx
+from tests.support.paths import ROOT
+from tests.support.pools import fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 pytestmark = pytest.mark.ucx
 
@@ -30,18 +32,18 @@ def round_trip(pipeline: Any, geo: Any, n: int = 4, name: str = "kv", seed: int 
     """Store pages 0..n-1, restore them into n..2n-1 of the same buffer, compare bytes."""
     buffer = pool_buffer(geo, seed)
     pipeline.register_pool(name, geo, buffer)
-    keys = new_keys(n)
-    assert pipeline.set(keys, token_indices(geo, range(n)), name) == [True] * n
+    keys = fresh_keys(n)
+    assert pipeline.set(keys, token_indices(range(n), geo.page_size), name) == [True] * n
     assert pipeline.exists([*keys, "absent"], name) == n
     view = pages_of(buffer, geo)
     view[:, n : 2 * n] = 0
-    assert pipeline.get(keys, token_indices(geo, range(n, 2 * n)), name) == [True] * n
+    assert pipeline.get(keys, token_indices(range(n, 2 * n), geo.page_size), name) == [True] * n
     assert np.array_equal(view[:, :n], view[:, n : 2 * n])
 
 
 @pytest.mark.parametrize(("layout", "mla", "profile"), CASES)
 def test_pages_round_trip_byte_exact(connect: Any, layout: str, mla: bool, profile: str) -> None:
-    geo = geometry(layout, mla=mla, name=f"{layout}-{mla}")
+    geo = geometry(layout, pages=8, mla=mla, name=f"{layout}-{mla}")
     round_trip(connect(profile, **{"coalescing.split_bytes": 96}), geo, n=4, name=geo.name)
 
 
@@ -50,16 +52,16 @@ def test_scattered_pages_partial_runs_delete_and_clear(connect: Any) -> None:
     pipeline = connect("throughput")
     buffer = pool_buffer(geo, 1)
     pipeline.register_pool("scatter", geo, buffer)
-    keys = new_keys(6)
+    keys = fresh_keys(6)
     src = np.array([5, 1, 2, 3, 9, 0])
-    assert pipeline.set(keys, token_indices(geo, src), "scatter") == [True] * 6
+    assert pipeline.set(keys, token_indices(src, geo.page_size), "scatter") == [True] * 6
     view = pages_of(buffer, geo)
     expected = view[:, src].copy()
     dst = np.array([15, 14, 10, 11, 12, 13])
     view[:, dst] = 0
     # A missing key in the middle: only the leading run is read.
     wanted = [*keys[:3], "missing", *keys[3:]]
-    got = pipeline.get(wanted, token_indices(geo, [*dst[:3], 4, *dst[3:6]]), "scatter")
+    got = pipeline.get(wanted, token_indices([*dst[:3], 4, *dst[3:6]], geo.page_size), "scatter")
     assert got[:3] == [True] * 3 and got[3] is False
     assert np.array_equal(view[:, dst[:3]], expected[:, :3])
     assert pipeline.delete(keys[:2], "scatter") == 2
@@ -74,14 +76,14 @@ def test_scattered_pages_partial_runs_delete_and_clear(connect: Any) -> None:
 
 def test_tcp_is_chosen_when_asked_and_reported(connect: Any) -> None:
     pipeline = connect("throughput", **{"transport.options.tls": "tcp"})
-    round_trip(pipeline, geometry(name="tcp"), n=3, name="tcp")
+    round_trip(pipeline, geometry(pages=8, name="tcp"), n=3, name="tcp")
     assert pipeline.transport.describe()["transport_used"] == "tcp"
 
 
 CLIENT = """
 import sys, numpy as np
-sys.path.insert(0, {tests!r})
-from peer_helpers import geometry, new_keys, pages_of, pool_buffer, token_indices
+sys.path.insert(0, {root!r})
+from tests.support.pools import geometry, fresh_keys, pages_of, pool_buffer, token_indices
 from kvcr_policy import build_pipeline, load_config
 p = build_pipeline(load_config(overrides={{"transport.name": "ucx",
     "transport.options.peer": {address!r}}}))
@@ -89,10 +91,10 @@ geo = geometry(pages=8, name="shared")
 buf = pool_buffer(geo, 7)
 p.register_pool("shared", geo, buf)
 for round in range(5):
-    keys = new_keys(4)
-    assert p.set(keys, token_indices(geo, range(4)), "shared") == [True] * 4
+    keys = fresh_keys(4)
+    assert p.set(keys, token_indices(range(4), geo.page_size), "shared") == [True] * 4
     pages_of(buf, geo)[:, 4:] = 0
-    assert p.get(keys, token_indices(geo, range(4, 8)), "shared") == [True] * 4
+    assert p.get(keys, token_indices(range(4, 8), geo.page_size), "shared") == [True] * 4
     assert np.array_equal(pages_of(buf, geo)[:, :4], pages_of(buf, geo)[:, 4:])
 p.close()
 print("client ok")
@@ -100,11 +102,9 @@ print("client ok")
 
 
 def test_several_concurrent_clients(connect: Any, peer: Any) -> None:
-    import os
 
-    tests = os.path.dirname(__file__)
     other = subprocess.Popen(
-        [sys.executable, "-c", CLIENT.format(tests=tests, address=peer.address)],
+        [sys.executable, "-c", CLIENT.format(root=str(ROOT), address=peer.address)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -140,10 +140,10 @@ def round_trip_fresh(pipeline: Any, geo: Any, *, seed: int, first: bool) -> None
     geo, buffer = _buffers[id(pipeline)]
     view = pages_of(buffer, geo)
     view[:, :4] = np.random.default_rng(seed).integers(0, 256, view[:, :4].shape, np.uint8)
-    keys = new_keys(4)
-    assert pipeline.set(keys, token_indices(geo, range(4)), "shared") == [True] * 4
+    keys = fresh_keys(4)
+    assert pipeline.set(keys, token_indices(range(4), geo.page_size), "shared") == [True] * 4
     view[:, 4:] = 0
-    assert pipeline.get(keys, token_indices(geo, range(4, 8)), "shared") == [True] * 4
+    assert pipeline.get(keys, token_indices(range(4, 8), geo.page_size), "shared") == [True] * 4
     assert np.array_equal(view[:, :4], view[:, 4:])
 
 
@@ -167,7 +167,7 @@ def test_handshake_refuses_or_falls_back_without_capabilities(
     strict = connect(
         "throughput", address=bare_peer.address, **{"coalescing.on_unsupported": "error"}
     )
-    geo = geometry(name="bare")
+    geo = geometry(pages=8, name="bare")
     with pytest.raises(UnsupportedError, match="cannot coalesce or split"):
         strict.register_pool("bare", geo, pool_buffer(geo))
     lenient = connect("throughput", address=bare_peer.address)
@@ -188,12 +188,14 @@ def test_small_batches_in_a_window_deliver_in_order(connect: Any) -> None:
     geo = geometry(pages=24, name="window")
     buffer = pool_buffer(geo, 4)
     pipeline.register_pool("window", geo, buffer)
-    keys = new_keys(12)
-    assert pipeline.set(keys, token_indices(geo, range(12)), "window") == [True] * 12
+    keys = fresh_keys(12)
+    assert pipeline.set(keys, token_indices(range(12), geo.page_size), "window") == [True] * 12
     view = pages_of(buffer, geo)
     view[:, 12:] = 0
     ready: list[int] = []
-    got = pipeline.get(keys, token_indices(geo, range(12, 24)), "window", on_ready=ready.append)
+    got = pipeline.get(
+        keys, token_indices(range(12, 24), geo.page_size), "window", on_ready=ready.append
+    )
     assert got == [True] * 12
     assert np.array_equal(view[:, :12], view[:, 12:])
     assert ready == sorted(ready) and ready[-1] == 12 and len(ready) == 6
@@ -204,7 +206,7 @@ def test_small_batches_in_a_window_deliver_in_order(connect: Any) -> None:
 
 def test_effective_ucx_settings_are_reported(connect: Any) -> None:
     pipeline = connect()
-    geo = geometry(name="report")
+    geo = geometry(pages=8, name="report")
     pipeline.register_pool("report", geo, pool_buffer(geo))
     described = pipeline.transport.describe()
     env = described["ucx_env"]["env"]

@@ -12,13 +12,20 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peer_helpers import geometry, need_ucxx, new_keys, pages_of, pool_buffer, token_indices
-from raw_client import Raw, hello
-from tenants import client_factory, listening_addresses, start_peer, tenants_dir, write_secret
 
 from kvcr_policy.backends.peer import auth
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.errors import AuthenticationError, CapacityError, ConfigError
+from tests.backends.peer.peer_helpers import need_ucxx
+from tests.backends.peer.raw_client import Raw, hello
+from tests.backends.peer.tenants import (
+    client_factory,
+    listening_addresses,
+    start_peer,
+    tenants_dir,
+    write_secret,
+)
+from tests.support.pools import fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 pytestmark = [pytest.mark.ucx]
 
@@ -40,26 +47,14 @@ def client(server: Any) -> Iterator[Callable[..., Any]]:
     yield from client_factory(server.address)
 
 
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Any]:
-    """This process's UCX worker thread: a real address for raw handshakes."""
-    need_ucxx()
-    from kvcr_policy.backends.peer.options import UcxOptions
-    from kvcr_policy.backends.peer.worker import acquire_worker
-
-    worker = acquire_worker(UcxOptions())
-    yield worker
-    worker.release()
-
-
 def _stored(make: Callable[..., Any], secret: Path, n: int = 8, seed: int = 1) -> Any:
     """A pipeline of the tenant of ``secret`` with ``n`` pages stored under fresh keys."""
     geo = geometry(pages=2 * n)
     buffer = pool_buffer(geo, seed)
     pipeline = make(secret)
     pipeline.register_pool("kv", geo, buffer)
-    keys = new_keys(n)
-    assert pipeline.set(keys, token_indices(geo, range(n))) == [True] * n
+    keys = fresh_keys(n)
+    assert pipeline.set(keys, token_indices(range(n), geo.page_size)) == [True] * n
     return pipeline, geo, buffer, keys
 
 
@@ -75,7 +70,7 @@ def test_another_tenant_reads_dumps_poisons_and_clears_nothing_of_the_victim(
     attacker.register_pool("kv", geo, loot)  # the victim's pool name and geometry
     # (a) read by key
     assert attacker.exists(keys) == 0
-    assert attacker.get(keys, token_indices(geo, range(n))) == [False] * n
+    assert attacker.get(keys, token_indices(range(n), geo.page_size)) == [False] * n
     # (b) dump: the whole tier this session can reach, and the stats it may see
     attacker.probe(geo.nbytes)
     dumped = pages_of(loot, geo)
@@ -91,7 +86,7 @@ def test_another_tenant_reads_dumps_poisons_and_clears_nothing_of_the_victim(
     attacker.close()
     poisoner = client(folder / "bob")
     poisoner.register_pool("kv", geo, poison)
-    assert poisoner.set(keys, token_indices(geo, range(n))) == [True] * n
+    assert poisoner.set(keys, token_indices(range(n), geo.page_size)) == [True] * n
     # (d) clear every page it can reach
     poisoner.clear()
 
@@ -99,7 +94,7 @@ def test_another_tenant_reads_dumps_poisons_and_clears_nothing_of_the_victim(
     restored = pool_buffer(geo, 7)
     reader = client(folder / "alice")
     reader.register_pool("kv", geo, restored)
-    assert reader.get(keys, token_indices(geo, range(n, 2 * n))) == [True] * n
+    assert reader.get(keys, token_indices(range(n, 2 * n), geo.page_size)) == [True] * n
     assert np.array_equal(pages_of(restored, geo)[:, n : 2 * n], original)
     assert poisoner.exists(keys) == 0  # bob's own copy went with his clear
 
@@ -194,7 +189,10 @@ def test_an_insecure_peer_is_loopback_only_and_clients_must_opt_in(tmp_path: Pat
                 careful.register_pool("kv", geo, pool_buffer(geo))
             trusting = make(None, **{"security.insecure": True})
             trusting.register_pool("kv", geo, pool_buffer(geo))
-            assert trusting.set(new_keys(2), token_indices(geo, range(2))) == [True, True]
+            assert trusting.set(fresh_keys(2), token_indices(range(2), geo.page_size)) == [
+                True,
+                True,
+            ]
 
 
 def test_serve_makes_a_private_secret_when_none_is_configured(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peer_helpers import Serve, need_ucxx, new_keys, pages_of, pool_buffer, token_indices
 
 from kvcr_policy import build_pipeline, load_config
-from kvcr_policy.geometry import PoolGeometry
+from tests.backends.peer.peer_helpers import Serve, big_geometry, need_ucxx
+from tests.support.pools import fresh_keys, pages_of, pool_buffer, token_indices
 
 pytestmark = [pytest.mark.ucx]
 
@@ -90,24 +90,9 @@ REPORTING_SERVE = textwrap.dedent(
 OP_TIMEOUT_S = 20.0
 
 
-def big_geometry() -> PoolGeometry:
-    # layer_first, 32 fragments of 64 KiB per page (2 MiB pages): 128 pages are 4,096 messages
-    # with the default profile, a read that lasts long enough to be caught in flight.
-    return PoolGeometry(
-        name="term",
-        layout="layer_first",
-        layers=16,
-        heads=8,
-        head_dim=128,
-        dtype="float16",
-        page_size=32,
-        tokens=32 * 256,
-    )
-
-
 def test_sigterm_lets_the_read_in_flight_finish_and_releases_every_claim() -> None:
     need_ucxx()
-    geo = big_geometry()
+    geo = big_geometry("term")
     sets = {**SETS, "transport.op_timeout_s": OP_TIMEOUT_S, "placement.capacity_bytes": "300MiB"}
     server = Serve(sets, python=("-c", REPORTING_SERVE))
     client = {
@@ -126,13 +111,13 @@ def test_sigterm_lets_the_read_in_flight_finish_and_releases_every_claim() -> No
     try:
         reader.register_pool("term", geo, buffer)
         observer.register_pool("term", geo, pool_buffer(geo, 12))
-        keys = new_keys(128)
-        assert all(reader.set(keys, token_indices(geo, range(128))))
+        keys = fresh_keys(128)
+        assert all(reader.set(keys, token_indices(range(128), geo.page_size)))
         view[:, 128:] = 0
 
         def read() -> None:
             try:
-                outcome.append(reader.get(keys, token_indices(geo, range(128, 256))))
+                outcome.append(reader.get(keys, token_indices(range(128, 256), geo.page_size)))
             except BaseException as err:  # reported below
                 outcome.append(err)
 

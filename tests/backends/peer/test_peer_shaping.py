@@ -4,17 +4,16 @@ misses, never bytes; a client naming bytes outside its claim or reservation is r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
-from peer_helpers import geometry, new_keys, pages_of, pool_buffer, token_indices
-from raw_client import Raw, default_secret
 
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.coverage import Cover
+from tests.backends.peer.raw_client import Raw, default_secret
+from tests.support.pools import fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 pytestmark = pytest.mark.ucx
 
@@ -105,15 +104,15 @@ def test_a_third_party_strategy_shapes_reads_and_writes_byte_exact(
     pipeline = connect(**{"coalescing.strategy": "thirds"})
     buffer = pool_buffer(geo, 11)
     pipeline.register_pool(geo.name, geo, buffer)
-    keys = new_keys(6)
+    keys = fresh_keys(6)
     src = np.array([3, 4, 5, 0, 9, 10])  # runs and a scattered page
     view = pages_of(buffer, geo)
     stored = view[:, src].copy()
-    assert pipeline.set(keys, token_indices(geo, src), geo.name) == [True] * 6
+    assert pipeline.set(keys, token_indices(src, geo.page_size), geo.name) == [True] * 6
     writes = list(thirds.CALLS)
     dst = np.array([15, 14, 12, 13, 6, 7])
     view[:, dst] = 0
-    assert pipeline.get(keys, token_indices(geo, dst), geo.name) == [True] * 6
+    assert pipeline.get(keys, token_indices(dst, geo.page_size), geo.name) == [True] * 6
     assert np.array_equal(view[:, dst], stored)
     reads = thirds.CALLS[len(writes) :]
     assert writes and reads, "the strategy was not used for both directions"
@@ -130,8 +129,8 @@ def test_a_buggy_strategy_never_moves_a_wrong_byte(
     writer = connect(**{"coalescing.strategy": "thirds"})
     buffer = pool_buffer(geo, 12)
     writer.register_pool("shifty", geo, buffer)
-    keys = new_keys(3)
-    assert writer.set(keys, token_indices(geo, range(3)), "shifty") == [True] * 3
+    keys = fresh_keys(3)
+    assert writer.set(keys, token_indices(range(3), geo.page_size), "shifty") == [True] * 3
 
     buggy = connect(**{"coalescing.strategy": strategy, "batching.read_batch_pages": 3})
     other = pool_buffer(geo, 13)
@@ -140,13 +139,13 @@ def test_a_buggy_strategy_never_moves_a_wrong_byte(
     expected_pages = pages_of(expected, geo)
     expected_pages[:, 4:7] = pages_of(buffer, geo)[:, 0:3]
     with caplog.at_level("WARNING"):
-        assert buggy.get(keys, token_indices(geo, range(4, 7)), "shifty") == [True] * 3
+        assert buggy.get(keys, token_indices(range(4, 7), geo.page_size), "shifty") == [True] * 3
     assert np.array_equal(other.view(np.uint8), expected.view(np.uint8))  # exact, nothing else
     assert "coalescing strategy" in caplog.text  # the failed batch says why
     assert sum(buggy.stats().fallbacks.values()) == 3  # one batch of 3 pages fell back
-    fresh = new_keys(2)
-    assert buggy.set(fresh, token_indices(geo, range(2)), "shifty") == [True, True]
-    assert writer.get(fresh, token_indices(geo, range(5, 7)), "shifty") == [True, True]
+    fresh = fresh_keys(2)
+    assert buggy.set(fresh, token_indices(range(2), geo.page_size), "shifty") == [True, True]
+    assert writer.get(fresh, token_indices(range(5, 7), geo.page_size), "shifty") == [True, True]
     assert np.array_equal(pages_of(buffer, geo)[:, 5:7], pages_of(expected, geo)[:, 0:2])
     tier = writer.stats().to_dict()["pools"]["shifty"]["peer"]["remote"]["tier"]
     assert tier["claimed"] == 0 and tier["reserved"] == 0
@@ -154,17 +153,6 @@ def test_a_buggy_strategy_never_moves_a_wrong_byte(
 
 
 # ---- a hostile client on a raw socket -------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Any]:
-    """This process's UCX worker thread: a real worker address, so a HELLO gets its WELCOME."""
-    from kvcr_policy.backends.peer.options import UcxOptions
-    from kvcr_policy.backends.peer.worker import acquire_worker
-
-    worker = acquire_worker(UcxOptions())
-    yield worker
-    worker.release()
 
 
 def _attach(raw: Raw, geo: Any) -> tuple[int, Any]:
@@ -199,8 +187,8 @@ def test_descriptors_outside_the_claim_are_refused(
     geo = geometry(pages=8, name="hostile")
     pipeline = connect()
     pipeline.register_pool("hostile", geo, pool_buffer(geo, 14))
-    keys = new_keys(2)
-    assert pipeline.set(keys, token_indices(geo, range(2)), "hostile") == [True, True]
+    keys = fresh_keys(2)
+    assert pipeline.set(keys, token_indices(range(2), geo.page_size), "hostile") == [True, True]
 
     raw = Raw(peer.address)
     assert isinstance(raw.handshake(default_secret(), worker.address), m.Welcome)
@@ -213,7 +201,7 @@ def test_descriptors_outside_the_claim_are_refused(
     assert refused is None or (isinstance(refused, m.Error) and refused.code == m.Err.BAD_REQUEST)
 
     if refused is not None:  # the connection stays; a write outside its slots fares the same
-        reserved = raw.ask(m.Reserve(number, new_keys(2), np.arange(2, dtype=np.int64)))
+        reserved = raw.ask(m.Reserve(number, fresh_keys(2), np.arange(2, dtype=np.int64)))
         assert isinstance(reserved, m.Reserved)
         offsets, lengths = _outside(Cover.of_pages(tier, reserved.slots), tier, how)
         posted = raw.ask(m.Post(reserved.reservation, offsets, lengths))
@@ -226,5 +214,5 @@ def test_descriptors_outside_the_claim_are_refused(
     again = pool_buffer(geo, 15)
     reader = connect()
     reader.register_pool("hostile", geo, again)
-    assert reader.get(keys, token_indices(geo, range(4, 6)), "hostile") == [True, True]
+    assert reader.get(keys, token_indices(range(4, 6), geo.page_size), "hostile") == [True, True]
     assert np.array_equal(pages_of(again, geo)[:, 4:6], pages_of(pool_buffer(geo, 14), geo)[:, :2])

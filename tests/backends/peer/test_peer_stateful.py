@@ -25,8 +25,6 @@ what arrived after a miss.)
 
 from __future__ import annotations
 
-import time
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,12 +40,14 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from peer_helpers import Serve, need_ucxx
 
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.geometry import PoolGeometry
-from tests.strategies import distinct_pages, page_slice, token_indices
-from tests.support.stateful import count_sequence, machine_settings, same_bytes
+from tests.backends.peer.peer_helpers import Serve, need_ucxx
+from tests.strategies import distinct_pages
+from tests.support.pools import geometry, page_slice, token_indices
+from tests.support.stateful import content, count_sequence, machine_settings, same_bytes
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 
@@ -76,26 +76,11 @@ SETTLE_S = 10.0  # the server's op_timeout_s: a claim is released by then at the
 key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=CAPACITY, unique=True)
 
 
-def geometry(layout: str, mla: bool) -> PoolGeometry:
-    geo = PoolGeometry(
-        name="kv",
-        layout=layout,  # type: ignore[arg-type]
-        layers=2,
-        heads=1 if mla else 2,
-        head_dim=32 if mla else 8,
-        dtype="float16",
-        page_size=P,
-        tokens=P * PAGES,
-        mla=mla,
-    )
+def case_geometry(layout: str, mla: bool) -> PoolGeometry:
+    """The pool of one case: 2 layers, head dim 8 (32 for MLA), so every page is PAGE_BYTES."""
+    geo = geometry(layout, mla=mla, layers=2, head_dim=32 if mla else 8, page_size=P, pages=PAGES)
     assert geo.page_bytes == PAGE_BYTES
     return geo
-
-
-def content(geo: PoolGeometry, key: str, version: int) -> np.ndarray:
-    shape = np.zeros(geo.shape, np.uint8)[page_slice(geo, 0)].shape
-    rng = np.random.default_rng(zlib.crc32(f"{key}@{version}".encode()))
-    return rng.integers(0, 1 << 16, size=shape, dtype=np.uint16).view(np.float16)
 
 
 class Server:
@@ -149,7 +134,7 @@ class PeerMachine(RuleBasedStateMachine):
         batch=st.sampled_from([1, 2]),
     )
     def open(self, case: tuple[str, bool], profile: str, batch: int) -> None:
-        self.geo = geometry(*case)
+        self.geo = case_geometry(*case)
         self.overrides: dict[str, Any] = {
             "transport.name": "ucx",
             "transport.options.heartbeat_s": 0.5,
@@ -301,10 +286,12 @@ class PeerMachine(RuleBasedStateMachine):
             self.version[key] += 1
         self.stored.clear()
         sentinel, page = ["reconnected"], [0]
-        deadline = time.monotonic() + 20
-        while self.p.set(sentinel, token_indices(page, P)) != [True]:
-            assert time.monotonic() < deadline, "the client did not reconnect after a restart"
-            time.sleep(0.1)
+        wait_until(
+            lambda: self.p.set(sentinel, token_indices(page, P)) == [True],
+            "the client reconnected after a restart",
+            20,
+            every=0.1,
+        )
         assert self.p.delete(sentinel) == 1
         assert self.present() == set()
         assert self.p.stats().pools["kv"]["peer"]["connects"] >= 2
@@ -315,14 +302,19 @@ class PeerMachine(RuleBasedStateMachine):
     def tier_settled_and_within_capacity(self) -> None:
         if self.pipeline is None:
             return
-        deadline = time.monotonic() + SETTLE_S
-        tier = self.tier()
+
         # A read's claim is released when the server's sends complete, just after the client's
         # receives did: give it until the server's op_timeout_s, as the README promises.
-        while tier["claimed"] or tier["reserved"]:
-            assert time.monotonic() < deadline, tier
-            time.sleep(0.005)
+        def settled() -> dict[str, int] | None:
             tier = self.tier()
+            return None if tier["claimed"] or tier["reserved"] else tier
+
+        tier = wait_until(
+            settled,
+            "no claim or reservation left on the tier",
+            SETTLE_S,
+            every=0.005,
+        )
         assert tier["capacity"] == CAPACITY
         assert tier["keys"] == tier["used"] <= CAPACITY
 
@@ -355,7 +347,7 @@ def two_pipelines(geo: PoolGeometry, buf: np.ndarray) -> list[Any]:
 
 @pytest.mark.parametrize("where", ["local", "peer"])
 def test_a_get_reports_only_the_leading_run(where: str) -> None:
-    geo = geometry("layer_first", False)
+    geo = case_geometry("layer_first", False)
     buf = np.zeros(geo.shape, np.float16)
     pipelines = two_pipelines(geo, buf)
     try:
@@ -390,7 +382,7 @@ def evictions(pipeline: Any) -> int:
     ],
 )
 def test_a_set_never_evicts_its_own_present_keys(where: str) -> None:
-    geo = geometry("layer_first", False)
+    geo = case_geometry("layer_first", False)
     buf = np.zeros(geo.shape, np.float16)
     pipelines = two_pipelines(geo, buf)
     try:

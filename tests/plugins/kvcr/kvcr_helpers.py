@@ -1,56 +1,17 @@
-"""Pools, keys and KVCR spies shared by the ``kvcr`` backend tests."""
+"""KVCR spies and stored pools shared by the ``kvcr`` backend tests (pools and keys come from
+:mod:`tests.support.pools`)."""
 
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
-
-P = 4
-
-
-def geometry(pages: int = 48, layout: str = "layer_first", mla: bool = False) -> PoolGeometry:
-    return PoolGeometry(
-        name="kv",
-        layout=layout,  # type: ignore[arg-type]
-        layers=3,
-        heads=1 if mla else 2,
-        head_dim=16,
-        dtype="float16",
-        page_size=P,
-        tokens=P * pages,
-        mla=mla,
-    )
-
-
-def pool_buffer(geo: PoolGeometry, seed: int = 0) -> np.ndarray:
-    buffer = np.empty(geo.shape, dtype=np.float16)
-    raw = buffer.view(np.uint8).reshape(-1)
-    raw[:] = np.random.default_rng(seed).integers(0, 256, raw.size, dtype=np.uint8)
-    return buffer
-
-
-def pages_of(buffer: np.ndarray, geo: PoolGeometry) -> np.ndarray:
-    """(planes, pages, fragment bytes): page p is [:, p]."""
-    return buffer.view(np.uint8).reshape(geo.fragments_per_page, geo.pages, geo.fragment_bytes)
-
-
-def tokens(pages: Any) -> np.ndarray:
-    pages = np.asarray(list(pages), dtype=np.int64)
-    return (pages[:, None] * P + np.arange(P)).reshape(-1)
-
-
-def fresh_keys(n: int) -> list[str]:
-    salt = uuid.uuid4().hex[:8]
-    return [f"{salt}-{i}" for i in range(n)]
+from tests.support.pools import P, fresh_keys, geometry, pool_buffer, token_indices
 
 
 def pool_tier(pipeline: Pipeline, name: str = "kv") -> Any:
@@ -122,5 +83,5 @@ def stored(pipeline: Pipeline, n: int = 12, geo: PoolGeometry | None = None, see
     buffer = pool_buffer(geo, seed)
     pipeline.register_pool("kv", geo, buffer)
     keys = fresh_keys(n)
-    assert pipeline.set(keys, tokens(range(n))) == [True] * n
+    assert pipeline.set(keys, token_indices(range(n), P)) == [True] * n
     return geo, buffer, keys

@@ -14,16 +14,8 @@ import numpy as np
 import pytest
 
 from kvcr_policy.errors import UnsupportedError
-from tests.plugins.kvcr.kvcr_helpers import (
-    fresh_keys,
-    geometry,
-    kvcr_of,
-    pages_of,
-    pool_buffer,
-    spy,
-    stored,
-    tokens,
-)
+from tests.plugins.kvcr.kvcr_helpers import kvcr_of, spy, stored
+from tests.support.pools import P, fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 
 def test_batching_sets_the_size_of_each_deliver_deposit_query_and_claim(kvcr_pipeline: Any) -> None:
@@ -33,9 +25,9 @@ def test_batching_sets_the_size_of_each_deliver_deposit_query_and_claim(kvcr_pip
     pipeline.register_pool("kv", geo, buffer)
     keys = fresh_keys(12)
     with spy(kvcr_of(pipeline)) as calls:
-        assert pipeline.set(keys, tokens(range(12))) == [True] * 12
+        assert pipeline.set(keys, token_indices(range(12), P)) == [True] * 12
         assert pipeline.exists(keys) == 12
-        assert pipeline.get(keys, tokens(range(20, 32))) == [True] * 12
+        assert pipeline.get(keys, token_indices(range(20, 32), P)) == [True] * 12
     assert calls.sizes["deposit"] == [3, 3, 3, 3]
     # exists, then the read's leading run; then its claims, in metadata-query batches too.
     assert calls.sizes["query"] == [5, 5, 2] * 2
@@ -43,7 +35,7 @@ def test_batching_sets_the_size_of_each_deliver_deposit_query_and_claim(kvcr_pip
     assert calls.sizes["deliver"] == [3, 3, 3, 3]
     with spy(kvcr_of(pipeline)) as calls:  # a miss ends the run: nothing past it is claimed
         asked = [*keys[:6], "absent", *keys[6:]]
-        assert pipeline.get(asked, tokens(range(30, 43))) == [True] * 6 + [False] * 7
+        assert pipeline.get(asked, token_indices(range(30, 43), P)) == [True] * 6 + [False] * 7
     assert calls.sizes["query"] == [5, 5]
     assert calls.sizes["fetch"] == [5, 1]
     assert calls.sizes["deliver"] == [3, 3]
@@ -66,7 +58,10 @@ def test_delivery_windows_bound_kvcr_operations_in_flight(
     view[:, 20:32] = 0
     ready: list[int] = []
     with spy(kvcr_of(pipeline)) as calls:
-        assert pipeline.get(keys, tokens(range(20, 32)), on_ready=ready.append) == [True] * 12
+        assert (
+            pipeline.get(keys, token_indices(range(20, 32), P), on_ready=ready.append)
+            == [True] * 12
+        )
     assert ready == list(range(1, 13))  # delivered in order
     assert np.array_equal(view[:, 20:32], expected)
     assert 1 <= calls.peak <= most
@@ -81,7 +76,9 @@ def test_thread_tuning_holds_while_the_backend_is_open(kvcr_pipeline: Any) -> No
     _, _, keys = stored(pipeline, n=4)
     seen: list[float] = []
     pipeline.get(
-        keys, tokens(range(10, 14)), on_ready=lambda n: seen.append(sys.getswitchinterval())
+        keys,
+        token_indices(range(10, 14), P),
+        on_ready=lambda n: seen.append(sys.getswitchinterval()),
     )
     assert seen and all(abs(s - 0.0021) < 1e-9 for s in seen)
     pipeline.close()
@@ -106,7 +103,7 @@ def test_coalescing_is_unsupported_and_on_unsupported_decides(
     geo, buffer, keys = stored(pipeline, n=8)
     view = pages_of(buffer, geo)
     expected = view[:, :8].copy()
-    assert pipeline.get(keys, tokens(range(20, 28))) == [True] * 8
+    assert pipeline.get(keys, token_indices(range(20, 28), P)) == [True] * 8
     assert np.array_equal(view[:, 20:28], expected)
     stats = pipeline.stats()
     # One element per fragment, as KVCR takes them: 8 pages x 6 fragments, each way.
@@ -137,7 +134,7 @@ def test_a_page_that_never_arrives_ends_the_run_and_only_arrived_pages_count(
     view[:, 20:32] = 0
     # Destination page 25 (position 5): its first fragment is element 0 * pages + 25.
     _fail_pages(monkeypatch, {25})
-    got = pipeline.get(keys, tokens(range(20, 32)))
+    got = pipeline.get(keys, token_indices(range(20, 32), P))
     # The batch of pages 4-7 failed and was retried page by page: 6 and 7 arrived (SGLang uses
     # the leading run only), and no batch after it was issued.
     assert got == [True] * 5 + [False] + [True] * 2 + [False] * 4

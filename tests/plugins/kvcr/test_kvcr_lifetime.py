@@ -5,7 +5,6 @@ wrong bytes; a process killed mid-restore leaves no listener, file lock or regio
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,10 +17,12 @@ import numpy as np
 import pytest
 
 from kvcr_policy.errors import ClosedError, TransportError
-from tests.plugins.kvcr.kvcr_helpers import kvcr_of, pages_of, pool_tier, stored, tokens
+from tests.plugins.kvcr.kvcr_helpers import kvcr_of, pool_tier, stored
+from tests.support.paths import child_env
+from tests.support.pools import P, pages_of, token_indices
+from tests.support.processes import wait_for_line
 
 CHILD = Path(__file__).with_name("kvcr_child.py")
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _handles(kvcr: Any) -> tuple[list[int], list[int]]:
@@ -58,7 +59,7 @@ def test_close_during_restores_waits_then_releases_everything(kvcr_pipeline: Any
         started.wait()
         while True:
             try:
-                got = pipeline.get(keys, tokens(range(first, first + 12)))
+                got = pipeline.get(keys, token_indices(range(first, first + 12), P))
             except ClosedError:
                 return
             results.append((first, got, view[:, first : first + 12].copy()))
@@ -78,7 +79,7 @@ def test_close_during_restores_waits_then_releases_everything(kvcr_pipeline: Any
     audit = pipeline.audit()["kv"]
     assert audit["state"] == "closed" and not audit["leaked"]
     with pytest.raises(ClosedError):
-        pipeline.get(keys, tokens(range(20, 32)))
+        pipeline.get(keys, token_indices(range(20, 32), P))
 
 
 def test_a_kvcr_that_dies_mid_restore_gives_misses_never_wrong_bytes(
@@ -100,7 +101,7 @@ def test_a_kvcr_that_dies_mid_restore_gives_misses_never_wrong_bytes(
         return bool(original(self))
 
     monkeypatch.setattr(_KVCRProgress, "_run_one_iteration", iteration)
-    got = pipeline.get(keys, tokens(range(20, 32)), on_ready=lambda n: dead.set())
+    got = pipeline.get(keys, token_indices(range(20, 32), P), on_ready=lambda n: dead.set())
     lead = got.index(False)
     assert 2 <= lead < 12 and got == [True] * lead + [False] * (12 - lead)
     assert np.array_equal(view[:, 20 : 20 + lead], expected[:, :lead])
@@ -115,25 +116,13 @@ def test_a_kvcr_that_dies_mid_restore_gives_misses_never_wrong_bytes(
 
 
 def _child(port: int, folder: Path) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(port), str(folder)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env={k: v for k, v in env.items() if not k.startswith("KVCR_POLICY_")},
+        env=child_env(drop=("KVCR_POLICY_",)),
     )
-
-
-def _wait_for(child: subprocess.Popen[str], line: str) -> None:
-    assert child.stdout is not None
-    for got in child.stdout:
-        if got.strip() == line:
-            return
-    pytest.fail(f"the child exited ({child.wait()}) before printing {line!r}")
 
 
 @pytest.mark.slow
@@ -147,9 +136,9 @@ def test_a_process_killed_mid_restore_leaves_nothing_behind(
     port = free_port()
     child = _child(port, tmp_path)
     try:
-        _wait_for(child, "ready")
-        _wait_for(child, "restoring")
-        _wait_for(child, "restoring")  # the second restore is under way
+        wait_for_line(child, "ready")
+        wait_for_line(child, "restoring")
+        wait_for_line(child, "restoring")  # the second restore is under way
         assert not port_free(port)  # KVCR's listener is up
         child.send_signal(signal.SIGKILL)
         assert child.wait(30) == -signal.SIGKILL
@@ -165,7 +154,7 @@ def test_a_process_killed_mid_restore_leaves_nothing_behind(
     )
     buffer = np.zeros(GEOMETRY.nbytes, dtype=np.uint8).view(np.float16).reshape(GEOMETRY.shape)
     pipeline.register_pool("kv", GEOMETRY, buffer)
-    assert pipeline.set(["after"], tokens([0])) == [True]
+    assert pipeline.set(["after"], token_indices([0], P)) == [True]
     assert pipeline.exists(["after", "child-0"]) == 1  # a fresh tier: nothing of the child's
 
 
@@ -175,8 +164,8 @@ def test_a_terminated_process_closes_in_order(tmp_path: Path) -> None:
 
     child = _child(free_port(), tmp_path)
     try:
-        _wait_for(child, "ready")
-        _wait_for(child, "restoring")
+        wait_for_line(child, "ready")
+        wait_for_line(child, "restoring")
         child.send_signal(signal.SIGTERM)
         assert child.stdout is not None
         last = [line for line in child.stdout if line.startswith("{")]

@@ -15,16 +15,8 @@ import pytest
 
 from kvcr_policy.cli import main
 from kvcr_policy.geometry import PoolGeometry
-from tests.plugins.kvcr.kvcr_helpers import (
-    fresh_keys,
-    geometry,
-    kvcr_of,
-    pages_of,
-    pool_buffer,
-    pool_tier,
-    stored,
-    tokens,
-)
+from tests.plugins.kvcr.kvcr_helpers import kvcr_of, pool_tier, stored
+from tests.support.pools import P, fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 PLACED = """
 [placement]
@@ -92,15 +84,15 @@ def test_a_read_holds_kvcr_claims_so_nothing_it_reads_is_evicted(kvcr_pipeline: 
     def on_ready(count: int) -> None:
         if not during:
             view[:, 40:44] = 0xA5
-            during.append((runner.claims, pipeline.set(intruders, tokens(range(40, 44)))))
+            during.append((runner.claims, pipeline.set(intruders, token_indices(range(40, 44), P))))
 
     view[:, 20:28] = 0
-    assert pipeline.get(keys, tokens(range(20, 28)), on_ready=on_ready) == [True] * 8
+    assert pipeline.get(keys, token_indices(range(20, 28), P), on_ready=on_ready) == [True] * 8
     assert np.array_equal(view[:, 20:28], expected)
     assert during == [(8, [False] * 4)]  # 8 claims held; nothing evictable
     assert len(released) == 8 and runner.claims == 0  # exactly the read's handles went back
     assert pipeline.stats().pools["kv"]["runner"]["claims_held"] == 0
-    assert pipeline.set(intruders, tokens(range(40, 44))) == [True] * 4
+    assert pipeline.set(intruders, token_indices(range(40, 44), P)) == [True] * 4
     assert pipeline.exists(keys) == 0  # LRU: the oldest went
 
 
@@ -111,12 +103,12 @@ def test_deleted_keys_are_evicted_before_live_ones(kvcr_pipeline: Any) -> None:
         geo = geometry()
         pipeline.register_pool("kv", geo, pool_buffer(geo))
         older, newer, later = fresh_keys(8), fresh_keys(8), fresh_keys(8)
-        assert pipeline.set(older, tokens(range(8))) == [True] * 8
-        assert pipeline.set(newer, tokens(range(8, 16))) == [True] * 8
+        assert pipeline.set(older, token_indices(range(8), P)) == [True] * 8
+        assert pipeline.set(newer, token_indices(range(8, 16), P)) == [True] * 8
         if delete:
             assert pipeline.delete(newer) == 8
             assert pipeline.stats().pools["kv"]["dead_blocks"] == 8
-        assert pipeline.set(later, tokens(range(16, 24))) == [True] * 8
+        assert pipeline.set(later, token_indices(range(16, 24), P)) == [True] * 8
         assert pipeline.exists(later) == 8
         if delete:  # the dead blocks made room; every live key stayed
             assert pipeline.exists(older) == 8 and pipeline.exists(newer) == 0
@@ -137,12 +129,14 @@ def test_a_key_stored_again_after_it_was_forgotten_restores_its_new_bytes(
     else:
         pipeline.clear()
     assert pipeline.exists(keys) == 0
-    assert pipeline.get(keys, tokens(range(20, 24))) == [False] * 4
+    assert pipeline.get(keys, token_indices(range(20, 24), P)) == [False] * 4
     view = pages_of(buffer, geo)
-    assert pipeline.set(keys, tokens(range(10, 14))) == [True] * 4  # other bytes, same keys
+    assert (
+        pipeline.set(keys, token_indices(range(10, 14), P)) == [True] * 4
+    )  # other bytes, same keys
     expected = view[:, 10:14].copy()
     assert not np.array_equal(expected, view[:, 0:4])
-    assert pipeline.get(keys, tokens(range(20, 24))) == [True] * 4
+    assert pipeline.get(keys, token_indices(range(20, 24), P)) == [True] * 4
     assert np.array_equal(view[:, 20:24], expected)
 
 
@@ -168,7 +162,10 @@ def test_g3_files_hold_what_dram_cannot_and_restore_exactly(
     pipeline.register_pool("kv", geo, buffer)
     keys = fresh_keys(12)
     for start in range(0, 12, 2):  # KVCR spills DRAM's oldest to G3 as new pages arrive
-        assert pipeline.set(keys[start : start + 2], tokens(range(start, start + 2))) == [True] * 2
+        assert (
+            pipeline.set(keys[start : start + 2], token_indices(range(start, start + 2), P))
+            == [True] * 2
+        )
     assert pipeline.exists(keys) == 12
     assert sorted(p.name for p in folder.iterdir()) == ["g3-a.kv", "g3-b.kv"]
     tiers = [tier for _, tier in kvcr_of(pipeline).query(pool_tier(pipeline).keys.block_keys(keys))]
@@ -176,7 +173,7 @@ def test_g3_files_hold_what_dram_cannot_and_restore_exactly(
     view = pages_of(buffer, geo)
     expected = view[:, :12].copy()
     view[:, 20:32] = 0
-    assert pipeline.get(keys, tokens(range(20, 32))) == [True] * 12
+    assert pipeline.get(keys, token_indices(range(20, 32), P)) == [True] * 12
     assert np.array_equal(view[:, 20:32], expected)
     stats = pipeline.stats()
     assert stats.fallbacks == {}  # every batch fitted

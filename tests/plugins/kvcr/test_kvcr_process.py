@@ -15,7 +15,8 @@ import pytest
 
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.errors import ConfigError, PoolError
-from tests.plugins.kvcr.kvcr_helpers import geometry, pool_buffer
+from tests.support.paths import child_env
+from tests.support.pools import P, geometry, pool_buffer
 
 
 def _process() -> Any:
@@ -201,13 +202,13 @@ def test_pages_move_with_the_progress_thread_on_too(kvcr_pipeline: Any) -> None:
     geo = geometry()
     buffer = pool_buffer(geo)
     pipeline.register_pool("kv", geo, buffer)
-    from tests.plugins.kvcr.kvcr_helpers import fresh_keys, pages_of, tokens
+    from tests.support.pools import fresh_keys, pages_of, token_indices
 
     keys = fresh_keys(6)
-    assert pipeline.set(keys, tokens(range(6))) == [True] * 6
+    assert pipeline.set(keys, token_indices(range(6), P)) == [True] * 6
     view = pages_of(buffer, geo)
     expected = view[:, :6].copy()
-    assert pipeline.get(keys, tokens(range(10, 16))) == [True] * 6
+    assert pipeline.get(keys, token_indices(range(10, 16), P)) == [True] * 6
     assert np.array_equal(view[:, 10:16], expected)
 
 
@@ -238,12 +239,9 @@ def test_a_profile_naming_kvcr_validates_where_the_runner_is_missing() -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[3]
-    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVCR_POLICY_")}
     done = subprocess.run(
         [sys.executable, "-c", BLOCKED],
-        env={**env, "PYTHONPATH": path},
+        env=child_env(drop=("KVCR_POLICY_",)),
         capture_output=True,
         text=True,
         timeout=120,
@@ -275,12 +273,9 @@ def test_nixl_prints_nothing_on_stdout() -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[3]
-    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVCR_POLICY_", "NIXL_"))}
     done = subprocess.run(
         [sys.executable, "-c", QUIET],
-        env={**env, "PYTHONPATH": path},
+        env=child_env(drop=("KVCR_POLICY_", "NIXL_")),
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from kvcr_policy import build_pipeline, load_config
-from tests.plugins.kvcr.kvcr_helpers import fresh_keys, geometry, pages_of, pool_buffer, tokens
 from tests.support.installs import missing
+from tests.support.pools import P, fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 pytestmark = pytest.mark.ucx
 
@@ -38,9 +38,9 @@ def _round_trips(pipeline: Any, rounds: int, seed: int) -> None:
     view = pages_of(buffer, geo)
     for _ in range(rounds):
         keys = fresh_keys(8)
-        assert pipeline.set(keys, tokens(range(8))) == [True] * 8
+        assert pipeline.set(keys, token_indices(range(8), P)) == [True] * 8
         view[:, 20:28] = 0
-        assert pipeline.get(keys, tokens(range(20, 28))) == [True] * 8
+        assert pipeline.get(keys, token_indices(range(20, 28), P)) == [True] * 8
         assert np.array_equal(view[:, 20:28], view[:, :8])
 
 

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mooncake_helpers import need_mooncake
+
+from tests.plugins.mooncake.mooncake_helpers import need_mooncake
 
 
 @pytest.fixture(scope="module")

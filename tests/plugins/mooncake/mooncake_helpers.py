@@ -13,14 +13,23 @@ import sys
 import tempfile
 import threading
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
+from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.pipeline import Pipeline
 from tests.support.installs import missing
+from tests.support.paths import ROOT
 
-__all__ = ["PLUGIN_DIST", "ROOT", "ClientProcess", "mooncake_problem", "need_mooncake"]
+__all__ = [
+    "GEO",
+    "PLUGIN_DIST",
+    "ClientProcess",
+    "mooncake_problem",
+    "need_mooncake",
+    "pipeline_on",
+]
 
-ROOT = Path(__file__).resolve().parents[3]
 
 PLUGIN_DIST = "kvcr-policy-mooncake"
 INSTALL = (
@@ -117,3 +126,18 @@ class ClientProcess:
             except (AssertionError, OSError, subprocess.TimeoutExpired):
                 self.kill()
         self.stderr.close()
+
+
+#: 32 KiB pages (2 layers, 4 heads, head dim 64, fp16, 16 tokens), K and V apart (multi-buffer).
+GEO = PoolGeometry("kv", "page_first", 2, 4, 64, "float16", 16, 16 * 128)
+
+
+def pipeline_on(master: Any, **overrides: Any) -> Pipeline:
+    values = {
+        "backend.name": "mooncake",
+        "backend.options.master": master.address,
+        "backend.options.segment_bytes": 0,
+        "backend.options.recheck_s": 0.2,
+        **{key.replace("__", "."): value for key, value in overrides.items()},
+    }
+    return build_pipeline(load_config(environ={}, overrides=values))

@@ -17,34 +17,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mooncake_helpers import need_mooncake
 
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.errors import CapacityError, TransportError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
+from tests.plugins.mooncake.mooncake_helpers import GEO, need_mooncake, pipeline_on
+from tests.support.pools import pages_of, pool_buffer, token_indices
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.slow]
 
-# 32 KiB pages (2 layers, 4 heads, head dim 64, fp16, 16 tokens), K and V apart (multi-buffer).
-GEO = PoolGeometry("kv", "page_first", 2, 4, 64, "float16", 16, 16 * 128)
 N = 48
-
-
-def tokens(pages: Any) -> np.ndarray:
-    pages = np.asarray(pages, dtype=np.int64)
-    return (pages[:, None] * GEO.page_size + np.arange(GEO.page_size)).reshape(-1)
-
-
-def view(buffer: np.ndarray, geo: PoolGeometry = GEO) -> np.ndarray:
-    return buffer.view(np.uint8).reshape(geo.fragments_per_page, geo.pages, geo.fragment_bytes)
-
-
-def filled(geo: PoolGeometry = GEO, seed: int = 0) -> np.ndarray:
-    buffer = np.empty(geo.shape, dtype=np.float16)
-    raw = buffer.view(np.uint8).reshape(-1)
-    raw[:] = np.random.default_rng(seed).integers(0, 256, raw.size, dtype=np.uint8)
-    return buffer
 
 
 @pytest.fixture
@@ -62,29 +46,18 @@ def own_master() -> Iterator[Any]:
             holder.stop()
 
 
-def pipeline_on(master: Any, **overrides: Any) -> Pipeline:
-    values = {
-        "backend.name": "mooncake",
-        "backend.options.master": master.address,
-        "backend.options.segment_bytes": 0,
-        "backend.options.recheck_s": 0.2,
-        **{key.replace("__", "."): value for key, value in overrides.items()},
-    }
-    return build_pipeline(load_config(environ={}, overrides=values))
-
-
 def leading(results: list[bool]) -> int:
     return results.index(False) if False in results else len(results)
 
 
 def test_master_killed_mid_restore_gives_fast_misses_then_service_resumes(own_master: Any) -> None:
     master = own_master
-    buffer = filled()
-    pages = view(buffer)
+    buffer = pool_buffer(GEO)
+    pages = pages_of(buffer, GEO)
     keys = [f"kill-{i}" for i in range(N)]
     with pipeline_on(master, batching__read_batch_pages=2, batching__window_batches=1) as pipeline:
         pipeline.register_pool("kv", GEO, buffer)
-        assert pipeline.set(keys, tokens(range(N))) == [True] * N
+        assert pipeline.set(keys, token_indices(range(N), GEO.page_size)) == [True] * N
         expected = pages[:, :N].copy()
         pages[:, N : 2 * N] = 0
 
@@ -95,7 +68,7 @@ def test_master_killed_mid_restore_gives_fast_misses_then_service_resumes(own_ma
                 master.kill()  # SIGKILL between two batches of the restore
                 killed.append(count)
 
-        got = pipeline.get(keys, tokens(range(N, 2 * N)), on_ready=on_ready)
+        got = pipeline.get(keys, token_indices(range(N, 2 * N), GEO.page_size), on_ready=on_ready)
         lead = leading(got)
         assert killed and got == [True] * lead + [False] * (N - lead)
         assert 8 <= lead < N
@@ -105,8 +78,8 @@ def test_master_killed_mid_restore_gives_fast_misses_then_service_resumes(own_ma
         for _ in range(5):
             start = time.perf_counter()
             assert pipeline.exists(keys) == 0
-            assert pipeline.get(keys, tokens(range(N, 2 * N))) == [False] * N
-            assert pipeline.set(keys[:4], tokens(range(4))) == [False] * 4
+            assert pipeline.get(keys, token_indices(range(N, 2 * N), GEO.page_size)) == [False] * N
+            assert pipeline.set(keys[:4], token_indices(range(4), GEO.page_size)) == [False] * 4
             assert time.perf_counter() - start < 0.1
         health = pipeline.stats().transport["health"]
         assert health["state"] == "open" and health["trips"] == 1
@@ -119,16 +92,16 @@ def test_master_killed_mid_restore_gives_fast_misses_then_service_resumes(own_ma
             assert time.monotonic() - restarted < 5.0, "service did not resume within 5 s"
             time.sleep(0.05)
         assert pipeline.exists(keys[1:]) == 0  # a restarted master has forgotten every key
-        assert pipeline.set(keys, tokens(range(N))) == [True] * N
+        assert pipeline.set(keys, token_indices(range(N), GEO.page_size)) == [True] * N
         pages[:, N : 2 * N] = 0
-        assert pipeline.get(keys, tokens(range(N, 2 * N))) == [True] * N
+        assert pipeline.get(keys, token_indices(range(N, 2 * N), GEO.page_size)) == [True] * N
         assert np.array_equal(pages[:, N : 2 * N], expected)
         assert pipeline.stats().transport["health"]["state"] == "closed"
 
 
 def _stored_one(pipeline: Pipeline, key: str) -> bool:
     try:
-        return pipeline.set([key], tokens([0])) == [True]
+        return pipeline.set([key], token_indices([0], GEO.page_size)) == [True]
     except CapacityError:
         return False
 
@@ -186,44 +159,39 @@ def test_a_full_store_keeps_what_fit_and_takes_pages_again_after_eviction() -> N
     from kvcr_policy_mooncake.master import MasterProcess
 
     geo = PoolGeometry("kv", "page_first", 4, 8, 128, "float16", 64, 64 * 80)  # 1 MiB pages
-    buffer = filled(geo, seed=1)
-    pages = view(buffer, geo)
+    buffer = pool_buffer(geo, 1)
+    pages = pages_of(buffer, geo)
     keys = [f"full-{i}" for i in range(40)]
     with MasterProcess(args=["--default_kv_lease_ttl=200"]) as master:
         overrides = {"backend.options.segment_bytes": "16MiB", "batching.read_batch_pages": 8}
         with pipeline_on(master, **overrides) as pipeline:
             pipeline.register_pool("kv", geo, buffer)
-            stored = pipeline.set(keys, tokens_of(geo, range(40)))
+            stored = pipeline.set(keys, token_indices(range(40), geo.page_size))
             # Some pages do not fit (the master evicts meanwhile, so a few later ones may).
             assert 1 <= sum(stored) < 40
             kept = [i for i, ok in enumerate(stored) if ok]
             pages[:, 40 : 40 + len(kept)] = 0
-            got = pipeline.get([keys[i] for i in kept], tokens_of(geo, range(40, 40 + len(kept))))
+            got = pipeline.get(
+                [keys[i] for i in kept], token_indices(range(40, 40 + len(kept)), geo.page_size)
+            )
             arrived = leading(got)  # eviction may already have taken some of them
             for j in range(arrived):
                 assert np.array_equal(pages[:, 40 + j], expected_page(buffer, geo, kept[j]))
 
             # A batch where nothing fits is a CapacityError inside the mover; the call says
             # so only when nothing at all was stored.
-            deadline = time.monotonic() + 20
             fresh = [f"later-{i}" for i in range(4)]
-            while True:
-                try:
-                    if pipeline.set(fresh, tokens_of(geo, range(4))) == [True] * 4:
-                        break
-                except CapacityError:
-                    pass  # nothing of this set fitted yet
-                assert time.monotonic() < deadline, "eviction never made room"
-                time.sleep(0.2)
+            wait_until(  # a CapacityError: nothing of this set fitted yet
+                lambda: pipeline.set(fresh, token_indices(range(4), geo.page_size)) == [True] * 4,
+                "eviction made room",
+                20,
+                every=0.2,
+                ignore=(CapacityError,),
+            )
 
 
 def expected_page(buffer: np.ndarray, geo: PoolGeometry, page: int) -> np.ndarray:
-    return view(buffer, geo)[:, page]
-
-
-def tokens_of(geo: PoolGeometry, pages: Any) -> np.ndarray:
-    pages = np.asarray(list(pages), dtype=np.int64)
-    return (pages[:, None] * geo.page_size + np.arange(geo.page_size)).reshape(-1)
+    return pages_of(buffer, geo)[:, page]
 
 
 @pytest.mark.parametrize("window", [None, 4])
@@ -235,18 +203,18 @@ def test_pages_of_many_fragments_move_in_calls_the_tcp_queue_holds(
     cut into calls of at most ``call_buffers`` (8 pages here), and calls of batches in flight
     together (a window of 4) wait for room in the queue: every page arrives, none by fallback."""
     geo = PoolGeometry("kv", "layer_first", 64, 1, 8, "float16", 1, 96)
-    buffer = filled(geo, seed=3)
-    pages = view(buffer, geo)
+    buffer = pool_buffer(geo, 3)
+    pages = pages_of(buffer, geo)
     keys = [f"frag-{i}" for i in range(48)]
     batching = {"batching__read_batch_pages": 12, "batching__window_batches": window}
     with pipeline_on(own_master, **(batching if window else {})) as pipeline:
         pipeline.register_pool("kv", geo, buffer)
         assert pipeline.stats().transport["call_buffers"] == 1024
         assert pipeline.stats().pools["kv"]["call_pages"] == 8
-        assert pipeline.set(keys, tokens_of(geo, range(48))) == [True] * 48
+        assert pipeline.set(keys, token_indices(range(48), geo.page_size)) == [True] * 48
         expected = pages[:, :48].copy()
         pages[:, 48:] = 0
-        assert pipeline.get(keys, tokens_of(geo, range(48, 96))) == [True] * 48
+        assert pipeline.get(keys, token_indices(range(48, 96), geo.page_size)) == [True] * 48
         assert np.array_equal(pages[:, 48:], expected)
         counters = pipeline.stats().pools["kv"]["counters"]
         calls = 6 if window is None else 8  # one batch of 48, or 4 of 12 (8 + 4 pages each)
@@ -266,6 +234,6 @@ def test_a_pool_the_engine_cannot_move_is_refused_with_the_reason(own_master: An
             PoolError, match="lives on cuda:0, but backend 'mooncake' moves host memory only"
         ):
             pipeline.backend.attach(gpu)
-        buffer = filled()
+        buffer = pool_buffer(GEO)
         pipeline.register_pool("kv", GEO, buffer)
-        assert pipeline.set(["host-0"], tokens([0])) == [True]
+        assert pipeline.set(["host-0"], token_indices([0], GEO.page_size)) == [True]

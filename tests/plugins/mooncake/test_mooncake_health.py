@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from tests.plugins.mooncake.mooncake_helpers import PLUGIN_DIST
 from tests.support.installs import missing
-
-from mooncake_helpers import PLUGIN_DIST  # isort: skip
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -34,13 +34,6 @@ def health(listener: socket.socket, check: Callable[[], int], probe: Callable[[]
     return Health(listener.getsockname()[:2], check, probe, interval=0.05)
 
 
-def wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
 def test_a_trip_refuses_calls_at_once_until_the_probe_answers(port: socket.socket) -> None:
     answers = {"probe": False}
     breaker = health(port, lambda: 0, lambda: answers["probe"])
@@ -56,7 +49,7 @@ def test_a_trip_refuses_calls_at_once_until_the_probe_answers(port: socket.socke
         time.sleep(0.2)
         assert breaker.is_open  # the port answers, the probe does not: still open
         answers["probe"] = True
-        wait_for(lambda: not breaker.is_open)
+        wait_until(lambda: not breaker.is_open, "the breaker closed", 5)
         assert breaker.allows() and breaker.snapshot()["last_outage_s"] > 0.2
         breaker.trip("again")
         assert breaker.snapshot()["trips"] == 2
@@ -71,7 +64,7 @@ def test_a_bad_health_check_opens_it(port: socket.socket) -> None:
         assert not breaker.allows()
         assert breaker.snapshot()["reason"] == "health_check() = 2"
         code["value"] = 0
-        wait_for(lambda: not breaker.is_open)
+        wait_until(lambda: not breaker.is_open, "the breaker closed", 5)
     finally:
         breaker.stop()
 
@@ -80,7 +73,7 @@ def test_a_master_gone_between_calls_is_noticed_without_a_call(port: socket.sock
     breaker = health(port, lambda: 0, lambda: True)
     try:
         port.close()  # nothing listens there any more
-        wait_for(lambda: breaker.is_open)
+        wait_until(lambda: breaker.is_open, "the breaker open", 5)
         assert "refused" in breaker.snapshot()["reason"]
     finally:
         breaker.stop()

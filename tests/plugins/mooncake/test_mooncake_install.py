@@ -6,7 +6,8 @@ import subprocess
 import sys
 import time
 
-from mooncake_helpers import ROOT, need_mooncake
+from tests.plugins.mooncake.mooncake_helpers import need_mooncake
+from tests.support.paths import ROOT
 
 
 def test_the_install_script_only_probes_when_everything_is_there() -> None:

@@ -17,10 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcr_policy.geometry import PoolGeometry
-from tests.strategies import geometries, page_bytes, raw_bytes
+from tests.plugins.mooncake.mooncake_helpers import PLUGIN_DIST
+from tests.strategies import geometries
 from tests.support.installs import missing
-
-from mooncake_helpers import PLUGIN_DIST  # isort: skip
+from tests.support.pools import page_bytes, raw_bytes
 
 
 @pytest.fixture(autouse=True)

@@ -15,9 +15,9 @@ from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.errors import ConfigError, PluginError
 from kvcr_policy.loading import LoadedConfig
 from kvcr_policy.registry import Registry
+from tests.plugins.mooncake.mooncake_helpers import PLUGIN_DIST
 from tests.support.installs import missing
-
-from mooncake_helpers import PLUGIN_DIST, ROOT  # isort: skip
+from tests.support.paths import ROOT
 
 ENV = "KVCR_POLICY_BACKEND__OPTIONS__"
 

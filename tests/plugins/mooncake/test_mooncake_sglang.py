@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mooncake_helpers import ClientProcess
 
 from tests.integrations.conftest import SGLANG_MISSING, sglang_installed
+from tests.plugins.mooncake.mooncake_helpers import ClientProcess
 from tests.support.installs import missing
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.sglang, pytest.mark.slow]

@@ -11,25 +11,9 @@ from hypothesis import strategies as st
 
 from kvcr_policy.backends.dram.transports import copy as host_copy
 from kvcr_policy.descriptors import Descriptors
+from tests.strategies import copies
 
 SIZE = 1 << 16
-
-
-@st.composite
-def copies(draw: st.DrawFn) -> tuple[list[int], list[int], list[int]]:
-    """Descriptors at odd offsets and lengths, none writing a byte another one writes."""
-    n = draw(st.integers(0, 12))
-    lengths = draw(st.lists(st.integers(1, 3000), min_size=n, max_size=n))
-    src = [draw(st.integers(0, SIZE - length)) for length in lengths]
-    dst, cursor = [], 0
-    for length in lengths:  # destinations disjoint and in order, gaps of odd sizes
-        cursor += draw(st.integers(0, 97))
-        if cursor + length > SIZE:
-            break
-        dst.append(cursor)
-        cursor += length
-    k = len(dst)
-    return src[:k], dst, lengths[:k]
 
 
 def run(native: bool, stream_from: int, d: Descriptors, src: np.ndarray) -> np.ndarray:
@@ -45,7 +29,7 @@ def run(native: bool, stream_from: int, d: Descriptors, src: np.ndarray) -> np.n
 
 
 @settings(max_examples=60, deadline=None)
-@given(copies(), st.sampled_from([0, 1, 64, 1000, 1 << 20]))
+@given(copies(SIZE), st.sampled_from([0, 1, 64, 1000, 1 << 20]))
 def test_native_and_fallback_copy_the_same_bytes_as_numpy(
     case: tuple[list[int], list[int], list[int]], stream_from: int
 ) -> None:

@@ -9,6 +9,8 @@ tests compare on the GPU.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,8 @@ from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
 from tests.strategies import descriptors
+from tests.support import pools
+from tests.support.pools import keys_of, token_indices
 
 torch = pytest.importorskip("torch")
 
@@ -120,19 +124,10 @@ def test_without_cuda_the_transport_refuses_clearly(monkeypatch: pytest.MonkeyPa
 PAGE = 16
 
 
-def geometry(layout: str = "layer_first", *, pages: int = 48, mla: bool = False) -> PoolGeometry:
-    return PoolGeometry(
-        name="kv",
-        layout=layout,  # type: ignore[arg-type]
-        layers=4,
-        heads=1 if mla else 2,
-        head_dim=64,
-        dtype="bfloat16",
-        page_size=PAGE,
-        tokens=pages * PAGE,
-        mla=mla,
-        device="cuda:0",
-    )
+#: The GPU pools: 4 layers, head dim 64, bfloat16, 16 tokens per page, on the first GPU.
+geometry = partial(
+    pools.geometry, layers=4, head_dim=64, dtype="bfloat16", page_size=PAGE, device="cuda:0"
+)
 
 
 def pipeline(
@@ -159,14 +154,6 @@ def same(a: Any, b: Any) -> bool:
     return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
 
 
-def tokens(pages: np.ndarray) -> np.ndarray:
-    return (np.asarray(pages)[:, None] * PAGE + np.arange(PAGE)).reshape(-1)
-
-
-def keys(n: int) -> list[str]:
-    return [f"k{i}" for i in range(n)]
-
-
 @pytest.fixture
 def rng() -> Iterator[np.random.Generator]:
     yield np.random.default_rng(7)
@@ -191,10 +178,10 @@ def test_offload_then_restore_is_byte_exact_on_the_gpu(
     with pipeline(geo, coalescing=coalescing, gather=gather) as p:
         p.register_pool("kv", geo, pool)
         torch.cuda.synchronize()
-        assert all(p.set([keys(n)[i] for i in order], tokens(order)))
+        assert all(p.set([keys_of("k", n)[i] for i in order], token_indices(order, PAGE)))
         pool.view(-1).view(torch.uint8).fill_(0xA5)
         torch.cuda.synchronize()
-        assert p.get(keys(n), tokens(np.arange(n))) == [True] * n
+        assert p.get(keys_of("k", n), token_indices(np.arange(n), PAGE)) == [True] * n
         assert same(pool, original)
         paths = p.stats().transport["paths"]
     if gather == "never" or (gather == "with_coalescing" and coalescing == "none"):
@@ -215,8 +202,10 @@ def test_scattered_restore_takes_the_gather_path_and_reports_it(rng: np.random.G
         p.register_pool("kv", geo, pool)
         torch.cuda.synchronize()
         order = rng.permutation(32)
-        assert all(p.set([keys(32)[i] for i in order], tokens(order)))
-        assert p.get(keys(32), tokens(32 + half)) == [True] * 32  # into other pages
+        assert all(p.set([keys_of("k", 32)[i] for i in order], token_indices(order, PAGE)))
+        assert (
+            p.get(keys_of("k", 32), token_indices(32 + half, PAGE)) == [True] * 32
+        )  # into other pages
         torch.cuda.synchronize()
         assert same(pool[:, :, 32 * PAGE :], original[:, :, : 32 * PAGE])
         described = p.stats().transport
@@ -236,11 +225,11 @@ def test_windows_bound_batches_in_flight() -> None:
     with pipeline(geo, **{"batching.read_batch_pages": 4, "batching.window_batches": 2}) as p:
         p.register_pool("kv", geo, pool)
         torch.cuda.synchronize()
-        assert all(p.set(keys(n), tokens(np.arange(n))))
+        assert all(p.set(keys_of("k", n), token_indices(np.arange(n), PAGE)))
         pool.zero_()
         torch.cuda.synchronize()
         ready: list[int] = []
-        assert all(p.get(keys(n), tokens(np.arange(n)), on_ready=ready.append))
+        assert all(p.get(keys_of("k", n), token_indices(np.arange(n), PAGE), on_ready=ready.append))
         stats = p.stats()
     assert same(pool, original)
     assert stats.peak_inflight_batches <= 2
@@ -256,7 +245,7 @@ def test_close_waits_unregisters_and_refuses_later_calls() -> None:
     p.register_pool("kv", geo, pool)
     region = p._pool("kv")[1].region  # the dram backend's pool tier
     transport = p.transport
-    p.set(keys(geo.pages), tokens(np.arange(geo.pages)))
+    p.set(keys_of("k", geo.pages), token_indices(np.arange(geo.pages), PAGE))
     p.close()
     p.close()  # idempotent
     assert region.state == "closed" and not region.leaked
@@ -265,7 +254,7 @@ def test_close_waits_unregisters_and_refuses_later_calls() -> None:
     with pytest.raises(ClosedError):
         transport.submit(batch)
     with pytest.raises(ClosedError):
-        p.get(keys(1), tokens(np.arange(1)))
+        p.get(keys_of("k", 1), token_indices(np.arange(1), PAGE))
 
 
 @pytest.mark.cuda
@@ -273,7 +262,7 @@ def test_close_waits_unregisters_and_refuses_later_calls() -> None:
 def test_refusals_name_the_problem() -> None:
     geo = geometry()
     with pipeline(geo) as p:
-        cpu_geo = PoolGeometry(**{**_fields(geo), "device": "cpu"})
+        cpu_geo = replace(geo, device="cpu")
         with pytest.raises(PoolError, match="moves only cuda"):
             p.register_pool("kv", cpu_geo, torch.zeros(cpu_geo.shape, dtype=torch.bfloat16))
         pool = random_pool(geo)
@@ -288,10 +277,6 @@ def test_refusals_name_the_problem() -> None:
             p.transport.copy(
                 CopyBatch(unregistered, endpoint, Descriptors.from_arrays([0], [0], [64]))
             )
-
-
-def _fields(geo: PoolGeometry) -> dict[str, Any]:
-    return {name: getattr(geo, name) for name in geo.__dataclass_fields__}
 
 
 @pytest.mark.cuda
