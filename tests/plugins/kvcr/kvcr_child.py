@@ -49,7 +49,7 @@ def main(port: int, folder: str) -> None:
         pipeline.get(keys, tokens + 128 * GEOMETRY.page_size)
     pool = pipeline._pools["kv"][1]
     pipeline.close()
-    audit = pipeline.audit()["kv"]
+    audit = pool.audit()  # the region's own audit (Pipeline.audit() refuses after close)
     state = {
         "claims": pool.runner.claims,
         "quiescent": pool.runner.quiescent,

@@ -49,8 +49,9 @@ def test_kvcr_keeps_its_pages_in_the_region_the_placement_opened(
     reported = json.loads(capsys.readouterr().out)["audit"]
     for key in ("prefaulted", "huge_pages_requested", "numa_policy_obtained", "numa_mode"):
         assert reported[key] == audit[key]
+    pool = pool_tier(pipeline)
     pipeline.close()
-    closed = pipeline.audit()["kv"]
+    closed = pool.audit()  # the region's own audit (Pipeline.audit() refuses after close)
     assert closed["state"] == "closed" and not closed["leaked"]
 
 
