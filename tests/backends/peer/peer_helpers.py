@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from kvcr_policy import load_config
 from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.schema import PolicyConfig
 from tests.support.installs import missing
 from tests.support.processes import next_line
 
@@ -31,6 +33,19 @@ def need_ucxx() -> None:
         import ucxx  # noqa: F401
     except Exception as err:  # ImportError, or a broken native library
         missing(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+
+
+def promised_s(config: PolicyConfig) -> float:
+    """How long the README gives a side loaded with ``config`` to settle a fault (a peer killed
+    or stopped mid-transfer): ``transport.op_timeout_s``, plus one ``heartbeat_s`` of slack for
+    a worker loop that a busy host ran late. That slack is a third of what the peers themselves
+    tolerate: a peer is declared dead after three silent heartbeats (and a second)."""
+    return config.transport.op_timeout_s + float(config.transport.options["heartbeat_s"])
+
+
+def server_config(sets: Mapping[str, object] = SERVER_SETS) -> PolicyConfig:
+    """The configuration a server started with ``--set`` ``sets`` runs with."""
+    return load_config(overrides=dict(sets), environ={}).config
 
 
 def big_geometry(name: str) -> PoolGeometry:
