@@ -21,6 +21,7 @@ from tests.plugins.kvcr.kvcr_helpers import kvcr_of, pool_tier, stored
 from tests.support.paths import child_env
 from tests.support.pools import P, pages_of, token_indices
 from tests.support.processes import wait_for_line
+from tests.support.waiting import wait_until
 
 CHILD = Path(__file__).with_name("kvcr_child.py")
 
@@ -54,24 +55,37 @@ def test_close_during_restores_waits_then_releases_everything(kvcr_pipeline: Any
     expected = view[:, :12].copy()
     started = threading.Barrier(3)
     results: list[Any] = []
+    spans: list[tuple[float, float]] = []  # (start, end) of each restore that returned
 
     def restore(first: int) -> None:
         started.wait()
         while True:
+            start = time.monotonic()
             try:
                 got = pipeline.get(keys, token_indices(range(first, first + 12), P))
             except ClosedError:
                 return
+            spans.append((start, time.monotonic()))
             results.append((first, got, view[:, first : first + 12].copy()))
 
     workers = [threading.Thread(target=restore, args=(first,)) for first in (20, 34)]
     for worker in workers:
         worker.start()
     started.wait()
-    time.sleep(0.3)
+    # Evidence that a restore is in flight: KVCR has handed out a claim not yet given back.
+    wait_until(
+        lambda: pool.runner.claims > 0,
+        "a KVCR claim outstanding",
+        pipeline.config.transport.op_timeout_s,
+        every=0.001,
+    )
+    closing = time.monotonic()
     pipeline.close()
+    closed = time.monotonic()
     for worker in workers:
         worker.join(30)
+    # close() waited for a restore that was under way when it was called.
+    assert any(start < closing and closing < end <= closed for start, end in spans), spans
     assert results and all(got == [True] * 12 for _, got, _ in results)
     assert all(np.array_equal(pages, expected) for _, _, pages in results)
     assert sorted(fetched) == sorted(released)  # every claim KVCR gave went back
