@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, settings
 
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import Registry
-from tests import stateful
-from tests.installs import missing
+from tests.support import stateful
+from tests.support.commands import run_main
+from tests.support.installs import missing
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 settings.register_profile(
@@ -114,6 +115,12 @@ def write_profile(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
+    """``cli(*argv)``: ``kvcr_policy.cli.main(argv)`` in-process; (exit status, stdout, stderr)."""
+    return lambda *argv: run_main(capsys, *argv)
 
 
 @pytest.fixture(scope="session")

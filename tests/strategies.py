@@ -1,4 +1,6 @@
-"""Hypothesis strategies shared by the test suite (one place, as attrs does).
+"""The test suite's Hypothesis strategies, all of them (one place, as attrs does).
+
+A state machine's own rules and the strategies they draw from stay with the machine.
 
 Sizes are kept tiny so that properties can expand descriptors into per-byte maps and compare
 whole buffers.
@@ -6,22 +8,39 @@ whole buffers.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import get_args, get_origin
 
 import numpy as np
 from hypothesis import strategies as st
 
+from kvcr_policy.backends.peer.wire import messages as m
+from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, PoolGeometry
+from kvcr_policy.integrations.sglang_prefix import ALL_PAGES, TRAILING_PAGES
 from kvcr_policy.sources import known_leaves
 
 __all__ = [
     "PageTransfer",
+    "config_leaves",
+    "copies",
     "descriptors",
+    "distinct_pages",
+    "env_text",
+    "frames",
     "geometries",
+    "hostile_frames",
+    "messages",
     "page_lists",
     "page_transfers",
+    "prefix_queries",
+    "rates",
+    "repeating_transfers",
+    "reshaped",
+    "scalars",
+    "tier_slots",
 ]
 
 # dtypes numpy can hold, so test buffers can be plain numpy arrays.
@@ -220,82 +239,6 @@ def env_text(path: str, value: object) -> st.SearchStrategy[str]:
     return st.just(str(value))
 
 
-# --- Pool buffers for pipeline tests ---
-#
-# A page is addressed here by the meaning of the buffer's axes (a token axis or a page axis, as
-# SGLang allocates them), never by byte offsets, so a test built on these helpers checks the
-# descriptor arithmetic instead of repeating it.
-
-BUFFER_KINDS = ("torch-bfloat16", "numpy-float16")
-
-
-def page_slice(geometry: PoolGeometry, page: int) -> tuple[object, ...]:
-    """The index of every element of page ``page`` in a buffer of ``geometry.shape``."""
-    tokens = slice(page * geometry.page_size, (page + 1) * geometry.page_size)
-    every = slice(None)
-    if geometry.mla:  # (L, T, 1, D) | (T, L, 1, D) | (T/P, L, P, 1, D)
-        by_layout: dict[str, tuple[object, ...]] = {
-            "layer_first": (every, tokens),
-            "page_first": (tokens,),
-            "page_first_direct": (page,),
-        }
-    else:  # (2, L, T, H, D) | (2, T, L, H, D) | (2, T/P, L, P, H, D) | (2, T/P, H, P, L, D)
-        by_layout = {
-            "layer_first": (every, every, tokens),
-            "page_first": (every, tokens),
-            "page_first_direct": (every, page),
-            "page_head": (every, page),
-        }
-    return by_layout[geometry.layout]
-
-
-def token_indices(pages: object, page_size: int) -> np.ndarray:
-    """Host token indices of whole pages, as SGLang passes them: ``page·P + arange(P)``."""
-    array = np.asarray(pages, dtype=np.int64).reshape(-1, 1)
-    return (array * page_size + np.arange(page_size, dtype=np.int64)).reshape(-1)
-
-
-def random_buffer(geometry: PoolGeometry, rng: np.random.Generator, kind: str) -> object:
-    """A C-contiguous pool buffer of random bits (NaNs included; tests compare bits)."""
-    bits = rng.integers(0, 1 << 16, size=geometry.shape, dtype=np.uint16)
-    if kind == "torch-bfloat16":
-        import torch
-
-        return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
-    if kind == "numpy-float16":
-        return bits.view(np.float16)
-    raise ValueError(f"unknown buffer kind {kind!r}; expected one of {BUFFER_KINDS}")
-
-
-def raw_bytes(buffer: object) -> np.ndarray:
-    """A flat uint8 view sharing the buffer's memory (torch tensor or numpy array)."""
-    if isinstance(buffer, np.ndarray):
-        return buffer.reshape(-1).view(np.uint8)
-    import torch
-
-    assert isinstance(buffer, torch.Tensor)
-    return buffer.reshape(-1).view(torch.uint8).numpy()
-
-
-def copy_buffer(buffer: object) -> object:
-    """An independent copy of a torch tensor or numpy array."""
-    return buffer.copy() if isinstance(buffer, np.ndarray) else buffer.clone()  # type: ignore[attr-defined]
-
-
-def page_bytes(buffer: object, geometry: PoolGeometry, page: int) -> bytes:
-    """The bytes of one page, in C order of its slice."""
-    part = buffer[page_slice(geometry, page)]  # type: ignore[index]
-    if isinstance(part, np.ndarray):
-        return part.tobytes()
-    return raw_bytes(part.contiguous()).tobytes()
-
-
-def scramble(buffer: object, rng: np.random.Generator) -> None:
-    """Overwrite every byte of the buffer with new random bits, in place."""
-    view = raw_bytes(buffer)
-    view[:] = rng.integers(0, 256, size=view.size, dtype=np.uint8)
-
-
 @st.composite
 def distinct_pages(
     draw: st.DrawFn, pages: int, *, min_size: int = 1, max_size: int | None = None
@@ -304,3 +247,233 @@ def distinct_pages(
     upper = pages if max_size is None else min(max_size, pages)
     size = draw(st.integers(min_size, upper))
     return draw(st.permutations(range(pages)))[:size]
+
+
+@st.composite
+def repeating_transfers(draw: st.DrawFn) -> PageTransfer:
+    """A pool and a tier, with pages that may repeat on either side (a key read twice)."""
+    src = draw(geometries(max_pages=4))
+    dst = replace(src, name="tier", tokens=src.page_size * draw(st.integers(1, 4)))
+    n = draw(st.integers(0, 4))
+    pick = lambda pages: st.lists(st.integers(0, pages - 1), min_size=n, max_size=n)  # noqa: E731
+    return PageTransfer(src, draw(pick(src.pages)), dst, draw(pick(dst.pages)))
+
+
+def tier_slots(geo: PoolGeometry, *, repeats: bool) -> st.SearchStrategy[list[int]]:
+    """Slots a server claimed (a read may name a slot twice) or reserved (distinct)."""
+    if repeats:
+        return st.lists(st.integers(0, geo.pages - 1), min_size=1, max_size=6)
+    return page_lists(geo.pages).filter(bool)
+
+
+@st.composite
+def copies(draw: st.DrawFn, size: int) -> tuple[list[int], list[int], list[int]]:
+    """Copies within ``size`` bytes at odd offsets and lengths, none writing a byte another one
+    writes: (sources, destinations, lengths)."""
+    n = draw(st.integers(0, 12))
+    lengths = draw(st.lists(st.integers(1, 3000), min_size=n, max_size=n))
+    src = [draw(st.integers(0, size - length)) for length in lengths]
+    dst, cursor = [], 0
+    for length in lengths:  # destinations disjoint and in order, gaps of odd sizes
+        cursor += draw(st.integers(0, 97))
+        if cursor + length > size:
+            break
+        dst.append(cursor)
+        cursor += length
+    k = len(dst)
+    return src[:k], dst, lengths[:k]
+
+
+# --- Tunables and benchmark verdicts ---
+
+#: Values a tunable's choices may hold.
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8))
+
+#: Measured rates (GiB/s) of a benchmark order.
+rates = st.floats(1.0, 100.0, allow_nan=False)
+
+
+# --- SGLang's prefix query (kvcr_policy.integrations.sglang_prefix) ---
+
+
+@st.composite
+def prefix_queries(
+    draw: st.DrawFn,
+) -> tuple[int, list[tuple[str, str, int]], dict[str, list[bool]]]:
+    """KV pages, the other pools (name, policy, trailing keys), and which pages each holds."""
+    kv_pages = draw(st.integers(0, 12))
+    count = draw(st.integers(0, 3))
+    pools = [
+        (f"p{i}", draw(st.sampled_from([ALL_PAGES, TRAILING_PAGES])), draw(st.integers(0, 5)))
+        for i in range(count)
+    ]
+    held = {name: draw(st.lists(st.booleans(), min_size=kv_pages, max_size=kv_pages))
+            for name, _, _ in pools}  # fmt: skip
+    return kv_pages, pools, held
+
+
+# --- The peer protocol (kvcr_policy.backends.peer.wire) ---
+
+_u8 = st.integers(0, 255)
+_u16 = st.integers(0, 2**16 - 1)
+_u32 = st.integers(0, 2**32 - 1)
+_u64 = st.integers(0, 2**64 - 1)
+_text = st.text(max_size=40)
+_keys = st.lists(st.text(max_size=24), max_size=12)
+_int64s = st.lists(st.integers(-(2**63), 2**63 - 1), max_size=12).map(
+    lambda v: np.asarray(v, dtype=np.int64)
+)
+_flags = st.lists(st.booleans(), max_size=12).map(lambda v: np.asarray(v, dtype=bool))
+
+
+@st.composite
+def _keys_pages(draw: st.DrawFn, cls: type) -> m.Message:
+    ks = draw(_keys)
+    pages = np.asarray(
+        draw(st.lists(st.integers(0, 2**40), min_size=len(ks), max_size=len(ks))), dtype=np.int64
+    )
+    return cls(draw(_u32), ks, pages)
+
+
+@st.composite
+def _ranges(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    n = draw(st.integers(0, 12))
+    values = st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n)
+    return np.asarray(draw(values), dtype=np.int64), np.asarray(draw(values), dtype=np.int64)
+
+
+def _shaped(cls: type, *head: st.SearchStrategy[int]) -> st.SearchStrategy[m.Message]:
+    return st.tuples(*head, _ranges()).map(lambda t: cls(*t[:-1], *t[-1]))
+
+
+messages: st.SearchStrategy[m.Message] = st.one_of(
+    st.builds(
+        m.Hello,
+        _u32,
+        st.integers(0, 2),
+        _u32,
+        _u32,
+        _text,
+        _text,
+        st.sampled_from([b"", b"k" * 16]),
+        st.binary(min_size=32, max_size=32),
+    ),
+    st.builds(
+        m.Challenge,
+        st.just(False),
+        st.binary(min_size=32, max_size=32),
+        st.binary(min_size=32, max_size=32),
+    ),
+    st.builds(m.Challenge, st.just(True), st.binary(min_size=32, max_size=32), st.just(b"")),
+    st.builds(m.Auth, st.sampled_from([b"", b"p" * 32]), st.binary(max_size=64)),
+    st.builds(m.Welcome, _u32, st.integers(1, 2), _u64, _text, st.binary(max_size=64), _text),
+    st.builds(m.Error, _u16, _text),
+    st.builds(
+        m.Attach,
+        _text,
+        st.sampled_from(LAYOUTS),
+        _u32,
+        _u32,
+        _u32,
+        st.text(max_size=8),
+        _u32,
+        _u64,
+        st.booleans(),
+        st.integers(0, m.ALIGN_BYTES - 1),
+    ),
+    st.builds(m.Attached, _u32, _u64),
+    st.builds(m.Exists, _u32, _keys),
+    st.builds(m.Delete, _u32, _keys),
+    st.builds(m.Clear, _u32),
+    st.builds(m.Stats, _u32),
+    st.builds(m.Count, _u64),
+    _keys_pages(m.Claim),
+    _keys_pages(m.Reserve),
+    st.builds(m.Claimed, _u64, _int64s),
+    _shaped(m.Send, _u64, _u64),
+    st.builds(m.Reserved, _u64, _int64s),
+    _shaped(m.Post, _u64),
+    st.builds(m.Posted, _u64, _u64),
+    st.builds(m.Commit, _u64, _flags),
+    st.builds(m.Written, _u64, _flags),
+    st.builds(m.Sent, _u64, st.booleans()),
+    st.builds(m.Release, _u64),
+    st.builds(m.StatsReply, _text),
+    st.builds(m.Probe, _u32, _u64, _u64),
+    st.just(m.Ping()),
+    st.just(m.Pong()),
+)
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> bytes:
+    """A well-formed frame of any message."""
+    return m.encode(draw(messages), draw(_u64))
+
+
+@st.composite
+def hostile_frames(draw: st.DrawFn) -> bytes:
+    """Bytes a hostile or broken peer might send: valid frames cut, spliced, resized, or noise."""
+    kind = draw(st.sampled_from(("noise", "truncated", "mutated", "length", "payload", "header")))
+    good = draw(frames())
+    if kind == "noise":
+        return draw(st.binary(min_size=1, max_size=200))
+    if kind == "truncated":
+        return good[: draw(st.integers(0, max(0, len(good) - 1)))]
+    if kind == "mutated":
+        data = bytearray(good)
+        for _ in range(draw(st.integers(1, 4))):
+            data[draw(st.integers(0, len(data) - 1))] = draw(_u8)
+        return bytes(data)
+    if kind == "length":  # a header whose length lies, small or huge
+        payload = good[HEADER.size :]
+        length = draw(st.one_of(_u32, st.integers(0, len(payload) + 8)))
+        return HEADER.pack(MAGIC, VERSION, good[3], length, 0) + payload
+    if kind == "header":
+        return HEADER.pack(
+            draw(st.binary(min_size=2, max_size=2)), draw(_u8), draw(_u8), draw(_u32), draw(_u64)
+        )
+    body = draw(st.binary(max_size=120))
+    return HEADER.pack(MAGIC, VERSION, draw(st.sampled_from(sorted(m.KINDS))), len(body), 0) + body
+
+
+@st.composite
+def reshaped(draw: st.DrawFn, d: Descriptors, *, by_src: bool = False) -> Descriptors:
+    """``d`` cut at random points, then random runs merged, then shuffled: any valid shaping.
+
+    Pieces merge only where contiguous on both sides; ``by_src`` sorts them by ``src`` first,
+    so pieces adjacent in source memory (across fragments and pages) get the chance.
+    """
+    pieces: list[list[int]] = []
+    for src, dst, length, page, end in zip(
+        d.src.tolist(),
+        d.dst.tolist(),
+        d.length.tolist(),
+        d.page.tolist(),
+        d.page_end.tolist(),
+        strict=True,
+    ):
+        cuts = draw(st.lists(st.integers(1, length - 1), max_size=2)) if length > 1 else []
+        bounds = [0, *sorted(set(cuts)), length]
+        for a, b in itertools.pairwise(bounds):
+            pieces.append([src + a, dst + a, b - a, page, end])
+    if by_src:
+        pieces.sort()
+    merged: list[list[int]] = []
+    for piece in pieces:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and last[0] + last[2] == piece[0]
+            and last[1] + last[2] == piece[1]
+            and draw(st.booleans())
+        ):
+            last[2] += piece[2]
+            last[3], last[4] = min(last[3], piece[3]), max(last[4], piece[4])
+        else:
+            merged.append(list(piece))
+    order = draw(st.permutations(range(len(merged))))
+    rows = np.asarray([merged[i] for i in order], dtype=np.int64).reshape(-1, 5)
+    return Descriptors.from_arrays(
+        rows[:, 0], rows[:, 1], rows[:, 2], page=rows[:, 3], page_end=rows[:, 4]
+    )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
 
 
 def test_ci_runs_the_quick_starts_test_command() -> None:
@@ -29,3 +28,28 @@ def test_ci_runs_the_quick_starts_test_command() -> None:
     ci = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
     assert [line for line in ci if "pytest" in line and not line.startswith("#")] == [test_command]
     assert "export HYPOTHESIS_PROFILE=ci" in "\n".join(ci)
+
+
+def test_the_tests_mirror_the_package() -> None:
+    """tests/X/Y holds the tests of kvcr_policy/X/Y; tests/plugins/NAME those of the plugin
+    plugins/kvcr-policy-NAME (tests/README.md)."""
+    tests = ROOT / "tests"
+    folders = {path.parent.relative_to(tests) for path in tests.rglob("test_*.py")}
+    strays = []
+    for folder in sorted(folders):
+        parts = folder.parts
+        if parts and parts[0] == "plugins":
+            if len(parts) != 2 or not (ROOT / "plugins" / f"kvcr-policy-{parts[1]}").is_dir():
+                strays.append(f"tests/{folder}: not tests/plugins/<plugin>")
+        elif not (ROOT / "kvcr_policy" / folder / "__init__.py").is_file():
+            strays.append(f"tests/{folder}: kvcr_policy/{folder} is not a package")
+    assert not strays, "move these tests to the folder of what they test:\n" + "\n".join(strays)
+
+
+def test_every_test_path_the_docs_name_exists() -> None:
+    docs = [ROOT / "README.md", ROOT / "tests" / "README.md", ROOT / ".ci" / "run"]
+    # A path followed by a wildcard or a placeholder (tests/test_*.py) is a pattern, not a path.
+    paths = r"(?<![\w/])(tests/[\w/.-]*\w)(?![\w*</])"
+    named = {m for doc in docs for m in re.findall(paths, doc.read_text(encoding="utf-8"))}
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert named and not missing, missing

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.cli import main
 from kvcr_policy.contract import FIELD_ORDER_FILE, schemas_dir
 from kvcr_policy.loading import bundled_profiles, load_config
 
@@ -30,23 +29,6 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 
 ENV = "KVCR_POLICY_BATCHING__READ_BATCH_PAGES"
 Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Run:
-    """Call main(argv) in-process; return (exit status, stdout, stderr)."""
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        try:
-            main(list(argv))
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        else:
-            code = 0
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
 
 
 def _subprocess(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

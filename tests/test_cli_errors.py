@@ -14,29 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.cli import main
-
 Run = Callable[..., tuple[int, str, str]]
 
 
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
-    """main(argv) in-process, without the developer's KVCR_POLICY_* variables."""
-    for name in list(os.environ):
-        if name.upper().startswith("KVCR_POLICY_"):
-            monkeypatch.delenv(name)
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        try:
-            main(list(argv))
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        else:
-            code = 0
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def _refused(result: tuple[int, str, str], says: str) -> None:

@@ -6,7 +6,6 @@ gets; the helpers are checked on their own paths (bundled, cwd, home, long).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from kvcr_policy.config_table import config_rows, short_origin, short_path
 from kvcr_policy.loading import bundled_profiles, load_config
+from tests.support.paths import child_env
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -22,10 +22,9 @@ ENV = "KVCR_POLICY_BATCHING__READ_BATCH_PAGES"
 
 
 def _show(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
-    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("KVCR_POLICY_")}
     done = subprocess.run(
         [sys.executable, "-m", "kvcr_policy", "show", *argv],
-        env={**clean, "COLUMNS": "80", "PYTHONPATH": ":".join(sys.path), **(env or {})},
+        env=child_env(drop=("KVCR_POLICY_",), **{"COLUMNS": "80", **(env or {})}),
         capture_output=True,
         text=True,
         timeout=60,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy.cli import main
-from kvcr_policy.errors import ConfigError
 from kvcr_policy.loading import bundled_profiles, load_config
+from tests.support.config import load_issues
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -33,12 +33,6 @@ def _write(folder: Path, text: str, name: str = ".env") -> Path:
     path = folder / name
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def _issues(**kwargs: object) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        load_config(**kwargs)  # type: ignore[arg-type]
-    return [issue.render() for issue in caught.value.issues]
 
 
 def test_dotenv_in_the_working_directory_is_read_by_default(cwd: Path) -> None:
@@ -66,7 +60,7 @@ def test_dotenv_argument_names_another_file(cwd: Path, tmp_path: Path) -> None:
 
 
 def test_a_named_dotenv_file_must_exist(cwd: Path) -> None:
-    (issue,) = _issues(environ={}, dotenv="nowhere.env")
+    (issue,) = load_issues(environ={}, dotenv="nowhere.env")
     assert issue == (
         f"<dotenv> (from dotenv {cwd / 'nowhere.env'}): "
         "cannot read the .env file: No such file or directory"
@@ -94,14 +88,14 @@ def test_env_profile_beats_the_dotenv_profile(cwd: Path) -> None:
 
 def test_unknown_dotenv_profile_quotes_the_file(cwd: Path) -> None:
     path = _write(cwd, "KVCR_POLICY_PROFILE=throughputt\n")
-    (issue,) = _issues(environ={})
+    (issue,) = load_issues(environ={})
     assert issue.startswith(f"profile (from dotenv {path} KVCR_POLICY_PROFILE): ")
     assert "did you mean 'throughput'?" in issue
 
 
 def test_unknown_dotenv_variable_names_the_nearest(cwd: Path) -> None:
     path = _write(cwd, "KVCR_POLICY_BATCHING__READ_BATCH_PAGE=64\n")
-    (issue,) = _issues(environ={})
+    (issue,) = load_issues(environ={})
     assert issue.startswith(
         f"batching.read_batch_page (from dotenv {path} KVCR_POLICY_BATCHING__READ_BATCH_PAGE): "
     )
@@ -112,7 +106,7 @@ def test_unknown_dotenv_variable_names_the_nearest(cwd: Path) -> None:
 
 def test_malformed_dotenv_line_is_reported_with_the_other_problems(cwd: Path) -> None:
     path = _write(cwd, f"{ENV}=many\nKVCR_POLICY_FALLBACK__MAX_RETRIES 2\n")
-    issues = _issues(environ={})
+    issues = load_issues(environ={})
     assert issues == [
         f"<dotenv> (from dotenv {path}): line 2: cannot parse "
         "'KVCR_POLICY_FALLBACK__MAX_RETRIES 2'; expected NAME=VALUE "

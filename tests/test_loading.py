@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcr_policy.errors import ConfigError
 from kvcr_policy.loading import PRECEDENCE, LoadedConfig, bundled_profiles, load_config
 from kvcr_policy.registry import Registry
 from kvcr_policy.schema import PolicyConfig
 from kvcr_policy.sources import env_name, known_leaves
 from tests.strategies import config_leaves, env_text
+from tests.support.config import load_issues
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -173,30 +173,24 @@ def test_every_bundled_profile_loads(name: str) -> None:
 # --- errors ---
 
 
-def _issues(**kwargs: object) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        load_config(**kwargs)  # type: ignore[arg-type]
-    return [issue.render() for issue in caught.value.issues]
-
-
 def test_unknown_key_in_a_file_names_key_file_table_and_nearest(
     write_profile: ProfileWriter,
 ) -> None:
     path = write_profile("[batching]\nread_batch_page = 64\n")
-    (issue,) = _issues(profile=path, environ={})
+    (issue,) = load_issues(profile=path, environ={})
     assert issue.startswith(f"batching.read_batch_page (from profile {path} [batching])")
     assert "did you mean 'batching.read_batch_pages'?" in issue
 
 
 def test_unknown_variable_names_the_nearest() -> None:
-    (issue,) = _issues(environ={"KVCR_POLICY_BATCHING__READ_BATCH_PAGE": "64"})
+    (issue,) = load_issues(environ={"KVCR_POLICY_BATCHING__READ_BATCH_PAGE": "64"})
     assert "(from env KVCR_POLICY_BATCHING__READ_BATCH_PAGE)" in issue
     assert "did you mean KVCR_POLICY_BATCHING__READ_BATCH_PAGES" in issue
     assert "batching.read_batch_pages" in issue
 
 
 def test_bad_value_names_path_origin_expected_and_got() -> None:
-    (issue,) = _issues(environ={ENV: "many"})
+    (issue,) = load_issues(environ={ENV: "many"})
     assert issue.startswith(f"{LEAF} (from env {ENV}): expected: ")
     assert "valid integer" in issue
     assert "got 'many'" in issue
@@ -204,7 +198,7 @@ def test_bad_value_names_path_origin_expected_and_got() -> None:
 
 def test_window_below_batch_names_both_fields(write_profile: ProfileWriter) -> None:
     path = write_profile("[batching]\nwindow_pages = 8\n")
-    (issue,) = _issues(profile=path, environ={ENV: "16"})
+    (issue,) = load_issues(profile=path, environ={ENV: "16"})
     assert "batching.window_pages (8)" in issue
     assert "batching.read_batch_pages (16)" in issue
     assert f"profile {path} [batching]" in issue
@@ -212,14 +206,14 @@ def test_window_below_batch_names_both_fields(write_profile: ProfileWriter) -> N
 
 
 def test_numa_policy_without_nodes_names_both_fields() -> None:
-    (issue,) = _issues(environ={}, overrides={"placement.numa_policy": "bind"})
+    (issue,) = load_issues(environ={}, overrides={"placement.numa_policy": "bind"})
     assert "placement.numa_policy 'bind' needs placement.numa_nodes" in issue
     assert "(from override)" in issue
 
 
 def test_one_load_reports_every_problem(write_profile: ProfileWriter) -> None:
     path = write_profile("[batching]\nread_batch_page = 64\n[placement]\nnuma_policy = 'bind'\n")
-    issues = _issues(
+    issues = load_issues(
         profile=path,
         environ={"KVCR_POLICY_FALLBACK__MAX_RETRIES": "-1", "KVCR_POLICY_TRANSPORT__THREAD": "2"},
         overrides={"transport.op_timeout_s": 0},
@@ -240,7 +234,7 @@ def test_unknown_strategy_lists_registered_names_and_origin(
     write_profile: ProfileWriter,
 ) -> None:
     path = write_profile("[batching]\nstrategy = 'fixd'\n[fallback]\nstrategy = 'never'\n")
-    issues = _issues(profile=path, environ={})
+    issues = load_issues(profile=path, environ={})
     assert len(issues) == 2
     assert issues[0].startswith(f"batching.strategy (from profile {path} [batching])")
     assert "did you mean 'fixed'?" in issues[0]
@@ -249,19 +243,19 @@ def test_unknown_strategy_lists_registered_names_and_origin(
 
 
 def test_unknown_strategy_option_names_the_nearest() -> None:
-    (issue,) = _issues(environ={"KVCR_POLICY_TRANSPORT__OPTIONS__MIN_PARALEL_BYTES": "1"})
+    (issue,) = load_issues(environ={"KVCR_POLICY_TRANSPORT__OPTIONS__MIN_PARALEL_BYTES": "1"})
     assert "transport.options.min_paralel_bytes (from env " in issue
     assert "did you mean 'min_parallel_bytes'?" in issue
 
 
 def test_bad_toml_is_reported(write_profile: ProfileWriter) -> None:
     path = write_profile("[batching]\nread_batch_pages = \n")
-    (issue,) = _issues(profile=path, environ={})
+    (issue,) = load_issues(profile=path, environ={})
     assert f"(from {path}): not valid TOML" in issue
 
 
 def test_missing_profile_lists_bundled_ones() -> None:
-    (issue,) = _issues(environ={"KVCR_POLICY_PROFILE": "throughputt"})
+    (issue,) = load_issues(environ={"KVCR_POLICY_PROFILE": "throughputt"})
     assert "(from env KVCR_POLICY_PROFILE)" in issue
     assert "did you mean 'throughput'?" in issue
     assert "bundled: " + ", ".join(bundled_profiles()) in issue

@@ -1,9 +1,9 @@
 """Tests for kvcr_policy._os: /proc and /sys parsing on fake trees, real syscalls.
 
-The syscalls run for real on the node this process's memory lands on (``tests.hosts``), and a
-node the kernel does not have is one past the highest online one, so the tests hold on a host
-with any number of nodes. Topologies the host lacks (this CI machine has one node) are faked
-with a temporary /sys or /proc tree through ``use_roots`` or ``KVCR_POLICY_SYS_ROOT``.
+The syscalls run for real on the node this process's memory lands on (``tests.support.hosts``),
+and a node the kernel does not have is one past the highest online one, so the tests hold on a
+host with any number of nodes. Topologies the host lacks (this CI machine has one node) are
+faked with a temporary /sys or /proc tree through ``use_roots`` or ``KVCR_POLICY_SYS_ROOT``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcr_policy import _os
-from tests.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
+from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 
 MIB = 1 << 20
 needs_numa = pytest.mark.skipif(not _os.has_numa_syscalls(), reason="NUMA syscalls unavailable")

@@ -13,6 +13,8 @@ import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,9 +28,12 @@ from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.registry import Registry
-from tests.strategies import (
+from tests.support import pools
+from tests.support.pools import (
     BUFFER_KINDS,
+    P,
     copy_buffer,
+    keys_of,
     page_bytes,
     page_slice,
     random_buffer,
@@ -37,7 +42,6 @@ from tests.strategies import (
     token_indices,
 )
 
-P = 4  # tokens per page in every test geometry
 CAPACITY = "1MiB"  # tier bytes per pool unless a test says otherwise
 
 MHA_CASES = [("layer_first", False), ("page_first", False), ("page_first_direct", False)]
@@ -49,26 +53,8 @@ LAYOUT_IDS = [f"{'mla' if mla else 'mha'}-{layout}" for layout, mla in LAYOUT_CA
 Build = Callable[..., Pipeline]
 
 
-def geometry(
-    layout: str = "layer_first",
-    *,
-    mla: bool = False,
-    dtype: str = "float16",
-    pages: int = 16,
-    name: str = "kv",
-) -> PoolGeometry:
-    """3 layers, 2 heads (1 for MLA), head dim 8, page size 4."""
-    return PoolGeometry(
-        name=name,
-        layout=layout,  # type: ignore[arg-type]
-        layers=3,
-        heads=1 if mla else 2,
-        head_dim=8,
-        dtype=dtype,
-        page_size=P,
-        tokens=P * pages,
-        mla=mla,
-    )
+#: This file's pools: 3 layers, 2 heads (1 for MLA), head dim 8, page size 4, 16 pages.
+geometry = partial(pools.geometry, pages=16, head_dim=8)
 
 
 def expected_planes(layout: str, mla: bool, layers: int = 3) -> int:
@@ -89,10 +75,6 @@ def indices_for(kind: str, pages: Sequence[int]) -> Any:
 
         return torch.from_numpy(array)
     return array
-
-
-def keys_of(prefix: str, count: int) -> list[str]:
-    return [f"{prefix}{i}" for i in range(count)]
 
 
 def same_bytes(a: object, b: object) -> bool:
@@ -949,7 +931,7 @@ def test_a_refused_pool_names_the_field_and_other_pools_keep_working(
     pipeline, geo, buf, original, keys = stored_pool(build, n=3)
     bad_geo = geometry(name="bad", pages=32)
     if field == "device":
-        bad_geo = PoolGeometry(**{**_fields(bad_geo), "device": "cuda"})
+        bad_geo = replace(bad_geo, device="cuda")
     bad, message = wrong_buffers(bad_geo)[field]
     with pytest.raises(PoolError, match=message) as info:
         pipeline.register_pool("bad", bad_geo, bad)
@@ -967,10 +949,6 @@ def test_a_refused_pool_names_the_field_and_other_pools_keep_working(
     assert "bad" not in pipeline.refused
     assert pipeline.set(["x"], token_indices([0], P), "bad") == [True]
     assert pipeline.exists(["x"]) == 0  # the key is in pool "bad" only
-
-
-def _fields(geo: PoolGeometry) -> dict[str, Any]:
-    return {name: getattr(geo, name) for name in geo.__dataclass_fields__}
 
 
 def test_a_pool_name_is_registered_once(build: Build) -> None:
@@ -998,7 +976,7 @@ def test_a_gpu_pool_on_the_cpu_transport_is_refused(build: Build) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    geo = PoolGeometry(**{**_fields(geometry()), "device": "cuda"})
+    geo = replace(geometry(), device="cuda")
     pipeline = build()
     with pytest.raises(PoolError, match=r"lives on cuda:0, but transport 'cpu' moves only cpu"):
         pipeline.register_pool(

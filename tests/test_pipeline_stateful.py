@@ -21,7 +21,6 @@ claimed between calls; after close every call raises ClosedError.
 from __future__ import annotations
 
 import threading
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,8 +44,9 @@ from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
-from tests.stateful import count_sequence, machine_settings, same_bytes
-from tests.strategies import distinct_pages, page_bytes, page_slice, token_indices
+from tests.strategies import distinct_pages
+from tests.support.pools import page_bytes, page_slice, token_indices
+from tests.support.stateful import content, count_sequence, machine_settings, same_bytes
 
 P = 2
 PAGES = 8  # pool pages: sources and destinations are drawn from these
@@ -64,13 +64,6 @@ CASES = [
 REGISTRY = make_plugin_manager(environ={}).registry
 
 key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=CAPACITY, unique=True)
-
-
-def content(geo: PoolGeometry, key: str, version: int) -> np.ndarray:
-    """The bytes of ``key`` at ``version``, shaped as one page of the pool."""
-    shape = np.zeros(geo.shape, np.uint8)[page_slice(geo, 0)].shape
-    rng = np.random.default_rng(zlib.crc32(f"{key}@{version}".encode()))
-    return rng.integers(0, 1 << 16, size=shape, dtype=np.uint16).view(np.float16)
 
 
 class OneShotFault:

@@ -18,6 +18,7 @@ from kvcr_policy.registry import Registry
 from kvcr_policy.schema import PolicyConfig
 from kvcr_policy.tunable import TUNABLE_KEY, Tunable, tunable, tunable_fields
 from kvcr_policy.tune.space import declared_knobs, field_adapter
+from tests.strategies import scalars
 
 
 @pytest.mark.parametrize(
@@ -36,9 +37,6 @@ def test_a_malformed_declaration_is_refused_where_it_is_made(
 ) -> None:
     with pytest.raises(UsageError, match=message):
         tunable(**kwargs)
-
-
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8))
 
 
 @given(

@@ -9,7 +9,7 @@ imports parts of it for real; its probe is cached, so it is asked first, before 
 
 Used by the HiCacheFile comparison (:mod:`.hicache`) and the SGLang tests; never by the backend
 itself, which imports no host pool (importing ``kvcr_policy.integrations.sglang`` never loads
-this module: ``tests/bench/test_import_path.py``).
+this module: ``tests/bench/test_bench_import_path.py``).
 """
 
 from __future__ import annotations

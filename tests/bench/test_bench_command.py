@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ import pytest
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.bench import plot as bench_plot
 from kvcr_policy.bench.backends import BACKENDS
-from kvcr_policy.cli import main
+from tests.support.commands import run_command, run_main
 
 SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
 # Every key the README's Benchmark section documents.
@@ -24,22 +22,13 @@ README_KEYS = (
 )  # fmt: skip
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvcr_policy", *args], capture_output=True, text=True, timeout=300
-    )
-
-
 def bench_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any]:
-    with pytest.raises(SystemExit) as stop:
-        main(["bench", *args, "--format", "json"])
-        raise SystemExit(0)
-    out = capsys.readouterr().out
-    return int(stop.value.code or 0), json.loads(out) if out else None
+    code, out, _ = run_main(capsys, "bench", *args, "--format", "json")
+    return code, json.loads(out) if out else None
 
 
 def test_json_has_every_documented_key() -> None:
-    done = run_cli("bench", *SMALL, "--format", "json")
+    done = run_command("bench", *SMALL, "--format", "json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert all(key in data for key in README_KEYS)
@@ -95,7 +84,7 @@ def test_the_screen_passes_a_faster_profile(
     ],
 )
 def test_bad_input_exits_2_before_anything_runs(args: list[str], message: str) -> None:
-    done = run_cli("bench", "--geometry", "small", "--tokens", "256", *args)
+    done = run_command("bench", "--geometry", "small", "--tokens", "256", *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
@@ -114,7 +103,7 @@ def test_plot_is_checked_before_the_run(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_cli_plot_into_a_missing_folder_exits_2(tmp_path: Path) -> None:
-    done = run_cli("bench", *SMALL, "--plot", str(tmp_path / "missing" / "run.png"))
+    done = run_command("bench", *SMALL, "--plot", str(tmp_path / "missing" / "run.png"))
     assert done.returncode == 2
     assert "--plot" in done.stderr and "Traceback" not in done.stderr
     assert done.stdout == ""
@@ -123,7 +112,7 @@ def test_cli_plot_into_a_missing_folder_exits_2(tmp_path: Path) -> None:
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     target = tmp_path / "run.png"
-    done = run_cli("bench", *SMALL, "--plot", str(target), "--format", "json")
+    done = run_command("bench", *SMALL, "--plot", str(target), "--format", "json")
     assert done.returncode == 0, done.stderr
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -132,7 +121,7 @@ def test_cuda_target_without_a_gpu_exits_2_with_a_clear_message() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible here")
-    done = run_cli("bench", "--target", "cuda", "--geometry", "small", "--tokens", "64")
+    done = run_command("bench", "--target", "cuda", "--geometry", "small", "--tokens", "64")
     assert done.returncode == 2
     assert "no CUDA device visible" in done.stderr
     assert "Traceback" not in done.stderr

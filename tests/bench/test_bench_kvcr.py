@@ -17,7 +17,7 @@ from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import build_pipeline
 from tests.conftest import kvcr_missing
-from tests.installs import missing
+from tests.support.installs import missing
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ metrics, so only P's restores are counted).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.observability.scraping import Samples, read_samples, value
+from tests.support.paths import child_env
+from tests.support.processes import next_line
 
 SMALL = ["--geometry", "small", "--tokens", "1024", "--repeat", "1", "--format", "json"]
 
@@ -24,18 +25,17 @@ SMALL = ["--geometry", "small", "--tokens", "1024", "--repeat", "1", "--format",
 def bench(*args: str) -> Iterator[tuple[dict[str, Any], str]]:
     """A bench run with ``--metrics 0`` (loopback, a free port), held up until the block
     ends: (its JSON result, its /metrics URL)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVCR_POLICY_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvcr_policy", "bench", *SMALL, "--metrics", "0",
          "--metrics-hold", "120", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**clean, "PYTHONPATH": ":".join(sys.path)},
+        env=child_env(drop=("KVCR_POLICY_",)),
     )  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stderr is not None
-        first = proc.stderr.readline()
+        first = next_line(proc, stream="stderr")
         assert first.startswith("metrics: http://127.0.0.1:"), first
         url = first.split()[1]
         lines = []
@@ -101,7 +101,7 @@ def test_a_bad_metrics_address_exits_2_before_the_run() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": ":".join(sys.path)},
+        env=child_env(),
         check=False,
     )
     assert done.returncode == 2

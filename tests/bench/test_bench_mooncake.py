@@ -14,9 +14,9 @@ from kvcr_policy.bench.setup import BenchError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import build_pipeline
-from tests.installs import missing
 from tests.integrations.conftest import SGLANG_MISSING, sglang_installed
-from tests.mooncake_backend.mooncake_helpers import need_mooncake
+from tests.plugins.mooncake.mooncake_helpers import need_mooncake
+from tests.support.installs import missing
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from kvcr_policy.bench import targets as bench_targets
 from kvcr_policy.bench.rank import RankReport, Step, main, run_rank
 from kvcr_policy.bench.ranks import aggregate, run_ranks
 from kvcr_policy.bench.resolve import resolve
-from kvcr_policy.cli import main as cli_main
+from tests.support.commands import run_main
 
 SMALL: dict[str, Any] = dict(geometry="small", tokens=256, repeat=1, exists_keys=1000)
 
@@ -154,9 +154,8 @@ def test_a_failing_rank_stops_every_rank_and_names_itself(entry: Any, message: s
 
 
 def _bench(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as stop:
-        cli_main(["bench", "--geometry", "small", "--tokens", "256", *args])
-    return int(stop.value.code or 0), capsys.readouterr().err
+    code, _, err = run_main(capsys, "bench", "--geometry", "small", "--tokens", "256", *args)
+    return code, err
 
 
 def test_heads_that_do_not_split_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tests.installs import missing
+from tests.support.installs import missing
 
 SGLANG_MISSING = "sglang==0.5.23 is not installed; run `bash .ci/install-sglang.sh` (.ci/run does)"
 # Small enough for 2 cores and a shared CI box; every test's tier is one region of this size.
@@ -244,6 +245,39 @@ def token_indices(sg: SimpleNamespace, pool: Any, pages: list[int]) -> Any:
     size = pool.page_size
     rows = [sg.torch.arange(p * size, (p + 1) * size, dtype=sg.torch.int64) for p in pages]
     return sg.torch.cat(rows) if rows else sg.torch.zeros(0, dtype=sg.torch.int64)
+
+
+def same_tensors(a: Any, b: Any) -> bool:
+    """Whether two tensors hold equal elements (compare ``.view(int16)`` for exact bits)."""
+    return bool(a.equal(b))
+
+
+def round_trip(
+    sg: SimpleNamespace, kit: SimpleNamespace, backend: Any, pool: Any, *, n: int, seed: int
+) -> None:
+    """``n`` random pages of ``pool`` stored and restored into other pages through HiCache's
+    v1 calls, then again through v2 under other keys; every restored page byte-exact."""
+    pages = random.Random(seed).sample(range(pool.page_num), 3 * n)
+    src, dst1, dst2 = pages[:n], pages[n : 2 * n], pages[2 * n :]
+    expected = [kit.page(pool, p) for p in src]
+
+    keys = [f"v1-{i}" for i in range(n)]
+    assert backend.batch_set_v1(keys, kit.indices(pool, src)) == [True] * n
+    assert backend.batch_exists(keys) == n
+    assert backend.batch_get_v1(keys, kit.indices(pool, dst1)) == [True] * n
+    assert all(same_tensors(kit.page(pool, d), e) for d, e in zip(dst1, expected, strict=True))
+
+    kv = sg.hs.PoolName.KV
+    keys2 = [f"v2-{i}" for i in range(n)]
+    put = sg.hs.PoolTransfer(name=kv, host_indices=kit.indices(pool, src), keys=keys2)
+    assert backend.batch_set_v2([put]) == {kv: [True] * n}
+    hit = backend.batch_exists_v2([*keys2, "absent"])
+    assert isinstance(hit, sg.hs.PoolTransferResult)
+    assert (hit.kv_hit_pages, hit.extra_pool_hit_pages) == (n, {kv: n})
+    assert hit.restorable_prefix_pages == list(range(1, n + 1))
+    take = sg.hs.PoolTransfer(name=kv, host_indices=kit.indices(pool, dst2), keys=keys2)
+    assert backend.batch_get_v2([take]) == {kv: [True] * n}
+    assert all(same_tensors(kit.page(pool, d), e) for d, e in zip(dst2, expected, strict=True))
 
 
 @pytest.fixture

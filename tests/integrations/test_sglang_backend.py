@@ -14,40 +14,12 @@ from typing import Any
 import pytest
 
 from kvcr_policy.errors import ConfigError
+from tests.integrations.conftest import round_trip, same_tensors
 
 pytestmark = pytest.mark.sglang
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
 MLA_LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
-
-
-def _same(sg: SimpleNamespace, a: Any, b: Any) -> bool:
-    return bool(sg.torch.equal(a, b))
-
-
-def _round_trip(sg: SimpleNamespace, kit: SimpleNamespace, backend: Any, pool: Any) -> None:
-    rng = random.Random(7)
-    pages = rng.sample(range(pool.page_num), 24)
-    src, dst1, dst2 = pages[:8], pages[8:16], pages[16:24]
-    expected = [kit.page(pool, p) for p in src]
-
-    keys = [f"v1-{i}" for i in range(8)]
-    assert backend.batch_set_v1(keys, kit.indices(pool, src)) == [True] * 8
-    assert backend.batch_exists(keys) == 8
-    assert backend.batch_get_v1(keys, kit.indices(pool, dst1)) == [True] * 8
-    assert all(_same(sg, kit.page(pool, d), e) for d, e in zip(dst1, expected, strict=True))
-
-    kv = sg.hs.PoolName.KV
-    keys2 = [f"v2-{i}" for i in range(8)]
-    put = sg.hs.PoolTransfer(name=kv, host_indices=kit.indices(pool, src), keys=keys2)
-    assert backend.batch_set_v2([put]) == {kv: [True] * 8}
-    hit = backend.batch_exists_v2([*keys2, "absent"])
-    assert isinstance(hit, sg.hs.PoolTransferResult)
-    assert (hit.kv_hit_pages, hit.extra_pool_hit_pages) == (8, {kv: 8})
-    assert hit.restorable_prefix_pages == list(range(1, 9))
-    take = sg.hs.PoolTransfer(name=kv, host_indices=kit.indices(pool, dst2), keys=keys2)
-    assert backend.batch_get_v2([take]) == {kv: [True] * 8}
-    assert all(_same(sg, kit.page(pool, d), e) for d, e in zip(dst2, expected, strict=True))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -59,7 +31,7 @@ def test_mha_pool_round_trips_through_v1_and_v2(
     backend.register_mem_pool_host(pool)
     backend.register_mem_host_pool_v2(pool, sg.hs.PoolName.KV)  # the anchor, again: one pool
     assert not backend.refused
-    _round_trip(sg, kit, backend, pool)
+    round_trip(sg, kit, backend, pool, n=8, seed=7)
 
 
 @pytest.mark.parametrize("layout", MLA_LAYOUTS)
@@ -70,7 +42,7 @@ def test_mla_pool_round_trips_through_v1_and_v2(
     pool = kit.mla(layout)
     backend.register_mem_pool_host(pool)
     assert backend._bindings["kv"].geometry.mla
-    _round_trip(sg, kit, backend, pool)
+    round_trip(sg, kit, backend, pool, n=8, seed=7)
 
 
 def test_factory_builds_our_class_with_the_throughput_profile(
@@ -168,9 +140,9 @@ def test_tensor_api_round_trips_pages(
     got = backend.batch_get(["a", "b", "c", "zz"], dummies)
     assert got[3] is None
     for page, restored in zip(pages, got[:3], strict=True):
-        assert _same(sg, restored.view(sg.torch.int16), page.view(sg.torch.int16))
+        assert same_tensors(restored.view(sg.torch.int16), page.view(sg.torch.int16))
     one = backend.get("b", pool.get_dummy_flat_data_page())
-    assert _same(sg, one.view(sg.torch.int16), pages[1].view(sg.torch.int16))
+    assert same_tensors(one.view(sg.torch.int16), pages[1].view(sg.torch.int16))
     assert backend.get("zz", pool.get_dummy_flat_data_page()) is None
     assert not backend.set("e", sg.torch.zeros(3))  # wrong size: refused, not stored
     with pytest.raises(NotImplementedError, match="target_sizes"):
@@ -226,7 +198,7 @@ def test_random_failures_never_report_a_wrong_page(
         for key, page, ok in zip(keys, pages, done, strict=True):
             if ok:
                 assert key in stored
-                assert _same(sg, kit.page(pool, page), content[key])
+                assert same_tensors(kit.page(pool, page), content[key])
     assert stored, "the injector failed every call; raise the loop count"
 
 

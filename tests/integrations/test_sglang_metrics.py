@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from tests.installs import missing
 from tests.integrations.conftest import TIER
 from tests.observability.scraping import read_samples, value
+from tests.support.installs import missing
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.sglang
 
@@ -92,10 +93,7 @@ def _scrape_like_sglang(profile: str) -> dict:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
+        wait_until(lambda: server.started, "uvicorn started", 30)
         port = server.servers[0].sockets[0].getsockname()[1]
         return read_samples(f"http://127.0.0.1:{port}/metrics", profile)
     finally:

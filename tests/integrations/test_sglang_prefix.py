@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import given
-from hypothesis import strategies as st
 
 from kvcr_policy.integrations.sglang_prefix import (
     ALL_PAGES,
-    TRAILING_PAGES,
     PoolQuery,
     usable_prefix,
 )
+from tests.strategies import prefix_queries
 
 
 def _reference(
@@ -41,20 +40,7 @@ def _reference(
     return (restorable[-1] if restorable else 0), hit_count, restorable
 
 
-@st.composite
-def queries(draw: Any) -> tuple[int, list[tuple[str, str, int]], dict[str, list[bool]]]:
-    kv_pages = draw(st.integers(0, 12))
-    count = draw(st.integers(0, 3))
-    pools = [
-        (f"p{i}", draw(st.sampled_from([ALL_PAGES, TRAILING_PAGES])), draw(st.integers(0, 5)))
-        for i in range(count)
-    ]
-    held = {name: draw(st.lists(st.booleans(), min_size=kv_pages, max_size=kv_pages))
-            for name, _, _ in pools}  # fmt: skip
-    return kv_pages, pools, held
-
-
-@given(queries())
+@given(prefix_queries())
 def test_usable_prefix_matches_hicache_file(
     case: tuple[int, list[tuple[str, str, int]], dict[str, list[bool]]],
 ) -> None:

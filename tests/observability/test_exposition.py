@@ -16,6 +16,8 @@ import pytest
 from kvcr_policy.errors import ArgumentError
 from kvcr_policy.observability.exposition import parse_listen, serve_metrics
 from tests.observability.scraping import read_samples, value
+from tests.support.paths import child_env
+from tests.support.processes import next_line
 
 
 @pytest.mark.parametrize(
@@ -85,7 +87,7 @@ def test_processes_writing_one_folder_are_merged(
     folder.mkdir()
     profile = tmp_path / "mp-merge.toml"
     profile.write_text("", encoding="utf-8")
-    env = {"PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": ":".join(sys.path)}
+    env = child_env({}, PROMETHEUS_MULTIPROC_DIR=str(folder))
     children = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, str(profile), str(n)],
@@ -98,8 +100,7 @@ def test_processes_writing_one_folder_are_merged(
     ]
     try:
         for child in children:
-            assert child.stdout is not None
-            assert child.stdout.readline().strip() == "open"
+            assert next_line(child).strip() == "open"
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(folder))
         server = serve_metrics("127.0.0.1:0")
         try:

@@ -27,7 +27,7 @@ from kvcr_policy.observability.metrics import MISS_REASONS
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.registry import Registry
 from tests.observability.scraping import Samples, value
-from tests.strategies import token_indices
+from tests.support.pools import keys_of, token_indices
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -62,10 +62,6 @@ def build(registry: Registry) -> Iterator[Build]:
         pipeline.close()
 
 
-def keys(prefix: str, n: int) -> list[str]:
-    return [f"{prefix}{i}" for i in range(n)]
-
-
 def pages(start: int, n: int) -> np.ndarray:
     return token_indices(range(start, start + n), P)
 
@@ -86,9 +82,9 @@ def test_counters_match_the_bytes_moved(
         "split_bytes = 256\n"
     )
     pipeline = build(profile)
-    assert pipeline.set(keys("k", 20), pages(0, 20)) == [True] * 20
-    assert pipeline.exists([*keys("k", 20), "nope"]) == 20
-    got = pipeline.get([*keys("k", 12), "absent"], pages(30, 13))
+    assert pipeline.set(keys_of("k", 20), pages(0, 20)) == [True] * 20
+    assert pipeline.exists([*keys_of("k", 20), "nope"]) == 20
+    got = pipeline.get([*keys_of("k", 12), "absent"], pages(30, 13))
     assert got == [True] * 12 + [False]
     stats = pipeline.stats()
     s = scrape(profile.stem)
@@ -121,8 +117,8 @@ def test_levels_are_taken_back_when_the_pipeline_closes(
 ) -> None:
     profile = unique_profile()
     first, second = build(profile), build(profile)
-    first.set(keys("a", 4), pages(0, 4))
-    second.set(keys("b", 6), pages(0, 6))
+    first.set(keys_of("a", 4), pages(0, 4))
+    second.set(keys_of("b", 6), pages(0, 6))
     slots = (1 << 20) // PAGE
     s = scrape(profile.stem)
     assert value(s, "kvcr_policy_tier_capacity_bytes") == 2 * slots * PAGE  # both pipelines
@@ -140,13 +136,13 @@ def test_claims_outstanding_while_a_restore_runs(
 ) -> None:
     profile = unique_profile("[batching]\nread_batch_pages = 4\n")
     pipeline = build(profile)
-    pipeline.set(keys("k", 12), pages(0, 12))
+    pipeline.set(keys_of("k", 12), pages(0, 12))
     seen: list[float] = []
 
     def ready(n: int) -> None:  # runs inside the get, between batches
         seen.append(value(scrape(profile.stem), "kvcr_policy_claims_outstanding"))
 
-    pipeline.get(keys("k", 12), pages(20, 12), on_ready=ready)
+    pipeline.get(keys_of("k", 12), pages(20, 12), on_ready=ready)
     assert seen == [12.0, 12.0, 12.0]
     assert value(scrape(profile.stem), "kvcr_policy_claims_outstanding") == 0
 
@@ -156,20 +152,20 @@ def test_evicted_and_claimed_misses(
 ) -> None:
     profile = unique_profile()
     pipeline = build(profile, {"placement.capacity_bytes": 8 * PAGE})
-    pipeline.set(keys("a", 8), pages(0, 8))
-    pipeline.set(keys("b", 8), pages(8, 8))  # evicts every a
-    assert pipeline.get(keys("a", 3), pages(40, 3)) == [False] * 3
+    pipeline.set(keys_of("a", 8), pages(0, 8))
+    pipeline.set(keys_of("b", 8), pages(8, 8))  # evicts every a
+    assert pipeline.get(keys_of("a", 3), pages(40, 3)) == [False] * 3
     assert pipeline.get(["never"], pages(40, 1)) == [False]
     # One call of 12 keys where 8 slots exist: the last 4 find every slot held by this write.
-    stored = pipeline.set(keys("c", 12), pages(16, 12))
+    stored = pipeline.set(keys_of("c", 12), pages(16, 12))
     assert stored.count(True) == 8
     s = scrape(profile.stem)
     assert value(s, "kvcr_policy_evictions_total") == 16
     assert misses(s, "store") == {**dict.fromkeys(MISS_REASONS, 0.0), "claimed": 4.0}
     assert misses(s, "restore") == {**dict.fromkeys(MISS_REASONS, 0.0), "evicted": 3.0,
                                     "absent": 1.0}  # fmt: skip
-    pipeline.delete(keys("c", 1))
-    assert pipeline.get(keys("c", 1), pages(40, 1)) == [False]  # deleted: absent again
+    pipeline.delete(keys_of("c", 1))
+    assert pipeline.get(keys_of("c", 1), pages(40, 1)) == [False]  # deleted: absent again
     assert misses(scrape(profile.stem), "restore")["absent"] == 2
 
 
@@ -203,10 +199,10 @@ def test_failed_batches_miss_for_their_reason(
     profile = unique_profile("[batching]\nread_batch_pages = 4\n")
     fault = Switch(error)
     pipeline = build(profile, transport=MemoryTransport(fault=fault))
-    pipeline.set(keys("k", 10), pages(0, 10))
+    pipeline.set(keys_of("k", 10), pages(0, 10))
     fault.on = True
-    assert pipeline.get(keys("k", 10), pages(20, 10)) == [False] * 10
-    assert pipeline.set(keys("n", 6), pages(30, 6)) == [False] * 6
+    assert pipeline.get(keys_of("k", 10), pages(20, 10)) == [False] * 10
+    assert pipeline.set(keys_of("n", 6), pages(30, 6)) == [False] * 6
     s = scrape(profile.stem)
     # No window: all three batches of the read were in flight, each failed, and every page
     # was retried alone in vain; each page of both calls is a miss for the batch's reason.
@@ -226,9 +222,9 @@ def test_a_refused_pool_misses_as_refused(
     with pytest.raises(PoolError):
         pipeline.register_pool("mamba", GEOMETRY, wrong)
     with pytest.raises(PoolError, match="refused"):
-        pipeline.get(keys("k", 5), pages(0, 5), pool="mamba")
+        pipeline.get(keys_of("k", 5), pages(0, 5), pool="mamba")
     with pytest.raises(PoolError):
-        pipeline.get(keys("k", 3), pages(0, 3), pool="no-such-pool")  # never a label
+        pipeline.get(keys_of("k", 3), pages(0, 3), pool="no-such-pool")  # never a label
     s = scrape(profile.stem)
     assert value(s, "kvcr_policy_misses_total", pool="mamba", reason="pool_refused") == 5
     assert not [k for k in s if ("pool", "no-such-pool") in k[1]]
@@ -264,8 +260,8 @@ def test_metrics_off_records_nothing(
 ) -> None:
     profile = unique_profile("[observability]\nmetrics = false\n")
     pipeline = build(profile)
-    pipeline.set(keys("k", 4), pages(0, 4))
-    assert pipeline.get(keys("k", 4), pages(8, 4)) == [True] * 4
+    pipeline.set(keys_of("k", 4), pages(0, 4))
+    assert pipeline.get(keys_of("k", 4), pages(8, 4)) == [True] * 4
     assert scrape(profile.stem) == {}
 
 
@@ -289,9 +285,9 @@ def test_recording_does_not_grow_with_the_pages(
     pipeline = build(profile)
     counts = []
     for n, prefix in ((2, "s"), (60, "l")):
-        pipeline.set(keys(prefix, n), pages(0, n))
+        pipeline.set(keys_of(prefix, n), pages(0, n))
         updates[0] = 0
-        pipeline.get(keys(prefix, n), pages(0, n))
+        pipeline.get(keys_of(prefix, n), pages(0, n))
         counts.append(updates[0])
     assert counts[0] == counts[1] > 0
 

@@ -8,8 +8,6 @@ decision path writes, re-checks and rejects can be tested on a shared machine.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +17,7 @@ import pytest
 
 from kvcr_policy import load_config
 from kvcr_policy.backends.dram.transports.cpu import CpuTransport
-from kvcr_policy.cli import main
+from tests.support.commands import run_command, run_main
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -27,12 +25,8 @@ TINY = ["--geometry", "small", "--tokens", "256"]
 
 
 def tune_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any, str]:
-    with pytest.raises(SystemExit) as stop:
-        main(["tune", *TINY, *args, "--format", "json"])
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    data = json.loads(captured.out) if captured.out.strip() else None
-    return int(stop.value.code or 0), data, captured.err
+    code, out, err = run_main(capsys, "tune", *TINY, *args, "--format", "json")
+    return code, json.loads(out) if out.strip() else None, err
 
 
 def test_a_short_real_tune_finishes_within_its_budget(
@@ -110,15 +104,6 @@ def test_a_real_win_is_written_rechecked_and_caught_when_it_no_longer_wins(
     assert "%" in data["message"]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvcr_policy", "tune", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -132,7 +117,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_bad_input_exits_2_before_anything_runs(args: list[str], message: str) -> None:
-    done = run_cli(*TINY, *args)
+    done = run_command("tune", *TINY, *args, timeout=120)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
@@ -140,7 +125,7 @@ def test_bad_input_exits_2_before_anything_runs(args: list[str], message: str) -
 
 def test_check_refuses_a_profile_without_a_base(write_profile: Callable[..., Path]) -> None:
     path = write_profile("[batching]\nread_batch_pages = 64\n")
-    done = run_cli("--check", str(path))
+    done = run_command("tune", "--check", str(path), timeout=120)
     assert done.returncode == 2 and "names no base profile" in done.stderr
 
 
@@ -148,7 +133,9 @@ def test_cuda_target_without_a_gpu_exits_2_with_a_clear_message() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible here")
-    done = run_cli("--target", "cuda", "--geometry", "small", "--tokens", "64")
+    done = run_command(
+        "tune", "--target", "cuda", "--geometry", "small", "--tokens", "64", timeout=120
+    )
     assert done.returncode == 2
     assert "no CUDA device visible" in done.stderr and "Traceback" not in done.stderr
 

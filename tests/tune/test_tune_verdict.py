@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcr_policy.tune.verdict import judge
+from tests.strategies import rates
 from tests.tune.measured import result
 
 
@@ -52,9 +53,6 @@ def test_too_few_repeats_or_unverified_bytes_are_no_evidence() -> None:
 
 def test_one_order_alone_is_no_win() -> None:
     assert not judge(result({"P,Q": [(20.0, 10.0)] * 3})).wins
-
-
-rates = st.floats(1.0, 100.0, allow_nan=False)
 
 
 @given(st.lists(st.tuples(rates, rates), min_size=3, max_size=9))

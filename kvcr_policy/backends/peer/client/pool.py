@@ -43,6 +43,11 @@ __all__ = ["PeerPool"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.client.pool")
 
+#: How long past ``op_timeout_s`` a batch waits for the peer's answer before it fails: the
+#: server gives a claim up at its own ``op_timeout_s`` and says so, and its sends stop before
+#: this side gives the pages to the fallback (which may read them again).
+ANSWER_GRACE_S = 1.0
+
 
 def _cap(batches: list[tuple[int, int]], most: int = MAX_KEYS) -> list[tuple[int, int]]:
     """Batches cut to at most ``most`` entries (one request names at most MAX_KEYS)."""
@@ -213,7 +218,7 @@ class _Transfer:
         start, stop = int(positions[0]), int(positions[-1]) + 1  # the mover sends runs
         most = pool.batch_pages  # one request's plain descriptors must fit one frame
         chunks = [(a, min(a + most, stop)) for a in range(start, stop, most)]
-        combined = _Deadline(pool.timeout + 1.0)
+        combined = _Deadline(pool.timeout + ANSWER_GRACE_S)
         results: list[Any] = [None] * len(chunks)
         left = [len(chunks)]
 

@@ -1,0 +1,304 @@
+"""Tests for the cuda transport, its gather planning and its refusal without a GPU.
+
+Planning, options and the "no CUDA device visible" refusal run everywhere. Tests marked
+``cuda`` need a GPU and skip without one (CI has none); on a GPU machine run
+``python -m pytest tests/backends/dram/transports/test_cuda.py -rs``. Byte checks of those
+tests compare on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from kvcr_policy.backends.dram.transports.base import CopyBatch, Endpoint
+from kvcr_policy.backends.dram.transports.cuda import (
+    NO_CUDA,
+    CudaOptions,
+    CudaUnavailableError,
+    require_cuda,
+)
+from kvcr_policy.backends.dram.transports.cuda_gather import choose_kernel, plan_rows
+from kvcr_policy.descriptors import Descriptors
+from kvcr_policy.errors import ClosedError, PoolError, TransportError
+from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.loading import load_config
+from kvcr_policy.pipeline import Pipeline, build_pipeline
+from kvcr_policy.plugins import make_plugin_manager
+from tests.strategies import descriptors
+from tests.support import pools
+from tests.support.pools import keys_of, token_indices
+
+torch = pytest.importorskip("torch")
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(
+    not HAS_CUDA,
+    reason=(
+        f"{NO_CUDA} (CI has no GPU); on a GPU machine: "
+        "python -m pytest tests/backends/dram/transports/test_cuda.py"
+    ),
+)
+
+
+# ---- everywhere: options, registration, planning, the refusal without CUDA ----------------
+
+
+def test_options_model_needs_no_cuda() -> None:
+    options = CudaOptions()
+    assert options.gather == "with_coalescing"
+    assert CudaOptions(gather="never", gather_chunk_bytes="64MiB").gather_chunk_bytes == 64 << 20
+    with pytest.raises(ValidationError, match="gather"):
+        CudaOptions(gather="sometimes")
+    with pytest.raises(ValidationError, match="extra"):
+        CudaOptions(stream_count=2)  # type: ignore[call-arg]
+
+
+def test_cuda_is_a_registered_transport_with_its_options() -> None:
+    spec = make_plugin_manager().registry.get("transport", "cuda")
+    assert spec.options is CudaOptions
+    assert spec.plugin.endswith("transports")
+
+
+def byte_map(d: Descriptors) -> tuple[np.ndarray, np.ndarray]:
+    owner = np.repeat(np.arange(len(d)), d.length)
+    within = np.arange(owner.size) - np.repeat(np.cumsum(d.length) - d.length, d.length)
+    return d.src[owner] + within, d.dst[owner] + within
+
+
+@given(descriptors(), st.integers(1, 64), st.sampled_from([0, 8, 4096, 3]))
+def test_rows_cover_every_byte_once_in_order(d: Descriptors, scale: int, base: int) -> None:
+    d = Descriptors.from_arrays(d.src * scale, d.dst * scale, d.length * scale)
+    plan = plan_rows(d, src_base=base, dst_base=4096, max_unit=64)
+    if d.nbytes == 0:
+        assert plan is None
+        return
+    assert plan is not None
+    assert all(int(x) % plan.unit == 0 for x in (*d.src, *d.dst, *d.length))
+    assert plan.unit % plan.itemsize == 0 and (base | 4096) % plan.itemsize == 0
+    assert plan.unit <= 64 or plan.unit % 2
+    rows = np.arange(plan.unit)
+    src = (plan.src_rows[:, None] * plan.unit + rows).reshape(-1)
+    dst = (plan.dst_rows[:, None] * plan.unit + rows).reshape(-1)
+    expected_src, expected_dst = byte_map(d)
+    assert np.array_equal(src, expected_src)
+    assert np.array_equal(dst, expected_dst)
+    assert plan.nbytes == d.nbytes
+
+
+def test_kernel_choice_follows_the_contiguous_side() -> None:
+    rng = np.random.default_rng(1)
+    scattered = rng.permutation(256) * 4096
+    consecutive = np.arange(256) * 4096
+    lengths = np.full(256, 4096)
+
+    def kind(src: np.ndarray, dst: np.ndarray) -> str:
+        plan = plan_rows(Descriptors.from_arrays(src, dst, lengths), src_base=0, dst_base=0)
+        assert plan is not None
+        return choose_kernel(plan)
+
+    assert kind(scattered, consecutive) == "dst_runs"  # restore from scattered slots
+    assert kind(consecutive, scattered) == "src_runs"  # offload into scattered slots
+    assert kind(scattered, rng.permutation(256) * 4096) == "scratch"
+
+
+def test_without_cuda_the_transport_refuses_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(CudaUnavailableError, match=NO_CUDA):
+        require_cuda()
+    loaded = load_config(environ={}, overrides={"transport.name": "cuda"})
+    with pytest.raises(CudaUnavailableError, match=r"use transport\.name = 'cpu'"):
+        build_pipeline(loaded)
+
+
+# ---- on a GPU ----------------------------------------------------------------------------
+
+PAGE = 16
+
+
+#: The GPU pools: 4 layers, head dim 64, bfloat16, 16 tokens per page, on the first GPU.
+geometry = partial(
+    pools.geometry, layers=4, head_dim=64, dtype="bfloat16", page_size=PAGE, device="cuda:0"
+)
+
+
+def pipeline(
+    geo: PoolGeometry, *, coalescing: str = "contiguous", gather: str = "auto", **more: Any
+) -> Pipeline:
+    overrides = {
+        "transport": {"name": "cuda", "options": {"gather": gather}},
+        "coalescing.strategy": coalescing,
+        "placement.capacity_bytes": geo.nbytes,
+        "batching.read_batch_pages": 8,
+        **more,
+    }
+    return build_pipeline(load_config(environ={}, overrides=overrides))
+
+
+def random_pool(geo: PoolGeometry) -> Any:
+    pool = torch.empty(geo.shape, dtype=torch.bfloat16, device=geo.device)
+    pool.view(-1).view(torch.int16).random_(-(2**15), 2**15)
+    return pool
+
+
+def same(a: Any, b: Any) -> bool:
+    """Bitwise equality on the GPU (random bf16 bits include NaNs, which never compare equal)."""
+    return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
+
+
+@pytest.fixture
+def rng() -> Iterator[np.random.Generator]:
+    yield np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("gather", ["with_coalescing", "auto", "never", "always"])
+@pytest.mark.parametrize("coalescing", ["contiguous", "none"])
+@pytest.mark.parametrize(
+    ("layout", "mla"), [("layer_first", False), ("page_first", False), ("layer_first", True)]
+)
+@pytest.mark.parametrize("scatter", [False, True])
+@pytest.mark.cuda
+@needs_cuda
+def test_offload_then_restore_is_byte_exact_on_the_gpu(
+    layout: str, mla: bool, coalescing: str, gather: str, scatter: bool, rng: np.random.Generator
+) -> None:
+    geo = geometry(layout, mla=mla)
+    pool = random_pool(geo)
+    original = pool.clone()
+    n = geo.pages
+    order = rng.permutation(n) if scatter else np.arange(n)
+    with pipeline(geo, coalescing=coalescing, gather=gather) as p:
+        p.register_pool("kv", geo, pool)
+        torch.cuda.synchronize()
+        assert all(p.set([keys_of("k", n)[i] for i in order], token_indices(order, PAGE)))
+        pool.view(-1).view(torch.uint8).fill_(0xA5)
+        torch.cuda.synchronize()
+        assert p.get(keys_of("k", n), token_indices(np.arange(n), PAGE)) == [True] * n
+        assert same(pool, original)
+        paths = p.stats().transport["paths"]
+    if gather == "never" or (gather == "with_coalescing" and coalescing == "none"):
+        # Upstream behaviour: one copy per descriptor, whatever the batch looks like.
+        assert all(name.startswith("copies") for name in paths)
+    if gather == "always":
+        assert all(name.startswith("gather") for name in paths)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_scattered_restore_takes_the_gather_path_and_reports_it(rng: np.random.Generator) -> None:
+    geo = geometry(pages=64)
+    pool = random_pool(geo)
+    original = pool.clone()
+    half = np.arange(32)
+    with pipeline(geo, **{"batching.read_batch_pages": 32}) as p:
+        p.register_pool("kv", geo, pool)
+        torch.cuda.synchronize()
+        order = rng.permutation(32)
+        assert all(p.set([keys_of("k", 32)[i] for i in order], token_indices(order, PAGE)))
+        assert (
+            p.get(keys_of("k", 32), token_indices(32 + half, PAGE)) == [True] * 32
+        )  # into other pages
+        torch.cuda.synchronize()
+        assert same(pool[:, :, 32 * PAGE :], original[:, :, : 32 * PAGE])
+        described = p.stats().transport
+    # Offload into consecutive slots and restore into consecutive pages: both write runs.
+    assert described["paths"]["gather:dst_runs.batches"] == 2
+    (registration,) = described["registrations"]
+    assert registration["bytes"] == geo.nbytes and registration["seconds"] > 0
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_windows_bound_batches_in_flight() -> None:
+    geo = geometry(pages=64)
+    pool = random_pool(geo)
+    original = pool.clone()
+    n = geo.pages
+    with pipeline(geo, **{"batching.read_batch_pages": 4, "batching.window_batches": 2}) as p:
+        p.register_pool("kv", geo, pool)
+        torch.cuda.synchronize()
+        assert all(p.set(keys_of("k", n), token_indices(np.arange(n), PAGE)))
+        pool.zero_()
+        torch.cuda.synchronize()
+        ready: list[int] = []
+        assert all(p.get(keys_of("k", n), token_indices(np.arange(n), PAGE), on_ready=ready.append))
+        stats = p.stats()
+    assert same(pool, original)
+    assert stats.peak_inflight_batches <= 2
+    assert ready == sorted(ready) and ready[-1] == n
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_close_waits_unregisters_and_refuses_later_calls() -> None:
+    geo = geometry()
+    pool = random_pool(geo)
+    p = pipeline(geo)
+    p.register_pool("kv", geo, pool)
+    region = p._pool("kv")[1].region  # the dram backend's pool tier
+    transport = p.transport
+    p.set(keys_of("k", geo.pages), token_indices(np.arange(geo.pages), PAGE))
+    p.close()
+    p.close()  # idempotent
+    assert region.state == "closed" and not region.leaked
+    assert transport._regions == {}  # type: ignore[attr-defined]
+    batch = CopyBatch(Endpoint(0, 1, "cuda:0"), Endpoint(0, 1, "cuda:0"), Descriptors.empty())
+    with pytest.raises(ClosedError):
+        transport.submit(batch)
+    with pytest.raises(ClosedError):
+        p.get(keys_of("k", 1), token_indices(np.arange(1), PAGE))
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_refusals_name_the_problem() -> None:
+    geo = geometry()
+    with pipeline(geo) as p:
+        cpu_geo = replace(geo, device="cpu")
+        with pytest.raises(PoolError, match="moves only cuda"):
+            p.register_pool("kv", cpu_geo, torch.zeros(cpu_geo.shape, dtype=torch.bfloat16))
+        pool = random_pool(geo)
+        p.register_pool("kv", geo, pool)
+        endpoint = p._pool("kv")[1].pool_side.endpoint
+        beyond = Descriptors.from_arrays([0], [geo.nbytes], [1])
+        with pytest.raises(TransportError, match="outside its buffers"):
+            p.transport.submit(CopyBatch(endpoint, endpoint, beyond))
+        stray = np.zeros(64, dtype=np.uint8)
+        unregistered = Endpoint(int(stray.ctypes.data), 64, "cpu", stray)
+        with pytest.raises(TransportError, match="not a tier region registered"):
+            p.transport.copy(
+                CopyBatch(unregistered, endpoint, Descriptors.from_arrays([0], [0], [64]))
+            )
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_stats_report_pinned_bytes_and_where_the_gpu_sits() -> None:
+    geo = geometry()
+    with pipeline(geo, **{"placement.numa_policy": "gpu", "placement.prefault": True}) as p:
+        p.register_pool("kv", geo, random_pool(geo))
+        stats = p.stats()
+        audit = p.audit()["kv"]
+    pool = stats.pools["kv"]
+    assert pool["pinned_bytes"] == pool["tier_bytes"] == geo.nbytes
+    assert pool["registration_s"] > 0
+    assert stats.memory == {"tier_bytes": geo.nbytes, "pinned_bytes": geo.nbytes,
+                            "registration_s": pool["registration_s"]}  # fmt: skip
+    gpu = pool["device"]
+    assert gpu["device"] == "cuda:0" and gpu["pci_address"]  # torch reports the PCI address
+    # Near its GPU's node, or (a GPU reporting no node, as on single-node hosts and VMs)
+    # left unbound, and said so: either way the audit says which.
+    if gpu["numa_node"] is None:
+        assert audit["numa_near"].endswith("tier left unbound")
+        assert audit["numa_policy_requested"] == "none"
+    else:
+        assert audit["numa_nodes_requested"] == [gpu["numa_node"]]
+        assert audit["pages_per_node"] == {str(gpu["numa_node"]): audit["numa_sampled_pages"]}

@@ -1,0 +1,57 @@
+"""Fixtures of the peer tests: a real `kvcr-policy serve` process and pipelines that use it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[Any]:
+    """One server process for the module's tests."""
+    need_ucxx()
+    from kvcr_policy.bench.server import PeerProcess
+
+    server = PeerProcess(SERVER_SETS)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Any]:
+    """This process's UCX worker thread: a real worker address, so that a raw client's HELLO
+    and AUTH get their WELCOME."""
+    need_ucxx()
+    from kvcr_policy.backends.peer.options import UcxOptions
+    from kvcr_policy.backends.peer.worker import acquire_worker
+
+    worker = acquire_worker(UcxOptions())
+    yield worker
+    worker.release()
+
+
+@pytest.fixture
+def connect(peer: Any) -> Iterator[Callable[..., Any]]:
+    """``connect(profile, address, **overrides)``: a pipeline on the peer, closed after."""
+    from kvcr_policy import build_pipeline, load_config
+
+    opened: list[Any] = []
+
+    def make(profile: str | None = None, address: str | None = None, **overrides: Any) -> Any:
+        values = {
+            "transport.name": "ucx",
+            "transport.options.peer": address or peer.address,
+            "transport.options.heartbeat_s": 0.5,
+            **{key.replace("__", "."): value for key, value in overrides.items()},
+        }
+        pipeline = build_pipeline(load_config(profile=profile, overrides=values))
+        opened.append(pipeline)
+        return pipeline
+
+    yield make
+    for pipeline in opened:
+        pipeline.close()

@@ -1,0 +1,239 @@
+"""Faults against a real Mooncake master: killed mid-restore and restarted, absent at start-up,
+a store that is full.
+
+Pages live in a separate segment process (``kvcr_policy_mooncake.segment``) and the pipeline
+under test contributes no segment, so every restore crosses a process boundary over tcp.
+The latency bounds asserted here are the backend's promises to SGLang's prefetch and backup
+threads (misses within 100 ms per call while the master is down, service back within 5 s of
+its restart), not throughput figures.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.errors import CapacityError, TransportError
+from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.pipeline import Pipeline
+from tests.plugins.mooncake.mooncake_helpers import GEO, need_mooncake, pipeline_on
+from tests.support.pools import pages_of, pool_buffer, token_indices
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.mooncake, pytest.mark.slow]
+
+N = 48
+
+
+@pytest.fixture
+def own_master() -> Iterator[Any]:
+    """A master of the test's own (it gets killed), and a segment process holding pages."""
+    need_mooncake()
+    from kvcr_policy_mooncake.master import MasterProcess
+    from kvcr_policy_mooncake.segment import SegmentProcess
+
+    with MasterProcess() as master:
+        holder = SegmentProcess(master.address, 64 << 20)
+        try:
+            yield master
+        finally:
+            holder.stop()
+
+
+def leading(results: list[bool]) -> int:
+    return results.index(False) if False in results else len(results)
+
+
+def test_master_killed_mid_restore_gives_fast_misses_then_service_resumes(own_master: Any) -> None:
+    master = own_master
+    buffer = pool_buffer(GEO)
+    pages = pages_of(buffer, GEO)
+    keys = [f"kill-{i}" for i in range(N)]
+    with pipeline_on(master, batching__read_batch_pages=2, batching__window_batches=1) as pipeline:
+        pipeline.register_pool("kv", GEO, buffer)
+        assert pipeline.set(keys, token_indices(range(N), GEO.page_size)) == [True] * N
+        expected = pages[:, :N].copy()
+        pages[:, N : 2 * N] = 0
+
+        killed: list[int] = []
+
+        def on_ready(count: int) -> None:
+            if count >= 8 and not killed:
+                master.kill()  # SIGKILL between two batches of the restore
+                killed.append(count)
+
+        got = pipeline.get(keys, token_indices(range(N, 2 * N), GEO.page_size), on_ready=on_ready)
+        lead = leading(got)
+        assert killed and got == [True] * lead + [False] * (N - lead)
+        assert 8 <= lead < N
+        assert np.array_equal(pages[:, N : N + lead], expected[:, :lead])
+
+        # The master is down: every call answers at once, as misses.
+        for _ in range(5):
+            start = time.perf_counter()
+            assert pipeline.exists(keys) == 0
+            assert pipeline.get(keys, token_indices(range(N, 2 * N), GEO.page_size)) == [False] * N
+            assert pipeline.set(keys[:4], token_indices(range(4), GEO.page_size)) == [False] * 4
+            assert time.perf_counter() - start < 0.1
+        health = pipeline.stats().transport["health"]
+        assert health["state"] == "open" and health["trips"] == 1
+
+        # Restart on the same ports: service resumes by itself, with an empty cache. Until the
+        # segment process has mounted its segment again the store has no room (CapacityError).
+        master.start()
+        restarted = time.monotonic()
+        while not _stored_one(pipeline, keys[0]):
+            assert time.monotonic() - restarted < 5.0, "service did not resume within 5 s"
+            time.sleep(0.05)
+        assert pipeline.exists(keys[1:]) == 0  # a restarted master has forgotten every key
+        assert pipeline.set(keys, token_indices(range(N), GEO.page_size)) == [True] * N
+        pages[:, N : 2 * N] = 0
+        assert pipeline.get(keys, token_indices(range(N, 2 * N), GEO.page_size)) == [True] * N
+        assert np.array_equal(pages[:, N : 2 * N], expected)
+        assert pipeline.stats().transport["health"]["state"] == "closed"
+
+
+def _stored_one(pipeline: Pipeline, key: str) -> bool:
+    try:
+        return pipeline.set([key], token_indices([0], GEO.page_size)) == [True]
+    except CapacityError:
+        return False
+
+
+def test_start_without_a_master_fails_within_the_bound_naming_it(monkeypatch: Any) -> None:
+    need_mooncake()
+    from kvcr_policy_mooncake.master import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    environ = {
+        "KVCR_POLICY_BACKEND__NAME": "mooncake",
+        "KVCR_POLICY_BACKEND__OPTIONS__MASTER": address,
+        "KVCR_POLICY_BACKEND__OPTIONS__CONNECT_TIMEOUT_S": "1.5",
+    }
+    loaded = load_config(environ=environ, dotenv=False)
+    start = time.monotonic()
+    with pytest.raises(TransportError) as caught:
+        build_pipeline(loaded)
+    assert time.monotonic() - start < 5.0
+    message = str(caught.value)
+    assert address in message
+    assert "env KVCR_POLICY_BACKEND__OPTIONS__MASTER" in message
+    assert "env KVCR_POLICY_BACKEND__OPTIONS__CONNECT_TIMEOUT_S" in message
+    assert "mooncake_master --rpc_address=127.0.0.1" in message
+
+
+def test_start_waits_for_a_master_that_comes_up_within_the_bound() -> None:
+    need_mooncake()
+    from kvcr_policy_mooncake.master import MasterProcess
+
+    master = MasterProcess()
+    master.stop()  # its ports are known; it comes back a moment after the client starts
+    built: list[Any] = []
+    builder = threading.Thread(
+        target=lambda: built.append(pipeline_on(master, backend__options__connect_timeout_s=30))
+    )
+    try:
+        builder.start()
+        time.sleep(1.0)
+        master.start()
+        builder.join(60)
+        assert built, "the pipeline was not built"
+        with built[0] as pipeline:
+            assert pipeline.stats().transport["health"]["state"] == "closed"
+    finally:
+        builder.join(60)
+        master.close()
+
+
+def test_a_full_store_keeps_what_fit_and_takes_pages_again_after_eviction() -> None:
+    """One 16 MiB segment (Mooncake's smallest) and 1 MiB pages: a set of 40 pages stores a
+    part of them and misses the rest without an exception; what was stored restores exactly;
+    once the master has evicted (leases of 0.2 s here), new pages fit again."""
+    need_mooncake()
+    from kvcr_policy_mooncake.master import MasterProcess
+
+    geo = PoolGeometry("kv", "page_first", 4, 8, 128, "float16", 64, 64 * 80)  # 1 MiB pages
+    buffer = pool_buffer(geo, 1)
+    pages = pages_of(buffer, geo)
+    keys = [f"full-{i}" for i in range(40)]
+    with MasterProcess(args=["--default_kv_lease_ttl=200"]) as master:
+        overrides = {"backend.options.segment_bytes": "16MiB", "batching.read_batch_pages": 8}
+        with pipeline_on(master, **overrides) as pipeline:
+            pipeline.register_pool("kv", geo, buffer)
+            stored = pipeline.set(keys, token_indices(range(40), geo.page_size))
+            # Some pages do not fit (the master evicts meanwhile, so a few later ones may).
+            assert 1 <= sum(stored) < 40
+            kept = [i for i, ok in enumerate(stored) if ok]
+            pages[:, 40 : 40 + len(kept)] = 0
+            got = pipeline.get(
+                [keys[i] for i in kept], token_indices(range(40, 40 + len(kept)), geo.page_size)
+            )
+            arrived = leading(got)  # eviction may already have taken some of them
+            for j in range(arrived):
+                assert np.array_equal(pages[:, 40 + j], expected_page(buffer, geo, kept[j]))
+
+            # A batch where nothing fits is a CapacityError inside the mover; the call says
+            # so only when nothing at all was stored.
+            fresh = [f"later-{i}" for i in range(4)]
+            wait_until(  # a CapacityError: nothing of this set fitted yet
+                lambda: pipeline.set(fresh, token_indices(range(4), geo.page_size)) == [True] * 4,
+                "eviction made room",
+                20,
+                every=0.2,
+                ignore=(CapacityError,),
+            )
+
+
+def expected_page(buffer: np.ndarray, geo: PoolGeometry, page: int) -> np.ndarray:
+    return pages_of(buffer, geo)[:, page]
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_pages_of_many_fragments_move_in_calls_the_tcp_queue_holds(
+    own_master: Any, window: int | None
+) -> None:
+    """Mooncake's tcp transport queues 1024 transfers (one per buffer) per peer and fails the
+    rest: 48 pages of 128 fragments (``layer_first``, 64 layers) are 6144 buffers. A batch is
+    cut into calls of at most ``call_buffers`` (8 pages here), and calls of batches in flight
+    together (a window of 4) wait for room in the queue: every page arrives, none by fallback."""
+    geo = PoolGeometry("kv", "layer_first", 64, 1, 8, "float16", 1, 96)
+    buffer = pool_buffer(geo, 3)
+    pages = pages_of(buffer, geo)
+    keys = [f"frag-{i}" for i in range(48)]
+    batching = {"batching__read_batch_pages": 12, "batching__window_batches": window}
+    with pipeline_on(own_master, **(batching if window else {})) as pipeline:
+        pipeline.register_pool("kv", geo, buffer)
+        assert pipeline.stats().transport["call_buffers"] == 1024
+        assert pipeline.stats().pools["kv"]["call_pages"] == 8
+        assert pipeline.set(keys, token_indices(range(48), geo.page_size)) == [True] * 48
+        expected = pages[:, :48].copy()
+        pages[:, 48:] = 0
+        assert pipeline.get(keys, token_indices(range(48, 96), geo.page_size)) == [True] * 48
+        assert np.array_equal(pages[:, 48:], expected)
+        counters = pipeline.stats().pools["kv"]["counters"]
+        calls = 6 if window is None else 8  # one batch of 48, or 4 of 12 (8 + 4 pages each)
+        assert counters["set_calls"] == counters["get_calls"] == calls
+        assert sum(pipeline.stats().fallbacks.values()) == 0
+
+
+def test_a_pool_the_engine_cannot_move_is_refused_with_the_reason(own_master: Any) -> None:
+    """The non-CUDA transfer engine moves host memory: a GPU pool is refused, naming why,
+    while a host pool of the same pipeline keeps working."""
+    from kvcr_policy.backends.base import Endpoint, PoolSpec
+    from kvcr_policy.errors import PoolError
+
+    with pipeline_on(own_master) as pipeline:
+        gpu = PoolSpec("gpu", GEO, Endpoint(0x7F0000000000, GEO.nbytes, "cuda:0"))
+        with pytest.raises(
+            PoolError, match="lives on cuda:0, but backend 'mooncake' moves host memory only"
+        ):
+            pipeline.backend.attach(gpu)
+        buffer = pool_buffer(GEO)
+        pipeline.register_pool("kv", GEO, buffer)
+        assert pipeline.set(["host-0"], token_indices([0], GEO.page_size)) == [True]
