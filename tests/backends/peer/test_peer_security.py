@@ -3,6 +3,7 @@ are not theirs (the red-team cases of 2026-12-01, S1 and S7)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -258,3 +259,52 @@ def test_a_tenant_quota_caps_what_it_maps(folder: Path) -> None:
             bob.register_pool("kv2", other, pool_buffer(other))
     finally:
         peer.stop()
+
+
+def test_a_silent_listener_fails_the_handshake_naming_connect_timeout_s(
+    tmp_path: Path,
+) -> None:
+    """Red team S5: a listener that accepts and never answers HELLO; the client gives up after
+    ``transport.options.connect_timeout_s`` and names that knob, not ``op_timeout_s``."""
+    import socket
+    import threading
+
+    need_ucxx()
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    heard = threading.Event()
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        if conn.recv(1 << 16):  # the HELLO arrived, and is never answered
+            heard.set()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    geo = geometry(pages=2)
+    try:
+        for make in client_factory(address):
+            pipeline = make(
+                write_secret(tmp_path / "s"),
+                transport__options__connect_timeout_s=0.5,
+                transport__op_timeout_s=30,
+            )
+            with pytest.raises(Exception, match=r"transport\.options\.connect_timeout_s"):
+                pipeline.register_pool("kv", geo, pool_buffer(geo))
+        assert heard.is_set(), "the client never sent its HELLO"
+    finally:
+        for conn in accepted:
+            conn.close()
+        listener.close()
+
+
+def test_transfer_tags_are_drawn_at_random(worker: Any) -> None:
+    """Red team S7: a tag receive matches on the worker, so a tag anyone can guess lets any
+    connected process write into it; tags are drawn, not counted."""
+    firsts = [worker.tags(16) for _ in range(64)]
+    assert len(set(firsts)) == 64
+    steps = {b - a for a, b in itertools.pairwise(firsts)}
+    assert len(steps) > 32  # no counter, no fixed stride
+    assert max(firsts) > 1 << 48  # spread over the 64-bit space
