@@ -164,3 +164,43 @@ def test_sigterm_lets_the_read_in_flight_finish_and_releases_every_claim() -> No
 
 def tier(pipeline: Any) -> dict[str, int]:
     return pipeline.stats().pools["term"]["peer"]["remote"]["tier"]
+
+
+def test_sigterm_releases_a_claim_whose_send_never_came(worker: Any) -> None:
+    """A session holds a claim and never asks for its pages (CLAIMED, then nothing): SIGTERM's
+    grace runs out, the session is cut, and its claim is released before the store closes."""
+    from kvcr_policy.backends.peer.wire import messages as m
+    from tests.backends.peer.raw_client import Raw, default_secret
+    from tests.support.pools import geometry
+
+    geo = geometry(pages=8, name="hold")
+    sets = {**SETS, "transport.op_timeout_s": OP_TIMEOUT_S}
+    server = Serve(sets, python=("-c", REPORTING_SERVE), args=("--grace", "0.5"))
+    client = {"transport.name": "ucx", "transport.options.peer": server.address}
+    writer = build_pipeline(load_config("default", overrides=client))
+    raw = Raw(server.address)
+    try:
+        writer.register_pool("hold", geo, pool_buffer(geo, 3))
+        keys = fresh_keys(4)
+        assert writer.set(keys, token_indices(range(4), geo.page_size)) == [True] * 4
+        assert isinstance(raw.handshake(default_secret(), worker.address), m.Welcome)
+        attach = m.Attach(
+            "hold", geo.layout, geo.layers, geo.heads, geo.head_dim, geo.dtype,
+            geo.page_size, geo.tokens, geo.mla, 0,
+        )  # fmt: skip
+        attached = raw.ask(attach)
+        assert isinstance(attached, m.Attached), attached
+        claimed = raw.ask(m.Claim(attached.pool, keys, np.arange(4, dtype=np.int64)))
+        assert isinstance(claimed, m.Claimed) and len(claimed.slots) == 4, claimed
+        held = writer.stats().pools["hold"]["peer"]["remote"]["tier"]["claimed"]
+        assert held == 4  # evidence: the server holds the raw session's claim
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.stop(timeout=promised_s(server_config(sets)))
+    finally:
+        raw.close()
+        writer.close()
+        server.stop()
+    assert code == 0, "\n".join(server.log[-20:])
+    reports = [json.loads(line.split(" ", 2)[2]) for line in server.log if "store closed " in line]
+    assert reports and all(r["claimed"] == 0 for r in reports), (reports, server.log[-20:])
+    assert any("released 1 claims" in line or "released 4 claims" in line for line in server.log)
