@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvcr_policy.backends.peer.client.client import ATTACH_TIMEOUT_S
 from kvcr_policy.backends.peer.client.pool import ANSWER_GRACE_S
 from tests.backends.peer.peer_helpers import (
     SERVER_SETS,
@@ -182,10 +183,14 @@ def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(conne
     restarted = PeerProcess(SERVER_SETS, listen=f"127.0.0.1:{port}")
     try:
         fresh = fresh_keys(4)
+        # A reconnect takes at most the client's own limits: a connect and handshake, then
+        # attaching the pool again (a new tier on the restarted server).
+        options = pipeline.config.transport.options
         wait_until(
             lambda: all(pipeline.set(fresh, token_indices(range(4), geo.page_size), "doomed")),
             "a store through a reconnected client",
-            bound,
+            options["connect_timeout_s"]
+            + max(pipeline.config.transport.op_timeout_s, ATTACH_TIMEOUT_S),
             every=0.2,
         )
         view[:, 128:132] = 0

@@ -1,6 +1,10 @@
 """The health state as a circuit breaker, against a real listening socket standing in for the
 master's RPC port (no Mooncake needed): it opens on a failed call or a closed port, refuses
-calls at once while open, and closes once the port, ``health_check()`` and a probe agree."""
+calls at once while open, and closes once the port, ``health_check()`` and a probe agree.
+
+Nothing is slept into: a state is asserted once the watcher has been seen checking (its probe
+called), and every wait is bounded by the breaker's own interval (``recheck_s``): one interval
+asleep, a connect that may take another, and one more for a busy host."""
 
 from __future__ import annotations
 
@@ -28,29 +32,50 @@ def port() -> Iterator[socket.socket]:
     listener.close()
 
 
+INTERVAL_S = 0.5  # the watcher's period (the backend's recheck_s) in these tests
+
+
 def health(listener: socket.socket, check: Callable[[], int], probe: Callable[[], bool]) -> Any:
     from kvcr_policy_mooncake.health import Health
 
-    return Health(listener.getsockname()[:2], check, probe, interval=0.05)
+    return Health(listener.getsockname()[:2], check, probe, interval=INTERVAL_S)
+
+
+def within(breaker: Any) -> float:
+    """How long the watcher may take to notice a change (README: within ``recheck_s``)."""
+    return 3 * breaker.interval
 
 
 def test_a_trip_refuses_calls_at_once_until_the_probe_answers(port: socket.socket) -> None:
+    checks: list[float] = []
+    probes: list[float] = []
     answers = {"probe": False}
-    breaker = health(port, lambda: 0, lambda: answers["probe"])
+
+    def check() -> int:
+        checks.append(time.monotonic())
+        return 0
+
+    def probe() -> bool:
+        probes.append(time.monotonic())
+        return answers["probe"]
+
+    breaker = health(port, check, probe)
     try:
         assert breaker.allows()
         breaker.trip("a call returned -900 RPC_FAIL")
-        start = time.perf_counter()
+        tripped = time.monotonic()
+        before = len(checks)
         assert not any(breaker.allows() for _ in range(1000))
-        assert time.perf_counter() - start < 0.1
+        assert len(checks) == before  # at once: no call reaches the master while open
         snapshot = breaker.snapshot()
         assert snapshot["state"] == "open" and snapshot["refused_calls"] == 1000
         assert snapshot["reason"] == "a call returned -900 RPC_FAIL"
-        time.sleep(0.2)
-        assert breaker.is_open  # the port answers, the probe does not: still open
+        # The port answers, the probe does not: still open after the watcher probed twice.
+        wait_until(lambda: len(probes) >= 2, "the watcher probing the master", 2 * within(breaker))
+        assert breaker.is_open
         answers["probe"] = True
-        wait_until(lambda: not breaker.is_open, "the breaker closed", 5)
-        assert breaker.allows() and breaker.snapshot()["last_outage_s"] > 0.2
+        wait_until(lambda: not breaker.is_open, "the breaker closed", within(breaker))
+        assert breaker.allows() and breaker.snapshot()["last_outage_s"] >= probes[1] - tripped
         breaker.trip("again")
         assert breaker.snapshot()["trips"] == 2
     finally:
@@ -64,7 +89,7 @@ def test_a_bad_health_check_opens_it(port: socket.socket) -> None:
         assert not breaker.allows()
         assert breaker.snapshot()["reason"] == "health_check() = 2"
         code["value"] = 0
-        wait_until(lambda: not breaker.is_open, "the breaker closed", 5)
+        wait_until(lambda: not breaker.is_open, "the breaker closed", within(breaker))
     finally:
         breaker.stop()
 
@@ -73,7 +98,7 @@ def test_a_master_gone_between_calls_is_noticed_without_a_call(port: socket.sock
     breaker = health(port, lambda: 0, lambda: True)
     try:
         port.close()  # nothing listens there any more
-        wait_until(lambda: breaker.is_open, "the breaker open", 5)
+        wait_until(lambda: breaker.is_open, "the breaker open", within(breaker))
         assert "refused" in breaker.snapshot()["reason"]
     finally:
         breaker.stop()
