@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
@@ -119,7 +119,8 @@ def _owner(spec: Spec) -> str:
 def field_adapter(info: FieldInfo) -> TypeAdapter[Any]:
     """A validator of one value of the field ``info`` describes: its type and its bounds."""
     # The FieldInfo as Annotated metadata carries the field's constraints (gt, le, ...).
-    return TypeAdapter(Annotated[info.annotation, info])
+    # (cast: a type built at run time is not a static TypeForm for mypy with pydantic >= 2.14)
+    return TypeAdapter(cast(Any, Annotated[info.annotation, info]))
 
 
 def _fields(model: type[BaseModel]) -> Iterator[tuple[str, Tunable, TypeAdapter[Any]]]:
