@@ -178,10 +178,16 @@ def test_a_dead_kvcr_turns_every_call_into_misses(
     keys = ["d0", "d1", "d2"]
     assert backend.batch_set_v1(keys, kit.indices(pool, [0, 1, 2])) == [True] * 3
 
+    died = threading.Event()
+
     def dead(self: Any) -> bool:
+        died.set()
         raise RuntimeError("injected: the KVCR progress thread died")
 
     monkeypatch.setattr(_KVCRProgress, "_run_one_iteration", dead)
+    # Evidence before the calls: KVCR's progress thread ran its failing iteration (else a get
+    # racing the iteration already under way could still complete).
+    assert died.wait(10), "KVCR's progress thread never iterated again"
     assert backend.batch_get_v1(keys, kit.indices(pool, [5, 6, 7])) == [False] * 3
     assert backend.batch_exists(keys) == 0
     assert backend.batch_set_v1(["d3"], kit.indices(pool, [3])) == [False]
