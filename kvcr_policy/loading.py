@@ -103,6 +103,11 @@ def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
     if path.is_dir():
         message = f"{shorten(text)} is a directory; a profile is a bundled name or a .toml file"
         raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
+    if path.exists():  # a device, a pipe, a socket: nothing a profile can be read from
+        message = (
+            f"{shorten(text)} is not a regular file; a profile is a bundled name or a .toml file"
+        )
+        raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
     nearest = suggest(text, list(bundled))
     hint = f"; did you mean {nearest!r}?" if nearest else ""
     message = (

@@ -41,6 +41,7 @@ def bad_profiles(tmp_path: Path) -> dict[str, Path]:
         paths[name].write_bytes(data)
     paths["folder"] = tmp_path / "adir"
     paths["folder"].mkdir()
+    paths["device"] = Path("/dev/zero")  # exists, endless, and not a file
     return paths
 
 
@@ -52,6 +53,7 @@ def bad_profiles(tmp_path: Path) -> dict[str, Path]:
         ("arrays", "nested too deeply"),
         ("tables", "nested too deeply"),
         ("folder", "is a directory"),
+        ("device", "is not a regular file"),
     ],
 )
 def test_unreadable_profiles_exit_2_from_every_command(
