@@ -129,15 +129,22 @@ def test_sigterm_lets_the_read_in_flight_finish_and_releases_every_claim() -> No
             except BaseException as err:  # reported below
                 outcome.append(err)
 
-        thread = threading.Thread(target=read)
-        thread.start()
-        # Evidence that the read is in flight: the server holds its claim.
-        wait_until(
-            lambda: tier(observer)["claimed"] > 0 or not thread.is_alive(),
-            "the server holding the read's claim",
-            bound,
-            every=0,
-        )
+        # Evidence that the read is in flight: the server holds its claim. On a quiet host a
+        # read can end between that answer and the signal; then it is read again (at most 5).
+        for _ in range(5):
+            view[:, 128:] = 0
+            outcome.clear()
+            thread = threading.Thread(target=read)
+            thread.start()
+            wait_until(
+                lambda: tier(observer)["claimed"] > 0 or not thread.is_alive(),  # noqa: B023
+                "the server holding the read's claim",
+                bound,
+                every=0,
+            )
+            if thread.is_alive():
+                break
+            thread.join()
         server.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         in_flight = thread.is_alive()
