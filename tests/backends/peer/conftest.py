@@ -11,12 +11,13 @@ from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
 
 
 @pytest.fixture(scope="module")
-def peer() -> Iterator[Any]:
-    """One server process for the module's tests."""
+def peer(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One server process for the module's tests, started with the module's ``PEER_SETS``
+    when it has them (else ``SERVER_SETS``)."""
     need_ucxx()
     from kvcr_policy.bench.server import PeerProcess
 
-    server = PeerProcess(SERVER_SETS)
+    server = PeerProcess(getattr(request.module, "PEER_SETS", SERVER_SETS))
     yield server
     server.stop()
 

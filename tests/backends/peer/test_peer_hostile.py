@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
 from kvcr_policy.errors import ProtocolError
 from kvcr_policy.schema import PolicyConfig
-from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx, promised_s, server_config
+from tests.backends.peer.peer_helpers import SERVER_SETS, promised_s, server_config
 from tests.backends.peer.raw_client import Raw, default_secret, open_socket
 from tests.strategies import hostile_frames
 from tests.support.pools import fresh_keys, geometry, pool_buffer, token_indices
@@ -35,23 +34,13 @@ SETS = {
     "security.handshake_timeout_s": 3,  # long enough for a real handshake on a loaded host
 }
 CONFIG: PolicyConfig = server_config(SETS)
+PEER_SETS = SETS  # this module's server (the package's `peer` fixture reads it)
 
 
 def handshake_bound(config: PolicyConfig = CONFIG) -> float:
     """:func:`promised_s` before authentication, where the handshake timeout stands in for
     op_timeout_s."""
     return config.security.handshake_timeout_s + float(config.transport.options["heartbeat_s"])
-
-
-@pytest.fixture(scope="module")
-def peer() -> Iterator[Any]:
-    """This module's server (``SETS``), in place of the package's."""
-    need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
-
-    server = PeerProcess(SETS)
-    yield server
-    server.stop()
 
 
 def _replies(
