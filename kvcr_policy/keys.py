@@ -49,10 +49,11 @@ def check_keys(keys: Any, call: str) -> list[str]:
     if not keys:
         return keys
     try:
-        # C passes over chunks (a bounded temporary): join refuses any item not a str.
-        ascii_only = all(
+        # C passes over chunks (a bounded temporary): join refuses any item not a str. Every
+        # chunk is joined (a list, not a short-circuiting all()) so every item is type-checked.
+        ascii_chunks = [
             "".join(keys[start : start + _CHUNK]).isascii() for start in range(0, len(keys), _CHUNK)
-        )
+        ]
     except TypeError:
         position, key = next((i, k) for i, k in enumerate(keys) if not isinstance(k, str))
         message = (
@@ -60,7 +61,7 @@ def check_keys(keys: Any, call: str) -> list[str]:
             f"{shorten(key)}"
         )
         raise UsageError(message) from None
-    if ascii_only:  # one byte per character, no surrogate: sizes are lengths
+    if all(ascii_chunks):  # one byte per character, no surrogate: sizes are lengths
         lengths = set(map(len, keys))  # the distinct lengths: one C pass, a small set
         if not 1 <= min(lengths) <= max(lengths) <= MAX_KEY_BYTES:
             sizes = list(map(len, keys))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvcr_policy.errors import ArgumentError, UsageError
@@ -40,6 +40,7 @@ bad = st.one_of(
 )
 
 
+@example(n=_CHUNK + 2, where=_CHUNK + 1, key=1, second=True)  # wide key first, bad one later
 @given(
     n=st.integers(1, 2 * _CHUNK + 5),
     where=st.integers(0, 10**6),
@@ -49,8 +50,8 @@ bad = st.one_of(
 def test_the_rule_matches_its_reference(n: int, where: int, key: Any, second: bool) -> None:
     keys: list[Any] = [f"page-{i}" for i in range(n)]
     keys[where % n] = key
-    if second:  # a second, harmless wide key elsewhere: non-ASCII lists take the slow path
-        keys[(where + 1) % n] = "ключ"
+    if second:  # a harmless wide key in the first chunk: non-ASCII lists take the slow path
+        keys[0 if where % n else n - 1] = "ключ"
     expected = reference(keys)
     if expected is None:
         assert check_keys(keys, "get") is keys
