@@ -62,7 +62,6 @@ __all__ = [
     "UnimplementedError",
     "UnsupportedError",
     "UsageError",
-    "cut_line",
 ]
 
 
@@ -71,7 +70,7 @@ __all__ = [
 MAX_LINE = 1000
 
 
-def cut_line(line: str, limit: int = MAX_LINE) -> str:
+def _cut_line(line: str, limit: int = MAX_LINE) -> str:
     """``line``, or its head and tail around a note of how much was cut."""
     if len(line) <= limit:
         return line
@@ -87,7 +86,7 @@ class KVCRPolicyError(Exception):
         text = super().__str__()
         if len(text) <= MAX_LINE:
             return text
-        return "\n".join(map(cut_line, text.split("\n")))
+        return "\n".join(map(_cut_line, text.split("\n")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +98,7 @@ class ConfigIssue:
     message: str
 
     def render(self) -> str:
-        return cut_line(f"{self.path} (from {self.origin}): {self.message}")
+        return f"{self.path} (from {self.origin}): {self.message}"
 
 
 class ConfigError(KVCRPolicyError, ValueError):
