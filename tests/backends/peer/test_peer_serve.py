@@ -97,6 +97,11 @@ REPORTING_SERVE = textwrap.dedent(
 OP_TIMEOUT_S = 20.0
 
 
+def store_reports(server: Serve) -> list[dict[str, int]]:
+    """What ``REPORTING_SERVE`` printed for each store it closed."""
+    return [json.loads(line.split(" ", 2)[2]) for line in server.log if "store closed " in line]
+
+
 def test_sigterm_lets_the_read_in_flight_finish_and_releases_every_claim() -> None:
     need_ucxx()
     geo = big_geometry("term")
@@ -162,7 +167,7 @@ def test_sigterm_lets_the_read_in_flight_finish_and_releases_every_claim() -> No
     assert outcome == [[True] * 128]
     assert np.array_equal(view[:, 128:], view[:, :128])
     # Every tier's store was closed with no claim and no reservation left.
-    reports = [json.loads(line.split(" ", 2)[2]) for line in server.log if "store closed " in line]
+    reports = store_reports(server)
     assert reports, "\n".join(server.log[-20:])
     assert all(r["claimed"] == 0 and r["reserved"] == 0 for r in reports), reports
     log = "\n".join(server.log)
@@ -208,6 +213,6 @@ def test_sigterm_releases_a_claim_whose_send_never_came(worker: Any) -> None:
         writer.close()
         server.stop()
     assert code == 0, "\n".join(server.log[-20:])
-    reports = [json.loads(line.split(" ", 2)[2]) for line in server.log if "store closed " in line]
+    reports = store_reports(server)
     assert reports and all(r["claimed"] == 0 for r in reports), (reports, server.log[-20:])
     assert any("released 1 claims" in line or "released 4 claims" in line for line in server.log)
