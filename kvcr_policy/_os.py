@@ -10,8 +10,8 @@ so the rest of the package deals in plain values and one error type (modelled on
 - Capability flags, computed once (``functools.cache``) and cleared by ``use_roots`` and
   ``clear_caches``: ``page_size``, ``huge_page_size``, ``thp_mode``, ``has_thp``,
   ``has_populate_write``, ``has_numa_syscalls``, ``online_nodes``.
-- Syscalls through ctypes: ``mbind``, ``get_mempolicy``, ``move_pages_query``; ``madvise`` through
-  the ``mmap`` module.
+- Syscalls through ctypes, which releases the GIL while the kernel works: ``mbind``,
+  ``get_mempolicy``, ``move_pages_query``, ``madvise``.
 - ``/proc/self/smaps``: ``smaps_entries``, ``smaps_anon_huge_bytes``, ``smaps_vm_flags``;
   ``/proc/self/maps``: ``writable_range`` (may the process write every byte of a range).
 - ``limit_heap_retention``: glibc's ``mallopt`` so that freed large buffers leave the process.
@@ -46,7 +46,7 @@ __all__ = [
     "MPOL_INTERLEAVE", "MPOL_NAMES", "MPOL_PREFERRED", "PROC_ROOT_ENV", "SYS_ROOT_ENV",
     "OsCallError", "SmapsEntry", "clear_caches", "format_node_list", "get_mempolicy",
     "has_numa_syscalls", "has_populate_write", "has_thp", "huge_page_size",
-    "limit_heap_retention", "madvise", "mbind", "mem_total", "memory_available",
+    "limit_heap_retention", "madvise", "mapping_address", "mbind", "mem_total", "memory_available",
     "move_pages_query", "online_nodes", "page_size", "parse_node_list", "pci_numa_node",
     "proc_root",
     "smaps_anon_huge_bytes", "smaps_entries", "smaps_vm_flags", "sys_root", "thp_mode",
@@ -280,6 +280,8 @@ def clear_caches() -> None:
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    libc.madvise.restype = ctypes.c_int
     return libc
 
 
@@ -368,16 +370,32 @@ def move_pages_query(addresses: Sequence[int] | npt.NDArray[np.integer]) -> npt.
     return status
 
 
-def madvise(mm: mmap.mmap, advice: int, start: int = 0, length: int | None = None) -> None:
-    """madvise(2) over ``[start, start+length)`` of ``mm`` (the rest of it when length is None)."""
-    name = _ADVICE_NAMES.get(advice, str(advice))
+def mapping_address(mm: mmap.mmap) -> int:
+    """The address of the first byte of ``mm`` (its buffer export is released at once)."""
+    anchor = ctypes.c_char.from_buffer(mm)
     try:
-        if length is None:
-            mm.madvise(advice, start)
-        else:
-            mm.madvise(advice, start, length)
-    except OSError as err:
-        raise OsCallError(f"madvise({name})", err.errno or errno.EINVAL) from err
+        return ctypes.addressof(anchor)
+    finally:
+        del anchor
+
+
+def madvise(mm: mmap.mmap, advice: int, start: int = 0, length: int | None = None) -> None:
+    """madvise(2) over ``[start, start+length)`` of ``mm`` (the rest of it when length is None).
+
+    Called through ctypes, which releases the GIL for the call: ``mmap.madvise`` holds it, and
+    ``MADV_POPULATE_WRITE`` of a tier takes seconds per GiB on a busy host, during which no other
+    thread of the process (a peer's UCX worker answering heartbeats) could run.
+    """
+    name = _ADVICE_NAMES.get(advice, str(advice))
+    size = len(mm)
+    if length is None:
+        length = size - start
+    if not (0 <= start <= size and 0 <= length <= size - start):
+        raise ArgumentError(f"madvise({name}): [{start}, {start}+{length}) is outside {size} bytes")
+    result = int(_libc().madvise(mapping_address(mm) + start, length, advice))
+    if result == -1:
+        code = ctypes.get_errno() or errno.EINVAL
+        raise OsCallError(f"madvise({name})", code) from OSError(code, os.strerror(code))
 
 
 # --- smaps --------------------------------------------------------------------------------------

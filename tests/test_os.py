@@ -8,10 +8,16 @@ faked with a temporary /sys or /proc tree through ``use_roots`` or ``KVCR_POLICY
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
+import os
+import platform
+import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,16 +26,14 @@ from hypothesis import strategies as st
 
 from kvcr_policy import _os
 from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
+from tests.support.waiting import wait_until
 
 MIB = 1 << 20
 needs_numa = pytest.mark.skipif(not _os.has_numa_syscalls(), reason="NUMA syscalls unavailable")
 
 
 def _address(mm: mmap.mmap) -> int:
-    view = np.frombuffer(mm, dtype=np.uint8)
-    address = int(view.ctypes.data)
-    del view
-    return address
+    return _os.mapping_address(mm)
 
 
 @pytest.fixture
@@ -184,6 +188,61 @@ def test_madvise_error_is_translated(mapping: mmap.mmap) -> None:
     assert info.value.call == "madvise(12345)"
     assert "EINVAL" in str(info.value)
     assert isinstance(info.value.__cause__, OSError)
+
+
+# The blocking syscalls a poll(2) from C may enter: x86_64's poll and ppoll
+# (arch/x86/entry/syscalls/syscall_64.tbl), the generic ppoll (include/uapi/asm-generic/unistd.h).
+_POLL_SYSCALLS = {"x86_64": {7, 271}, "aarch64": {73}}
+
+
+def _in_syscall(tid: int, numbers: set[int]) -> bool:
+    """Whether thread ``tid`` of this process is blocked in one of the syscalls ``numbers``
+    (the first field of /proc/self/task/TID/syscall, proc(5))."""
+    fields = (Path("/proc/self/task") / str(tid) / "syscall").read_text().split()
+    return bool(fields) and fields[0].isdigit() and int(fields[0]) in numbers
+
+
+def test_madvise_lets_other_threads_run_while_the_kernel_works(
+    mapping: mmap.mmap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pre-faulting a tier takes seconds per GiB on a busy host; a peer's UCX worker thread must
+    answer heartbeats meanwhile, so madvise(2) may not hold the GIL (``mmap.madvise`` does).
+
+    The kernel's side is replaced by a call of the same C shape (pointer, count, int) that blocks
+    until another Python thread acts: poll(2) of one pollfd for a pipe, with a long timeout. This
+    thread writes to the pipe only once it sees the caller blocked inside poll; were the GIL held
+    through the call, this thread could not run until poll timed out, and the test fails."""
+    machine = platform.machine().lower()
+    numbers = _POLL_SYSCALLS.get({"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine))
+    if numbers is None:
+        pytest.skip(f"no poll syscall numbers known for {machine}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    stand_in = libc.poll
+    stand_in.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    stand_in.restype = ctypes.c_int
+    monkeypatch.setattr(_os, "_libc", lambda: SimpleNamespace(madvise=stand_in))
+    read_end, write_end = os.pipe()
+    pollin, timeout_ms = 1, 600_000
+    mapping[0:8] = struct.pack("ihh", read_end, pollin, 0)  # struct pollfd {fd, events, revents}
+    tid: list[int] = []
+    thread = threading.Thread(
+        target=lambda: (
+            tid.append(threading.get_native_id()),
+            _os.madvise(mapping, timeout_ms, 0, 1),
+        )
+    )
+    try:
+        thread.start()
+        wait_until(lambda: tid and _in_syscall(tid[0], numbers), "the caller inside poll(2)", 60)
+        os.write(write_end, b"x")
+        thread.join(60)
+        assert not thread.is_alive()
+        assert struct.unpack("ihh", mapping[0:8])[2] & pollin  # woken by the write, not a timeout
+    finally:
+        os.write(write_end, b"x")
+        thread.join()
+        os.close(read_end)
+        os.close(write_end)
 
 
 @needs_numa

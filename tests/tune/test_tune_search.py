@@ -8,60 +8,18 @@ is exercised in test_tune_command.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvcr_policy import load_config
-from kvcr_policy.bench import BenchResult, BenchSetup
-from kvcr_policy.tune import run as tune_run
-from kvcr_policy.tune import search as tune_search
 from kvcr_policy.tune.run import tune
 from kvcr_policy.tune.search import confirm_repeats
 from kvcr_policy.tune.setup import TuneSetup
-from tests.tune.measured import result
+from tests.tune.measured import install
 
 pytestmark = pytest.mark.usefixtures("clean_env")
-
-Rate = Callable[[Any, str], float]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeBench:
-    """Each call takes ``seconds`` of the fake clock and restores at ``rate(config, order)``."""
-
-    def __init__(self, clock: Clock, rate: Rate, seconds: float = 10.0) -> None:
-        self.clock, self.rate, self.seconds = clock, rate, seconds
-        self.calls: list[BenchSetup] = []
-
-    def __call__(self, setup: BenchSetup, say: Any = None) -> BenchResult:
-        self.calls.append(setup)
-        self.clock.now += self.seconds
-        p = load_config(profile=setup.profile, dotenv=False).config
-        q = load_config(profile=setup.vs, dotenv=False).config
-        pairs = {}
-        for order in ("P,Q", "Q,P"):
-            jitter = [1.0 + 0.001 * (i % 3) for i in range(setup.repeat)]
-            pairs[order] = [(self.rate(p, order) * j, self.rate(q, order)) for j in jitter]
-        return result(pairs)
-
-
-def install(monkeypatch: pytest.MonkeyPatch, rate: Rate, seconds: float = 10.0) -> FakeBench:
-    clock = Clock()
-    fake = FakeBench(clock, rate, seconds)
-    monkeypatch.setattr(tune_search, "run_bench", fake)
-    monkeypatch.setattr(tune_run, "run_bench", fake)
-    return fake
-
 
 SETUP = TuneSetup(
     start="throughput",

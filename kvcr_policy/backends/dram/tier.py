@@ -306,10 +306,7 @@ def _anonymous(name: str, size: int) -> mmap.mmap:
 
 
 def _base(mm: mmap.mmap) -> int:
-    view = np.frombuffer(mm, dtype=np.uint8)
-    address = int(view.ctypes.data)
-    del view  # release the buffer export at once
-    return address
+    return _os.mapping_address(mm)
 
 
 def _refuse_or_record(

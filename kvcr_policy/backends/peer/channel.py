@@ -9,7 +9,8 @@ A server's channels also bound time and memory per frame: a frame must arrive wh
 ``frame_timeout_s`` of its first byte (a peer that trickles bytes is closed at that deadline,
 whatever it sends meanwhile), and a large payload is buffered only if the server-wide
 :class:`Budget` has room for it. ``last_frame`` is when the last whole frame arrived: what a
-peer's silence is measured from.
+peer's silence is measured from. ``waiting_since`` is when the first frame left after the last
+bytes came in (None while nothing is awaited): how long the peer has left this side waiting.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Channel:
         self.on_malformed = on_malformed  # a frame that did not decode (the server counts it)
         self.reader = FrameReader(KINDS, max_payload)
         self.last_recv = self.last_sent = self.last_frame = time.monotonic()
+        self.waiting_since: float | None = None
         self.frame_timeout_s = frame_timeout_s
         self._budget = budget
         self._free = free_payload
@@ -110,6 +112,8 @@ class Channel:
                 return
             self._out_bytes -= sent
             self.last_sent = time.monotonic()
+            if self.waiting_since is None:
+                self.waiting_since = self.last_sent
             if sent < len(head):
                 self._out[0] = head[sent:]
                 break
@@ -137,6 +141,7 @@ class Channel:
             self.close("peer closed the connection")
             return
         self.last_recv = time.monotonic()
+        self.waiting_since = None
         if self.lingering:
             return  # draining until the peer closes its side
         try:

@@ -7,9 +7,9 @@ machine where the optional dependency is missing; only opening a connection need
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
 from kvcr_policy.values import Size, shorten
 
@@ -18,6 +18,8 @@ __all__ = ["Capability", "Tls", "UcxOptions", "parse_address"]
 Tls = Literal["auto", "sm", "tcp"]
 Capability = Literal["coalesce", "split"]
 ProgressMode = Literal["blocking", "polling", "thread"]
+#: How long a peer may answer nothing before it is dead, unless configured (see dead_after_s).
+DEAD_AFTER_S = 30.0
 
 
 def parse_address(text: str, *, where: str = "address") -> tuple[str, int]:
@@ -114,9 +116,9 @@ class UcxOptions(BaseModel):
         ge=0,
         le=600,
         allow_inf_nan=False,
-        description="Ping interval of an idle connection (0..600 s); a peer silent for 3 "
-        "intervals is dead. 0 disables (then only operation timeouts detect a dead peer, and "
-        "the server closes a silent session after security.idle_timeout_s).",
+        description="Ping interval while a connection waits for its peer or idles (0..600 s). "
+        "0 disables (then only operation timeouts detect a dead peer, and the server closes a "
+        "silent session after security.idle_timeout_s).",
     )
     capabilities: tuple[Capability, ...] = Field(
         ("coalesce", "split"),
@@ -141,6 +143,42 @@ class UcxOptions(BaseModel):
         "UCX aborts this process when the peer dies mid-transfer. Off: UCX_TLS=self,posix,tcp "
         "unless UCX_TLS is set (set it for RDMA fabrics).",
     )
+
+    dead_after_s: float = Field(
+        DEAD_AFTER_S,
+        ge=0.1,
+        le=3600,
+        allow_inf_nan=False,
+        description="A peer that answers nothing at all for this long is dead (0.1..3600 s; "
+        "default 30 s, or two heartbeat_s when that is longer): a late answer counts as life, "
+        "and time this process itself was stalled never counts. `serve` closes a session whose "
+        "pinging client sent nothing for this long (or security.idle_timeout_s if shorter).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dead_after_default(cls, data: Any) -> Any:
+        """Unset, ``dead_after_s`` is at least two heartbeats, so a long heartbeat_s alone
+        never makes a live peer dead between two pings."""
+        if isinstance(data, dict) and data.get("dead_after_s") is None:
+            try:
+                beat = float(data.get("heartbeat_s", 0))
+            except (TypeError, ValueError):
+                return data  # heartbeat_s's own validation says what is wrong with it
+            if 0 < beat <= 600:
+                data = {**data, "dead_after_s": max(DEAD_AFTER_S, 2 * beat)}
+        return data
+
+    @model_validator(mode="after")
+    def _dead_after_heartbeats(self) -> UcxOptions:
+        if self.heartbeat_s > 0 and self.dead_after_s < 2 * self.heartbeat_s:
+            message = (
+                f"dead_after_s = {self.dead_after_s} s is shorter than two heartbeats "
+                f"(heartbeat_s = {self.heartbeat_s} s): a live peer would be declared dead "
+                "between two pings; raise dead_after_s or lower heartbeat_s"
+            )
+            raise ValueError(message)
+        return self
 
     @field_validator("peer", "listen")
     @classmethod

@@ -112,6 +112,7 @@ class UcxTransport(Transport):
         if self._worker is not None:
             data["progress_mode"] = self._worker.progress_mode
             data["ucx_env"] = self._worker.env.to_dict()
+            data["links"] = self._worker.describe()
         return data
 
     def close(self) -> None:

@@ -1,38 +1,38 @@
-"""The UCX worker thread: one UCX worker per process, and the one thread that makes every UCX
-call.
+"""The UCX thread: the process's UCX context, the links (one UCX worker per connection), and
+the one thread that makes every UCX call.
 
 UCX workers are single-threaded here, so the worker thread (a :class:`~.loop.Loop`) owns the
-UCX worker, the control sockets and all protocol state; other threads hand it work with
-:meth:`Worker.call` and wait on futures. Each turn runs queued calls and due timers,
-progresses the worker, finishes completed :class:`RequestGroup` s, then sleeps in ``select``
-on the sockets, the wake-up socket and (``blocking`` mode) the worker's epoll fd, after
-arming it (``ucp_worker_arm``: sleep only when UCX has no event pending).
+UCX context, every :class:`~.link.Link`, the control sockets and all protocol state; other
+threads hand it work with :meth:`Worker.call` and wait on futures. Each turn runs queued calls
+and due timers, progresses every link (which finishes completed request groups), then sleeps in
+``select`` on the sockets, the wake-up socket and (``blocking`` mode) each link's epoll fd,
+after arming them (``ucp_worker_arm``: sleep only when UCX has no event pending).
+
+Nothing long runs on this thread: heartbeats are answered and UCX progressed whatever the rest
+of the process does, as long as that releases the GIL (pre-faulting a tier, the longest thing
+a server does, runs on a helper thread through :func:`kvcr_policy._os.madvise`, which does).
 
 ``polling`` never sleeps (lowest latency, one core busy); ``thread`` lets ucxx's own progress
-thread drive the worker and checks completions every 0.2 ms.
+thread drive each link's worker and checks completions every 0.2 ms.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 from typing import Any
 
-import numpy as np
-
 from .env import EnvReport, apply_env
+from .link import Link, frozen_links
 from .loop import Loop
 from .options import UcxOptions
 from .requests import RequestGroup, Timer, memory_view
 
-__all__ = ["RequestGroup", "Timer", "Worker", "acquire_worker", "memory_view"]
+__all__ = ["Link", "RequestGroup", "Timer", "Worker", "acquire_worker", "memory_view"]
 
 
 log = logging.getLogger("kvcr_policy.backends.peer.worker")
-
-_TAG_SPACE = 1 << 64
 
 
 class Worker(Loop):
@@ -47,10 +47,9 @@ class Worker(Loop):
         self.progress_mode = self.env.progress_mode[0]
         self.ucx: Any = None  # ucxx._lib.libucxx, imported on this thread
         self._array: Any = None
-        self.ucx_worker: Any = None  # the ucxx UCXWorker
-        self.address = b""
-        self._groups: list[RequestGroup] = []
-        self._graveyard: list[tuple[list[Any], list[Any]]] = []
+        self._context: Any = None
+        self.links: set[Link] = set()
+        self.links_opened = 0
         self._users = 0
 
     def release(self) -> None:
@@ -64,75 +63,30 @@ class Worker(Loop):
                 _shared = None
         self.stop()
 
+    def describe(self) -> dict[str, Any]:
+        """Links open now, opened in all, and frozen (see :mod:`.link`); any thread."""
+        return {
+            "links_open": len(self.links),
+            "links_opened": self.links_opened,
+            "links_frozen": frozen_links(),
+        }
+
     # ---- worker thread only ---------------------------------------------------------------
 
-    def track(self, group: RequestGroup) -> None:
-        self._groups.append(group)
+    def open_link(self, name: str) -> Link:
+        """A new UCX worker for one connection or session (see :mod:`.link`)."""
+        link = Link(self, self.ucx, self._array, self._context, name)
+        self.links.add(link)
+        self.links_opened += 1
+        if link.epoll_fd is not None:
+            self.watch(link.epoll_fd, lambda mask: None, False)
+        return link
 
-    def abandon(self, group: RequestGroup) -> None:
-        """Finish a group now, every message failed, keeping its requests and buffers.
-
-        Requests to or from a peer that died while connected without error handling (shared
-        memory) never complete, not even after the endpoint is closed (measured, UCX 1.21;
-        UCX cannot cancel a receive it has matched). Sends only read their buffers, so their
-        owner may settle at once; receives are abandoned only once their sender is known to be
-        gone (see the server's transfers). The requests stay referenced here, with their
-        buffers, until UCX completes them (if ever), so the memory stays mapped.
-        """
-        if group.done:
-            return
-        if not self._graveyard:
-            self.later(1.0, self._bury)
-        self._graveyard.append((group.requests, group.keep))
-        group.failed = np.ones(len(group.requests), dtype=bool)
-        group.requests, group.keep = [], []
-        group.finish()
-
-    def _bury(self) -> None:
-        """Drop abandoned requests UCX has completed after all; look again in a second."""
-        self._graveyard = [
-            (requests, keep)
-            for requests, keep in self._graveyard
-            if not all(request.completed for request in requests)
-        ]
-        if self._graveyard:
-            self.later(1.0, self._bury)
-
-    @staticmethod
-    def close_endpoint(ep: Any, error_handling: bool) -> None:
-        """Close ``ep`` and cancel the receives posted on it (they complete as cancelled).
-
-        Measured with ucxx 0.52 / UCX 1.21: with error handling, ``close()`` of an endpoint
-        whose peer failed crashes the process and ``close()`` of a live one leaves receives
-        pending, while ``close_blocking()`` does neither; without error handling,
-        ``close_blocking()`` hangs when the peer died mid-rendezvous, while ``close()``
-        returns at once and the next progress cancels the receives.
-        """
-        try:
-            if error_handling:
-                ep.close_blocking()
-            else:
-                ep.close()
-        except Exception as err:  # the endpoint is gone either way
-            log.debug("closing an endpoint: %s", err)
-
-    def tags(self, count: int) -> int:
-        """The first of ``count`` consecutive tags, drawn at random.
-
-        A tag receive is matched on the worker, not on an endpoint (``ucp_tag_recv_nbx``), so
-        anyone connected to this worker could send into a posted receive whose tag it knows;
-        a counter would make every tag known. A random 64-bit base is unguessable, and two
-        transfers in flight overlap with a chance of about n / 2^64.
-        """
-        return secrets.randbelow(_TAG_SPACE - max(1, count))
-
-    def post(self, group: RequestGroup, ep: Any, send: bool, view: np.ndarray, tag: int) -> None:
-        """Post one tag send or receive of ``view`` (kept alive by the group)."""
-        array = self._array(view)
-        tag_obj = self.ucx.UCXXTag(tag)
-        request = ep.tag_send(array, tag_obj) if send else ep.tag_recv(array, tag_obj)
-        group.requests.append(request)
-        group.keep.append(array)
+    def drop_link(self, link: Link) -> None:
+        """Stop progressing ``link`` (it was destroyed or frozen)."""
+        self.links.discard(link)
+        if link.epoll_fd is not None:
+            self.unwatch(link.epoll_fd)
 
     # ---- the loop's hooks -----------------------------------------------------------------
 
@@ -141,48 +95,30 @@ class Worker(Loop):
         from ucxx._lib.arr import Array
 
         self.ucx, self._array = ucx_api, Array
-        context = ucx_api.UCXContext(feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP))
-        threaded = self.progress_mode == "thread"
-        self.ucx_worker = ucx_api.UCXWorker(context, enable_delayed_submission=threaded)
-        if threaded:
-            self.ucx_worker.start_progress_thread(polling_mode=False, epoll_timeout=1)
-        else:
-            self.ucx_worker.init_blocking_progress_mode()
-        if self.progress_mode == "blocking":
-            self.watch(self.ucx_worker.epoll_file_descriptor, lambda mask: None, False)
-        self._context = context
-        self.address = self.ucx_worker.address.tobytes()
-        log.info("UCX worker up: progress %s, env %s", self.progress_mode, self.env.to_dict())
+        feature = ucx_api.Feature
+        self._context = ucx_api.UCXContext(feature_flags=(feature.TAG, feature.WAKEUP))
+        log.info("UCX up: progress %s, env %s", self.progress_mode, self.env.to_dict())
 
     def _progress(self, timeout: float) -> float:
         mode = self.progress_mode
-        if mode != "thread":
-            self.ucx_worker.progress()
-        if self._groups:
-            self._poll_groups()
+        busy = False
+        for link in list(self.links):
+            link.progress()
+            busy = busy or bool(link.groups)
         if mode == "polling":
             return 0.0
         if mode == "thread":
-            return min(timeout, 0.0002) if self._groups else timeout
-        if timeout > 0 and not self.ucx_worker.arm():
-            return 0.0  # UCX has events pending: progress again before sleeping
+            return min(timeout, 0.0002) if busy else timeout
+        if timeout > 0:
+            for link in self.links:
+                if not link.arm():
+                    return 0.0  # UCX has events pending: progress again before sleeping
         return timeout
 
-    def _poll_groups(self) -> None:
-        still: list[RequestGroup] = []
-        finished: list[RequestGroup] = []
-        for group in self._groups:
-            (finished if group.poll() else still).append(group)
-        self._groups = still
-        for group in finished:
-            try:
-                group.finish()
-            except Exception:
-                log.exception("completion handler failed")
-
     def _teardown(self) -> None:
-        if self.ucx_worker is not None and self.progress_mode == "thread":
-            self.ucx_worker.stop_progress_thread()
+        for link in list(self.links):
+            link.stop()
+        self.links.clear()
         log.info("UCX worker stopped")
 
 

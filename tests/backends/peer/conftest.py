@@ -24,15 +24,17 @@ def peer(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def worker() -> Iterator[Any]:
-    """This process's UCX worker thread: a real worker address, so that a raw client's HELLO
-    and AUTH get their WELCOME."""
+    """A UCX worker of this process (a link of its UCX thread): a real worker address, so that
+    a raw client's HELLO and AUTH get their WELCOME."""
     need_ucxx()
     from kvcr_policy.backends.peer.options import UcxOptions
     from kvcr_policy.backends.peer.worker import acquire_worker
 
-    worker = acquire_worker(UcxOptions())
-    yield worker
-    worker.release()
+    loop = acquire_worker(UcxOptions())
+    link = loop.submit(loop.open_link, "raw clients").result()
+    yield link
+    loop.submit(link.retire, 0.0).result()
+    loop.release()
 
 
 @pytest.fixture

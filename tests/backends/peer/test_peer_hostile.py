@@ -100,9 +100,13 @@ def _real_address() -> bytes:
     from kvcr_policy.backends.peer.options import UcxOptions
     from kvcr_policy.backends.peer.worker import acquire_worker
 
-    worker = acquire_worker(UcxOptions())
-    worker.release()  # the address stays a valid byte string to mutate
-    return worker.address
+    loop = acquire_worker(UcxOptions())
+    try:
+        link = loop.submit(loop.open_link, "an address to mutate").result()
+        loop.submit(link.retire, 0.0).result()
+    finally:
+        loop.release()
+    return link.address  # stays a valid byte string to mutate
 
 
 @pytest.mark.parametrize("kind", ["noise", "version-assert"])

@@ -23,6 +23,7 @@ from kvcr_policy.errors import CapacityError, TransportError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
 from tests.plugins.mooncake.mooncake_helpers import GEO, need_mooncake, pipeline_on
+from tests.support.load import CpuHog
 from tests.support.pools import pages_of, pool_buffer, token_indices
 from tests.support.waiting import wait_until
 
@@ -103,6 +104,65 @@ def test_master_killed_mid_restore_gives_fast_misses_then_service_resumes(own_ma
         assert pipeline.get(keys, token_indices(range(N, 2 * N), GEO.page_size)) == [True] * N
         assert np.array_equal(pages[:, N : 2 * N], expected)
         assert pipeline.stats().transport["health"]["state"] == "closed"
+
+
+#: Master kill-and-restart cycles of the soak (under the CPU hog).
+MASTER_KILLS = 20
+
+
+def test_soak_master_killed_and_restarted_under_the_hog(
+    own_master: Any, record_property: Any
+) -> None:
+    """20 times, under a CPU hog: the master dies (mid-restore every other time, proven by the
+    restore's own progress callback), restarts on the same ports, and service resumes within
+    the backend's own bound; every page a restore reports present is byte-exact."""
+    master = own_master
+    buffer = pool_buffer(GEO)
+    pages = pages_of(buffer, GEO)
+    verified, recoveries = 0, []
+    overrides = {"batching__read_batch_pages": 2, "batching__window_batches": 1}
+    with CpuHog(seconds=1800), pipeline_on(master, **overrides) as pipeline:
+        pipeline.register_pool("kv", GEO, buffer)
+        options = pipeline.config.backend.options
+        bound = options["connect_timeout_s"] + options["recheck_s"]
+        for cycle in range(MASTER_KILLS):
+            keys = [f"soak-{cycle}-{i}" for i in range(N)]
+            started = time.monotonic()
+            wait_until(
+                lambda keys=keys: _stored_one(pipeline, keys[0]),
+                f"service after restart {cycle}",
+                bound,
+                every=0.05,
+            )
+            recoveries.append(time.monotonic() - started)
+            assert pipeline.set(keys, token_indices(range(N), GEO.page_size)) == [True] * N
+            expected = pages[:, :N].copy()
+            pages[:, N : 2 * N] = 0
+            killed: list[int] = []
+
+            def on_ready(
+                count: int, mid: bool = cycle % 2 == 0, killed: list[int] = killed
+            ) -> None:
+                if mid and count >= 8 and not killed:
+                    master.kill()
+                    killed.append(count)
+
+            got = pipeline.get(
+                keys, token_indices(range(N, 2 * N), GEO.page_size), on_ready=on_ready
+            )
+            lead = leading(got)
+            assert got == [True] * lead + [False] * (N - lead)
+            assert np.array_equal(pages[:, N : N + lead], expected[:, :lead])
+            verified += lead
+            if not killed:
+                master.kill()
+            master.start()
+    summary = (
+        f"mooncake soak: {MASTER_KILLS} master kills and restarts under the hog, {verified} "
+        f"pages verified byte for byte, worst recovery {max(recoveries):.2f} s"
+    )
+    record_property("soak", summary)
+    print(summary)
 
 
 def _stored_one(pipeline: Pipeline, key: str) -> bool:

@@ -3,8 +3,10 @@
 Any thread may call :meth:`PeerClient.run`; it gets a live connection (connecting, shaking
 hands and attaching every registered pool first if needed), hands the op to the UCX worker
 thread and waits for its result. A peer that cannot be reached is not retried again for
-``retry_after_s``: during that time calls fail at once, so a dead peer costs the pipeline a
-fast miss, not a connect timeout per page. After a peer restarts, the next call reconnects.
+``retry_after_s``, or sooner when the attempt cost little (a refused connect, as while a peer
+restarts, is tried again after about 50 ms): meanwhile calls fail at once, so a dead peer costs
+the pipeline a fast miss, not a connect timeout per page. After a peer restarts, the next call
+reconnects.
 
 Trust: client and server each prove that they hold the same secret before anything else
 (:mod:`..auth`); the server then scopes everything this client names to the tenant of that
@@ -95,6 +97,7 @@ class PeerClient:
         self._last_error = ""
         self._closed = False
         self.connects = 0
+        self.connecting = False  # a connect, handshake and attach is under way
 
     # ---- connection ---------------------------------------------------------------------
 
@@ -116,14 +119,20 @@ class PeerClient:
                     f"{self._down_until - now:.2f} s"
                 )
                 raise BackendUnavailableError(message)
+            self.connecting = True
             try:
                 conn = self._connect()
             except Exception as err:
                 self._last_error = str(err)
-                self._down_until = time.monotonic() + self.retry_after_s
+                # A failed attempt that cost little (a refused connect: the peer is restarting)
+                # is retried soon; one that waited out a timeout, no sooner than retry_after_s.
+                spent = time.monotonic() - now
+                self._down_until = time.monotonic() + min(self.retry_after_s, 0.05 + 4 * spent)
                 if isinstance(err, KVCRPolicyError):
                     raise
                 raise BackendUnavailableError(f"peer {self.address}: {err}") from err
+            finally:
+                self.connecting = False
             self._conn = conn
             self.connects += 1
             return conn
@@ -136,7 +145,12 @@ class PeerClient:
             message = f"cannot connect to peer {self.address}: {err}"
             raise BackendUnavailableError(message) from err
         conn: Connection = self.worker.submit(
-            Connection, self.worker, sock, self.address, self.op_timeout_s
+            Connection,
+            self.worker,
+            sock,
+            self.address,
+            self.op_timeout_s,
+            self.options.dead_after_s,
         ).result()
         try:
             welcome = self._wait(self._hello(conn), timeout, "handshake")
@@ -187,7 +201,7 @@ class PeerClient:
             proof = b""
             if secret is not None and not reply.insecure:
                 proof = auth.proof(secret, "client", key, nonce, reply.nonce)
-            message = m.Auth(proof, self.worker.address)
+            message = m.Auth(proof, conn.link.address)
             conn.request(message, welcomed, options.connect_timeout_s, knob)
 
         def welcomed(reply: Any) -> None:
@@ -202,13 +216,9 @@ class PeerClient:
             if error is not None:
                 future.set_exception(error)
                 return
-            ucx = self.worker.ucx
             conn.tls = "sm" if reply.tls == 1 else "tcp"
             try:
-                address = ucx.UCXAddress.create_from_buffer(reply.address)
-                conn.ep = ucx.UCXEndpoint.create_from_worker_address(
-                    self.worker.ucx_worker, address, conn.tls == "tcp"
-                )
+                conn.ep = conn.link.connect(reply.address, conn.tls == "tcp")
             except Exception as err:
                 future.set_exception(TransportError(f"cannot reach the peer over UCX: {err}"))
                 return
@@ -350,6 +360,7 @@ class PeerClient:
             "tenant": self.tenant or None,
             "transport_used": conn.tls if conn is not None and conn.dead is None else None,
             "connected": conn is not None and conn.dead is None,
+            "connecting": self.connecting,
             "connects": self.connects,
             "capabilities": sorted(conn.capabilities) if conn is not None else [],
             "last_error": self._last_error or (conn.dead if conn is not None else None),

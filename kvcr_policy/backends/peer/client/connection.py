@@ -7,6 +7,16 @@ connection in the one safe order: close the endpoint, which cancels every receiv
 posted on it, let those complete, and only then close the socket, so a server that sees the
 socket close knows this side no longer reads its memory. Every waiting callback then gets a
 :class:`~kvcr_policy.errors.TransportError`.
+
+Each connection has a UCX worker of its own (a :class:`~..link.Link`), retired with it: what a
+peer that died mid-transfer left in that worker never reaches the next connection.
+
+Liveness: while the connection waits for the peer (anything sent since the peer's last frame),
+it pings every ``heartbeat_s``; the peer is dead only when nothing at all came back for
+``dead_after_s`` since the first of those frames was sent. A late answer counts as life, and
+time this side itself spent stalled (a busy host, a long call holding the GIL) never counts
+against the peer: the clock starts when a frame actually left, and bytes that arrived while
+this side was stalled are read before the peer is judged.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from typing import Any
 from kvcr_policy.errors import BackendUnavailableError
 
 from ..channel import Channel
+from ..link import Link
 from ..requests import RequestGroup, Timer
 from ..wire import messages as m
 from ..worker import Worker
@@ -31,6 +42,9 @@ log = logging.getLogger("kvcr_policy.backends.peer.client")
 
 #: A reply callback receives the reply message, an ERROR message, or a TransportError.
 Reply = Callable[[Any], None]
+#: How long a failed connection's cancelled UCX requests get to complete before what is left is
+#: abandoned and the socket closed.
+_RETIRE_GRACE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -43,10 +57,14 @@ class _Pending:
 class Connection:
     """See the module docstring; built by :class:`~.client.PeerClient`."""
 
-    def __init__(self, worker: Worker, sock: Any, peer: str, op_timeout_s: float) -> None:
+    def __init__(
+        self, worker: Worker, sock: Any, peer: str, op_timeout_s: float, dead_after_s: float
+    ) -> None:
         self.worker = worker
         self.peer = peer
         self.op_timeout_s = op_timeout_s
+        self.dead_after_s = dead_after_s
+        self.link: Link = worker.open_link(f"peer {peer}")
         self.ep: Any = None
         self.welcome: m.Welcome | None = None
         self.tls = ""
@@ -117,7 +135,7 @@ class Connection:
         group = RequestGroup(finished, sending=send)
         if send:
             self._sending.add(group)
-        self.worker.track(group)
+        self.link.track(group)
         return group
 
     def start_heartbeat(self, interval: float) -> None:
@@ -127,16 +145,21 @@ class Connection:
     def _heartbeat(self, interval: float) -> None:
         if self.dead is not None:
             return
+        channel = self.channel
+        waiting = channel.waiting_since
+        if waiting is not None and time.monotonic() - waiting > self.dead_after_s:
+            channel.pump()  # this side may have been the one stalled, the answer waiting
+            waiting = channel.waiting_since
+            silent = time.monotonic() - (waiting or 0.0)
+            if self.dead is None and waiting is not None and silent > self.dead_after_s:
+                self.fail(
+                    f"peer answered nothing for {silent:.1f} s (transport.options.dead_after_s "
+                    f"= {self.dead_after_s} s; pinged every {interval} s)"
+                )
+                return
         now = time.monotonic()
-        silent = now - self.channel.last_recv
-        if silent > 3 * interval + 1.0:
-            self.channel.pump()
-            silent = now - self.channel.last_recv
-        if self.dead is None and silent > 3 * interval + 1.0:
-            self.fail(f"peer silent for {silent:.1f} s (heartbeat every {interval} s)")
-            return
-        if now - self.channel.last_sent >= interval or silent >= interval:
-            self.channel.send(m.Ping(), 0)
+        if now - channel.last_sent >= interval or now - channel.last_recv >= interval:
+            channel.send(m.Ping(), 0)
         self._beat = self.worker.later(interval, lambda: self._heartbeat(interval))
 
     def _on_message(self, message: m.Message, request: int) -> None:
@@ -171,9 +194,12 @@ class Connection:
             self._beat.cancel()
         if self.ep is not None:
             ep, self.ep = self.ep, None
-            self.worker.close_endpoint(ep, self.tls == "tcp")  # cancels the receives posted on it
+            self.link.close_endpoint(ep, self.tls == "tcp")  # cancels the receives posted on it
         for group in list(self._sending):
-            self.worker.abandon(group)  # sends only read our memory; COMMIT never follows
+            self.link.abandon(group)  # sends only read our memory; COMMIT never follows
+        # Receives still pending after the grace are abandoned and the link frozen: their
+        # memory is then never written again (see ..link), and the reads report misses.
+        self.link.retire(_RETIRE_GRACE_S)
         pending, self._pending = self._pending, {}
         error = BackendUnavailableError(f"peer {self.peer}: {reason}")
         for entry in pending.values():
@@ -183,7 +209,7 @@ class Connection:
             except Exception:
                 log.exception("peer %s: failing %s", self.peer, entry.kind)
         # Cancelled requests complete on the next progress; close the socket after that.
-        self._closing = self.worker.later(2.0, lambda: self.channel.close(reason))
+        self._closing = self.worker.later(_RETIRE_GRACE_S, lambda: self.channel.close(reason))
         self._close_when_settled()
 
     def _close_when_settled(self) -> None:

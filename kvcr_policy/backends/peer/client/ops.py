@@ -154,7 +154,7 @@ def _post(
     if len(offsets) and int((offsets + lengths).max()) > len(view):
         raise TransportError("a descriptor falls outside the pool; refusing the batch")
     group = conn.transfer(done, send=send)
-    post, ep = conn.worker.post, conn.ep
+    post, ep = conn.link.post, conn.ep
     for i, (offset, length) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
         post(group, ep, send, view[offset : offset + length], tag_base + i)
 
@@ -189,7 +189,7 @@ def read(
             conn.notify(m.Release(reply.claim))
             done(err)
             return
-        tag_base = conn.worker.tags(len(d))
+        tag_base = conn.link.tags(len(d))
 
         def received(failed: np.ndarray) -> None:
             ok = np.zeros(n, dtype=bool)
@@ -280,7 +280,7 @@ def probe(conn: Connection, target: Target, nbytes: int, done: Done) -> None:
     if nbytes > len(target.view):
         done(PoolError(f"probe of {nbytes} bytes does not fit the pool ({len(target.view)})"))
         return
-    tag = conn.worker.tags(1)
+    tag = conn.link.tags(1)
     state: dict[str, Any] = {}
 
     def received(failed: np.ndarray) -> None:
@@ -297,5 +297,5 @@ def probe(conn: Connection, target: Target, nbytes: int, done: Done) -> None:
             done(state["sent"] and state["received"])
 
     group = conn.transfer(received, send=False)
-    conn.worker.post(group, conn.ep, False, target.view[:nbytes], tag)
+    conn.link.post(group, conn.ep, False, target.view[:nbytes], tag)
     conn.request(m.Probe(target.number, tag, nbytes), sent)

@@ -107,6 +107,7 @@ class PeerServer:
         self.linger_s = min(self.op_timeout_s, 10.0)
         self.handshake_timeout_s = security.handshake_timeout_s
         self.idle_timeout_s = security.idle_timeout_s
+        self.dead_after_s = self.options.dead_after_s
         self.keyring: Keyring = server_keyring(self.loaded)
         self.admission = Admission(security.tenant_max_sessions)
         # Descriptor shapes accepted; every server accepts client-shaped lists ("shaped").
@@ -380,4 +381,5 @@ class PeerServer:
             data["tenants"] = self.keyring.names()
             data["tiers_by_tenant"] = self.tiers.by_tenant() if self.tiers else {}
             data["env"] = self.worker.env.to_dict() if self.worker else None
+            data["links"] = self.worker.describe() if self.worker else None
         return data

@@ -28,6 +28,7 @@ from kvcr_policy.observability.peer_server import ServerMeter
 
 from ..channel import Channel
 from ..credentials import Keyring
+from ..link import Link
 from ..requests import Timer
 from ..wire import messages as m
 from ..wire.framing import MAX_PAYLOAD
@@ -42,6 +43,8 @@ __all__ = ["Host", "Session"]
 log = logging.getLogger("kvcr_policy.backends.peer.server")
 
 MAX_ATTACHED = 64
+#: A closed session's link outlives the transfers' own limit by this much (see _on_closed).
+_RETIRE_SLACK_S = 0.5
 #: An authenticated client whose address check has not ended by then is dropped (the check
 #: runs in a helper process that may be starting).
 CHECK_TIMEOUT_S = 10.0
@@ -55,6 +58,7 @@ class Host(Protocol):
     linger_s: float
     handshake_timeout_s: float
     idle_timeout_s: float
+    dead_after_s: float
     capabilities: frozenset[str]
     capabilities_mask: int
     server_id: int
@@ -93,6 +97,7 @@ class Session:
         self.accepts = server.capabilities  # descriptor shapes SEND and POST may use
         self.peer = peer
         self.ep: Any = None
+        self.link: Link | None = None  # the session's UCX worker, from WELCOME on
         self.tls = ""
         # hello -> auth -> checking -> ready -> draining -> closed
         self.state = "hello"
@@ -168,10 +173,14 @@ class Session:
         self._deadline.cancel()
         if self._beat is not None:
             self._beat.cancel()
-        if self.ep is not None:
+        if self.ep is not None and self.link is not None:
             ep, self.ep = self.ep, None
-            self.worker.close_endpoint(ep, self.tls == "tcp")  # cancels the receives
+            self.link.close_endpoint(ep, self.tls == "tcp")  # cancels the receives
         self.transfers.close()
+        if self.link is not None:
+            # After the transfers' own limit (op_timeout_s: see .transfers), what is still
+            # pending is abandoned and the link frozen; a link with nothing left goes at once.
+            self.link.retire(self.op_timeout_s + _RETIRE_SLACK_S)
         self.server.session_closed(self, reason)
 
     # ---- dispatch -------------------------------------------------------------------------
@@ -227,12 +236,9 @@ class Session:
             text = "the UCX worker address in AUTH is not usable"
             self.channel.fail(m.Err.BAD_REQUEST, text, request)
             return
-        ucx = self.worker.ucx
         try:
-            ucx_address = ucx.UCXAddress.create_from_buffer(address)
-            self.ep = ucx.UCXEndpoint.create_from_worker_address(
-                self.worker.ucx_worker, ucx_address, self.tls == "tcp"
-            )
+            self.link = self.worker.open_link(f"client {self.peer}")
+            self.ep = self.link.connect(address, self.tls == "tcp")
         except Exception as err:
             text = f"cannot reach the client over UCX: {err}"
             self.channel.fail(m.Err.BAD_REQUEST, text, request)
@@ -248,7 +254,7 @@ class Session:
             tls_code,
             self.server.server_id,
             self.server.host_id,
-            self.worker.address,
+            self.link.address,
             self.tenant,
         )
         self.channel.send(welcome, request)
@@ -262,10 +268,12 @@ class Session:
         self._beat = self.worker.later(self._check_every(), self._check_alive)
 
     def _silence_limit(self) -> float:
-        """How long the client may send nothing: three heartbeats (and a second), and never
-        more than the idle timeout."""
+        """How long the client may send nothing: ``dead_after_s`` (at least two of the client's
+        heartbeats) while it pings, never more than the idle timeout."""
         idle = self.server.idle_timeout_s
-        return min(idle, 3 * self.heartbeat_s + 1.0) if self.heartbeat_s > 0 else idle
+        if self.heartbeat_s <= 0:
+            return idle
+        return min(idle, max(self.server.dead_after_s, 2 * self.heartbeat_s))
 
     def _check_every(self) -> float:
         return max(0.05, self.heartbeat_s or self._silence_limit() / 4)

@@ -13,9 +13,10 @@ reservation is let go. See :mod:`.session` for when slots are let go if the sess
 A client that dies in the middle of a write over shared memory leaves receives posted into
 its reserved slots that never complete (no error handling on those endpoints; UCX cannot
 cancel a receive it already matched). Once the session is gone they are given
-``op_timeout_s``; after that the receives are forsaken (their requests and buffers stay
-referenced, so the tier stays mapped) and the reservation is aborted, logged: the dead client
-can no longer send a byte, so its slots go back to the tier instead of leaking.
+``op_timeout_s``; after that the receives are forsaken and the reservation is aborted, logged.
+The session's UCX worker (its :class:`~..link.Link`, which only that client could reach) is
+then frozen, never progressed again, so no byte can land in those slots any more: they go
+back to the tier instead of leaking.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kvcr_policy.geometry import PoolGeometry, check_pages
 from ...dram.store import Claim as StoreClaim
 from ...dram.store import Reservation
 from ..channel import Channel
+from ..link import Link
 from ..requests import RequestGroup, Timer
 from ..wire import messages as m
 from ..wire.coverage import Cover
@@ -61,6 +63,7 @@ class Owner(Protocol):
     """What transfers need from the session that holds them."""
 
     worker: Worker
+    link: Link | None
     channel: Channel
     ep: Any
     state: str
@@ -140,7 +143,7 @@ class Transfers:
                 self.owner.worker.later(limit, partial(self._forsake, number, limit))
         sending = len(self._sending)
         for group in list(self._sending):
-            self.owner.worker.abandon(group)
+            self._link().abandon(group)
         if claims or aborted or waiting or sending:
             log.info(
                 "client %s gone: released %d claims (%d more whose sends were abandoned), "
@@ -167,7 +170,7 @@ class Transfers:
             limit,
             len(write.todo),
         )
-        self.owner.worker.abandon(write.group)  # finishes the group: _arrived aborts the write
+        self._link().abandon(write.group)  # finishes the group: _arrived aborts the write
 
     def _check_open(self) -> None:
         if len(self.reads) + len(self.writes) >= MAX_OPEN:
@@ -280,7 +283,7 @@ class Transfers:
             self._refuse(request, err)
             return
         write.posted = True
-        tag_base = self.owner.worker.tags(len(msg.offsets))
+        tag_base = self._link().tags(len(msg.offsets))
         offsets, lengths = msg.offsets, msg.lengths
 
         def arrived(failed: np.ndarray) -> None:
@@ -350,12 +353,17 @@ class Transfers:
         """One message per descriptor, ``tag_base + i``, straight from or into the tier."""
         view = tier.view
         assert view is not None and self.owner.ep is not None
-        worker, ep = self.owner.worker, self.owner.ep
+        link, ep = self._link(), self.owner.ep
         group = self._group(send, done)
         for i, (offset, length) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
-            worker.post(group, ep, send, view[offset : offset + length], tag_base + i)
-        worker.track(group)
+            link.post(group, ep, send, view[offset : offset + length], tag_base + i)
+        link.track(group)
         return group
+
+    def _link(self) -> Link:
+        link = self.owner.link
+        assert link is not None, "transfers run only on a session that said WELCOME"
+        return link
 
     def _group(self, send: bool, done: Callable[[np.ndarray], None]) -> RequestGroup:
         self.groups += 1
@@ -383,5 +391,5 @@ class Transfers:
             self.owner.close_if_drained()
 
         group = self._group(True, finished)
-        self.owner.worker.post(group, self.owner.ep, True, view[: msg.nbytes], msg.tag_base)
-        self.owner.worker.track(group)
+        self._link().post(group, self.owner.ep, True, view[: msg.nbytes], msg.tag_base)
+        self._link().track(group)
