@@ -52,6 +52,14 @@ NUMA_SAMPLE_PAGES = 4096
 _MPOL = {"preferred": _os.MPOL_PREFERRED, "bind": _os.MPOL_BIND, "interleave": _os.MPOL_INTERLEAVE}
 # Mappings that must never be unmapped (see Region.close); kept alive until the process exits.
 _LEAKED: list[mmap.mmap] = []
+# Pre-fault works through the region this many bytes per madvise(2) call (a multiple of the
+# huge page size). MADV_POPULATE_WRITE holds the process's mmap_lock (read) for its whole range,
+# and any mmap or munmap elsewhere in the process (Python's allocator, a buffer of 256 KiB or
+# more) waits for it, then every page fault waits behind that: measured under a CPU hog, one
+# call for a 2 GiB tier froze every other thread of the process for 22 s (the peer server's
+# UCX thread stopped answering heartbeats); 16 MiB calls bound that stall to a fraction of a
+# second at the same total time.
+PREFAULT_CHUNK = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,14 +385,18 @@ def _apply_numa(region: Region) -> None:
 
 
 def _populate(region: Region, start: int, length: int) -> str:
+    """Fault ``[start, start+length)`` in, PREFAULT_CHUNK bytes at a time (see there)."""
+    stop = start + length
     if _os.has_populate_write():
         try:
-            _os.madvise(region._mm, _os.MADV_POPULATE_WRITE, start, length)
+            for offset in range(start, stop, PREFAULT_CHUNK):
+                count = min(PREFAULT_CHUNK, stop - offset)
+                _os.madvise(region._mm, _os.MADV_POPULATE_WRITE, offset, count)
             return "populate_write"
         except OSError as err:
             _LOG.debug("MADV_POPULATE_WRITE failed (%s); touching each page instead", err)
     # One written byte per base page faults it in (a write fault allocates; a read maps the zero
-    # page), as fast as numpy can stride.
+    # page), as fast as numpy can stride; each fault takes the lock on its own.
     view = np.frombuffer(region._mm, dtype=np.uint8, count=length, offset=start)
     view[:: _os.page_size()] = 0
     del view

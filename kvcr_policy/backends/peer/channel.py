@@ -74,6 +74,7 @@ class Channel:
         self.reader = FrameReader(KINDS, max_payload)
         self.last_recv = self.last_sent = self.last_frame = time.monotonic()
         self.waiting_since: float | None = None
+        self.frames_in = 0  # whole frames received
         self.frame_timeout_s = frame_timeout_s
         self._budget = budget
         self._free = free_payload
@@ -147,6 +148,7 @@ class Channel:
         try:
             for frame in self.reader.feed(data):
                 self.last_frame = time.monotonic()
+                self.frames_in += 1
                 self._frame_done()
                 message = decode(frame)
                 self.on_message(message, frame.request)

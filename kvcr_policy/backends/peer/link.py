@@ -77,6 +77,7 @@ class Link:
         self.address: bytes = self.ucx_worker.address.tobytes()
         self.state = "open"  # open -> retiring -> (destroyed | frozen)
         self.groups: list[RequestGroup] = []
+        self.completions = 0  # messages completed on this link (grows while bytes move)
         self._graveyard: list[tuple[list[Any], list[Any]]] = []
         self._endpoints: list[Any] = []
         self._retire_timer: Timer | None = None
@@ -237,8 +238,12 @@ class Link:
     def _poll_groups(self) -> None:
         still: list[RequestGroup] = []
         finished: list[RequestGroup] = []
+        moved = 0
         for group in self.groups:
+            before = group.progress
             (finished if group.poll() else still).append(group)
+            moved += group.progress - before
+        self.completions += moved
         self.groups = still
         for group in finished:
             try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RequestGroup", "Timer", "memory_view"]
+__all__ = ["RequestGroup", "Stall", "Timer", "memory_view", "message_limit"]
 
 
 def memory_view(address: int, nbytes: int) -> np.ndarray:
@@ -71,6 +71,12 @@ class RequestGroup:
             self._next += 1
         return True
 
+    @property
+    def progress(self) -> int:
+        """A count that grows as its messages complete (in order), and once more when the group
+        finishes: what a :class:`Stall` watches."""
+        return self._next + self.done
+
     def finish(self) -> None:
         if self.done:
             return
@@ -78,3 +84,42 @@ class RequestGroup:
         failed = self.failed if self.failed is not None else np.zeros(len(self.requests), bool)
         self.requests, self.keep = [], []
         self.on_done(failed)
+
+
+class Stall:
+    """A deadline on progress, not on time: ``on_stall()`` runs once ``measure()`` (a count of
+    what completed so far) has not moved for ``limit`` seconds. A transfer that keeps moving
+    messages is never cut, however long it takes on a busy host; one that stops is cut
+    ``limit`` seconds after its last sign of life. ``later(delay, fn)`` schedules on the loop.
+    """
+
+    __slots__ = ("_last", "_later", "_timer", "limit", "measure", "on_stall")
+
+    def __init__(
+        self,
+        later: Callable[[float, Callable[[], None]], Timer],
+        limit: float,
+        measure: Callable[[], int],
+        on_stall: Callable[[], None],
+    ) -> None:
+        self._later, self.limit, self.measure, self.on_stall = later, limit, measure, on_stall
+        self._last = measure()
+        self._timer = later(limit, self._check)
+
+    def _check(self) -> None:
+        now = self.measure()
+        if now != self._last:
+            self._last = now
+            self._timer = self._later(self.limit, self._check)
+        else:
+            self.on_stall()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def message_limit(op_timeout_s: float, nbytes: int) -> float:
+    """How long one message of ``nbytes`` may take: ``op_timeout_s`` per GiB, at least
+    ``op_timeout_s``. A :class:`Stall` sees no progress inside one message, so the one transfer
+    made of a single large message (the benchmark's probe) is bounded by its size instead."""
+    return op_timeout_s * max(1.0, nbytes / (1 << 30))

@@ -18,11 +18,13 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from kvcr_policy import _os
+from kvcr_policy.backends.dram import tier
 from kvcr_policy.backends.dram.tier import PlacementAudit, Region, format_audit, open_region
 from kvcr_policy.errors import ClosedError, PlacementError
 from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
@@ -91,6 +93,32 @@ def test_prefault_uses_populate_write_and_every_sampled_page_is_present() -> Non
     assert audit.prefaulted and audit.prefault_method == expected
     assert audit.numa_sampled_pages == audit.numa_total_pages == 8 * MIB // _os.page_size()
     assert "not_present" not in audit.pages_per_node
+
+
+def test_prefault_holds_the_mmap_lock_one_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MADV_POPULATE_WRITE holds the process's mmap_lock for its whole range, and every mmap,
+    munmap and then page fault of the process waits behind it (tier.PREFAULT_CHUNK says what
+    that cost): the region is faulted in by calls of at most PREFAULT_CHUNK bytes that cover it
+    exactly once, in order."""
+    if not _os.has_populate_write():
+        pytest.skip("kernel older than 5.14: no MADV_POPULATE_WRITE (pages are touched instead)")
+    calls: list[tuple[int, int]] = []
+    real = _os.madvise
+
+    def record(mm: Any, advice: int, start: int = 0, length: int | None = None) -> None:
+        if advice == _os.MADV_POPULATE_WRITE:
+            assert length is not None
+            calls.append((start, length))
+        real(mm, advice, start, length)
+
+    monkeypatch.setattr(_os, "madvise", record)
+    size = 2 * tier.PREFAULT_CHUNK + 3 * MIB
+    with open_region(size, prefault=True) as region:
+        assert region.audit().prefault_method == "populate_write"
+        offset = region._offset
+    assert len(calls) == 3 and max(length for _, length in calls) <= tier.PREFAULT_CHUNK
+    ends = [start + length for start, length in calls]
+    assert [start for start, _ in calls] == [offset, *ends[:-1]] and ends[-1] >= offset + size
 
 
 @needs_numa

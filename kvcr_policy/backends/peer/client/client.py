@@ -353,6 +353,14 @@ class PeerClient:
 
         return self.run(pool, op, timeout=timeout)
 
+    def progress(self) -> int:
+        """A count that grows while the peer answers or bytes move (frames received and UCX
+        messages completed on the current connection, and each new connection)."""
+        conn = self._conn
+        if conn is None:
+            return self.connects
+        return self.connects + conn.channel.frames_in + conn.link.completions
+
     def describe(self) -> dict[str, Any]:
         conn = self._conn
         return {

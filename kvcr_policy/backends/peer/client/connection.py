@@ -32,7 +32,7 @@ from kvcr_policy.errors import BackendUnavailableError
 
 from ..channel import Channel
 from ..link import Link
-from ..requests import RequestGroup, Timer
+from ..requests import RequestGroup, Stall, Timer
 from ..wire import messages as m
 from ..worker import Worker
 
@@ -113,15 +113,19 @@ class Connection:
         if self.dead is None:
             self.channel.send(message, 0)
 
-    def transfer(self, done: Callable[[Any], None], *, send: bool) -> RequestGroup:
-        """A request group counted against this connection until it completes; one that has
-        not completed within ``op_timeout_s`` ends the connection (which cancels it)."""
+    def transfer(
+        self, done: Callable[[Any], None], *, send: bool, limit: float | None = None
+    ) -> RequestGroup:
+        """A request group counted against this connection until it completes; one whose
+        messages stop completing for ``op_timeout_s`` ends the connection (which cancels it).
+        A transfer that keeps moving is never cut, however long a busy host makes it (``limit``
+        replaces ``op_timeout_s`` for a transfer of one large message)."""
         self.groups += 1
-        limit = self.op_timeout_s
+        limit = self.op_timeout_s if limit is None else limit
         what = "sends" if send else "receives"
-        deadline = self.worker.later(
-            limit, lambda: self.fail(f"{what} did not complete within {limit} s (op_timeout_s)")
-        )
+
+        def stalled() -> None:
+            self.fail(f"{what} made no progress for {limit} s (transport.op_timeout_s)")
 
         def finished(failed: Any) -> None:
             self.groups -= 1
@@ -133,6 +137,7 @@ class Connection:
                 self._close_when_settled()
 
         group = RequestGroup(finished, sending=send)
+        deadline = Stall(self.worker.later, limit, lambda: group.progress, stalled)
         if send:
             self._sending.add(group)
         self.link.track(group)

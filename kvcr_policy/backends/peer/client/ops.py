@@ -35,6 +35,7 @@ from kvcr_policy.errors import (
 from kvcr_policy.geometry import PoolGeometry
 
 from ...base import Shape
+from ..requests import message_limit
 from ..wire import messages as m
 from ..wire.coverage import Cover
 from ..wire.payload import MAX_DESCRIPTORS
@@ -282,6 +283,7 @@ def probe(conn: Connection, target: Target, nbytes: int, done: Done) -> None:
         return
     tag = conn.link.tags(1)
     state: dict[str, Any] = {}
+    limit = message_limit(conn.op_timeout_s, nbytes)
 
     def received(failed: np.ndarray) -> None:
         state["received"] = not failed.any()
@@ -296,6 +298,6 @@ def probe(conn: Connection, target: Target, nbytes: int, done: Done) -> None:
         if "received" in state:
             done(state["sent"] and state["received"])
 
-    group = conn.transfer(received, send=False)
+    group = conn.transfer(received, send=False, limit=limit)
     conn.link.post(group, conn.ep, False, target.view[:nbytes], tag)
-    conn.request(m.Probe(target.number, tag, nbytes), sent)
+    conn.request(m.Probe(target.number, tag, nbytes), sent, limit)

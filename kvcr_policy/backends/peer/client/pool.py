@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
@@ -33,7 +33,7 @@ from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.schema import PolicyConfig
 
 from ...base import Endpoint, Shape
-from ..requests import memory_view
+from ..requests import memory_view, message_limit
 from ..wire import messages as m
 from ..wire.payload import MAX_DESCRIPTORS, MAX_KEYS
 from . import ops
@@ -175,7 +175,8 @@ class PeerPool:
         if not 0 < nbytes <= len(self.view):  # 0 bytes would never complete (red team S11)
             message = f"pool {self.name!r}: probe of {nbytes} bytes; expected 1..{len(self.view)}"
             raise IndicesError(message)
-        if not self.client.run(self, ops.probe, nbytes, timeout=self.timeout):
+        limit = message_limit(self.timeout, nbytes)
+        if not self.client.run(self, ops.probe, nbytes, timeout=limit + ANSWER_GRACE_S):
             raise TransportError(f"pool {self.name!r}: the probe of {nbytes} bytes failed")
 
     def stats(self) -> dict[str, Any]:
@@ -218,7 +219,7 @@ class _Transfer:
         start, stop = int(positions[0]), int(positions[-1]) + 1  # the mover sends runs
         most = pool.batch_pages  # one request's plain descriptors must fit one frame
         chunks = [(a, min(a + most, stop)) for a in range(start, stop, most)]
-        combined = _Deadline(pool.timeout + ANSWER_GRACE_S)
+        combined = _Deadline(pool.timeout + ANSWER_GRACE_S, pool.client.progress)
         results: list[Any] = [None] * len(chunks)
         left = [len(chunks)]
 
@@ -266,16 +267,25 @@ def _plain(descriptors: Descriptors) -> Descriptors:
 
 
 class _Deadline(Future):
-    """A future whose ``result()`` waits at most the op timeout (a peer that never answers
-    fails the batch instead of hanging the caller)."""
+    """A future whose ``result()`` fails once the peer showed no sign of life (no frame, no UCX
+    message completed: ``progress()`` unchanged) for ``seconds``: a peer that never answers
+    fails the batch instead of hanging the caller, one that is slow only makes it slower."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, progress: Callable[[], int]) -> None:
         super().__init__()
         self._seconds = seconds
+        self._progress = progress
 
     def result(self, timeout: float | None = None) -> Any:
-        try:
-            return super().result(self._seconds if timeout is None else timeout)
-        except FutureTimeout:
-            message = f"the peer did not answer within {self._seconds:.1f} s"
-            raise BackendUnavailableError(message) from None
+        if timeout is not None:
+            return super().result(timeout)
+        last = self._progress()
+        while True:
+            try:
+                return super().result(self._seconds)
+            except FutureTimeout:
+                now = self._progress()
+                if now == last:
+                    message = f"the peer showed no progress for {self._seconds:.1f} s"
+                    raise BackendUnavailableError(message) from None
+                last = now

@@ -38,6 +38,10 @@ log = logging.getLogger("kvcr_policy.backends.peer.server.addrcheck")
 
 _REQUEST = struct.Struct("<BI")
 _CHECK_TIMEOUT_S = 10.0
+#: How long a new helper may take to say it is ready (importing ucxx: about 0.7 s on a quiet
+#: host, many seconds on a busy one); the check's own limit starts only after that.
+_READY_TIMEOUT_S = 120.0
+_READY = b"R"
 MAX_PENDING_PER_TENANT = 4
 FIRST_PAUSE_S = 1.0
 MAX_PAUSE_S = 30.0
@@ -53,6 +57,7 @@ class AddressChecker:
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._spare: subprocess.Popen[bytes] | None = None
+        self._ready: set[int] = set()  # helpers (by pid) that said they are ready
         self._paused: dict[str, tuple[float, float]] = {}  # tenant -> (until, last pause)
         self._verdicts: OrderedDict[bytes, bool] = OrderedDict()
         self._queues: OrderedDict[str, deque[_Job]] = OrderedDict()
@@ -136,6 +141,25 @@ class AddressChecker:
                 self._spare = self._spawn()
             return self._proc
 
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Whether ``proc`` said it is ready (read once per helper, within _READY_TIMEOUT_S)."""
+        if proc.pid in self._ready:
+            return True
+        assert proc.stdout is not None
+        timer = threading.Timer(_READY_TIMEOUT_S, proc.kill)
+        timer.start()
+        try:
+            said = proc.stdout.read(1)
+        except OSError:
+            said = b""
+        finally:
+            timer.cancel()
+        if said != _READY:
+            log.warning("the address checker's helper did not start (%r)", said)
+            return False
+        self._ready.add(proc.pid)
+        return True
+
     def _crashed(self, proc: subprocess.Popen[bytes], tenant: str) -> None:
         """``tenant``'s address killed the helper: replace it now and pause that tenant."""
         log.warning(
@@ -158,6 +182,11 @@ class AddressChecker:
             return known
         proc = self._ensure()
         if proc is None or proc.stdin is None or proc.stdout is None:
+            return False
+        if not self._wait_ready(proc):  # not the tenant's doing: replace it, pause nobody
+            proc.kill()
+            proc.wait()
+            self._ensure()
             return False
         timer = threading.Timer(_CHECK_TIMEOUT_S, proc.kill)
         timer.start()
@@ -206,6 +235,7 @@ def main() -> None:
 
     context = ucx_api.UCXContext(feature_flags=(ucx_api.Feature.TAG,))
     worker = ucx_api.UCXWorker(context)
+    answers.write(_READY)
     stdin = sys.stdin.buffer
     while True:
         head = stdin.read(_REQUEST.size)

@@ -48,7 +48,7 @@ from ..wire import messages as m
 from ..worker import Worker, acquire_worker
 from .addrcheck import AddressChecker
 from .admission import Admission
-from .session import REQUEST_KINDS, Session
+from .session import CHECK_TIMEOUT_S, REQUEST_KINDS, Session
 from .tiers import Tiers
 
 __all__ = ["PeerServer", "server_options"]
@@ -60,6 +60,20 @@ log = logging.getLogger("kvcr_policy.backends.peer.server")
 #: few MiB then stay in the heap once freed: measured, 256 connections x 16 MiB left 8.6 GiB
 #: resident.
 _MMAP_THRESHOLD = 256 << 10
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``, not yet listening (connects are refused until
+    :meth:`PeerServer.start` is ready to serve them)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def server_options(loaded: LoadedConfig) -> UcxOptions:
@@ -137,7 +151,7 @@ class PeerServer:
         if self.state != "new":
             raise ClosedError(f"peer server is {self.state}; build a new one")
         try:
-            listener = socket.create_server((self.host, self.port), backlog=64)
+            listener = _bind(self.host, self.port)
         except OSError as err:
             where = f"{self.host}:{self.port}"
             message = f"cannot listen on {where}: {err.strerror or err}"
@@ -164,7 +178,17 @@ class PeerServer:
         )
         if self.options.check_addresses:
             self._checker = AddressChecker()
+            try:
+                self._probe_checker()
+            except BaseException:
+                self._checker.close()
+                self.worker.release()
+                listener.close()
+                raise
         self._opener = ThreadPoolExecutor(1, thread_name_prefix="kvcr-tier-open")
+        # Connections are accepted only now that a client can be served at once: one that
+        # connected earlier would spend its handshake time waiting for the checker to start.
+        listener.listen(64)
         self.worker.submit(self.worker.watch, listener, self._accept, False).result()
         self.state = "open"
         log.info(
@@ -193,6 +217,26 @@ class PeerServer:
                 self.address,
             )
         return self
+
+    def _probe_checker(self) -> None:
+        """Check this process's own UCX worker address: proves the address checker's helper
+        is up (it imports ucxx, seconds on a busy host) before any client waits for it."""
+        assert self._checker is not None
+        link = self.worker.submit(self.worker.open_link, "address checker probe").result()
+        ok: bool | Exception
+        try:
+            ok = self._checker.check(link.address, False).result(CHECK_TIMEOUT_S)
+        except Exception as err:
+            ok = err
+        finally:
+            self.worker.call(link.retire, 0.0)
+        if ok is not True:
+            message = (
+                f"the UCX address checker did not pass a check of this server's own worker "
+                f"address within {CHECK_TIMEOUT_S} s ({ok}); run with "
+                "transport.options.check_addresses = false only where every client is trusted"
+            )
+            raise TransportError(message)
 
     def __enter__(self) -> PeerServer:
         return self if self.state == "open" else self.start()

@@ -29,7 +29,7 @@ from kvcr_policy.observability.peer_server import ServerMeter
 from ..channel import Channel
 from ..credentials import Keyring
 from ..link import Link
-from ..requests import Timer
+from ..requests import RequestGroup, Stall, Timer
 from ..wire import messages as m
 from ..wire.framing import MAX_PAYLOAD
 from ..worker import Worker
@@ -297,10 +297,21 @@ class Session:
             raise PoolError(f"no attached pool number {number} (attached: {len(self.pools)})")
         return pool
 
-    def deadline(self, what: str) -> Timer:
-        timeout = self.op_timeout_s
+    def deadline(self, what: str, limit: float | None = None) -> Timer:
+        """Abort the session unless cancelled within ``limit`` (default ``op_timeout_s``)."""
+        timeout = self.op_timeout_s if limit is None else limit
         return self.worker.later(
             timeout, lambda: self.abort(m.Err.TIMEOUT, f"{what} exceeded {timeout} s")
+        )
+
+    def stall(self, what: str, group: RequestGroup) -> Stall:
+        """Abort the session once ``group``'s messages stop completing for ``op_timeout_s``."""
+        timeout = self.op_timeout_s
+        return Stall(
+            self.worker.later,
+            timeout,
+            lambda: group.progress,
+            lambda: self.abort(m.Err.TIMEOUT, f"{what} made no progress for {timeout} s"),
         )
 
     # ---- handlers -------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 A read is a claim (CLAIM), then sends from the claimed slots (SEND) that release the claim when
 they complete; a claim whose SEND does not come within ``op_timeout_s`` is released. A write is
 a reservation (RESERVE), then receives posted into the reserved slots (POST), committed when
-both the receives completed and the client's COMMIT says what it sent.
+both the receives completed and the client's COMMIT says what it sent. Each step waits at most
+``op_timeout_s`` for the client's next request, and the sends or receives themselves are cut
+only once their messages stopped completing for ``op_timeout_s`` (a :class:`~..requests.Stall`):
+a busy host makes a transfer slower, never failed.
 
 SEND and POST name the client's shaped descriptors by their tier bytes; nothing is sent or
 posted unless they cover exactly the claimed or reserved slots in shapes this server accepts
@@ -37,7 +40,7 @@ from ...dram.store import Claim as StoreClaim
 from ...dram.store import Reservation
 from ..channel import Channel
 from ..link import Link
-from ..requests import RequestGroup, Timer
+from ..requests import RequestGroup, Stall, Timer, message_limit
 from ..wire import messages as m
 from ..wire.coverage import Cover
 from ..worker import Worker
@@ -73,7 +76,9 @@ class Owner(Protocol):
 
     def pool(self, number: int) -> Attachment: ...
 
-    def deadline(self, what: str) -> Timer: ...
+    def deadline(self, what: str, limit: float | None = None) -> Timer: ...
+
+    def stall(self, what: str, group: RequestGroup) -> Stall: ...
 
     def abort(self, code: int, text: str) -> None: ...
 
@@ -84,7 +89,7 @@ class Owner(Protocol):
 class _Read:
     pool: Attachment
     claim: StoreClaim
-    timer: Timer
+    timer: Timer | Stall
     sending: bool = False
 
 
@@ -94,7 +99,7 @@ class _Write:
     reservation: Reservation
     todo: np.ndarray  # positions of the covered keys that have a slot
     request: int
-    timer: Timer
+    timer: Timer | Stall
     posted: bool = False
     group: RequestGroup | None = None  # the receives, once posted
     arrived: np.ndarray | None = None  # per todo key, once the receives completed
@@ -211,9 +216,8 @@ class Transfers:
             return
         read.sending = True
         read.timer.cancel()
-        read.timer = self.owner.deadline("sending a read")
         number = msg.claim
-        self._transfer(
+        group = self._transfer(
             tier,
             msg.offsets,
             msg.lengths,
@@ -221,6 +225,7 @@ class Transfers:
             True,
             lambda failed: self._sent(number, request, failed),
         )
+        read.timer = self.owner.stall("sending a read", group)
 
     def _sent(self, number: int, request: int, failed: np.ndarray) -> None:
         if self._release(number):
@@ -290,6 +295,8 @@ class Transfers:
             self._arrived(number, cover.outcome(offsets, lengths, failed))
 
         write.group = self._transfer(tier, offsets, lengths, tag_base, False, arrived)
+        write.timer.cancel()
+        write.timer = self.owner.stall("receiving a write", write.group)
         self.owner.channel.send(m.Posted(number, tag_base), request)
 
     def _arrived(self, number: int, ok: np.ndarray) -> None:
@@ -297,10 +304,13 @@ class Transfers:
         if write is None:
             return
         write.arrived = ok
+        write.timer.cancel()
         if self.owner.state == "closed":
             self._abort_write(number, write)
-        else:
-            self._settle(number, write)
+            return
+        if write.client_ok is None:
+            write.timer = self.owner.deadline("a write's COMMIT")
+        self._settle(number, write)
 
     def commit(self, msg: m.Commit, request: int) -> None:
         write = self.writes.get(msg.reservation)
@@ -383,7 +393,9 @@ class Transfers:
         assert view is not None and self.owner.ep is not None
         if not 0 < msg.nbytes <= len(view) or msg.tag_base + 1 > _TAG_LIMIT:
             raise PoolError(f"PROBE of {msg.nbytes} bytes: the tier holds {len(view)}")
-        deadline = self.owner.deadline("a probe")
+        deadline = self.owner.deadline(
+            "a probe", message_limit(self.owner.op_timeout_s, msg.nbytes)
+        )
 
         def finished(failed: np.ndarray) -> None:
             deadline.cancel()
