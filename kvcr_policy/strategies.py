@@ -6,7 +6,7 @@ data path and must stay cheap and free of hook calls.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchingStrategy",
     "CoalescingStrategy",
+    "EvictionPolicy",
+    "EvictionStrategy",
     "FallbackStrategy",
     "PlacementStrategy",
     "ThreadTuningStrategy",
@@ -93,8 +95,13 @@ class PlacementStrategy(Protocol):
         """
         ...
 
-    def new_store(self, capacity: int) -> Store:
-        """The slot store of one pool's region, with ``capacity`` slots."""
+    def new_store(self, capacity: int, eviction: EvictionPolicy | None = None) -> Store:
+        """The slot store of one pool's region, with ``capacity`` slots.
+
+        ``eviction`` is the policy the configured eviction strategy made for this store. It is
+        optional for strategies, as ``device`` is: backends pass it only to a ``new_store``
+        that names it (one that does not keeps its own policy, and a warning says so).
+        """
         ...
 
 
@@ -117,4 +124,45 @@ class FallbackStrategy(Protocol):
 
     def recover(self, n_pages: int, retry_page: Callable[[int], bool]) -> np.ndarray:
         """Per-page success (bool array) after a batch failed; ``retry_page(i)`` moves page i."""
+        ...
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """Orders one store's published slots for eviction; one instance serves one store.
+
+    The store calls it under its own lock (no locking needed here), once per slot used, never
+    through a hook. Slots are identities: choices may depend on the order of the calls and on
+    the keys, never on slot numbers (``kvcr-policy plan --trace`` replays the same calls with
+    other numbers and must choose the same victims).
+    """
+
+    #: The strategy's name, for messages.
+    name: str
+
+    def admit(self, slot: int, key: Hashable) -> None:
+        """``slot`` now holds ``key``, just published (a set committed)."""
+        ...
+
+    def touch(self, slot: int) -> None:
+        """``slot`` was used: read by a get, or written again by a set of its present key."""
+        ...
+
+    def forget(self, slot: int) -> None:
+        """``slot`` no longer holds a key (evicted, deleted or cleared)."""
+        ...
+
+    def victims(self, count: int, evictable: Callable[[int], bool]) -> list[int]:
+        """Up to ``count`` distinct held slots for which ``evictable`` is true, first victim
+        first: as many as there are, up to ``count``. The policy may reorder what it keeps
+        (a lazy promotion); the store then calls :meth:`forget` for each slot returned."""
+        ...
+
+
+@runtime_checkable
+class EvictionStrategy(Protocol):
+    """Makes the eviction policy of each store (one per pool's tier)."""
+
+    def new_policy(self, capacity: int) -> EvictionPolicy:
+        """A fresh policy for a store of ``capacity`` slots."""
         ...
