@@ -40,12 +40,14 @@ def build_request(
     host_memory: int | None,
     link_gbps: float | None,
     measure_link: bool,
+    geometry_from: str | None = None,
 ) -> PlanRequest:
-    """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line."""
+    """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line (``geometry_from``:
+    where a preset named by default came from)."""
     from .._os import mem_total
 
     explicit = {key: (value, f"--{key.replace('_', '-')}") for key, value in dims.items()}
-    fields = geometry_given(geometry, explicit, Given(layout, "--layout"))
+    fields = geometry_given(geometry, explicit, Given(layout, "--layout"), geometry_from)
     tp_given, pp_given = _given(tp, "--tp", 1), _given(pp, "--pp", 1)
     ranks = ranks_per_host
     ranks_given = (
