@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy import figure_path
+from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.bench import plot as bench_plot
-from kvcr_policy.bench.setup import BenchError
 from kvcr_policy.bench.backends import BACKENDS
+from kvcr_policy.bench.setup import BenchError
 from tests.support.commands import run_command, run_main
 
 SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
