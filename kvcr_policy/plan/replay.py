@@ -9,11 +9,13 @@ The definition, followed exactly (the README states it too):
   (the restore), then the rest are written (a present block touched, an absent one inserted);
 - hit rate = sum of hit tokens / sum of input tokens.
 
-Where the definition leaves a choice, the model does what the tier's store does, so that
+Where the definition leaves a choice, the model does what a pipeline does, so that
 ``plan --trace --bytes`` (the same requests through a real pipeline) finds exactly the same
-hits: a block repeated within a request's hits or within its rest counts once; the room the
-rest needs is made first, evicting in the eviction policy's order any block but the rest's
-present ones; if even that is short, only the rest's leading blocks that fit are written.
+hits: the room the rest needs is made first, evicting in the eviction policy's order any
+block but the rest's present ones; if even that is short, only the rest's leading blocks that
+fit are written. A block repeated within a request (never in Mooncake's traces, where an id
+names its whole prefix) is written once, and restored once per occurrence, first occurrences
+first (the pipeline reads repeated keys round after round).
 The eviction policy is the configured strategy's own object, called as the store calls it.
 
 Memory is bounded by the capacity (the blocks held, and what the policy keeps); the trace is
@@ -47,6 +49,17 @@ class Replay:
         return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
 
 
+def _rounds(blocks: list[int]) -> list[int]:
+    """A restore's uses when a block repeats: first occurrences in order, then second ones, ...
+    (the pipeline reads repeated keys round after round, :func:`kvcr_policy.keys.rounds`)."""
+    seen: dict[int, int] = {}
+    numbered = []
+    for position, block_id in enumerate(blocks):
+        seen[block_id] = seen.get(block_id, -1) + 1
+        numbered.append((seen[block_id], position, block_id))
+    return [block_id for _, _, block_id in sorted(numbered)]
+
+
 def _not_in(kept: set[int]) -> Callable[[int], bool]:
     """Evictable: any slot but those the write keeps (its present blocks), as the store says."""
     return lambda slot: slot not in kept
@@ -72,8 +85,8 @@ def replay(trace: Trace, capacity_blocks: int, policy: EvictionPolicy) -> Replay
             k += 1
         hit_blocks += k
         hit_tokens += min(block * k, inputs[request])
-        for block_id in dict.fromkeys(blocks[:k]):  # the restore: each hit used once
-            touch(present[block_id])
+        for block_id in blocks[:k] if k == len(set(blocks[:k])) else _rounds(blocks[:k]):
+            touch(present[block_id])  # the restore: each hit used
         rest = list(dict.fromkeys(blocks[k:]))  # the write
         if not rest:
             continue

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from pydantic import ByteSize
 
+from ..errors import CapacityError
 from ..geometry import PoolGeometry
 from ..loading import LoadedConfig
 from ..pipeline import build_pipeline
@@ -151,5 +152,8 @@ def _one(pipeline: Any, pages: np.ndarray, trace: Trace, request: int, found: By
     if hits < len(blocks):
         for position in range(hits, len(blocks)):
             pages[:, :, position * size : (position + 1) * size] = _content(blocks[position])
-        stored = pipeline.set(keys[hits:], _indices(hits, len(blocks) - hits))
+        try:
+            stored = pipeline.set(keys[hits:], _indices(hits, len(blocks) - hits))
+        except CapacityError:  # no slot for the first block: every one is this write's own
+            return
         found.pages_stored += sum(stored)

@@ -1,6 +1,7 @@
 """Request traces in Mooncake's format (FAST'25), read and checked line by line.
 
-One JSON object per line, requests in arrival order::
+One JSON object per line, requests in arrival order (a ``.gz`` or ``.xz`` file is read through
+its compression)::
 
     {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48]}
 
@@ -13,7 +14,9 @@ block references, ids below 2**63), so a trace is held in a few compact arrays.
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,10 @@ _MAX_TIMESTAMP = 10**15
 _MAX_ID = (1 << 63) - 1
 #: Longest line read: 64 Mi characters (a 2**31-token prompt's ids fit in well under it).
 _MAX_LINE = 1 << 26
+
+
+#: Compressed traces are read by their suffix (Python's own gzip and lzma).
+_OPENERS: dict[str, Any] = {".gz": gzip.open, ".xz": lzma.open}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -140,8 +147,9 @@ def read_trace(path: str | Path, block_tokens: int = 512) -> Trace:
     name = str(path)
     timestamps, inputs = array("d"), array("q")
     starts, ids = array("q", [0]), array("q")
+    opener = _OPENERS.get(Path(name).suffix, open)
     try:
-        handle = open(path, encoding="utf-8")  # noqa: SIM115 -- closed below, errors translated
+        handle = opener(path, "rt", encoding="utf-8")
     except OSError as err:
         raise ArgumentError(f"--trace {name}: cannot read it: {err.strerror or err}") from None
     with handle:
@@ -168,8 +176,9 @@ def read_trace(path: str | Path, block_tokens: int = 512) -> Trace:
                 starts.append(len(ids))
         except UnicodeDecodeError as err:
             raise ArgumentError(f"trace {name}: not UTF-8 text ({err.reason})") from None
-        except OSError as err:
-            raise ArgumentError(f"trace {name}: cannot read it: {err.strerror or err}") from None
+        except (OSError, EOFError, lzma.LZMAError) as err:  # gzip and xz report corruption so
+            reason = getattr(err, "strerror", None) or err or type(err).__name__
+            raise ArgumentError(f"trace {name}: cannot read it: {reason}") from None
     if not inputs:
         raise ArgumentError(f"trace {name} holds no request: expected one JSON object per line")
     return Trace(name, block_tokens, timestamps, inputs, starts, ids)
