@@ -180,3 +180,18 @@ def test_plan_needs_tokens_or_a_trace(cli: Run) -> None:
     code, _, err = cli("--geometry", "small")
     assert code == 2
     assert "plan needs --tokens N (tokens the tier holds) or --trace FILE" in err
+
+
+def test_a_measured_link_is_compared(cli: Run, tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": 1000 * i, "input_length": 4096, "hash_ids": list(range(8))}
+            for i in range(4)]  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    plan = _json(cli, "--trace", str(path), "--capacity-tokens", "4096", "--geometry", "small",
+                 "--measure-link")  # fmt: skip
+    assert plan["link"]["from"].startswith("measured here") and plan["link"]["gbps"] > 0
+    (row,) = plan["evictions"][0]["capacities"]
+    assert row["hit_tokens"] == 3 * 4096  # every request after the first hits all 8 blocks
+    rate = row["hit_tokens"] * plan["geometry"]["bytes_per_token_rank"] / 3.0
+    assert row["restore_bytes_per_s_rank"] == pytest.approx(rate)
+    assert row["link_share"] == pytest.approx(rate / (plan["link"]["gbps"] * 1e9))
