@@ -3,7 +3,8 @@
 A :class:`~.store.Store` asks its policy for victims when free slots run short. The
 ``eviction`` strategy kind (``kvcr_policy.builtin.eviction``) makes one policy per store;
 :data:`EVICTION_POLICIES` maps the built-in names to their classes for a store built by name.
-The protocol a policy follows is :class:`kvcr_policy.strategies.EvictionPolicy`.
+The protocol a policy follows is :class:`kvcr_policy.strategies.EvictionPolicy` (defined in
+:mod:`kvcr_policy.eviction_policy`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from types import MappingProxyType
 
-from kvcr_policy.strategies import EvictionPolicy
+from kvcr_policy.eviction_policy import EvictionPolicy
 
 __all__ = ["EVICTION_POLICIES", "EvictionPolicy", "FIFOPolicy", "LRUPolicy"]
 
