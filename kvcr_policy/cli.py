@@ -35,6 +35,10 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
+#: The most ranks (--tp, --pp, --ranks-per-host) or pools a plan takes.
+MAX_RANKS = 1 << 16
+
+
 class Format(str, Enum):
     table = "table"
     json = "json"
@@ -273,7 +277,8 @@ def plugins(
 @app.command()
 def plan(
     tokens: Annotated[
-        int | None, typer.Option("--tokens", min=1, help="Tokens the tier should hold.")
+        int | None,
+        typer.Option("--tokens", min=1, max=1 << 40, help="Tokens the tier should hold."),
     ] = None,
     trace: Annotated[
         Path | None,
@@ -316,14 +321,21 @@ def plan(
     page_size: Annotated[int | None, typer.Option("--page-size", min=1)] = None,
     mla: Annotated[bool | None, typer.Option("--mla/--mha", help="An MLA latent pool.")] = None,
     layout: Annotated[str, typer.Option("--layout")] = "layer_first",
-    tp: Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")] = None,
-    pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")] = None,
-    ranks_per_host: Annotated[
-        int | None, typer.Option("--ranks-per-host", min=1, help="Default: tp x pp.")
+    tp: Annotated[
+        int | None, typer.Option("--tp", min=1, max=MAX_RANKS, help="Tensor-parallel size.")
     ] = None,
-    pools: Annotated[int | None, typer.Option("--pools", min=1, help="Pools per rank.")] = None,
+    pp: Annotated[
+        int | None, typer.Option("--pp", min=1, max=MAX_RANKS, help="Pipeline-parallel size.")
+    ] = None,
+    ranks_per_host: Annotated[
+        int | None, typer.Option("--ranks-per-host", min=1, max=MAX_RANKS, help="Default: tp x pp.")
+    ] = None,
+    pools: Annotated[
+        int | None, typer.Option("--pools", min=1, max=MAX_RANKS, help="Pools per rank.")
+    ] = None,
     prefix_tokens: Annotated[
-        int | None, typer.Option("--prefix-tokens", min=1, help="Restore plan for this prefix.")
+        int | None,
+        typer.Option("--prefix-tokens", min=1, max=1 << 40, help="Restore plan for this prefix."),
     ] = None,
     host_memory: Annotated[
         str | None, typer.Option("--host-memory", help="e.g. 2TiB; default: this machine's.")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from pydantic import ByteSize
 
-from ..errors import CapacityError
+from ..errors import ArgumentError, CapacityError
 from ..geometry import PoolGeometry
 from ..loading import LoadedConfig
 from ..pipeline import build_pipeline
@@ -29,11 +29,13 @@ from ..schema import EvictionSection
 from .replay import Replay, replay
 from .trace import Trace
 
-__all__ = ["GEOMETRY", "BytesReplay", "replay_bytes"]
+__all__ = ["GEOMETRY", "MAX_BYTES", "BytesReplay", "replay_bytes"]
 
 #: One page per block: layer_first, 2 layers, 1 head of 16, float16, 4 tokens a page.
 GEOMETRY = PoolGeometry("kv", "layer_first", 2, 1, 16, "float16", 4, 4)
 _MISMATCHES_KEPT = 5
+#: Most bytes a replay with real bytes maps, tier and pool together: 1 GiB.
+MAX_BYTES = 1 << 30
 
 
 @dataclass
@@ -101,6 +103,14 @@ def replay_bytes(
     slots = max(1, min(capacity_blocks, distinct))
     widest = max(trace.starts[i + 1] - trace.starts[i] for i in range(trace.requests))
     pool = replace(GEOMETRY, tokens=max(1, widest) * GEOMETRY.page_size)
+    need = (slots + max(1, widest)) * GEOMETRY.page_bytes
+    if need > MAX_BYTES:
+        message = (
+            f"--bytes {trace.requests}: the replay with real bytes would map {need} bytes "
+            f"({slots} tier pages and {widest} pool pages of {GEOMETRY.page_bytes} bytes), more "
+            f"than {MAX_BYTES}; replay fewer requests or list a smaller capacity"
+        )
+        raise ArgumentError(message)
     config = loaded.config
     shrunk = config.model_copy(
         update={

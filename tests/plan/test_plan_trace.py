@@ -149,6 +149,8 @@ def test_real_bytes_that_differ_exit_1(cli: Run) -> None:
         (["--tokens", "1000"], "--tokens sizes a tier for a token count; --trace replays"),
         (["--bytes", "0"], "--bytes: 1..1000000 requests; got 0"),
         (["--plot", "curve.txt"], "--plot curve.txt: has suffix '.txt'"),
+        (["--link-gbps", "nan"], "--link-gbps: expected a rate in GB/s, above 0"),
+        (["--link-gbps", "inf"], "--link-gbps: expected a rate in GB/s, above 0"),
         (["--geometry", "qwen3-32b", "--capacity-tokens", "100G"], "more than the 256TiB"),
     ],
 )

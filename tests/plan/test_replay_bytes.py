@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcr_policy.errors import ArgumentError
 from kvcr_policy.loading import load_config
+from kvcr_policy.plan import replay_bytes as replay_bytes_module
 from kvcr_policy.plan.replay_bytes import GEOMETRY, replay_bytes
 from kvcr_policy.plan.trace import Trace, read_trace
 from kvcr_policy.registry import Registry
@@ -69,3 +71,13 @@ def test_a_backend_that_evicts_otherwise_is_caught(registry: Registry) -> None:
     assert not found.agrees
     assert found.hit_blocks != found.model.hit_blocks
     assert found.pages_verified == found.pages_restored  # what it did restore is right
+
+
+def test_a_replay_larger_than_its_bound_is_refused_not_mapped(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay_bytes_module, "MAX_BYTES", 100 * GEOMETRY.page_bytes)
+    trace = read_trace(CONVERSATION).head(10)
+    loaded = load_config(environ={}, registry=registry)
+    with pytest.raises(ArgumentError, match=r"--bytes 10: the replay with real bytes would map"):
+        replay_bytes(loaded, trace, 1000, EvictionSection(strategy="lru"))
