@@ -4,8 +4,14 @@ queue, and pages that may not go keep their place."""
 
 from __future__ import annotations
 
+import textwrap
+from pathlib import Path
+
 import pytest
 from kvcr_policy_example.s3fifo import S3FIFOOptions, S3FIFOPolicy
+
+from kvcr_policy.loading import load_config
+from tests.support.paths import ROOT
 
 
 def _policy(capacity: int = 10, **options: object) -> S3FIFOPolicy:
@@ -70,3 +76,14 @@ BAD_OPTIONS = [{"small_share": 0}, {"small_share": 1.0}, {"small_share": float("
 def test_options_are_bounded(options: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         S3FIFOOptions.model_validate(options)
+
+
+def test_the_readme_s_profile_selects_it(tmp_path: Path) -> None:
+    readme = (ROOT / "plugins" / "kvcr-policy-example" / "README.md").read_text(encoding="utf-8")
+    snippet = readme.split("- `s3fifo` (eviction)", 1)[1].split("```toml", 1)[1].split("```")[0]
+    profile = tmp_path / "s3fifo.toml"
+    profile.write_text(textwrap.dedent(snippet), encoding="utf-8")
+    loaded = load_config(profile, environ={})
+    assert loaded.config.eviction.strategy == "s3fifo"
+    assert loaded.config.eviction.options == {"small_share": 0.1, "promote_reads": 1}
+    assert loaded.origin("eviction.options.small_share") == f"profile {profile} [eviction.options]"
