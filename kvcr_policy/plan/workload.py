@@ -3,8 +3,8 @@
 For every eviction strategy asked for and every capacity, the replay model
 (:mod:`~.replay`) gives the prefix hit rate; the rank geometry of the plan gives the tier's
 bytes per rank and per host for that capacity, and the bytes per second that restores must
-deliver at the trace's arrival rate (hit tokens x bytes per token / the trace's duration),
-compared with the link limit (``--link-gbps``, ``observability.link_limit_gbps`` or
+deliver at the trace's arrival rate (hit tokens x bytes per token x pools / the trace's
+duration), compared with the link limit (``--link-gbps``, ``observability.link_limit_gbps`` or
 ``--measure-link``). The replay with no capacity limit gives the most any capacity can reach,
 and for each strategy the smallest listed capacity that reaches 90 % of it is named.
 """
@@ -84,7 +84,8 @@ def _row(
     per_rank = (found.capacity_blocks or 0) * sizes["bytes_per_block_rank"]
     ranks, host = sizes["ranks_per_host"], sizes["host_memory"]
     duration = trace.duration_s
-    rate = found.hit_tokens * sizes["bytes_per_token_rank"] / duration if duration else None
+    per_token = sizes["bytes_per_token_rank"] * sizes["pools_per_rank"]  # every pool restores
+    rate = found.hit_tokens * per_token / duration if duration else None
     return {
         "capacity_tokens": given.value,
         "capacity_from": given.origin,

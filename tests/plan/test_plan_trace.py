@@ -197,3 +197,12 @@ def test_a_measured_link_is_compared(cli: Run, tmp_path: Path) -> None:
     rate = row["hit_tokens"] * plan["geometry"]["bytes_per_token_rank"] / 3.0
     assert row["restore_bytes_per_s_rank"] == pytest.approx(rate)
     assert row["link_share"] == pytest.approx(rate / (plan["link"]["gbps"] * 1e9))
+
+
+def test_every_pool_counts_in_the_tier_and_the_restores(cli: Run) -> None:
+    one = _json(cli, *DONE, "--tp", "8", "--link-gbps", "20")["evictions"][0]["capacities"]
+    two = _json(cli, *DONE, "--tp", "8", "--link-gbps", "20", "--pools", "2")
+    for single, double in zip(one, two["evictions"][0]["capacities"], strict=True):
+        assert double["hit_tokens"] == single["hit_tokens"]
+        for key in ("tier_bytes_per_rank", "restore_bytes_per_s_rank", "link_share"):
+            assert double[key] == pytest.approx(2 * single[key])
