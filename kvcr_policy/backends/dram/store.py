@@ -526,15 +526,19 @@ class Store:
         generation, state, owner = self._generation, self._state, self._owner
         index, reserving, admit = self._index, self._reserving, self._policy.admit
         touch, present = self._policy.touch, reservation.present
+        touching = ok is not None and True in present  # a commit with present keys to use
         keys, seen = reservation.keys, reservation.generations.tolist()
         freed: list[int] = []
         published = 0
         for position, slot in enumerate(reservation.slots.tolist()):
             if slot < 0:
-                if ok is not None and present[position]:
-                    held = index.get(keys[position])  # a set of a present key is a use
-                    if held is not None:
-                        touch(held)
+                if touching and present[position]:
+                    # A set of a present key is a use, if it still is. Not suppress(): a
+                    # context manager per key costs more than the touch on this hot path.
+                    try:  # noqa: SIM105
+                        touch(index[keys[position]])
+                    except KeyError:  # deleted or evicted since the reserve
+                        pass
                 continue
             # Belt and braces: an open reservation's slots cannot have changed hands, but a
             # slot whose generation moved on belongs to someone else and is left alone.
