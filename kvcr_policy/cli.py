@@ -35,6 +35,10 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
+#: The most ranks (--tp, --pp, --ranks-per-host) or pools a plan takes.
+MAX_RANKS = 1 << 16
+
+
 class Format(str, Enum):
     table = "table"
     json = "json"
@@ -272,7 +276,39 @@ def plugins(
 
 @app.command()
 def plan(
-    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Tokens the tier should hold.")],
+    tokens: Annotated[
+        int | None,
+        typer.Option("--tokens", min=1, max=1 << 40, help="Tokens the tier should hold."),
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Replay a request trace (Mooncake's JSON lines) instead."),
+    ] = None,
+    capacity_tokens: Annotated[
+        str | None,
+        typer.Option(
+            "--capacity-tokens",
+            help="--trace: tier capacities to replay, e.g. 1000000,3M,10M (default: the "
+            "profile's tier).",
+        ),
+    ] = None,
+    block_tokens: Annotated[
+        int | None,
+        typer.Option("--block-tokens", help="--trace: tokens per hash id (Mooncake's: 512)."),
+    ] = None,
+    eviction: Annotated[
+        str | None,
+        typer.Option("--eviction", help="--trace: eviction strategies, e.g. lru,fifo."),
+    ] = None,
+    bytes_requests: Annotated[
+        int | None,
+        typer.Option(
+            "--bytes", help="--trace: also store and restore real pages for the first N requests."
+        ),
+    ] = None,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="--trace: draw hit rate against capacity here.")
+    ] = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
     geometry: Annotated[
@@ -285,14 +321,21 @@ def plan(
     page_size: Annotated[int | None, typer.Option("--page-size", min=1)] = None,
     mla: Annotated[bool | None, typer.Option("--mla/--mha", help="An MLA latent pool.")] = None,
     layout: Annotated[str, typer.Option("--layout")] = "layer_first",
-    tp: Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")] = None,
-    pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")] = None,
-    ranks_per_host: Annotated[
-        int | None, typer.Option("--ranks-per-host", min=1, help="Default: tp x pp.")
+    tp: Annotated[
+        int | None, typer.Option("--tp", min=1, max=MAX_RANKS, help="Tensor-parallel size.")
     ] = None,
-    pools: Annotated[int | None, typer.Option("--pools", min=1, help="Pools per rank.")] = None,
+    pp: Annotated[
+        int | None, typer.Option("--pp", min=1, max=MAX_RANKS, help="Pipeline-parallel size.")
+    ] = None,
+    ranks_per_host: Annotated[
+        int | None, typer.Option("--ranks-per-host", min=1, max=MAX_RANKS, help="Default: tp x pp.")
+    ] = None,
+    pools: Annotated[
+        int | None, typer.Option("--pools", min=1, max=MAX_RANKS, help="Pools per rank.")
+    ] = None,
     prefix_tokens: Annotated[
-        int | None, typer.Option("--prefix-tokens", min=1, help="Restore plan for this prefix.")
+        int | None,
+        typer.Option("--prefix-tokens", min=1, max=1 << 40, help="Restore plan for this prefix."),
     ] = None,
     host_memory: Annotated[
         str | None, typer.Option("--host-memory", help="e.g. 2TiB; default: this machine's.")
@@ -305,16 +348,25 @@ def plan(
     ] = False,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
-    """Sizing before deploying: tier memory per rank and host, and the restore of a prefix.
+    """Sizing before deploying: tier memory per rank and host, and the restore of a prefix;
+    or, with --trace, the hit rate each tier capacity buys on a real request trace.
 
-    Exit 2 when the plan cannot work (each reason names the value and where it came from).
+    Exit 2 when the plan cannot work (each reason names the value and where it came from);
+    exit 1 when a --bytes replay differs from the model.
     """
-    from .plan import build_request, make_plan, plan_table
+    from .plan.command import run_command
 
-    loaded = _load(profile, set_)
     dims = dict(layers=layers, heads=heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
-    request = build_request(
-        loaded,
+    run_command(
+        tokens=tokens,
+        trace=trace,
+        block_tokens=block_tokens,
+        capacity_tokens=capacity_tokens,
+        eviction=eviction,
+        bytes_requests=bytes_requests,
+        plot=plot,
+        profile=profile,
+        overrides=_overrides(set_),
         geometry=geometry,
         dims={**dims, "mla": mla},
         layout=layout,
@@ -322,22 +374,12 @@ def plan(
         pp=pp,
         ranks_per_host=ranks_per_host,
         pools=pools,
-        tokens=tokens,
         prefix_tokens=prefix_tokens,
         host_memory=_parse_size(host_memory, "--host-memory") if host_memory else None,
         link_gbps=link_gbps,
         measure_link=measure_link,
+        json_format=format is PlainFormat.json,
     )
-    result = make_plan(loaded, request)
-    if format is PlainFormat.json:
-        _print_json({"profile": loaded.profile, **result.to_dict()})
-    else:
-        title = {"profile": loaded.profile and Path(loaded.profile).stem, "geometry": geometry}
-        out.print(plan_table(result, title))
-    for refusal in result.refusals:
-        err.print(f"kvcr-policy plan: refused: {refusal}", markup=False, highlight=False)
-    if result.refusals:
-        raise typer.Exit(2)
 
 
 class Target(str, Enum):

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from .errors import ConfigError, ConfigIssue, UsageError
 from .profile_meta import base_chain
 from .provenance import DEFAULT, dotenv_origin, origin_for
-from .schema import ENV_PREFIX, STRATEGY_SECTIONS, PolicyConfig
+from .schema import ENV_PREFIX, STRATEGY_SECTIONS, VALIDATING_ORIGINS, PolicyConfig
 from .sources import (
     DOTENV_FILE,
     Leaves,
@@ -270,11 +270,15 @@ def load_config(
         layers.append(leaves)
 
     values, origins = _merge(*layers)
+    # The origins let a cross-field rule name where each of its values came from.
+    known = VALIDATING_ORIGINS.set(origins)
     try:
         config = PolicyConfig.model_validate(_unflatten(values))
     except ValidationError as err:
         issues += _issues_from(err, origins, PolicyConfig)
         raise ConfigError(issues) from None
+    finally:
+        VALIDATING_ORIGINS.reset(known)
     if issues:
         raise ConfigError(issues)
 
@@ -286,6 +290,7 @@ def load_config(
         trace_env = {**{k: v for k, v in dotenv_vars.items() if v is not None}, **env}
         plugin_manager = make_plugin_manager(config, environ=trace_env)
         registry = plugin_manager.registry
+    config = _effective_eviction(config, origins)
     config, option_origins, found = _validate_strategies(config, origins, registry)
     if found:
         raise ConfigError(found)
@@ -330,6 +335,16 @@ def _check_arguments(profile: Any, environ: Any, overrides: Any, dotenv: Any) ->
             problem = f"overrides keys must be dotted paths (str), got {shorten(key)}"
     if problem is not None:
         raise UsageError(f"load_config(): {problem}")
+
+
+def _effective_eviction(config: PolicyConfig, origins: dict[str, str]) -> PolicyConfig:
+    """``eviction.strategy`` as it takes effect: when unset, ``placement.eviction`` (the older
+    spelling), with that value's origin, so ``show`` prints where the choice was made."""
+    if config.eviction.strategy is not None:
+        return config
+    origins["eviction.strategy"] = origins.get("placement.eviction", DEFAULT)
+    section = config.eviction.model_copy(update={"strategy": config.placement.eviction})
+    return config.model_copy(update={"eviction": section})
 
 
 def _validate_strategies(

@@ -35,11 +35,12 @@ from .loading import LoadedConfig, load_config
 from .mover import Mover
 from .observability.meter import Meters
 from .plugins import PluginManager, make_plugin_manager
-from .schema import STRATEGY_SECTIONS
+from .schema import STRATEGY_SECTIONS, strategy_name
 from .stats import PipelineStats, StatsRecorder
 from .strategies import (
     BatchingStrategy,
     CoalescingStrategy,
+    EvictionStrategy,
     FallbackStrategy,
     PlacementStrategy,
     ThreadTuningStrategy,
@@ -79,6 +80,7 @@ class Pipeline:
         fallback: FallbackStrategy,
         transport: Any,
         backend: TierBackend,
+        eviction: EvictionStrategy | None = None,
     ) -> None:
         self.loaded = loaded
         self.config = loaded.config
@@ -88,6 +90,8 @@ class Pipeline:
         self.placement = placement
         self.thread_tuning = thread_tuning
         self.fallback = fallback
+        #: The eviction strategy the backend's stores take their policies from.
+        self.eviction = eviction
         self.transport = transport
         self.backend = backend
         missing = coalescing.needs - backend.capabilities
@@ -431,13 +435,16 @@ def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None)
     registry = pm.registry
 
     def make(kind: str, section: Any) -> Any:
-        return registry.get(kind, section.strategy).create(section, options=section.options)
+        name = strategy_name(config, kind)
+        return registry.get(kind, name).create(section, options=section.options)
 
     if transport is None:
         spec = registry.get("transport", config.transport.name)
         transport = spec.create(config, options=config.transport.options)
     strategies = {kind: make(kind, getattr(config, kind)) for kind in STRATEGY_SECTIONS}
-    context = BackendContext(loaded, strategies["placement"], transport, strategies["coalescing"])
+    context = BackendContext(
+        loaded, strategies["placement"], transport, strategies["coalescing"], strategies["eviction"]
+    )
     name = registry.backend_for(config.backend.name, config.transport.name)
     backend = registry.get("backend", name).create(context, options=config.backend.options)
     try:

@@ -38,6 +38,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcr_policy.builtin.placement",
     "kvcr_policy.builtin.thread_tuning",
     "kvcr_policy.builtin.fallback",
+    "kvcr_policy.builtin.eviction",
     "kvcr_policy.builtin.transports",
     "kvcr_policy.builtin.backends",
 )

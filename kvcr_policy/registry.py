@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 #: Strategy kinds a plugin may register, in the order `kvcr-policy plugins` lists them.
-KINDS = ("batching", "coalescing", "placement", "thread_tuning", "fallback")
+KINDS = ("batching", "coalescing", "placement", "thread_tuning", "fallback", "eviction")
 
 
 class NoOptions(BaseModel):

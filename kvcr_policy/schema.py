@@ -7,7 +7,10 @@ changes nothing. Section types may be constructed positionally; their field orde
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -16,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -29,9 +33,11 @@ __all__ = [
     "MAX_TIER_BYTES",
     "MIN_SECRET_CHARS",
     "POSITIONAL_TYPES",
+    "VALIDATING_ORIGINS",
     "BackendSection",
     "BatchingSection",
     "CoalescingSection",
+    "EvictionSection",
     "FallbackSection",
     "ObservabilitySection",
     "PlacementSection",
@@ -42,9 +48,16 @@ __all__ = [
     "ThreadTuningSection",
     "TransportSection",
     "check_secret",
+    "strategy_name",
 ]
 
 ENV_PREFIX = "KVCR_POLICY_"
+#: The origins of the values being validated: load_config sets them so that a cross-field
+#: rule can say where each value came from (pydantic's validation context does not reach the
+#: validators: Section's positional __init__ makes pydantic call __init__, which drops it).
+VALIDATING_ORIGINS: ContextVar[Mapping[str, str]] = ContextVar(
+    "kvcr_policy_validating_origins", default=MappingProxyType({})
+)
 #: Largest tier a pool may have (placement.capacity_bytes): 256 TiB.
 MAX_TIER_BYTES = 1 << 48
 
@@ -187,7 +200,10 @@ class PlacementSection(Section):
         ),
     )
     eviction: Literal["lru", "fifo"] = Field(
-        "lru", description="Eviction policy of the slot store: 'lru' or 'fifo'."
+        "lru",
+        description="Eviction policy of the slot store: 'lru' or 'fifo'. The older spelling "
+        "of eviction.strategy, used when that is unset; setting both to different names is "
+        "an error.",
     )
     options: dict[str, Any] = _options_field()
 
@@ -358,6 +374,22 @@ class ObservabilitySection(Section):
     )
 
 
+class EvictionSection(Section):
+    """Which published page a full tier gives up first: the eviction strategy, by name."""
+
+    strategy: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description=(
+            "Name of the registered eviction strategy: 'lru' (upstream), 'fifo' or a plugin's. "
+            "Unset: placement.eviction, the older spelling (both set to different names is an "
+            "error)."
+        ),
+    )
+    options: dict[str, Any] = _options_field()
+
+
 #: Fewest characters a peer secret may have (a generated one has 43).
 MIN_SECRET_CHARS = 16
 
@@ -459,6 +491,37 @@ class PolicyConfig(Section):
     backend: BackendSection = Field(default_factory=BackendSection)
     observability: ObservabilitySection = Field(default_factory=ObservabilitySection)
     security: SecuritySection = Field(default_factory=SecuritySection)
+    eviction: EvictionSection = Field(default_factory=EvictionSection)
+
+    @field_validator("eviction")
+    @classmethod
+    def _one_eviction_name(cls, value: EvictionSection, info: ValidationInfo) -> EvictionSection:
+        # placement is validated before eviction (declared first), so it is in info.data.
+        placement = info.data.get("placement")
+        if value.strategy is None or not isinstance(placement, PlacementSection):
+            return value
+        if "eviction" in placement.model_fields_set and placement.eviction != value.strategy:
+            origins = VALIDATING_ORIGINS.get()
+
+            def where(path: str) -> str:
+                return f" (from {origins[path]})" if path in origins else ""
+
+            message = (
+                f"eviction.strategy {value.strategy!r}{where('eviction.strategy')} and "
+                f"placement.eviction {placement.eviction!r}{where('placement.eviction')} name "
+                "different eviction strategies; eviction.strategy replaces placement.eviction: "
+                "drop placement.eviction, or give both the same name"
+            )
+            raise ValueError(message)
+        return value
+
+
+def strategy_name(config: PolicyConfig, section: str) -> str:
+    """The strategy a section selects: its ``strategy``; for ``eviction`` unset, the older
+    ``placement.eviction``."""
+    if section == "eviction":
+        return config.eviction.strategy or config.placement.eviction
+    return str(getattr(config, section).strategy)
 
 
 #: Every public config type whose positional order is pinned in schemas/field-order.json.
@@ -474,6 +537,7 @@ POSITIONAL_TYPES: tuple[type[Section], ...] = (
     BackendSection,
     ObservabilitySection,
     SecuritySection,
+    EvictionSection,
 )
 
 #: Strategy sections and the registry kind that names their strategy.
@@ -483,4 +547,5 @@ STRATEGY_SECTIONS: dict[str, str] = {
     "placement": "placement",
     "thread_tuning": "thread_tuning",
     "fallback": "fallback",
+    "eviction": "eviction",
 }

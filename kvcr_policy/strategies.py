@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from .eviction_policy import EvictionPolicy
+
 if TYPE_CHECKING:
     from .backends.dram.locality import DeviceLocality
     from .backends.dram.store import Store
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchingStrategy",
     "CoalescingStrategy",
+    "EvictionPolicy",
+    "EvictionStrategy",
     "FallbackStrategy",
     "PlacementStrategy",
     "ThreadTuningStrategy",
@@ -93,8 +97,13 @@ class PlacementStrategy(Protocol):
         """
         ...
 
-    def new_store(self, capacity: int) -> Store:
-        """The slot store of one pool's region, with ``capacity`` slots."""
+    def new_store(self, capacity: int, eviction: EvictionPolicy | None = None) -> Store:
+        """The slot store of one pool's region, with ``capacity`` slots.
+
+        ``eviction`` is the policy the configured eviction strategy made for this store. It is
+        optional for strategies, as ``device`` is: backends pass it only to a ``new_store``
+        that names it (one that does not keeps its own policy, and a warning says so).
+        """
         ...
 
 
@@ -117,4 +126,13 @@ class FallbackStrategy(Protocol):
 
     def recover(self, n_pages: int, retry_page: Callable[[int], bool]) -> np.ndarray:
         """Per-page success (bool array) after a batch failed; ``retry_page(i)`` moves page i."""
+        ...
+
+
+@runtime_checkable
+class EvictionStrategy(Protocol):
+    """Makes the eviction policy of each store (one per pool's tier)."""
+
+    def new_policy(self, capacity: int) -> EvictionPolicy:
+        """A fresh policy for a store of ``capacity`` slots."""
         ...

@@ -29,6 +29,7 @@ __all__ = [
     "descriptors",
     "distinct_pages",
     "env_text",
+    "eviction_ops",
     "frames",
     "geometries",
     "hostile_frames",
@@ -41,6 +42,7 @@ __all__ = [
     "reshaped",
     "scalars",
     "tier_slots",
+    "trace_requests",
 ]
 
 # dtypes numpy can hold, so test buffers can be plain numpy arrays.
@@ -477,3 +479,49 @@ def reshaped(draw: st.DrawFn, d: Descriptors, *, by_src: bool = False) -> Descri
     return Descriptors.from_arrays(
         rows[:, 0], rows[:, 1], rows[:, 2], page=rows[:, 3], page_end=rows[:, 4]
     )
+
+
+@st.composite
+def eviction_ops(draw: st.DrawFn) -> list[tuple[str, int, int]]:
+    """Calls an eviction policy may get from a store: ``(op, a, b)`` with op one of admit,
+    touch, forget (``a`` picks a held slot, as an index into them), and victims (``a`` the
+    count, ``b`` a bit mask of which held slots are evictable)."""
+    op = st.sampled_from(("admit", "admit", "touch", "touch", "forget", "victims"))
+    return draw(
+        st.lists(
+            st.tuples(op, st.integers(0, 40), st.integers(0, (1 << 16) - 1)),
+            max_size=120,
+        )
+    )
+
+
+@st.composite
+def trace_requests(draw: st.DrawFn, *, max_requests: int = 40) -> list[dict[str, object]]:
+    """Requests in Mooncake's trace format over a few shared prefixes: chains of block ids
+    that branch (as conversations and shared system prompts do), sometimes a repeated id
+    within a request, input lengths that end inside the last block (512-token blocks)."""
+    count = draw(st.integers(1, max_requests))
+    chains: list[list[int]] = [[0]]
+    fresh = itertools.count(1)
+    requests: list[dict[str, object]] = []
+    timestamp = 0
+    for _ in range(count):
+        base = draw(st.sampled_from(chains))
+        keep = draw(st.integers(0, len(base)))
+        grown = base[:keep] + [next(fresh) for _ in range(draw(st.integers(0, 6)))]
+        if grown and draw(st.integers(0, 9)) == 0:
+            grown.append(grown[0])  # a repeated id within one request
+        if not grown:
+            grown = [next(fresh)]
+        chains.append(grown)
+        timestamp += draw(st.integers(0, 3000))
+        tail = draw(st.integers(1, 512))
+        requests.append(
+            {
+                "timestamp": timestamp,
+                "input_length": 512 * (len(grown) - 1) + tail,
+                "output_length": draw(st.integers(0, 100)),
+                "hash_ids": grown,
+            }
+        )
+    return requests

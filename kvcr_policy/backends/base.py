@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ..geometry import PoolGeometry
     from ..loading import LoadedConfig
     from ..schema import PolicyConfig
-    from ..strategies import CoalescingStrategy, PlacementStrategy
+    from ..strategies import CoalescingStrategy, EvictionStrategy, PlacementStrategy
 
 __all__ = [
     "BackendContext",
@@ -116,13 +116,16 @@ class BackendContext:
     ``transport`` is the configured transport object (``transport.name``), already built;
     ``placement`` the configured placement strategy, for backends that place memory;
     ``coalescing`` the configured coalescing strategy, for backends that negotiate what of it
-    they accept (the mover applies it; a backend never calls it on its own).
+    they accept (the mover applies it; a backend never calls it on its own); ``eviction`` the
+    configured eviction strategy, for backends that keep their own slot stores (None: the
+    placement's stores keep their default policy).
     """
 
     loaded: LoadedConfig
     placement: PlacementStrategy
     transport: Any
     coalescing: CoalescingStrategy
+    eviction: EvictionStrategy | None = None
 
     @property
     def config(self) -> PolicyConfig:

@@ -2,44 +2,21 @@
 
 from __future__ import annotations
 
-import os
-from importlib.util import find_spec
-from pathlib import Path
 from typing import Any
 
+from ..errors import ArgumentError
+from ..figure_path import check_figure_path
 from .setup import BenchError
 
 __all__ = ["check_plot", "write_plot"]
 
-INSTALL = "pip install 'kvcr-policy[plot]'"
-
 
 def check_plot(path: str) -> None:
     """Refuse ``--plot PATH`` before the run when the PNG could not be written."""
-    if find_spec("matplotlib") is None:
-        raise BenchError(f"--plot needs matplotlib, which is not installed: {INSTALL}")
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    target = Path(path)
-    folder = target.parent
-    # matplotlib picks the format from the suffix, adds .png to a name without one, and
-    # refuses an unknown one only when it saves, after the whole run.
-    formats = sorted(FigureCanvasBase.get_supported_filetypes())
-    suffix = target.suffix.lower().lstrip(".")
-    problem = None
-    if target.is_dir():
-        problem = "is a folder; name a .png file"
-    elif suffix not in formats:
-        got = f"suffix {target.suffix!r}" if suffix else "no suffix"
-        problem = f"has {got}; name a file ending in one of: .{', .'.join(formats)}"
-    elif not folder.is_dir():
-        problem = f"cannot be written: folder {str(folder)!r} does not exist"
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        problem = f"cannot be written: folder {str(folder)!r} is not writable"
-    elif target.exists() and not os.access(target, os.W_OK):
-        problem = "exists and is not writable"
-    if problem is not None:
-        raise BenchError(f"--plot {path}: {problem}")
+    try:
+        check_figure_path(path)
+    except ArgumentError as err:
+        raise BenchError(str(err)) from None
 
 
 def write_plot(result: dict[str, Any], path: str) -> None:

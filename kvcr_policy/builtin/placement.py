@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ..backends.dram.locality import DeviceLocality
     from ..backends.dram.store import Store
     from ..backends.dram.tier import NumaPolicy, Region
+    from ..strategies import EvictionPolicy
 
 __all__ = ["AnonymousPlacement"]
 
@@ -19,7 +20,7 @@ __all__ = ["AnonymousPlacement"]
 class AnonymousPlacement:
     """Anonymous mmap (MADV_DONTFORK), huge-page advice and NUMA policy as configured, audited.
 
-    Defaults reproduce upstream: no pre-fault, no advice, no binding, LRU eviction.
+    Defaults reproduce upstream: no pre-fault, no advice, no binding.
     ``numa_policy = "gpu"`` places each tier near the GPU of its pool (``device``, located by
     the transport); see :mod:`kvcr_policy.backends.dram.locality`.
     """
@@ -47,10 +48,12 @@ class AnonymousPlacement:
             near=near,
         )
 
-    def new_store(self, capacity: int) -> Store:
+    def new_store(self, capacity: int, eviction: EvictionPolicy | None = None) -> Store:
         from ..backends.dram.store import Store
 
-        return Store(capacity, eviction=self.section.eviction)
+        # ``eviction`` is the policy the eviction strategy made for this store; without one,
+        # the store evicts as placement.eviction says (the older spelling).
+        return Store(capacity, eviction=self.section.eviction if eviction is None else eviction)
 
 
 @hookimpl

@@ -64,7 +64,7 @@ class PlanRequest:
 class Plan:
     """The figures (plain data, JSON-ready), warnings (risky) and refusals (cannot work)."""
 
-    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
 
@@ -88,17 +88,20 @@ def _origin(loaded: LoadedConfig, path: str) -> str:
 
 
 def geometry_given(
-    preset: str | None, explicit: dict[str, tuple[Any, str]], layout: Given
+    preset: str | None,
+    explicit: dict[str, tuple[Any, str]],
+    layout: Given,
+    preset_from: str | None = None,
 ) -> dict[str, Given]:
-    """Model dimensions from a preset (origin ``--geometry NAME``) overridden by explicit
-    options (each with its own origin)."""
+    """Model dimensions from a preset (origin ``preset_from``, by default ``--geometry NAME``)
+    overridden by explicit options (each with its own origin)."""
     fields: dict[str, Given] = {"mla": Given(False, "default"), "layout": layout}
     if preset is not None:
         if preset not in PRESETS:
             message = f"--geometry {preset!r}: expected one of {', '.join(PRESETS)}"
             raise ArgumentError(message)
         for key, value in PRESETS[preset].items():
-            fields[key] = Given(value, f"--geometry {preset}")
+            fields[key] = Given(value, preset_from or f"--geometry {preset}")
     for key, (value, origin) in explicit.items():
         if value is not None:
             fields[key] = Given(value, origin)

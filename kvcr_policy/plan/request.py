@@ -16,6 +16,8 @@ from .figures import Given, PlanRequest, geometry_given
 
 __all__ = ["build_request"]
 
+#: The most --link-gbps may say (the same bound as observability.link_limit_gbps).
+MAX_LINK_GBPS = 100000
 _MEASURE_BYTES = 1 << 30  # at most 1 GiB per probe: long enough to be a rate, short to run
 
 
@@ -40,12 +42,14 @@ def build_request(
     host_memory: int | None,
     link_gbps: float | None,
     measure_link: bool,
+    geometry_from: str | None = None,
 ) -> PlanRequest:
-    """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line."""
+    """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line (``geometry_from``:
+    where a preset named by default came from)."""
     from .._os import mem_total
 
     explicit = {key: (value, f"--{key.replace('_', '-')}") for key, value in dims.items()}
-    fields = geometry_given(geometry, explicit, Given(layout, "--layout"))
+    fields = geometry_given(geometry, explicit, Given(layout, "--layout"), geometry_from)
     tp_given, pp_given = _given(tp, "--tp", 1), _given(pp, "--pp", 1)
     ranks = ranks_per_host
     ranks_given = (
@@ -77,8 +81,13 @@ def _with_link(
     from dataclasses import replace
 
     if gbps is not None:
-        if gbps <= 0:
-            raise ArgumentError(f"--link-gbps: expected a positive rate in GB/s, got {gbps}")
+        # NaN fails both comparisons too; the bound is observability.link_limit_gbps's.
+        if not 0 < gbps <= MAX_LINK_GBPS:
+            message = (
+                f"--link-gbps: expected a rate in GB/s, above 0 and at most {MAX_LINK_GBPS}, "
+                f"got {gbps}"
+            )
+            raise ArgumentError(message)
         return replace(request, link_gbps=Given(gbps, "--link-gbps"))
     configured = loaded.config.observability.link_limit_gbps
     if configured is not None:

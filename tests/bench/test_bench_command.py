@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from kvcr_policy import figure_path
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.bench import plot as bench_plot
 from kvcr_policy.bench.backends import BACKENDS
+from kvcr_policy.bench.setup import BenchError
 from tests.support.commands import run_command, run_main
 
 SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
@@ -91,13 +93,13 @@ def test_bad_input_exits_2_before_anything_runs(args: list[str], message: str) -
 
 
 def test_plot_is_checked_before_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench_plot, "find_spec", lambda name: None)
-    with pytest.raises(Exception, match=r"needs matplotlib.*kvcr-policy\[plot\]"):
+    monkeypatch.setattr(figure_path, "find_spec", lambda name: None)
+    with pytest.raises(BenchError, match=r"needs matplotlib.*kvcr-policy\[plot\]"):
         bench_plot.check_plot(str(tmp_path / "run.png"))
-    monkeypatch.setattr(bench_plot, "find_spec", lambda name: object())
-    with pytest.raises(Exception, match="does not exist"):
+    monkeypatch.setattr(figure_path, "find_spec", lambda name: object())
+    with pytest.raises(BenchError, match="does not exist"):
         bench_plot.check_plot(str(tmp_path / "missing" / "run.png"))
-    with pytest.raises(Exception, match="is a folder"):
+    with pytest.raises(BenchError, match="is a folder"):
         bench_plot.check_plot(str(tmp_path))
     bench_plot.check_plot(str(tmp_path / "run.png"))
 

@@ -28,6 +28,7 @@ from kvcr_policy.schema import (
 from kvcr_policy.strategies import (
     BatchingStrategy,
     CoalescingStrategy,
+    EvictionStrategy,
     FallbackStrategy,
     PlacementStrategy,
     ThreadTuningStrategy,
@@ -43,6 +44,7 @@ PROTOCOLS = {
     "placement": PlacementStrategy,
     "thread_tuning": ThreadTuningStrategy,
     "fallback": FallbackStrategy,
+    "eviction": EvictionStrategy,
 }
 
 

@@ -11,7 +11,6 @@ region is detached (unpinned) and only then unmapped.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 from concurrent.futures import Future
@@ -26,6 +25,7 @@ from ...geometry import PoolGeometry
 from ..base import BackendContext, Endpoint, PoolSpec, Shape, TierUsage, check_device
 from .locality import DeviceLocality
 from .store import Claim, Reservation, Store
+from .stores import new_store, takes
 from .tier import Region
 from .transports.base import CopyBatch, Transport
 
@@ -36,14 +36,6 @@ __all__ = ["DramBackend", "DramPool"]
 
 def _asdict(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__dataclass_fields__}
-
-
-def _takes(function: Any, name: str) -> bool:
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable without a signature
-        return False
-    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +178,7 @@ class DramPool:
         return {
             "page_bytes": self.geometry.page_bytes,
             "slots": self.store.capacity,
+            "eviction": self.store.eviction,
             "store": _asdict(store) if store is not None else None,
             "tier_bytes": self.tier_side.endpoint.nbytes,
             "pinned_bytes": self.pinned_bytes,
@@ -227,10 +220,11 @@ class DramBackend:
         self.capabilities = transport.capabilities
         self.devices = transport.devices
         self.placement = context.placement
+        self.eviction = context.eviction
         # Like pluggy's hook arguments: a placement strategy that names ``device`` in its
         # open_region gets the pool's device (to place the tier near it); others keep the
         # two-argument call they were written for.
-        self._placement_takes_device = _takes(self.placement.open_region, "device")
+        self._placement_takes_device = takes(self.placement.open_region, "device")
         self.loaded = context.loaded
         self._pools: list[DramPool] = []
         self._lock = threading.Lock()
@@ -266,7 +260,12 @@ class DramBackend:
             except BaseException:
                 region.close()
                 raise
-            store = self.placement.new_store(slots)
+            try:
+                store = new_store(self.placement, slots, self.eviction, name)
+            except BaseException:  # no copy can touch the region yet: unpin and unmap it
+                self.transport.detach_region(tier)
+                region.close()
+                raise
             pool = DramPool(spec, tier_geometry, region, store, self.transport, device)
             self._pools.append(pool)
         return pool

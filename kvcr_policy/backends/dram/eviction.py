@@ -1,37 +1,25 @@
-"""Eviction policies: which published slot of a store's tier to give up first.
+"""The built-in eviction policies of a store: LRU (upstream's) and FIFO.
 
-A :class:`~.store.Store` asks its policy for victims when free slots run short;
-:data:`EVICTION_POLICIES` maps the names a config may use to policy factories.
+A :class:`~.store.Store` asks its policy for victims when free slots run short. The
+``eviction`` strategy kind (``kvcr_policy.builtin.eviction``) makes one policy per store;
+:data:`EVICTION_POLICIES` maps the built-in names to their classes for a store built by name.
+The protocol a policy follows is :class:`kvcr_policy.strategies.EvictionPolicy` (defined in
+:mod:`kvcr_policy.eviction_policy`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from types import MappingProxyType
-from typing import Protocol
+
+from kvcr_policy.eviction_policy import EvictionPolicy
 
 __all__ = ["EVICTION_POLICIES", "EvictionPolicy", "FIFOPolicy", "LRUPolicy"]
 
 
-class EvictionPolicy(Protocol):
-    """Orders published slots for eviction.
-
-    The store calls it under its own lock, so an implementation needs no locking; one instance
-    serves one store. ``victims`` returns up to ``count`` slots for which ``evictable`` is true,
-    first victim first, without changing its own order (the store then calls ``forget``).
-    """
-
-    name: str
-
-    def admit(self, slot: int) -> None: ...
-    def touch(self, slot: int) -> None: ...
-    def forget(self, slot: int) -> None: ...
-    def victims(self, count: int, evictable: Callable[[int], bool]) -> list[int]: ...
-
-
 class LRUPolicy:
-    """Least recently used first; a get (claim) or set (commit, or reserve of a present key)
+    """Least recently used first; a get (claim) or set (commit, of a new or a present key)
     counts as a use. Lookups do not: an exists query is followed by the get that uses it."""
 
     __slots__ = ("_order",)
@@ -40,7 +28,7 @@ class LRUPolicy:
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
 
-    def admit(self, slot: int) -> None:
+    def admit(self, slot: int, key: Hashable) -> None:
         self._order[slot] = None
 
     def touch(self, slot: int) -> None:

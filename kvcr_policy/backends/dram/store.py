@@ -163,8 +163,8 @@ class Store:
     """Key -> slot index of one pool's DRAM tier (thread-safe; see the module docstring).
 
     ``eviction`` names a policy in :data:`EVICTION_POLICIES` (``"lru"`` by default, as
-    upstream) or is a policy instance owned by this store alone. ``pool`` names the pool in
-    error messages.
+    upstream) or is a policy instance owned by this store alone (what the ``eviction``
+    strategy makes). ``pool`` names the pool in error messages.
     """
 
     def __init__(
@@ -213,6 +213,11 @@ class Store:
     def capacity(self) -> int:
         """Number of slots in the tier."""
         return self._capacity
+
+    @property
+    def eviction(self) -> str:
+        """The name of the eviction policy in use."""
+        return str(getattr(self._policy, "name", type(self._policy).__name__))
 
     @property
     def closed(self) -> bool:
@@ -266,10 +271,6 @@ class Store:
                 out_slots[position] = slot
                 out_generations[position] = generation[slot]
             self._reserved += len(slots)
-            touch = self._policy.touch
-            for position in range(cover):
-                if present[position]:
-                    touch(index[keys[position]])  # a set of an existing key is a use
             token = next(_TOKENS)
             self._open_reservations.add(token)
             return Reservation(
@@ -287,7 +288,12 @@ class Store:
         keys without a slot are ignored) and free the other slots. Returns how many keys were
         published. Keys deleted or cleared meanwhile are not published: their bytes predate
         the invalidation. A second or late commit (after abort, or from another store) does
-        nothing and returns 0."""
+        nothing and returns 0.
+
+        For the eviction policy, the covered keys are used in their order: a new key is
+        admitted, a key that was present (and still is) is touched; so the policy sees one
+        write as it sees the request, key by key (``kvcr-policy plan --trace`` relies on it).
+        """
         if len(ok) != len(reservation.keys):
             message = (
                 f"store of pool {self._pool!r}: commit got {len(ok)} ok flags for a reservation "
@@ -519,13 +525,24 @@ class Store:
             ok = ok.tolist()  # indexing a list is several times cheaper than an array
         generation, state, owner = self._generation, self._state, self._owner
         index, reserving, admit = self._index, self._reserving, self._policy.admit
+        touch, present = self._policy.touch, reservation.present
+        touching = ok is not None and True in present  # a commit with present keys to use
         keys, seen = reservation.keys, reservation.generations.tolist()
         freed: list[int] = []
         published = 0
         for position, slot in enumerate(reservation.slots.tolist()):
+            if slot < 0:
+                if touching and present[position]:
+                    # A set of a present key is a use, if it still is. Not suppress(): a
+                    # context manager per key costs more than the touch on this hot path.
+                    try:  # noqa: SIM105
+                        touch(index[keys[position]])
+                    except KeyError:  # deleted or evicted since the reserve
+                        pass
+                continue
             # Belt and braces: an open reservation's slots cannot have changed hands, but a
             # slot whose generation moved on belongs to someone else and is left alone.
-            if slot < 0 or generation[slot] != seen[position]:
+            if generation[slot] != seen[position]:
                 continue
             current = state[slot]
             if current == _RESERVED:
@@ -534,7 +551,7 @@ class Store:
                 if ok is not None and ok[position]:
                     index[key] = slot
                     state[slot] = _PUBLISHED
-                    admit(slot)
+                    admit(slot, key)
                     published += 1
                     continue
                 owner[slot] = None

@@ -4,9 +4,10 @@ Per pool, the configured placement strategy opens a process-owned region of
 ``placement.capacity_bytes`` (whole pages; pre-fault, huge-page advice and NUMA policy as the
 profile asks, audited), and a KVCR runner starts with that region as its local DRAM pool
 (``LocalDramOptions``), the pool's buffer as its framework registration, KVCR's own LRU or FIFO
-policy from ``placement.eviction``, ``transport.op_timeout_s`` as its operation timeout, and
-optionally a G3 file tier. Bytes move with NIXL over UCX, inside KVCR. One runner per pool:
-KVCR learns its pools when it starts, and the pipeline attaches pools one by one.
+policy as ``eviction.strategy`` names it (``lru`` or ``fifo``), ``transport.op_timeout_s`` as
+its operation timeout, and optionally a G3 file tier. Bytes move with NIXL over UCX, inside
+KVCR. One runner per pool: KVCR learns its pools when it starts, and the pipeline attaches pools
+one by one.
 
 KVCR 0.1.1 takes whole elements only (no coalescing, no split sizing), so this backend declares
 neither: ``coalescing.on_unsupported`` decides between an error naming the option and plain
@@ -30,6 +31,7 @@ from kvcr.config import G3Options
 from kvcr_policy.backends.base import BackendContext, PoolSpec, check_device
 from kvcr_policy.backends.dram.tier import Region
 from kvcr_policy.errors import ClosedError, PoolError
+from kvcr_policy.schema import strategy_name
 
 from .layout import PageLayout, kvcr_pool_name
 from .options import KvcrOptions
@@ -55,12 +57,12 @@ class KvcrBackend:
         self.loaded = context.loaded
         self.config = context.config
         self.placement = context.placement
-        eviction = self.config.placement.eviction
-        if eviction not in POLICIES:
+        self.eviction = strategy_name(self.config, "eviction")
+        if self.eviction not in POLICIES:
             message = (
                 f"backend 'kvcr' runs KVCR's own eviction policies ({', '.join(POLICIES)}); "
-                f"placement.eviction is {eviction!r} (from "
-                f"{self.loaded.origin('placement.eviction')}): choose one of those"
+                f"eviction.strategy is {self.eviction!r} (from "
+                f"{self.loaded.origin('eviction.strategy')}): choose one of those"
             )
             raise PoolError(message)
         self.process: ProcessReport = apply_process_defaults(options, self.loaded.origins)
@@ -188,7 +190,7 @@ class KvcrBackend:
                     region,
                     g3,
                     port,
-                    eviction=self.config.placement.eviction,
+                    eviction=self.eviction,
                     op_timeout_s=self.config.transport.op_timeout_s,
                     progress_thread=self.options.progress_thread,
                     poll_interval_s=self.options.poll_interval_s,

@@ -1,4 +1,4 @@
-"""The eviction policy handed to KVCR: ``placement.eviction``, with deleted blocks evicted first.
+"""The eviction policy handed to KVCR: ``eviction.strategy``, with deleted blocks evicted first.
 
 KVCR (0.1.1) has no call that removes a block. A deleted or cleared key is therefore made
 unreachable by the pool (it asks for a new incarnation of the key, see
@@ -21,7 +21,7 @@ __all__ = ["DEAD_SCORE", "POLICIES", "TierPolicy"]
 #: Lower than any score KVCR's policies give (monotonic-clock timestamps, or 0.0), and finite.
 DEAD_SCORE = -1.0e300
 
-#: ``placement.eviction`` -> KVCR's policy, without and with a G3 tier.
+#: ``eviction.strategy`` -> KVCR's policy, without and with a G3 tier.
 POLICIES: dict[str, tuple[type[KVCachePolicy], type[KVCachePolicy]]] = {
     "lru": (LRUPolicy, G3LRUPolicy),
     "fifo": (FIFOPolicy, G3FIFOPolicy),

@@ -1,7 +1,7 @@
 """Starting one KVCR runner from the pipeline's configuration, and what a failed start leaves.
 
 KVCR gets: the pool buffer as its framework registration, the placed region as its local DRAM
-pool (``LocalDramOptions``), KVCR's own LRU or FIFO policy (``placement.eviction``; the G3
+pool (``LocalDramOptions``), KVCR's own LRU or FIFO policy (``eviction.strategy``; the G3
 variants with a G3 tier) wrapped so that forgotten keys go first, ``transport.op_timeout_s`` as
 its operation timeout (twice that to abandon), its telemetry into running totals, and its NIXL
 agent built with the configured progress-thread setting.

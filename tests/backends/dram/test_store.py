@@ -254,11 +254,25 @@ def test_lru_evicts_the_least_recently_used() -> None:
     for key in "abc":
         put(store, [key])
     store.release(store.claim(["a"]))  # a get
-    store.reserve(["b"])  # a set of a present key counts as a use too
+    put(store, ["b"])  # a set of a present key counts as a use too, when it commits
     put(store, ["d"])
     assert store.contains_prefix(["c"]) == 0
     assert store.lookup(["a", "b", "d"]).min() >= 0
     assert store.stats().evictions == 1
+
+
+def test_a_commit_uses_its_keys_in_their_order() -> None:
+    store = Store(3)
+    put(store, ["a"])
+    put(store, ["b"])
+    put(store, ["x", "a"])  # x is admitted, then a is touched: least recent first b, x, a
+    put(store, ["y", "z"])  # two victims
+    assert store.contains_prefix(["a"]) == 1
+    assert store.lookup(["b", "x"]).tolist() == [-1, -1]
+    reservation = store.reserve(["a"])
+    store.abort(reservation)  # an aborted set of a present key is no use
+    put(store, ["w"])
+    assert store.contains_prefix(["a"]) == 0
 
 
 def test_fifo_evicts_the_first_published() -> None:
@@ -572,22 +586,24 @@ class StoreMachine(RuleBasedStateMachine):
             self.last_generation[slot] = generation
             self.reserving[key] = slot
             self.tier[slot * PAGE : (slot + 1) * PAGE] = page_of(key, slot, generation)
-        for key, hit in zip(reservation.keys, reservation.present, strict=True):
-            if hit:
-                self.touch(key)
         self.open[reservation.token] = reservation
         return reservation
 
-    def settle(self, reservation: Reservation, ok: list[bool]) -> int:
+    def settle(self, reservation: Reservation, ok: list[bool], commit: bool = True) -> int:
+        """The reservation settles; a commit uses its keys in their order (a present key is
+        touched if it still is, a written one admitted)."""
         published = 0
-        for key, slot, generation, written in zip(
+        for key, slot, generation, written, present in zip(
             reservation.keys,
             reservation.slots.tolist(),
             reservation.generations.tolist(),
             ok,
+            reservation.present,
             strict=True,
         ):
             if slot < 0:
+                if commit and present and key in self.published:
+                    self.touch(key)
                 continue
             if not written and self.reserving.get(key) == slot:
                 # The copy died part-way: half of the slot holds something else.
@@ -660,7 +676,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
         reservation = self.open[data.draw(st.sampled_from(sorted(self.open)))]
-        self.settle(reservation, [False] * len(reservation.keys))
+        self.settle(reservation, [False] * len(reservation.keys), commit=False)
         self.store.abort(reservation)
 
     @precondition(lambda self: self.settled)

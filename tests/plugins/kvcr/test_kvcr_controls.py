@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvcr_policy.errors import UnsupportedError
-from tests.plugins.kvcr.kvcr_helpers import kvcr_of, spy, stored
+from kvcr_policy.errors import PoolError, UnsupportedError
+from tests.plugins.kvcr.kvcr_helpers import kvcr_of, pool_tier, spy, stored
 from tests.support.pools import P, fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
 
@@ -144,3 +144,21 @@ def test_a_page_that_never_arrives_ends_the_run_and_only_arrived_pages_count(
     stats = pipeline.stats()
     assert stats.fallbacks == {"TransportError": 4}  # the batch of pages 4-7, page by page
     assert stats.pages_read == 7
+
+
+@pytest.mark.parametrize(("overrides", "policy"), [
+    ({}, "LRUPolicy"),  # the default, as upstream
+    ({"eviction__strategy": "fifo"}, "FIFOPolicy"),
+    ({"placement__eviction": "fifo"}, "FIFOPolicy"),  # the older spelling
+])  # fmt: skip
+def test_the_eviction_strategy_picks_kvcr_s_own_policy(
+    kvcr_pipeline: Any, overrides: dict[str, str], policy: str
+) -> None:
+    pipeline = kvcr_pipeline(**overrides)
+    pipeline.register_pool("kv", geometry(), pool_buffer(geometry()))
+    assert type(pool_tier(pipeline, "kv").policy.inner).__name__ == policy
+
+
+def test_an_eviction_strategy_kvcr_lacks_is_refused(kvcr_pipeline: Any) -> None:
+    with pytest.raises(PoolError, match=r"eviction\.strategy is 's3fifo' \(from override\)"):
+        kvcr_pipeline(eviction__strategy="s3fifo")

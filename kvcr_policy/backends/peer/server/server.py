@@ -40,6 +40,7 @@ from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.observability.peer_server import ServerMeter, open_server_meter
 from kvcr_policy.plugins import make_plugin_manager
+from kvcr_policy.schema import strategy_name
 
 from ..credentials import Keyring, server_keyring
 from ..host import host_id, interface_of
@@ -132,6 +133,8 @@ class PeerServer:
         registry = self.loaded.registry or make_plugin_manager(config).registry
         spec = registry.get("placement", config.placement.strategy)
         self._placement = spec.create(config.placement, options=config.placement.options)
+        evicts = registry.get("eviction", strategy_name(config, "eviction"))
+        self._eviction = evicts.create(config.eviction, options=config.eviction.options)
         self.worker: Worker = None  # type: ignore[assignment]
         self.tiers: Tiers = None  # type: ignore[assignment]
         self.sessions: set[Session] = set()
@@ -175,6 +178,7 @@ class PeerServer:
             capacity,
             self.options.max_tiers,
             None if quota is None else int(quota),
+            self._eviction,
         )
         if self.options.check_addresses:
             self._checker = AddressChecker()

@@ -29,6 +29,7 @@ from kvcr_policy.geometry import PoolGeometry
 
 from ...base import TierUsage
 from ...dram.store import Store
+from ...dram.stores import new_store
 from ...dram.tier import Region
 from ..credentials import DEFAULT_TENANT, INSECURE_TENANT
 
@@ -68,7 +69,8 @@ class Tier:
 
 
 class Tiers:
-    """Tiers by (tenant, pool name, layout digest); ``placement`` is a PlacementStrategy.
+    """Tiers by (tenant, pool name, layout digest); ``placement`` is a PlacementStrategy and
+    ``eviction`` an EvictionStrategy (None: the placement's stores keep their own policy).
 
     Each tenant has tiers of its own: a key is only ever looked up in the tiers of the tenant
     whose session names it, and a tier's slots (freed ones included) only ever hold that
@@ -77,9 +79,15 @@ class Tiers:
     """
 
     def __init__(
-        self, placement: Any, capacity_bytes: int, max_tiers: int, quota_bytes: int | None = None
+        self,
+        placement: Any,
+        capacity_bytes: int,
+        max_tiers: int,
+        quota_bytes: int | None = None,
+        eviction: Any = None,
     ) -> None:
         self._placement = placement
+        self._eviction = eviction  # an EvictionStrategy: each tier's store gets a policy of it
         self._capacity_bytes = capacity_bytes
         self._max = max_tiers
         self._quota = quota_bytes
@@ -148,7 +156,7 @@ class Tiers:
             f"peer:{tenant}:{geometry.name}", tier_geometry.nbytes + align
         )
         try:
-            store = self._placement.new_store(slots)
+            store = new_store(self._placement, slots, self._eviction, f"peer:{geometry.name}")
         except BaseException:
             region.close()
             raise

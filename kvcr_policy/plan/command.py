@@ -1,0 +1,234 @@
+"""``kvcr-policy plan``: the command behind the CLI's options (cli.py only dispatches here).
+
+Without ``--trace`` it sizes a tier for ``--tokens``; with ``--trace FILE`` it replays the
+requests of a trace at each ``--capacity-tokens`` with each ``--eviction`` strategy. Every
+input is checked before any replay starts (exit 2 with one message); refusals exit 2 after
+the figures; a ``--bytes`` replay that disagrees with the model exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from ..errors import ArgumentError
+from ..loading import LoadedConfig, load_config
+from ..schema import EvictionSection
+from .figures import Given, make_plan, rank_geometry
+from .report import plan_table
+from .request import build_request
+from .trace import MAX_INPUT_TOKENS, Trace, read_trace
+from .workload import Eviction, make_trace_plan
+
+__all__ = ["run_command"]
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+#: Most capacities and eviction strategies one command compares.
+MAX_LISTED = 64
+#: Most requests a --bytes replay stores and restores.
+MAX_BYTES_REQUESTS = 1_000_000
+_CAPACITY = re.compile(r"([0-9]{1,16})([kMG]?)")
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9}
+_TRACE_ONLY = ("--capacity-tokens", "--eviction", "--bytes", "--plot", "--block-tokens")
+
+
+def _listed(text: str, option: str) -> list[str]:
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise ArgumentError(f"{option} {text!r}: expected a comma-separated list, no empty item")
+    if len(items) > MAX_LISTED:
+        raise ArgumentError(f"{option}: at most {MAX_LISTED} items; got {len(items)}")
+    twice = sorted({item for item in items if items.count(item) > 1})
+    if twice:
+        raise ArgumentError(f"{option}: {', '.join(twice)} listed twice; list each once")
+    return items
+
+
+def capacities_given(text: str) -> list[Given]:
+    """``--capacity-tokens 1000000,3M,10M``: token counts (digits, optional k, M or G)."""
+    given = []
+    for item in _listed(text, "--capacity-tokens"):
+        match = _CAPACITY.fullmatch(item)
+        if match is None:
+            message = (
+                f"--capacity-tokens: {item!r} is not a token count; expected digits with an "
+                "optional k, M or G (1000000, 3M)"
+            )
+            raise ArgumentError(message)
+        given.append(Given(int(match[1]) * _UNITS[match[2]], "--capacity-tokens"))
+    return given
+
+
+def evictions_given(loaded: LoadedConfig, text: str | None) -> list[Eviction]:
+    """``--eviction lru,s3fifo`` (each with its defaults, or the configured options when it is
+    the configured strategy), else the configured strategy."""
+    configured = loaded.config.eviction
+    if text is None:
+        return [Eviction(configured, loaded.origin("eviction.strategy"))]
+    registry = loaded.registry
+    assert registry is not None  # every load_config result carries its registry
+    chosen = []
+    for name in _listed(text, "--eviction"):
+        if registry.find("eviction", name) is None:
+            names = ", ".join(registry.names("eviction"))
+            raise ArgumentError(f"--eviction: no eviction strategy {name!r} (registered: {names})")
+        options = configured.options if name == configured.strategy else {}
+        chosen.append(Eviction(EvictionSection(strategy=name, options=options), "--eviction"))
+    return chosen
+
+
+def _default_capacity(loaded: LoadedConfig, request: Any, block_tokens: int) -> list[Given]:
+    """The configured tier, in whole blocks of tokens (``placement.capacity_bytes``)."""
+    from .figures import Plan
+
+    geo = rank_geometry(request, Plan())
+    if geo is None:
+        return []  # the plan refuses the rank layout itself
+    capacity = int(loaded.config.placement.capacity_bytes)
+    per_block = -(-block_tokens // geo.page_size) * geo.page_bytes
+    tokens = capacity // per_block * block_tokens
+    origin = (
+        f"placement.capacity_bytes {capacity} (from {loaded.origin('placement.capacity_bytes')})"
+    )
+    return [Given(tokens, origin)]
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _finish(refusals: list[str]) -> None:
+    for refusal in refusals:
+        err.print(f"kvcr-policy plan: refused: {refusal}", markup=False, highlight=False)
+    if refusals:
+        raise typer.Exit(2)
+
+
+def run_command(
+    *,
+    tokens: int | None,
+    trace: Path | None,
+    block_tokens: int | None,
+    capacity_tokens: str | None,
+    eviction: str | None,
+    bytes_requests: int | None,
+    plot: str | None,
+    profile: str | None,
+    overrides: dict[str, str],
+    geometry: str | None,
+    dims: dict[str, Any],
+    layout: str,
+    tp: int | None,
+    pp: int | None,
+    ranks_per_host: int | None,
+    pools: int | None,
+    prefix_tokens: int | None,
+    host_memory: int | None,
+    link_gbps: float | None,
+    measure_link: bool,
+    json_format: bool,
+) -> None:
+    """One ``kvcr-policy plan`` command line."""
+    loaded = load_config(profile=profile, overrides=overrides)
+    common: dict[str, Any] = dict(
+        dims=dims, layout=layout, tp=tp, pp=pp, ranks_per_host=ranks_per_host, pools=pools,
+        host_memory=host_memory, link_gbps=link_gbps, measure_link=measure_link,
+    )  # fmt: skip
+    if trace is None:
+        values = (capacity_tokens, eviction, bytes_requests, plot, block_tokens)
+        given = [name for name, value in zip(_TRACE_ONLY, values, strict=True) if value is not None]
+        if given:
+            raise ArgumentError(f"{', '.join(given)} go with --trace FILE (a trace to replay)")
+        if tokens is None:
+            raise ArgumentError("plan needs --tokens N (tokens the tier holds) or --trace FILE")
+        request = build_request(
+            loaded, geometry=geometry, tokens=tokens, prefix_tokens=prefix_tokens, **common
+        )
+        result = make_plan(loaded, request)
+        if json_format:
+            _print_json({"profile": loaded.profile, **result.to_dict()})
+        else:
+            title = {"profile": loaded.profile and Path(loaded.profile).stem, "geometry": geometry}
+            out.print(plan_table(result, title))
+        _finish(result.refusals)
+        return
+    for value, option in ((tokens, "--tokens"), (prefix_tokens, "--prefix-tokens")):
+        if value is not None:
+            raise ArgumentError(f"{option} sizes a tier for a token count; --trace replays a trace")
+    if bytes_requests is not None and not 1 <= bytes_requests <= MAX_BYTES_REQUESTS:
+        raise ArgumentError(f"--bytes: 1..{MAX_BYTES_REQUESTS} requests; got {bytes_requests}")
+    if plot is not None:
+        from ..figure_path import check_figure_path
+
+        check_figure_path(plot)
+    _trace_plan(loaded, trace, block_tokens or 512, capacity_tokens, eviction, bytes_requests,
+                plot, geometry, common, json_format)  # fmt: skip
+
+
+def _trace_plan(
+    loaded: LoadedConfig,
+    path: Path,
+    block_tokens: int,
+    capacity_tokens: str | None,
+    eviction: str | None,
+    bytes_requests: int | None,
+    plot: str | None,
+    geometry: str | None,
+    common: dict[str, Any],
+    json_format: bool,
+) -> None:
+    capacities = capacities_given(capacity_tokens) if capacity_tokens is not None else None
+    evictions = evictions_given(loaded, eviction)
+    trace = read_trace(path, block_tokens)
+    preset, preset_from = geometry, None
+    if geometry is None and all(value is None for value in common["dims"].values()):
+        preset, preset_from = "qwen3-32b", "default (--geometry qwen3-32b)"
+    widest = min(max(trace.inputs), MAX_INPUT_TOKENS)
+    request = build_request(
+        loaded, geometry=preset, tokens=widest, prefix_tokens=widest, geometry_from=preset_from,
+        **common,
+    )  # fmt: skip
+    if capacities is None:
+        capacities = _default_capacity(loaded, request, block_tokens)
+    result = make_trace_plan(loaded, request, trace, capacities, evictions)
+    if bytes_requests is not None and not result.refusals:
+        result.figures["bytes_replays"] = _bytes(loaded, trace.head(bytes_requests), capacities,
+                                                 evictions)  # fmt: skip
+    if json_format:
+        _print_json({"profile": loaded.profile, **result.to_dict()})
+    elif not result.refusals:
+        from .workload_report import trace_tables
+
+        out.print(trace_tables(result))
+    if plot is not None and not result.refusals:
+        from .curve import write_curve
+
+        write_curve(result.figures, plot)
+    _finish(result.refusals)
+    if any(not found["agrees"] for found in result.figures.get("bytes_replays", [])):
+        err.print("kvcr-policy plan: the replay with real bytes differs from the model",
+                  markup=False, highlight=False)  # fmt: skip
+        raise typer.Exit(1)
+
+
+def _bytes(
+    loaded: LoadedConfig, trace: Trace, capacities: list[Given], evictions: list[Eviction]
+) -> list[dict[str, Any]]:
+    from .replay_bytes import replay_bytes
+
+    found = []
+    for chosen in evictions:
+        for given in sorted(capacities, key=lambda g: g.value):
+            blocks = given.value // trace.block_tokens
+            result = replay_bytes(loaded, trace, blocks, chosen.section)
+            found.append({"eviction": chosen.name, "capacity_tokens": given.value,
+                          **result.to_dict()})  # fmt: skip
+    return found

@@ -1,0 +1,110 @@
+"""A trace plan as people read it: a heading, then one table of capacities per eviction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from .figures import Plan, sized
+
+__all__ = ["trace_tables"]
+
+
+def _count(n: float) -> str:
+    """A token count in three significant figures: 1M, 2.5M, 512k."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:g}"
+
+
+def _rate(bytes_per_s: float | None) -> str:
+    return "-" if bytes_per_s is None else f"{bytes_per_s / 1e9:.3g} GB/s"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _heading(plan: Plan) -> list[str]:
+    t, g, link = plan.figures["trace"], plan.figures["geometry"], plan.figures["link"]
+    duration = t["duration_s"]
+    arrivals = (
+        f"over {duration:.0f} s ({t['requests_per_s']:.2f} requests/s)" if duration else "at once"
+    )
+    speed = (
+        f"{link['gbps']:.1f} GB/s (from {link['from']})"
+        if link["gbps"]
+        else "none: give --link-gbps or --measure-link"
+    )
+    return [
+        f"trace {Path(t['path']).name}: {t['requests']} requests, {_count(t['input_tokens'])} "
+        f"input tokens {arrivals}; {t['distinct_blocks']} distinct blocks of "
+        f"{t['block_tokens']} tokens",
+        f"most reachable hit rate: {t['max_hit_rate']:.1%} (no capacity limit; holding every "
+        f"block takes {_count(t['tokens_to_hold_every_block'])} tokens)",
+        f"per rank: {sized(g['bytes_per_token_rank'])} per token, "
+        f"{sized(g['bytes_per_block_rank'])} per block ({g['pools_per_rank']} pool(s)); "
+        f"{g['ranks_per_host']} rank(s) per host (tp {g['tp']}, pp {g['pp']})",
+        f"link limit: {speed}",
+    ]
+
+
+def _table(replay: dict[str, Any]) -> Table:
+    title = f"eviction {replay['eviction']} (from {replay['eviction_from']})"
+    table = Table(title=escape(title), title_justify="left", box=None, pad_edge=False)
+    for column in ("capacity", "hit rate", "of max", "tier/rank", "tier/host", "restores/rank",
+                   "of link"):  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in replay["capacities"]:
+        host = sized(row["tier_bytes_per_host"]) + ("!" if row["fits_host"] is False else "")
+        table.add_row(
+            _count(row["capacity_tokens"]),
+            f"{row['hit_rate']:.1%}",
+            _share(row["share_of_max"]),
+            sized(row["tier_bytes_per_rank"]),
+            host,
+            _rate(row["restore_bytes_per_s_rank"]),
+            _share(row["link_share"]),
+        )
+    return table
+
+
+def trace_tables(plan: Plan) -> Group:
+    """The heading, a table per eviction strategy, the 90 % line, the bytes replay, warnings."""
+    parts: list[Any] = [Text(line) for line in _heading(plan)]
+    for replay in plan.figures["evictions"]:
+        parts += [Text(""), _table(replay)]
+        enough = replay["smallest_capacity_tokens_for_90pct_of_max"]
+        parts.append(
+            Text(
+                f"90% of the most reachable: {_count(enough)} tokens (smallest listed)"
+                if enough is not None
+                else "90% of the most reachable: no listed capacity reaches it"
+            )
+        )
+    if any(r["fits_host"] is False for e in plan.figures["evictions"] for r in e["capacities"]):
+        parts.append(Text("!: more tier than the host's memory"))
+    found_all = plan.figures.get("bytes_replays", [])
+    if found_all:
+        first = found_all[0]
+        parts += [Text(""), Text(f"with real bytes, the first {first['requests']} requests:")]
+    for found in found_all:
+        verdict = "agrees with the model" if found["agrees"] else "DIFFERS from the model"
+        parts.append(
+            Text(
+                f"  {found['eviction']} at {_count(found['capacity_tokens'])} "
+                f"({found['tier_pages']} tier pages): {found['hit_blocks']} hit blocks (model "
+                f"{found['model_hit_blocks']}), {found['pages_verified']} of "
+                f"{found['pages_restored']} restored pages verified: {verdict}"
+            )
+        )
+        parts += [Text(f"    ! {problem}") for problem in found["problems"]]
+    for warning in plan.warnings:
+        parts.append(Text(f"! {warning}"))
+    return Group(*parts)

@@ -1,0 +1,208 @@
+"""``kvcr-policy plan --trace``: Mooncake's conversation trace as the FAST'25 paper describes it,
+figures that hold together, inputs refused before any replay, the curve, the real-bytes check."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.commands import run_main
+from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+TRACES = ROOT / "data" / "traces"
+CONVERSATION = str(TRACES / "conversation_trace.jsonl.xz")
+DONE = ["--trace", CONVERSATION, "--capacity-tokens", "1000000,3000000,10000000,50000000"]
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
+    """``cli(*argv)``: ``kvcr-policy plan ARGV`` in-process, in an 80-column terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    return lambda *argv: run_main(capsys, "plan", *argv)
+
+
+def _json(cli: Run, *argv: str) -> dict[str, Any]:
+    code, out, err = cli(*argv, "--format", "json")
+    assert code == 0, err
+    return dict(json.loads(out))
+
+
+def test_the_paper_s_curve(cli: Run) -> None:
+    """FAST'25 section 5.3: a 3M-token cache reaches well under half of what an unbounded one
+    would, and about 50M tokens come close to the maximum."""
+    plan = _json(cli, *DONE, "--eviction", "lru", "--tp", "8", "--link-gbps", "20")
+    trace = plan["trace"]
+    assert (trace["requests"], trace["block_references"], trace["distinct_blocks"]) == (
+        12031,
+        288500,
+        182790,
+    )
+    (lru,) = plan["evictions"]
+    rows = {row["capacity_tokens"]: row for row in lru["capacities"]}
+    best = trace["max_hit_rate"]
+    assert 0 < rows[3_000_000]["hit_rate"] < 0.5 * best
+    assert rows[50_000_000]["hit_rate"] > 0.95 * best
+    rates = [row["hit_rate"] for row in lru["capacities"]]
+    assert rates == sorted(rates) and rates[-1] <= best
+    assert lru["smallest_capacity_tokens_for_90pct_of_max"] == 50_000_000
+    assert lru["eviction"] == "lru" and lru["eviction_from"] == "--eviction"
+
+
+def test_the_figures_hold_together(cli: Run) -> None:
+    plan = _json(cli, *DONE, "--tp", "8", "--host-memory", "2TiB", "--link-gbps", "20")
+    trace, geo = plan["trace"], plan["geometry"]
+    assert geo["bytes_per_token_rank"] == 32 << 10  # qwen3-32b by default, tp 8
+    assert geo["bytes_per_block_rank"] == 8 * (2 << 20)  # 512 tokens = 8 pages of 2 MiB
+    (configured,) = plan["evictions"]
+    assert configured["eviction"] == "lru" and configured["eviction_from"] == "default"
+    for row in configured["capacities"]:
+        blocks = row["capacity_tokens"] // 512
+        assert row["capacity_blocks"] == blocks
+        assert row["hit_rate"] == pytest.approx(row["hit_tokens"] / trace["input_tokens"])
+        assert row["tier_bytes_per_rank"] == blocks * geo["bytes_per_block_rank"]
+        assert row["tier_bytes_per_host"] == 8 * row["tier_bytes_per_rank"]
+        assert row["fits_host"] == (row["tier_bytes_per_host"] <= 2 << 40)
+        rate = row["hit_tokens"] * (32 << 10) / trace["duration_s"]
+        assert row["restore_bytes_per_s_rank"] == pytest.approx(rate)
+        assert row["link_share"] == pytest.approx(rate / 20e9)
+    assert plan["link"] == {"gbps": 20.0, "from": "--link-gbps"}
+
+
+def test_the_table_names_each_strategy(cli: Run) -> None:
+    code, out, err = cli(*DONE, "--eviction", "lru,fifo,s3fifo", "--tp", "8")
+    assert code == 0, err
+    for heading in ("eviction lru (from --eviction)", "eviction s3fifo (from --eviction)",
+                    "most reachable hit rate: 37.4%", "12031 requests"):  # fmt: skip
+        assert heading in out
+    assert "capacity  hit rate  of max  tier/rank" in out
+
+
+def test_without_capacities_the_profile_s_tier_is_replayed(cli: Run) -> None:
+    plan = _json(cli, "--trace", CONVERSATION, "--set", "placement.capacity_bytes=64GiB")
+    (row,) = plan["evictions"][0]["capacities"]
+    assert row["capacity_tokens"] == (64 << 30) // (128 << 20) * 512  # whole blocks of 128 MiB
+    assert row["capacity_from"] == "placement.capacity_bytes 68719476736 (from override)"
+
+
+def test_the_configured_eviction_and_its_options_are_used(cli: Run) -> None:
+    args = ["--set", "eviction.strategy=s3fifo", "--set", "eviction.options.small_share=0.2"]
+    plan = _json(cli, *DONE, *args)
+    (configured,) = plan["evictions"]
+    assert configured["eviction"] == "s3fifo" and configured["eviction_from"] == "override"
+    assert configured["options"] == {"small_share": 0.2, "promote_reads": 1}
+    asked = _json(cli, *DONE, *args, "--eviction", "s3fifo")["evictions"][0]
+    assert asked["options"] == configured["options"]  # the configured strategy's own options
+    assert asked["capacities"] == configured["capacities"]
+
+
+def test_the_curve_is_drawn(cli: Run, tmp_path: Path) -> None:
+    path = tmp_path / "curve.svg"
+    code, _, err = cli(*DONE, "--eviction", "lru,fifo", "--plot", str(path))
+    assert code == 0, err
+    svg = path.read_text(encoding="utf-8")
+    assert svg.startswith("<?xml") and "<svg" in svg and "no capacity limit (37.4%)" in svg
+
+
+def test_real_bytes_agree_with_the_model(cli: Run) -> None:
+    args = ["--capacity-tokens", "100000,1000000", "--eviction", "lru,s3fifo", "--bytes", "300"]
+    plan = _json(cli, "--trace", CONVERSATION, *args)
+    found = plan["bytes_replays"]
+    assert [(f["eviction"], f["capacity_tokens"]) for f in found] == [
+        ("lru", 100000), ("lru", 1000000), ("s3fifo", 100000), ("s3fifo", 1000000),
+    ]  # fmt: skip
+    for replay in found:
+        assert replay["agrees"] and replay["problems"] == []
+        assert replay["hit_blocks"] == replay["model_hit_blocks"] == replay["pages_verified"]
+
+
+def test_real_bytes_that_differ_exit_1(cli: Run) -> None:
+    code, out, err = cli("--trace", CONVERSATION, "--capacity-tokens", "100000", "--bytes", "300",
+                         "--set", "backend.name=dict", "--set",
+                         "backend.options.capacity_pages=40")  # fmt: skip
+    assert code == 1
+    assert "DIFFERS from the model" in out
+    assert "the replay with real bytes differs from the model" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--capacity-tokens", "100"],
+            "capacity 100 tokens (from --capacity-tokens) holds no block",
+        ),
+        (["--capacity-tokens", "2000G"], "is more than the 1099511627776 tokens"),
+        (["--capacity-tokens", "1M,,3M"], "no empty item"),
+        (["--capacity-tokens", "1M,1M"], "1M listed twice"),
+        (["--capacity-tokens", "1e6"], "'1e6' is not a token count"),
+        (["--capacity-tokens", "99999999999999999"], "is not a token count"),
+        (["--block-tokens", "2097152"], "--block-tokens must be an integer in 1..1048576"),
+        (["--block-tokens", "1024"], "line 1: 14 hash_ids for input_length 6758, more than its 7"),
+        (["--eviction", "lfu"], "--eviction: no eviction strategy 'lfu' (registered: fifo, lru"),
+        (["--tokens", "1000"], "--tokens sizes a tier for a token count; --trace replays"),
+        (["--bytes", "0"], "--bytes: 1..1000000 requests; got 0"),
+        (["--plot", "curve.txt"], "--plot curve.txt: has suffix '.txt'"),
+        (["--link-gbps", "nan"], "--link-gbps: expected a rate in GB/s, above 0"),
+        (["--link-gbps", "inf"], "--link-gbps: expected a rate in GB/s, above 0"),
+        (["--geometry", "qwen3-32b", "--capacity-tokens", "100G"], "more than the 256TiB"),
+    ],
+)
+def test_bad_input_is_refused_with_one_message(cli: Run, args: list[str], message: str) -> None:
+    code, out, err = cli("--trace", CONVERSATION, *args)
+    assert code == 2
+    assert message in err, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_a_malformed_line_is_refused_with_its_number(cli: Run, tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    good = '{"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]}'
+    path.write_text(f'{good}\n{good}\n{{"timestamp": 0, "input_length": 600}}\n')
+    code, _, err = cli("--trace", str(path))
+    assert code == 2
+    assert f"trace {path} line 3: missing hash_ids" in err
+
+
+@pytest.mark.parametrize("option", [["--capacity-tokens", "1M"], ["--eviction", "lru"],
+                                    ["--bytes", "3"], ["--block-tokens", "512"]])  # fmt: skip
+def test_trace_options_need_a_trace(cli: Run, option: list[str]) -> None:
+    code, _, err = cli("--tokens", "1000", "--geometry", "small", *option)
+    assert code == 2
+    assert f"{option[0]} go with --trace FILE" in err
+
+
+def test_plan_needs_tokens_or_a_trace(cli: Run) -> None:
+    code, _, err = cli("--geometry", "small")
+    assert code == 2
+    assert "plan needs --tokens N (tokens the tier holds) or --trace FILE" in err
+
+
+def test_a_measured_link_is_compared(cli: Run, tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": 1000 * i, "input_length": 4096, "hash_ids": list(range(8))}
+            for i in range(4)]  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    plan = _json(cli, "--trace", str(path), "--capacity-tokens", "4096", "--geometry", "small",
+                 "--measure-link")  # fmt: skip
+    assert plan["link"]["from"].startswith("measured here") and plan["link"]["gbps"] > 0
+    (row,) = plan["evictions"][0]["capacities"]
+    assert row["hit_tokens"] == 3 * 4096  # every request after the first hits all 8 blocks
+    rate = row["hit_tokens"] * plan["geometry"]["bytes_per_token_rank"] / 3.0
+    assert row["restore_bytes_per_s_rank"] == pytest.approx(rate)
+    assert row["link_share"] == pytest.approx(rate / (plan["link"]["gbps"] * 1e9))
+
+
+def test_every_pool_counts_in_the_tier_and_the_restores(cli: Run) -> None:
+    one = _json(cli, *DONE, "--tp", "8", "--link-gbps", "20")["evictions"][0]["capacities"]
+    two = _json(cli, *DONE, "--tp", "8", "--link-gbps", "20", "--pools", "2")
+    for single, double in zip(one, two["evictions"][0]["capacities"], strict=True):
+        assert double["hit_tokens"] == single["hit_tokens"]
+        for key in ("tier_bytes_per_rank", "restore_bytes_per_s_rank", "link_share"):
+            assert double[key] == pytest.approx(2 * single[key])
