@@ -19,7 +19,7 @@ from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, PoolGeometry
-from kvcr_policy.integrations.sglang_prefix import ALL_PAGES, TRAILING_PAGES
+from kvcr_policy.integrations.sglang.prefix import ALL_PAGES, TRAILING_PAGES
 from kvcr_policy.sources import known_leaves
 
 __all__ = [
@@ -293,7 +293,7 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8)
 rates = st.floats(1.0, 100.0, allow_nan=False)
 
 
-# --- SGLang's prefix query (kvcr_policy.integrations.sglang_prefix) ---
+# --- SGLang's prefix query (kvcr_policy.integrations.sglang.prefix) ---
 
 
 @st.composite

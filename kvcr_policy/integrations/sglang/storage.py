@@ -9,19 +9,19 @@ SGLang loads it with its own ``StorageBackendFactory``::
 and builds it as ``cls(storage_config, kwargs)`` (``_create_dynamic_backend`` in
 ``sglang/srt/mem_cache/storage/backend_factory.py``), without a host pool: pools arrive later
 through ``register_mem_pool_host`` (the KV anchor) and ``register_mem_host_pool_v2`` (every pool
-of the host pool group, by name). Three API levels, all over one :class:`~kvcr_policy.Pipeline`:
+of the host pool group, by name), each bound by :func:`.bindings.bind`. The whole
+``HiCacheStorage`` contract of 0.5.23, over one :class:`~kvcr_policy.Pipeline`:
 
-- v1, zero-copy (``interface_v1`` truthy): ``batch_get_v1`` / ``batch_set_v1`` move pages
-  straight between the host pool's ``kv_buffer`` and the DRAM tier.
+- v1 (``interface_v1`` truthy): ``batch_get_v1`` / ``batch_set_v1`` / ``batch_exists``;
 - v2, per pool: ``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2`` with
-  :class:`PoolTransfer`; the usable prefix is the minimum over pools, as in ``HiCacheFile``.
-- v0, tensors: ``get`` / ``set`` / ``batch_get`` / ``batch_set`` / ``exists``, staged through a
-  flat pool (:mod:`.sglang_v0`). With ``interface_v1`` falsy SGLang moves KV pages this way, and
+  :class:`PoolTransfer`; the usable prefix is the minimum over pools, as in ``HiCacheFile``;
+- v0: ``get`` / ``set`` / ``batch_get`` / ``batch_set`` / ``exists`` in tensor and pointer
+  forms (:mod:`.tensor_api`); with ``interface_v1`` falsy SGLang moves KV pages this way, and
   ``batch_exists`` then answers for these pages.
 
 Data-path failures never escape: they are logged and become correctly shaped misses, so a
-prefetch or backup thread never dies. A pool the pipeline refuses fails closed (misses) while
-the others keep working.
+prefetch or backup thread never dies. A pool refused at registration fails closed (misses)
+while the others keep working.
 """
 
 from __future__ import annotations
@@ -29,111 +29,64 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Final
 
-try:
-    from sglang.srt.mem_cache.hicache_storage import (
-        HiCacheStorage,
-        HiCacheStorageConfig,
-        HiCacheStorageExtraInfo,
-        PoolName,
-        PoolTransfer,
-        PoolTransferResult,
-    )
-except ImportError as err:  # bind the message, then raise (STYLE.md)
-    _message = (
-        f"kvcr_policy.integrations.sglang needs SGLang 0.5.23 ({err}). On a GPU server: "
-        "pip install 'kvcr-policy[sglang]' (or pip install sglang==0.5.23); on a CPU-only "
-        "machine, from the kvcr_policy source tree: bash .ci/install-sglang.sh"
-    )
-    raise ImportError(_message) from err
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
 
-from ..errors import ClosedError, KVCRPolicyError, UnimplementedError
-from ..geometry import PoolGeometry
-from ..loading import PROFILE_ENV, LoadedConfig, load_config
-from ..pipeline import Pipeline, build_pipeline
-from .sglang_config import BackendOptions, parse_extra_config
-from .sglang_metrics import CallSamples, storage_metrics
-from .sglang_pools import Namespace, flat_geometry, geometry_of, namespace_for, pool_name
-from .sglang_prefix import PoolQuery, usable_prefix
-from .sglang_v0 import FlatPages
+from ...errors import ClosedError, KVCRPolicyError
+from ...loading import LoadedConfig
+from ...pipeline import Pipeline, build_pipeline
+from .bindings import Binding, bind
+from .config import BackendOptions, parse_extra_config
+from .flat import FlatObjects
+from .memory import MemoryMap
+from .metrics import CallSamples, storage_metrics
+from .pools import Namespace, namespace_for, pool_name
+from .prefix import PoolQuery, usable_prefix
+from .startup import flag_origin, load, log_start
+from .tensor_api import TensorAPI
 
 __all__ = ["KVCRPolicyStorage"]
 
 log = logging.getLogger("kvcr_policy.integrations.sglang")
 
 KV: Final = "kv"
-V0_POOL: Final = "kv.v0"
-
-
-@dataclass(frozen=True, slots=True)
-class _Binding:
-    """A registered SGLang host pool: its pipeline pool and key namespace."""
-
-    name: str
-    host_pool: Any
-    geometry: PoolGeometry
-    namespace: Namespace
 
 
 class KVCRPolicyStorage(HiCacheStorage):
     """SGLang HiCache storage backend over a kvcr_policy pipeline; see the module docstring.
 
     ``storage_config`` is SGLang's ``HiCacheStorageConfig``; its ``extra_config`` may name a
-    ``profile`` and ``overrides`` (see :mod:`.sglang_config`). ``kwargs`` is what SGLang's
-    factory passes second (an empty dict); it may carry the same two keys.
+    ``profile`` and ``overrides`` (see :mod:`.config`). ``kwargs`` is what SGLang's factory
+    passes second (an empty dict); it may carry the same two keys.
     """
 
     def __init__(
         self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None
     ) -> None:
         self.storage_config = storage_config
-        self.options: BackendOptions = parse_extra_config(storage_config.extra_config, kwargs)
-        self.loaded: LoadedConfig = load_config(self.options.profile, None, self.options.overrides)
+        self.options: BackendOptions = parse_extra_config(
+            storage_config.extra_config, kwargs, origin=flag_origin()
+        )
+        self.loaded: LoadedConfig = load(self.options)
         self.pipeline: Pipeline = build_pipeline(self.loaded)
         self.refused: dict[str, str] = {}
-        self._bindings: dict[str, _Binding] = {}
+        self.pools: dict[str, Binding] = {}
         self._refused_pools: dict[str, Any] = {}
-        self._v0: FlatPages | None = None
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self._samples = CallSamples(enabled=bool(storage_config.enable_storage_metrics))
-        self._log_start()
-
-    # ---- start-up -----------------------------------------------------------------------
-
-    def _log_start(self) -> None:
-        c = self.storage_config
-        if self.options.profile is not None:
-            where = self.options.profile_origin
-        elif self.loaded.profile is not None:
-            where = f"env {PROFILE_ENV}"
-        else:
-            where = "no profile named: schema defaults, upstream behaviour"
-        log.info(
-            "kvcr_policy HiCache backend for model %r, tp %d/%d, pp %d/%d, attn-cp %d/%d, dp %d: "
-            "profile %s (from %s), interface_v1=%s",
-            c.model_name,
-            c.tp_rank,
-            c.tp_size,
-            c.pp_rank,
-            c.pp_size,
-            c.attn_cp_rank,
-            c.attn_cp_size,
-            getattr(c, "dp_rank", 0),
-            self.loaded.profile or "default",
-            where,
-            int(self.options.interface_v1),
-        )
-        for path, (value, origin) in self.loaded.changed().items():
-            log.info("kvcr_policy: %s = %r (from %s)", path, value, origin)
-        if getattr(c, "should_split_heads", False):
-            log.warning(
-                "kvcr_policy: tp_lcm_size asks for split-head page sharing between TP sizes; "
-                "not supported: each TP size keeps its own pages"
-            )
+        self._objects = FlatObjects(self.pipeline, self._flat_namespace)
+        self._tensors = TensorAPI(self._objects, self._memory, self._kv_page_bytes)
+        log_start(self)
 
     # ---- pools --------------------------------------------------------------------------
 
@@ -146,20 +99,29 @@ class KVCRPolicyStorage(HiCacheStorage):
         self._attach(pool_name(host_pool_name), host_pool)
 
     def on_host_pools_registered(self) -> None:
-        kept = ", ".join(f"{n} ({b.geometry.layout})" for n, b in self._bindings.items())
+        kept = ", ".join(f"{n} ({b.summary})" for n, b in self.pools.items())
         refused = "; ".join(f"{n}: {why}" for n, why in self.refused.items())
         log.info("kvcr_policy pools: %s; refused (misses): %s", kept or "none", refused or "none")
 
     def _attach(self, name: str, host_pool: Any) -> None:
-        """Register ``host_pool`` as pipeline pool ``name``; on refusal, log and fail closed."""
+        """Bind ``host_pool`` as pool ``name`` (a group: its anchor, then its members by name);
+        on refusal, log and fail closed."""
+        entries = getattr(host_pool, "entries", None)
+        anchor = getattr(host_pool, "anchor_entry", None)
+        if anchor is not None and entries is not None:
+            self._attach(name, anchor.host_pool)
+            for entry in entries:
+                if entry is not anchor:
+                    self._attach(pool_name(entry.name), entry.host_pool)
+            return
         with self._lock:
-            bound = self._bindings.get(name)
+            bound = self.pools.get(name)
             if bound is not None and bound.host_pool is host_pool:
                 return  # the KV anchor arrives through both registration calls
             if self._refused_pools.get(name) is host_pool:
                 return  # refused already; trying again would only repeat the error
             if bound is not None:
-                del self._bindings[name]
+                del self.pools[name]
                 self.refused[name] = (
                     "registered again with another host pool; its pages now miss, since the "
                     "tier cannot tell which pool's pages it holds"
@@ -167,21 +129,19 @@ class KVCRPolicyStorage(HiCacheStorage):
                 log.error("kvcr_policy: pool %r %s", name, self.refused[name])
                 return
             try:
-                geometry = geometry_of(host_pool, name)
-                self.pipeline.register_pool(name, geometry, host_pool.kv_buffer)
+                binding = bind(self.pipeline, self.storage_config, name, host_pool)
             except Exception as err:
                 self.refused[name] = str(err)
                 self._refused_pools[name] = host_pool
                 log.error("kvcr_policy: %s; pool %r fails closed (misses)", err, name)
                 return
-            tag = getattr(host_pool, "storage_format_tag", None)
-            namespace = namespace_for(self.storage_config, name, geometry, format_tag=tag)
-            self._bindings[name] = _Binding(name, host_pool, geometry, namespace)
+            self.pools[name] = binding
             self.refused.pop(name, None)
-            log.info("kvcr_policy: pool %r: %s; keys %s", name, geometry, namespace.label)
+            log.info("kvcr_policy: pool %r: %s; keys %s", name, binding.description,
+                     binding.namespace.label)  # fmt: skip
 
-    def _binding(self, name: str) -> _Binding | None:
-        binding = self._bindings.get(name)
+    def _binding(self, name: str) -> Binding | None:
+        binding = self.pools.get(name)
         if binding is None:
             reason = self.refused.get(name, "no host pool of that name was registered")
             self._warn_once(f"pool:{name}", "kvcr_policy: pool %r misses: %s", name, reason)
@@ -198,7 +158,24 @@ class KVCRPolicyStorage(HiCacheStorage):
         else:
             log.exception("kvcr_policy: %s of %d pages of pool %r failed", call, n, name)
 
-    # ---- the zero-copy data path (v1 and v2) ----------------------------------------------
+    def _memory(self) -> MemoryMap:
+        maps = [binding.memory for binding in list(self.pools.values())]
+        total = MemoryMap.merged([])
+        for memory in maps:
+            total = total | memory
+        return total
+
+    def _kv_page_bytes(self) -> int | None:
+        kv = self.pools.get(KV)
+        return kv.page_bytes if kv is not None and kv.page_bytes else None
+
+    def _flat_namespace(self, name: str, nbytes: int) -> Namespace:
+        # Tensor-form pages follow the KV pool's layout, so its digest goes in when bound.
+        kv = self.pools.get(KV)
+        layout = kv.namespace.prefix if kv is not None else "none"
+        return namespace_for(self.storage_config, name, f"flat:{nbytes}:kv={layout}")
+
+    # ---- the data path of registered pools (v1 and v2) ------------------------------------
 
     def _move(self, op: str, name: str, keys: Sequence[str], host_indices: Any) -> list[bool]:
         n = len(keys)
@@ -207,18 +184,17 @@ class KVCRPolicyStorage(HiCacheStorage):
             if n and (name in self.refused or name == KV):  # SGLang's own pool names only
                 self.pipeline.count_misses(name, op == "get", "pool_refused", n)
             return [False] * n
-        call: Callable[..., list[bool]] = self.pipeline.get if op == "get" else self.pipeline.set
         start = time.perf_counter()
         try:
-            done = call(binding.namespace.keys(keys), host_indices, name)
+            mover = binding.mover
+            call = mover.get if op == "get" else mover.set
+            done = call(binding.namespace.keys(keys), host_indices)
         except Exception as err:
             self._failed(op, name, n, err)
             return [False] * n
         done = [bool(x) for x in done[:n]] + [False] * (n - len(done))
         moved = done.index(False) if False in done else n
-        self._samples.record(
-            op, moved, moved * binding.geometry.page_bytes, time.perf_counter() - start
-        )
+        self._samples.record(op, moved, moved * binding.page_bytes, time.perf_counter() - start)
         return done
 
     def _count(self, name: str, keys: Sequence[str]) -> int:
@@ -226,25 +202,31 @@ class KVCRPolicyStorage(HiCacheStorage):
         if not keys:
             return 0
         try:
-            if name == V0_POOL:
-                return self._v0.exists(keys) if self._v0 is not None else 0
             binding = self._binding(name)
             if binding is None:
                 return 0
-            return self.pipeline.exists(binding.namespace.keys(keys), name)
+            return int(binding.mover.exists(binding.namespace.keys(keys)))
         except Exception as err:
             self._failed("exists", name, len(keys), err)
             return 0
 
-    def _kv_pool(self) -> str:
-        # SGLang moves KV pages through v1 when interface_v1 is truthy, else through v0
-        # (cache_controller.py, attach_storage_backend): exists answers for that path.
-        return KV if self.options.interface_v1 else V0_POOL
-
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
-        return self._count(self._kv_pool(), keys)
+        # SGLang moves KV pages through v1 when interface_v1 is truthy, else through the
+        # tensor API (cache_controller.py, attach_storage_backend): exists answers for that.
+        if not self.options.interface_v1:
+            try:
+                return self._objects.exists(keys, self._kv_page_bytes())
+            except Exception as err:
+                self._failed("exists", "v0", len(keys), err)
+                return 0
+        kv = self.pools.get(KV)
+        if kv is not None and kv.kind == "logical":
+            # As MooncakeStore: a logical anchor has no KV object; only batch_exists_v2,
+            # which asks its side pools, can say what is restorable.
+            return 0
+        return self._count(KV, keys)
 
     def batch_get_v1(
         self,
@@ -298,10 +280,14 @@ class KVCRPolicyStorage(HiCacheStorage):
     ) -> PoolTransferResult:
         """The usable prefix over the KV pool and every pool transfer, as HiCacheFile does.
 
-        See :mod:`.sglang_prefix`: ``all_pages`` and ``trailing_pages`` gate the prefix;
+        See :mod:`.prefix`: ``all_pages`` and ``trailing_pages`` gate the prefix;
         ``block_groups`` never gates the KV hit and gets no verdict from this backend.
         """
-        kv_pages = self._count(self._kv_pool(), keys)
+        kv = self.pools.get(KV)
+        if self.options.interface_v1 and kv is not None and kv.kind == "logical":
+            kv_pages = len(keys)  # the side pools decide, as MooncakeStore does
+        else:
+            kv_pages = self.batch_exists(keys, extra_info)
         queries = [
             PoolQuery(t.name, str(getattr(t.hit_policy, "value", t.hit_policy)), len(t.keys or []))
             for t in pool_transfers or []
@@ -325,34 +311,7 @@ class KVCRPolicyStorage(HiCacheStorage):
         hit_count.update(prefix.hits)
         return PoolTransferResult(prefix.pages, hit_count, prefix.ends)
 
-    # ---- the tensor data path (v0) --------------------------------------------------------
-
-    def _flat_pages(self, page_bytes: int | None) -> FlatPages | None:
-        """The v0 staging pool, opened on first use with the size of the first page seen."""
-        if self._v0 is not None:
-            return self._v0
-        kv = self._bindings.get(KV)
-        if page_bytes is None and kv is not None:
-            page_bytes = kv.geometry.page_bytes
-        if page_bytes is None or page_bytes <= 0:
-            return None
-        with self._lock:
-            if self._v0 is None:
-                # The flat bytes of a page follow the KV pool's layout, so its digest goes in.
-                described = kv.geometry if kv is not None else flat_geometry(V0_POOL, page_bytes, 1)
-                namespace = namespace_for(self.storage_config, V0_POOL, described)
-                self._v0 = FlatPages(self.pipeline, V0_POOL, page_bytes, namespace)
-                log.info("kvcr_policy: v0 pages of %d bytes; keys %s", page_bytes, namespace.label)
-        return self._v0
-
-    @staticmethod
-    def _unsupported_sizes(target_sizes: Any) -> None:
-        if target_sizes is not None:
-            message = (
-                "kvcr_policy's tensor API moves whole pages and takes no target_sizes; "
-                "use interface_v1 for zero-copy transfers"
-            )
-            raise UnimplementedError(message)
+    # ---- the tensor API (v0) --------------------------------------------------------------
 
     def batch_set(
         self,
@@ -361,20 +320,13 @@ class KVCRPolicyStorage(HiCacheStorage):
         target_locations: Any = None,
         target_sizes: Any = None,
     ) -> bool:
-        """Store one page tensor per key; True only if every key is now stored."""
-        self._unsupported_sizes(target_sizes)
+        """Store one object per key (tensors or pointers); True only if every key is stored."""
         if not keys:
             return True
-        values = list(values) if values is not None else []
-        first = values[0] if values else None
         try:
-            nbytes = first.numel() * first.element_size() if first is not None else None
-            pages = self._flat_pages(nbytes)
-            if pages is None:
-                return False
-            return all(pages.set(keys, values))
+            return all(self._tensors.batch_set(keys, values, target_locations, target_sizes))
         except Exception as err:
-            self._failed("set", V0_POOL, len(keys), err)
+            self._failed("set", "v0", len(keys), err)
             return False
 
     def set(
@@ -384,27 +336,27 @@ class KVCRPolicyStorage(HiCacheStorage):
         target_location: Any = None,
         target_sizes: Any = None,
     ) -> bool:
-        return self.batch_set([key], [value], None, target_sizes)
+        values = [value] if value is not None else None
+        locations = [target_location] if target_location is not None else None
+        sizes = [target_sizes] if target_sizes is not None else None
+        return self.batch_set([key], values, locations, sizes)
 
     def batch_get(
         self,
         keys: list[str],
         target_locations: Any = None,
         target_sizes: Any = None,
-    ) -> list[Any]:
-        """Restore pages into ``target_locations`` (flat page tensors); None per miss."""
-        self._unsupported_sizes(target_sizes)
-        targets = list(target_locations) if target_locations is not None else None
-        first = targets[0] if targets else None
+    ) -> Any:
+        """Tensor form: the filled tensor or None per key. Pointer form: how many keys from the
+        start were restored (as MooncakeStore answers)."""
         try:
-            nbytes = first.numel() * first.element_size() if first is not None else None
-            pages = self._flat_pages(nbytes)
-            if pages is None:
-                return [None] * len(keys)
-            return pages.get(keys, targets)
+            ok, filled, pointers = self._tensors.batch_get(keys, target_locations, target_sizes)
         except Exception as err:
-            self._failed("get", V0_POOL, len(keys), err)
-            return [None] * len(keys)
+            self._failed("get", "v0", len(keys), err)
+            ok, filled, pointers = [False] * len(keys), [None] * len(keys), False
+        if pointers:
+            return ok.index(False) if False in ok else len(ok)
+        return filled
 
     def get(
         self,
@@ -412,10 +364,17 @@ class KVCRPolicyStorage(HiCacheStorage):
         target_location: Any = None,
         target_sizes: Any = None,
     ) -> Any:
-        return self.batch_get([key], [target_location], target_sizes)[0]
+        """Tensor form: the filled tensor or None. Pointer form: True if restored."""
+        sizes = [target_sizes] if target_sizes is not None else None
+        got = self.batch_get([key], [target_location], sizes)
+        return got == 1 if isinstance(got, int) else got[0]
 
     def exists(self, key: str) -> bool:
-        return self._count(V0_POOL, [key]) == 1
+        try:
+            return self._objects.has(key)
+        except Exception as err:
+            self._failed("exists", "v0", 1, err)
+            return False
 
     # ---- housekeeping -----------------------------------------------------------------
 
