@@ -132,6 +132,39 @@ def _token_range(page_size: int, page: int) -> Any:
     return torch.arange(page * page_size, (page + 1) * page_size, dtype=torch.int64)
 
 
+def _byte_view(buffer: Any, geometry: PoolGeometry) -> Any:
+    """``buffer``'s bytes shaped as ``geometry`` says (a view: the same memory)."""
+    return buffer.reshape(-1).view(_uint8()).view(geometry.shape)
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _unsafe(pool: Any) -> str | None:
+    """Why a page of ``pool`` cannot be stored on its own under one key, or None."""
+    if getattr(pool, "stores_page_envelope", False):
+        return (
+            "its page is an envelope of unified memory that sub-pools share (full and SWA lay "
+            "their rows in one allocation), so restoring one pool's envelope would overwrite "
+            "bytes another pool owns; SGLang 0.5.23 gives such pools only to backends that store "
+            "the complete shared page (HybridCacheController.supports_page_envelope_host: mori), "
+            "and with --hicache-storage-backend dynamic builds separate host pools, which this "
+            "backend takes"
+        )
+    spec = getattr(getattr(pool, "placement", None), "spec", None)
+    shards = int(getattr(spec, "shard_size", 1) or 1)
+    if class_name(pool).endswith("PageInterleaveHostPool") and shards > 1:
+        return (
+            f"its pages are dealt round-robin over {shards} ranks (logical-page KV "
+            "sharding): no rank holds a sequence's pages from the start, so a per-rank tier "
+            "cannot answer batch_exists with a leading run every rank agrees on"
+        )
+    return None
+
+
 def _digest(*parts: object) -> str:
     return hashlib.sha256(";".join(map(str, parts)).encode()).hexdigest()[:16]
 
@@ -167,12 +200,17 @@ def bind(pipeline: Pipeline, storage_config: Any, name: str, pool: Any) -> Bindi
     def namespace(digest: str) -> Namespace:
         return namespace_for(storage_config, name, digest, format_tag=tag)
 
+    unsafe = _unsafe(pool)
+    if unsafe is not None:
+        raise PoolError(f"{label} refused: {unsafe}")
     geometry = known_geometry(pool, name)
     if geometry is not None:
-        disagreement = _agrees(geometry, pool)
+        unified = pool.layout == "page_unified"
+        disagreement = None if unified else _agrees(geometry, pool)
         if disagreement is None:
-            pipeline.register_pool(name, geometry, pool.kv_buffer)
-            ns = namespace(geometry.digest())
+            buffer = _byte_view(pool.kv_buffer, geometry) if unified else pool.kv_buffer
+            pipeline.register_pool(name, geometry, buffer)
+            ns = namespace(geometry.digest() + (":page-unified-v1" if unified else ""))
             return Binding(name, pool, "zero-copy", geometry.page_bytes, ns, str(geometry),
                            _Direct(pipeline, name), geometry)  # fmt: skip
         log.warning("kvcr_policy: %s: %s; moving it by its own page description", label,

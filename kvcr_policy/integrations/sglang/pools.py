@@ -69,9 +69,41 @@ def known_geometry(pool: Any, name: str) -> PoolGeometry | None:
     if class_name(pool) not in KNOWN_LAYOUTS:
         return None
     try:
+        if getattr(pool, "layout", None) == "page_unified":
+            return unified_geometry(pool, name)
         return geometry_of(pool, name)
     except PoolError:
         return None
+
+
+def unified_geometry(pool: Any, name: str) -> PoolGeometry:
+    """A ``page_unified`` pool as opaque page blocks: one contiguous block per page.
+
+    SGLang 0.5.23 ``pool_host/page_unified.py``: the buffer is ``page_dims(page_num)``, "whose
+    C-contiguous order IS the byte order", page first, so page ``p`` is ``kv_buffer[p]``,
+    ``bytes_per_page`` long. Modelled as an MLA ``page_first`` pool of one layer whose token
+    rows are ``bytes_per_page / page_size`` bytes of uint8 (registered through a byte view of
+    ``kv_buffer``, no copy).
+    """
+    layout = getattr(pool, "page_unified_layout", None)
+    buffer = getattr(pool, "kv_buffer", None)
+    if layout is None or buffer is None or getattr(pool, "dcp_size", 1) != 1:
+        _refuse(name, pool, "page_unified without its PageUnifiedLayout, buffer, or with DCP")
+    page_num, page_size = int(pool.page_num), int(pool.page_size)
+    if tuple(buffer.shape) != tuple(layout.page_dims(page_num)) or not buffer.is_contiguous():
+        _refuse(name, pool, f"page_unified buffer {tuple(buffer.shape)} is not its page_dims")
+    return PoolGeometry(
+        name=name,
+        layout="page_first",
+        layers=1,
+        heads=1,
+        head_dim=int(layout.bytes_per_page) // page_size,
+        dtype="uint8",
+        page_size=page_size,
+        tokens=page_num * page_size,
+        mla=True,
+        device=str(buffer.device),
+    )
 
 
 def _refuse(name: str, pool: object, what: str) -> NoReturn:

@@ -15,6 +15,7 @@ import pytest
 
 from kvcr_policy.errors import ConfigError
 from tests.integrations.conftest import round_trip, same_tensors
+from tests.integrations.sglang.host_pools import interleave
 
 pytestmark = pytest.mark.sglang
 
@@ -119,12 +120,12 @@ def test_usable_prefix_over_pools_matches_hicache_file(
     assert query(ours, hs.PoolHitPolicy.ALL_PAGES, 1) == (3, {kv: 6, swa: 3}, [1, 2, 3])
     assert query(ours, hs.PoolHitPolicy.TRAILING_PAGES, 2)[2] == [1, 2, 3, 6]
 
-    # A pool that cannot be moved (an MHA pool in page_unified: SGLang lists no page of it)
-    # fails closed; the others work.
-    unified = kit.mha("page_unified")
-    ours.register_mem_host_pool_v2(unified, indexer)
-    assert "Unsupported layout: page_unified" in ours.refused["indexer"]
-    gone = hs.PoolTransfer(name=indexer, host_indices=kit.indices(unified, [0]), keys=keys[:1])
+    # A pool that cannot be moved safely (pages dealt round-robin over ranks) fails closed;
+    # the others work.
+    sharded = interleave(sg, "page_first")
+    ours.register_mem_host_pool_v2(sharded, indexer)
+    assert "dealt round-robin" in ours.refused["indexer"]
+    gone = hs.PoolTransfer(name=indexer, host_indices=kit.indices(sharded, [0]), keys=keys[:1])
     assert ours.batch_get_v2([gone]) == {indexer: [False]}
     assert ours.batch_exists_v2(keys, [gone]).kv_hit_pages == 0
     assert ours.batch_exists(keys) == 6
@@ -266,7 +267,7 @@ def test_a_pool_whose_buffer_disagrees_is_refused_alone(
 
 @pytest.mark.parametrize(
     ("pool", "reason"),
-    [("page_unified", "Unsupported layout: page_unified")],
+    [("interleave", "dealt round-robin over 2 ranks")],
 )
 def test_real_pools_that_cannot_be_kept_fail_closed_with_their_reason(
     sg: SimpleNamespace,
@@ -279,8 +280,8 @@ def test_real_pools_that_cannot_be_kept_fail_closed_with_their_reason(
     """SGLang's own host pool classes, built on CPU: each refusal is logged with its reason,
     SGLang's "pools registered" call logs the ``refused (misses)`` line, the refused pool's
     pages miss and the KV pool keeps working."""
-    refused = kit.mha("page_unified")
-    assert type(refused) is sg.MHATokenToKVPoolHost
+    refused = interleave(sg, "page_first")
+    assert type(refused).__name__ == "PageInterleaveHostPool"
     backend = make_backend()
     good = kit.mha("page_first")
     swa = sg.hs.PoolName.SWA
