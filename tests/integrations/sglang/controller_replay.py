@@ -6,8 +6,9 @@ parallel state)::
         [--overrides JSON] [--profile NAME]
 
 prints one JSON object of figures per pass; the host pool is flushed between passes (a host
-tier restarted, storage kept), so the second pass reads back through prefetch. What is SGLang's own: the controller with its prefetch,
-prefetch-I/O, prefetch-sync and backup threads, their queues and acks, its page get and set
+tier restarted, storage kept), so the second pass reads back through prefetch.
+
+What is SGLang's own: the controller with its prefetch, prefetch-I/O, prefetch-sync and backup threads, their queues and acks, its page get and set
 functions (``_page_get_zero_copy`` / ``_page_set_zero_copy``: ``interface_v1``), its storage
 hit query and key hashing (``get_storage_hash_str``), its L2 transfer engine, a gloo process
 group of one rank, a CPU device KV pool (``MHATokenToKVPool``) with its paged allocator, a real
@@ -54,7 +55,9 @@ HOST_BLOCKS = 128  # host pool: 128 blocks (4 MiB), far below the trace's workin
 WAIT_S = 120.0
 
 
-def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):  # type: ignore[no-untyped-def]
+def transfer_kv_direct(
+    src_layers: Any, dst_layers: Any, src_indices: Any, dst_indices: Any, page_size: int
+) -> None:
     """Stand-in for ``sgl_kernel.kvcacheio.transfer_kv_direct`` (absent on CPU builds): copy
     the token rows ``src_indices`` of each source layer to rows ``dst_indices`` of its
     destination layer."""
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with args.trace.open(encoding="utf-8") as lines:
-        requests = [json.loads(line) for _, line in zip(range(args.requests), lines)]
+        requests = [json.loads(line) for _, line in zip(range(args.requests), lines, strict=False)]
     replay = Replay(json.loads(args.overrides), args.profile)
     try:
         figures = replay.run(requests, args.passes)
