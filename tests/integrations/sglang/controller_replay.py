@@ -8,12 +8,13 @@ parallel state)::
 prints one JSON object of figures per pass; the host pool is flushed between passes (a host
 tier restarted, storage kept), so the second pass reads back through prefetch.
 
-What is SGLang's own: the controller with its prefetch, prefetch-I/O, prefetch-sync and backup threads, their queues and acks, its page get and set
-functions (``_page_get_zero_copy`` / ``_page_set_zero_copy``: ``interface_v1``), its storage
-hit query and key hashing (``get_storage_hash_str``), its L2 transfer engine, a gloo process
-group of one rank, a CPU device KV pool (``MHATokenToKVPool``) with its paged allocator, a real
-``MHATokenToKVPoolHost`` (``layer_first``, ``io_backend="direct"``), and our backend built by
-SGLang's factory from the ``dynamic`` extra_config.
+What is SGLang's own: the controller with its prefetch, prefetch-I/O, prefetch-sync and backup
+threads, their queues and acks, its page get and set functions (``_page_get_zero_copy`` /
+``_page_set_zero_copy``: ``interface_v1``), its storage hit query and key hashing
+(``get_storage_hash_str``), its L2 transfer engine, a gloo process group of one rank, a CPU
+device KV pool (``MHATokenToKVPool``) with its paged allocator, a real ``MHATokenToKVPoolHost``
+(``layer_first``, ``io_backend="direct"``), and our backend built by SGLang's factory from the
+``dynamic`` extra_config.
 
 What is not SGLang's, and why:
 
