@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from ...errors import ConfigError, ConfigIssue
 from ...sources import suggest
+from .flag import FILE_FORMATS, read_object
 
 __all__ = [
     "EXTRA_CONFIG_ORIGIN",
@@ -33,7 +34,10 @@ KWARGS_ORIGIN: Final = "KVCRPolicyStorage(storage_config, kwargs)"
 
 OWN_KEYS: Final[Mapping[str, str]] = {
     "profile": "a bundled profile name (default, throughput) or the path of a TOML profile",
-    "overrides": "a JSON object of config overrides, dotted paths or nested tables",
+    "overrides": (
+        "config overrides, dotted paths or nested tables: a JSON object, JSON text, or @FILE "
+        "(.json, .toml, .yaml)"
+    ),
 }
 
 # Keys SGLang 0.5.23 reads from the same JSON object, found in its source:
@@ -105,17 +109,24 @@ def _known() -> str:
     )
 
 
-def _check(key: str, value: Any, origin: str, issues: list[ConfigIssue]) -> None:
+def _check(key: str, value: Any, origin: str, issues: list[ConfigIssue]) -> tuple[Any, str]:
+    """``value`` as kvcr_policy uses it and the origin of what it holds (``@FILE`` overrides:
+    the file); problems go to ``issues``."""
     path = f"extra_config.{key}"
-    if key == "profile" and not (isinstance(value, str) and value.strip()):
-        message = f"expected {OWN_KEYS['profile']}; got {value!r}"
-        issues.append(ConfigIssue(path, origin, message))
-    if key == "overrides" and not isinstance(value, Mapping):
-        message = (
-            f"expected {OWN_KEYS['overrides']}, e.g. "
-            f'{{"placement.capacity_bytes": "64GiB"}}; got {type(value).__name__} {value!r}'
-        )
-        issues.append(ConfigIssue(path, origin, message))
+    if key == "profile":
+        if not (isinstance(value, str) and value.strip()):
+            message = f"expected {OWN_KEYS['profile']}; got {value!r}"
+            issues.append(ConfigIssue(path, origin, message))
+        return value, f"{origin} ['profile']"
+    where = f"{origin} ['overrides']"
+    try:
+        overrides = read_object(value, path, origin)
+    except ConfigError as err:
+        issues.extend(err.issues)
+        return {}, where
+    if isinstance(value, str) and value.strip().startswith("@"):
+        where = f"{where} {value.strip()}"
+    return overrides, where
 
 
 def parse_extra_config(
@@ -141,8 +152,7 @@ def parse_extra_config(
         for key, value in source.items():
             key = str(key)
             if key in OWN_KEYS:
-                _check(key, value, where, issues)
-                chosen[key] = (value, where)
+                chosen[key] = _check(key, value, where, issues)
             elif not (index == 0 and _is_sglang_key(key)):
                 nearest = suggest(key, [*OWN_KEYS, *sorted(SGLANG_KEYS)])
                 hint = f"did you mean {nearest!r}? " if nearest else ""
@@ -156,7 +166,7 @@ def parse_extra_config(
         profile=profile,
         overrides=dict(overrides),
         interface_v1=bool((extra_config or {}).get("interface_v1", 0)),
-        profile_origin=f"{profile_origin} ['profile']" if profile_origin else "",
+        profile_origin=profile_origin,
         overrides_origin=overrides_origin,
     )
 
@@ -172,8 +182,9 @@ def override_origins(options: BackendOptions) -> dict[str, str]:
             for key, inner in value.items():
                 walk(inner, [*keys, str(key)])
             return
-        label = "".join(f"[{key!r}]" for key in ["overrides", *keys])
-        origins[".".join(keys)] = f"{options.overrides_origin} {label}"
+        label = "".join(f"[{key!r}]" for key in keys)
+        joint = " " if options.overrides_origin.endswith(tuple(FILE_FORMATS)) else ""
+        origins[".".join(keys)] = f"{options.overrides_origin}{joint}{label}"
 
     walk(options.overrides, [])
     return origins

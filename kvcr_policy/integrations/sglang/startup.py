@@ -47,7 +47,7 @@ def _relabel(origin: str, path: str, named: dict[str, str], fallback: str) -> st
 def load(options: BackendOptions) -> LoadedConfig:
     """:func:`load_config` of the options, each override's origin naming its extra_config key."""
     named = override_origins(options) if options.overrides else {}
-    fallback = f"{options.overrides_origin} ['overrides']"
+    fallback = options.overrides_origin
     try:
         loaded = load_config(options.profile, None, options.overrides)
     except ConfigError as err:

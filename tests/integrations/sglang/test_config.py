@@ -148,3 +148,36 @@ def test_import_without_sglang_names_the_install_command() -> None:
     ).stdout
     assert "needs SGLang 0.5.23" in out
     assert "bash .ci/install-sglang.sh" in out and "kvcr-policy[sglang]" in out
+
+
+def test_overrides_may_be_json_text_or_a_file_and_each_value_names_its_key(
+    tmp_path: Any,
+) -> None:
+    from kvcr_policy.integrations.sglang.config import override_origins
+
+    text = parse_extra_config({**LOADER, "overrides": '{"batching": {"read_batch_pages": 64}}'})
+    assert text.overrides == {"batching": {"read_batch_pages": 64}}
+    flag = "SGLang --hicache-storage-backend-extra-config"
+    assert override_origins(text) == {
+        "batching.read_batch_pages": f"{flag} ['overrides']['batching']['read_batch_pages']"
+    }
+    path = tmp_path / "overrides.toml"
+    path.write_text('"placement.capacity_bytes" = "64GiB"\n')
+    from_file = parse_extra_config({**LOADER, "overrides": f"@{path}"})
+    assert from_file.overrides == {"placement.capacity_bytes": "64GiB"}
+    assert override_origins(from_file) == {
+        "placement.capacity_bytes": f"{flag} ['overrides'] @{path} ['placement.capacity_bytes']"
+    }
+
+
+def test_bad_overrides_text_and_unreadable_files_are_one_message_each() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_extra_config(
+            {**LOADER, "overrides": '{"batching.read_batch_pages": 64', "profil": "x"}
+        )
+    text = str(caught.value)
+    assert "2 problems" in text
+    assert "extra_config.overrides (from SGLang --hicache-storage-backend-extra-config)" in text
+    assert "not valid JSON" in text and "did you mean 'profile'" in text
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        parse_extra_config({**LOADER, "overrides": "@/nonexistent/overrides.toml"})

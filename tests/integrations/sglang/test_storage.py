@@ -367,3 +367,43 @@ def test_an_environment_typo_is_refused_through_sglangs_factory(
     text = str(caught.value)
     assert "KVCR_POLICY_BATCHING__READ_BACH_PAGES" in text
     assert "did you mean KVCR_POLICY_BATCHING__READ_BATCH_PAGES" in text
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml", ".yaml"])
+def test_sglangs_at_file_form_builds_the_backend_and_origins_name_the_file(
+    sg: SimpleNamespace,
+    storage_config: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    suffix: str,
+) -> None:
+    """``--hicache-storage-backend-extra-config @FILE``, read by SGLang's own parser."""
+    import json
+
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    from kvcr_policy.integrations.sglang.config import LOADER_KEYS
+
+    wanted = {**LOADER_KEYS, "prefetch_threshold": 128, "profile": "throughput",
+              "overrides": {"placement.capacity_bytes": "64MiB"}}  # fmt: skip
+    path = tmp_path / f"sglang-extra{suffix}"
+    if suffix == ".toml":
+        head = "\n".join(f"{k} = {json.dumps(v)}" for k, v in wanted.items() if k != "overrides")
+        path.write_text(head + '\n[overrides]\n"placement.capacity_bytes" = "64MiB"\n')
+    else:  # YAML is a superset of JSON
+        path.write_text(json.dumps(wanted))
+    extra, threshold, *_ = HybridCacheController.parse_storage_backend_extra_config(f"@{path}")
+    assert threshold == 128
+    # SGLang publishes the flag's text with its server args; the backend reads it from there.
+    memory = SimpleNamespace(hicache_storage_backend_extra_config=f"@{path}")
+    monkeypatch.setattr("sglang.srt.runtime_context.get_memory", lambda: memory)
+    with caplog.at_level(logging.INFO, logger="kvcr_policy"):
+        backend = sg.StorageBackendFactory.create_backend("dynamic", storage_config(extra), None)
+    try:
+        assert backend.loaded.config.batching.read_batch_pages == 256
+        key = "['overrides']['placement.capacity_bytes']"
+        line = f"placement.capacity_bytes = 67108864 (from {EXTRA} @{path} {key})"
+        assert line in caplog.text
+    finally:
+        backend.close()
