@@ -312,6 +312,29 @@ def prefix_queries(
     return kv_pages, pools, held
 
 
+# --- Pool memory (kvcr_policy.integrations.sglang.memory) ---
+
+
+@st.composite
+def memory_pieces(
+    draw: st.DrawFn,
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Byte ranges ``(start, end)`` a pool owns (overlapping or touching at times), and pieces
+    ``(address, size)`` to check against them, many near the ranges' edges."""
+    ranges = draw(
+        st.lists(
+            st.tuples(st.integers(0, 200), st.integers(0, 60)).map(lambda r: (r[0], r[0] + r[1])),
+            max_size=5,
+        )
+    )
+    edges = [e for start, end in ranges for e in (start, end)] or [0]
+    address = st.one_of(
+        st.integers(0, 270), st.sampled_from(edges).flatmap(lambda e: st.integers(e - 2, e + 2))
+    )
+    pieces = draw(st.lists(st.tuples(address.map(lambda a: max(a, 0)), st.integers(1, 70))))
+    return ranges, pieces
+
+
 # --- The peer protocol (kvcr_policy.backends.peer.wire) ---
 
 _u8 = st.integers(0, 255)

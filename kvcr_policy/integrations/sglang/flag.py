@@ -55,11 +55,17 @@ def _read_file(name: str, path: str, origin: str) -> Any:
         if kind == "TOML":
             return tomllib.loads(raw.decode("utf-8"))
         if kind == "YAML":
-            import yaml
-
+            try:
+                import yaml
+            except ImportError:
+                message = (
+                    f"{shorten('@' + name)}: reading YAML needs PyYAML, which SGLang imports for "
+                    "this form too: pip install pyyaml, or use a .json or .toml file"
+                )
+                raise _fail(path, origin, message) from None
             return yaml.safe_load(raw)
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, ImportError) as err:
+    except (ValueError, UnicodeDecodeError) as err:
         message = f"{shorten('@' + name)}: not valid {kind}: {err}"
         raise _fail(path, origin, message) from None
     except Exception as err:  # yaml.YAMLError and its kin: not a ValueError
