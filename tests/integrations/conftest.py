@@ -81,6 +81,31 @@ def sg() -> SimpleNamespace:
     return load_sglang()
 
 
+#: SGLang keeps 10 GiB of the machine's free memory in reserve when it sizes a host pool
+#: (``pool_host/base.py``, HICACHE_HOST_MEMORY_RESERVE_BYTES), which a CI box shared with other
+#: jobs may not have at the moment a test runs. The pools here hold a few MiB; they are booked
+#: against SGLang's own budget scope (``host_memory_budget_scope``) of this size instead.
+HOST_BUDGET = 1 << 30
+
+
+def host_budget() -> Any:
+    """SGLang's host-memory budget scope for test pools (SGLang must be imported first)."""
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+
+    return host_memory_budget_scope(HOST_BUDGET)
+
+
+@pytest.fixture(autouse=True)
+def _sglang_host_budget(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test that builds SGLang pools books them against :data:`HOST_BUDGET`."""
+    if request.node.get_closest_marker("sglang") is None or not sglang_installed():
+        yield
+        return
+    load_sglang()
+    with host_budget():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _sglang_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No SGLang test knob or kvcr_policy variable of the developer's shell leaks in."""

@@ -9,6 +9,7 @@ meets them:
 - :mod:`.config`: the ``extra_config`` keys (ours, SGLang's), the loader keys for a profile.
 - :mod:`.startup`: the configuration loaded with origins naming SGLang's flag; the start log.
 - :mod:`.storage`: :class:`KVCRPolicyStorage`, the whole ``HiCacheStorage`` contract.
+- :mod:`.pool_set`: the host pools SGLang registered, bound or refused, and their memory.
 - :mod:`.bindings`: one host pool bound to the pipeline, by known layout, by its own page
   description, as a logical anchor, or refused with what it lacks.
 - :mod:`.pools`: the classes whose layout kvcr_policy models, key namespaces per rank and pool.
@@ -16,6 +17,8 @@ meets them:
   :mod:`.memory` checks every pointer against the pool's own tensors.
 - :mod:`.staged`: the generic path, a staging buffer between such a pool and the tier.
 - :mod:`.tensor_api` and :mod:`.flat`: the tensor (v0) API in tensor and pointer forms.
+- :mod:`.flag`: SGLang's extra-config flag read as SGLang reads it (JSON or ``@FILE``);
+  :mod:`.cli`: ``kvcr-policy sglang-config``.
 - :mod:`.prefix`: the usable prefix of a v2 existence query.
 - :mod:`.metrics`: SGLang's ``StorageMetrics`` samples.
 """

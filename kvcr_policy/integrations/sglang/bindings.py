@@ -78,6 +78,7 @@ class Binding:
     namespace: Namespace
     description: str
     mover: Any  # _Direct | StagedPool | _Logical
+    memory: MemoryMap  # what the pool owns: where the tensor API's pointers may point
     geometry: PoolGeometry | None = None  # the known layout's (kind "zero-copy" only)
 
     @property
@@ -85,11 +86,6 @@ class Binding:
         """``page_first, zero-copy``: the pool's layout and how it moves."""
         layout = getattr(self.host_pool, "layout", None)
         return f"{layout}, {self.kind}" if layout else self.kind
-
-    @property
-    def memory(self) -> MemoryMap:
-        access = getattr(self.mover, "access", None)
-        return access.memory if isinstance(access, PointerPages) else MemoryMap.of(self.host_pool)
 
 
 def _page_size(pool: Any) -> int:
@@ -212,12 +208,13 @@ def bind(pipeline: Pipeline, storage_config: Any, name: str, pool: Any) -> Bindi
             pipeline.register_pool(name, geometry, buffer)
             ns = namespace(geometry.digest() + (":page-unified-v1" if unified else ""))
             return Binding(name, pool, "zero-copy", geometry.page_bytes, ns, str(geometry),
-                           _Direct(pipeline, name), geometry)  # fmt: skip
+                           _Direct(pipeline, name), MemoryMap.of(pool), geometry)  # fmt: skip
         log.warning("kvcr_policy: %s: %s; moving it by its own page description", label,
                     disagreement)  # fmt: skip
     if _logical(pool):
         ns = namespace("logical")
-        return Binding(name, pool, "logical", 0, ns, "logical anchor: no page memory", _Logical())
+        return Binding(name, pool, "logical", 0, ns, "logical anchor: no page memory", _Logical(),
+                       MemoryMap.merged([]))  # fmt: skip
     tried: list[str] = []
     access = _staged_access(pool, label, tried)
     if access is None:
@@ -235,4 +232,6 @@ def bind(pipeline: Pipeline, storage_config: Any, name: str, pool: Any) -> Bindi
     layout = getattr(pool, "layout", None)
     digest = _digest(class_name(pool), layout, kind, access.page_bytes, shape)
     description = f"{kind}: {access.page_bytes} bytes a page ({shape}), layout {layout}"
-    return Binding(name, pool, kind, access.page_bytes, namespace(digest), description, staged)
+    memory = access.memory if isinstance(access, PointerPages) else MemoryMap.of(pool)
+    return Binding(name, pool, kind, access.page_bytes, namespace(digest), description, staged,
+                   memory)  # fmt: skip

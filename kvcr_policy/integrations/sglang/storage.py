@@ -27,10 +27,9 @@ while the others keep working.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
@@ -41,27 +40,25 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from ...errors import ClosedError, KVCRPolicyError
+from ...errors import ClosedError
 from ...loading import LoadedConfig
 from ...pipeline import Pipeline, build_pipeline
-from .bindings import Binding, bind
+from .bindings import Binding
 from .config import BackendOptions, parse_extra_config
 from .flat import FlatObjects
-from .memory import MemoryMap
 from .metrics import CallSamples, storage_metrics
+from .pool_set import KV, HostPools
 from .pools import Namespace, namespace_for, pool_name
 from .prefix import PoolQuery, usable_prefix
 from .startup import flag_origin, load, log_start
-from .tensor_api import TensorAPI
+from .tensor_api import TensorAPI, TensorCalls
 
 __all__ = ["KVCRPolicyStorage"]
 
 log = logging.getLogger("kvcr_policy.integrations.sglang")
 
-KV: Final = "kv"
 
-
-class KVCRPolicyStorage(HiCacheStorage):
+class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
     """SGLang HiCache storage backend over a kvcr_policy pipeline; see the module docstring.
 
     ``storage_config`` is SGLang's ``HiCacheStorageConfig``; its ``extra_config`` may name a
@@ -78,96 +75,34 @@ class KVCRPolicyStorage(HiCacheStorage):
         )
         self.loaded: LoadedConfig = load(self.options)
         self.pipeline: Pipeline = build_pipeline(self.loaded)
-        self.refused: dict[str, str] = {}
-        self.pools: dict[str, Binding] = {}
-        self._refused_pools: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._warned: set[str] = set()
+        self._pools = HostPools(self.pipeline, storage_config)
         self._samples = CallSamples(enabled=bool(storage_config.enable_storage_metrics))
         self._objects = FlatObjects(self.pipeline, self._flat_namespace)
-        self._tensors = TensorAPI(self._objects, self._memory, self._kv_page_bytes)
+        self._tensors = TensorAPI(self._objects, self._pools.memory, self._pools.kv_page_bytes)
         log_start(self)
 
     # ---- pools --------------------------------------------------------------------------
 
+    @property
+    def pools(self) -> dict[str, Binding]:
+        """Every bound host pool by SGLang's name (see :mod:`.pool_set`)."""
+        return self._pools.bound
+
+    @property
+    def refused(self) -> dict[str, str]:
+        """Every refused host pool by SGLang's name, with the reason."""
+        return self._pools.refused
+
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super().register_mem_pool_host(mem_pool_host)
-        self._attach(KV, mem_pool_host)
+        self._pools.attach(KV, mem_pool_host)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
-        self._attach(pool_name(host_pool_name), host_pool)
+        self._pools.attach(pool_name(host_pool_name), host_pool)
 
     def on_host_pools_registered(self) -> None:
-        kept = ", ".join(f"{n} ({b.summary})" for n, b in self.pools.items())
-        refused = "; ".join(f"{n}: {why}" for n, why in self.refused.items())
-        log.info("kvcr_policy pools: %s; refused (misses): %s", kept or "none", refused or "none")
-
-    def _attach(self, name: str, host_pool: Any) -> None:
-        """Bind ``host_pool`` as pool ``name`` (a group: its anchor, then its members by name);
-        on refusal, log and fail closed."""
-        entries = getattr(host_pool, "entries", None)
-        anchor = getattr(host_pool, "anchor_entry", None)
-        if anchor is not None and entries is not None:
-            self._attach(name, anchor.host_pool)
-            for entry in entries:
-                if entry is not anchor:
-                    self._attach(pool_name(entry.name), entry.host_pool)
-            return
-        with self._lock:
-            bound = self.pools.get(name)
-            if bound is not None and bound.host_pool is host_pool:
-                return  # the KV anchor arrives through both registration calls
-            if self._refused_pools.get(name) is host_pool:
-                return  # refused already; trying again would only repeat the error
-            if bound is not None:
-                del self.pools[name]
-                self.refused[name] = (
-                    "registered again with another host pool; its pages now miss, since the "
-                    "tier cannot tell which pool's pages it holds"
-                )
-                log.error("kvcr_policy: pool %r %s", name, self.refused[name])
-                return
-            try:
-                binding = bind(self.pipeline, self.storage_config, name, host_pool)
-            except Exception as err:
-                self.refused[name] = str(err)
-                self._refused_pools[name] = host_pool
-                log.error("kvcr_policy: %s; pool %r fails closed (misses)", err, name)
-                return
-            self.pools[name] = binding
-            self.refused.pop(name, None)
-            log.info("kvcr_policy: pool %r: %s; keys %s", name, binding.description,
-                     binding.namespace.label)  # fmt: skip
-
-    def _binding(self, name: str) -> Binding | None:
-        binding = self.pools.get(name)
-        if binding is None:
-            reason = self.refused.get(name, "no host pool of that name was registered")
-            self._warn_once(f"pool:{name}", "kvcr_policy: pool %r misses: %s", name, reason)
-        return binding
-
-    def _warn_once(self, tag: str, message: str, *args: object) -> None:
-        if tag not in self._warned:
-            self._warned.add(tag)
-            log.warning(message, *args)
-
-    def _failed(self, call: str, name: str, n: int, err: Exception) -> None:
-        if isinstance(err, KVCRPolicyError):
-            log.warning("kvcr_policy: %s of %d pages of pool %r missed: %s", call, n, name, err)
-        else:
-            log.exception("kvcr_policy: %s of %d pages of pool %r failed", call, n, name)
-
-    def _memory(self) -> MemoryMap:
-        maps = [binding.memory for binding in list(self.pools.values())]
-        total = MemoryMap.merged([])
-        for memory in maps:
-            total = total | memory
-        return total
-
-    def _kv_page_bytes(self) -> int | None:
-        kv = self.pools.get(KV)
-        return kv.page_bytes if kv is not None and kv.page_bytes else None
+        log.info("%s", self._pools.summary())
 
     def _flat_namespace(self, name: str, nbytes: int) -> Namespace:
         # Tensor-form pages follow the KV pool's layout, so its digest goes in when bound.
@@ -179,7 +114,7 @@ class KVCRPolicyStorage(HiCacheStorage):
 
     def _move(self, op: str, name: str, keys: Sequence[str], host_indices: Any) -> list[bool]:
         n = len(keys)
-        binding = self._binding(name)
+        binding = self._pools.get(name)
         if binding is None or n == 0:
             if n and (name in self.refused or name == KV):  # SGLang's own pool names only
                 self.pipeline.count_misses(name, op == "get", "pool_refused", n)
@@ -202,7 +137,7 @@ class KVCRPolicyStorage(HiCacheStorage):
         if not keys:
             return 0
         try:
-            binding = self._binding(name)
+            binding = self._pools.get(name)
             if binding is None:
                 return 0
             return int(binding.mover.exists(binding.namespace.keys(keys)))
@@ -217,7 +152,7 @@ class KVCRPolicyStorage(HiCacheStorage):
         # tensor API (cache_controller.py, attach_storage_backend): exists answers for that.
         if not self.options.interface_v1:
             try:
-                return self._objects.exists(keys, self._kv_page_bytes())
+                return self._objects.exists(keys, self._pools.kv_page_bytes())
             except Exception as err:
                 self._failed("exists", "v0", len(keys), err)
                 return 0
@@ -301,7 +236,7 @@ class KVCRPolicyStorage(HiCacheStorage):
 
         prefix = usable_prefix(kv_pages, queries, leading, present)
         for query in prefix.skipped:
-            self._warn_once(
+            self._pools.warn_once(
                 f"policy:{query.policy}",
                 "kvcr_policy: hit policy %s (pool %r) is not supported: no verdict",
                 query.policy,
@@ -310,71 +245,6 @@ class KVCRPolicyStorage(HiCacheStorage):
         hit_count: dict[Any, int] = {PoolName.KV: kv_pages} if kv_pages else {}
         hit_count.update(prefix.hits)
         return PoolTransferResult(prefix.pages, hit_count, prefix.ends)
-
-    # ---- the tensor API (v0) --------------------------------------------------------------
-
-    def batch_set(
-        self,
-        keys: list[str],
-        values: Any = None,
-        target_locations: Any = None,
-        target_sizes: Any = None,
-    ) -> bool:
-        """Store one object per key (tensors or pointers); True only if every key is stored."""
-        if not keys:
-            return True
-        try:
-            return all(self._tensors.batch_set(keys, values, target_locations, target_sizes))
-        except Exception as err:
-            self._failed("set", "v0", len(keys), err)
-            return False
-
-    def set(
-        self,
-        key: str,
-        value: Any = None,
-        target_location: Any = None,
-        target_sizes: Any = None,
-    ) -> bool:
-        values = [value] if value is not None else None
-        locations = [target_location] if target_location is not None else None
-        sizes = [target_sizes] if target_sizes is not None else None
-        return self.batch_set([key], values, locations, sizes)
-
-    def batch_get(
-        self,
-        keys: list[str],
-        target_locations: Any = None,
-        target_sizes: Any = None,
-    ) -> Any:
-        """Tensor form: the filled tensor or None per key. Pointer form: how many keys from the
-        start were restored (as MooncakeStore answers)."""
-        try:
-            ok, filled, pointers = self._tensors.batch_get(keys, target_locations, target_sizes)
-        except Exception as err:
-            self._failed("get", "v0", len(keys), err)
-            ok, filled, pointers = [False] * len(keys), [None] * len(keys), False
-        if pointers:
-            return ok.index(False) if False in ok else len(ok)
-        return filled
-
-    def get(
-        self,
-        key: str,
-        target_location: Any = None,
-        target_sizes: Any = None,
-    ) -> Any:
-        """Tensor form: the filled tensor or None. Pointer form: True if restored."""
-        sizes = [target_sizes] if target_sizes is not None else None
-        got = self.batch_get([key], [target_location], sizes)
-        return got == 1 if isinstance(got, int) else got[0]
-
-    def exists(self, key: str) -> bool:
-        try:
-            return self._objects.has(key)
-        except Exception as err:
-            self._failed("exists", "v0", 1, err)
-            return False
 
     # ---- housekeeping -----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ call            tensor form                 pointer form
 
 A key whose argument cannot be used (not a CPU tensor, a non-contiguous target, sizes that do
 not match, an address outside every registered host pool) is logged and fails alone.
+:class:`TensorCalls` holds the four calls (and ``exists``) as the backend's methods.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ...errors import ArgumentError, KVCRPolicyError
 from .flat import FlatObjects, Pieces
 from .memory import MemoryMap
 
-__all__ = ["TensorAPI"]
+__all__ = ["TensorAPI", "TensorCalls"]
 
 log = logging.getLogger("kvcr_policy.integrations.sglang")
 
@@ -160,6 +161,85 @@ class TensorAPI:
             tensors[i] if i < len(done) and done[i] else None for i in range(len(keys))
         ]
         return ok, filled, pointer_form
+
+
+class TensorCalls:
+    """The tensor API's calls of :class:`~.storage.KVCRPolicyStorage` (its v0 half), every
+    failure a logged, correctly shaped miss. The backend sets ``_tensors`` and ``_objects``."""
+
+    _tensors: TensorAPI
+    _objects: FlatObjects
+
+    def _failed(self, call: str, name: str, n: int, err: Exception) -> None:
+        """Log a data-path failure: a kvcr_policy error as a warning, anything else with its
+        traceback (a bug)."""
+        if isinstance(err, KVCRPolicyError):
+            log.warning("kvcr_policy: %s of %d pages of pool %r missed: %s", call, n, name, err)
+        else:
+            log.exception("kvcr_policy: %s of %d pages of pool %r failed", call, n, name)
+
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any = None,
+        target_locations: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
+        """Store one object per key (tensors or pointers); True only if every key is stored."""
+        if not keys:
+            return True
+        try:
+            return all(self._tensors.batch_set(keys, values, target_locations, target_sizes))
+        except Exception as err:
+            self._failed("set", "v0", len(keys), err)
+            return False
+
+    def set(
+        self,
+        key: str,
+        value: Any = None,
+        target_location: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
+        values = [value] if value is not None else None
+        locations = [target_location] if target_location is not None else None
+        sizes = [target_sizes] if target_sizes is not None else None
+        return self.batch_set([key], values, locations, sizes)
+
+    def batch_get(
+        self,
+        keys: list[str],
+        target_locations: Any = None,
+        target_sizes: Any = None,
+    ) -> Any:
+        """Tensor form: the filled tensor or None per key. Pointer form: how many keys from the
+        start were restored (as MooncakeStore answers)."""
+        try:
+            ok, filled, pointers = self._tensors.batch_get(keys, target_locations, target_sizes)
+        except Exception as err:
+            self._failed("get", "v0", len(keys), err)
+            ok, filled, pointers = [False] * len(keys), [None] * len(keys), False
+        if pointers:
+            return ok.index(False) if False in ok else len(ok)
+        return filled
+
+    def get(
+        self,
+        key: str,
+        target_location: Any = None,
+        target_sizes: Any = None,
+    ) -> Any:
+        """Tensor form: the filled tensor or None. Pointer form: True if restored."""
+        sizes = [target_sizes] if target_sizes is not None else None
+        got = self.batch_get([key], [target_location], sizes)
+        return got == 1 if isinstance(got, int) else got[0]
+
+    def exists(self, key: str) -> bool:
+        try:
+            return self._objects.has(key)
+        except Exception as err:
+            self._failed("exists", "v0", 1, err)
+            return False
 
 
 def _per_key(sizes: Any, n: int) -> list[Any]:

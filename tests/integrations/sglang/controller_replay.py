@@ -8,15 +8,7 @@ parallel state)::
 prints one JSON object of figures per pass; the host pool is flushed between passes (a host
 tier restarted, storage kept), so the second pass reads back through prefetch.
 
-What is SGLang's own: the controller with its prefetch, prefetch-I/O, prefetch-sync and backup
-threads, their queues and acks, its page get and set functions (``_page_get_zero_copy`` /
-``_page_set_zero_copy``: ``interface_v1``), its storage hit query and key hashing
-(``get_storage_hash_str``), its L2 transfer engine, a gloo process group of one rank, a CPU
-device KV pool (``MHATokenToKVPool``) with its paged allocator, a real ``MHATokenToKVPoolHost``
-(``layer_first``, ``io_backend="direct"``), and our backend built by SGLang's factory from the
-``dynamic`` extra_config.
-
-What is not SGLang's, and why:
+What is SGLang's own is listed in ``replay_stack``. What is not SGLang's, and why:
 
 - the device-host copy kernel ``sgl_kernel.kvcacheio.transfer_kv_direct``: SGLang imports it
   only on CUDA, ROCm and XPU builds, so ``pool_host.mha`` has no such name on a CPU. A torch
@@ -25,8 +17,9 @@ What is not SGLang's, and why:
   ``UnifiedRadixCache`` drives a ``HybridCacheController`` and needs published server args and
   a model runner. The scheduler's part is played here (:class:`Replay`): match the host, ask the
   controller to prefetch the rest, allocate host memory for a hit (evicting the least recently
-  used host blocks, as the radix tree does), hand the operation to the I/O thread, and write
-  new pages through (device -> host -> storage).
+  used host blocks, as the radix tree does; one prefetch at most half the host pool, SGLang's
+  ``prefetch_capacity_limit``), hand the operation to the I/O thread, and write new pages
+  through (device -> host -> storage).
 
 Trace to tokens: every 512-token block id of a request becomes 512 token ids derived from the
 id, so equal ids give equal tokens and SGLang's own hashing gives equal page keys. Every page's
@@ -39,8 +32,6 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
-import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -48,90 +39,29 @@ from typing import Any
 
 import numpy as np
 
-TRACE = Path("/work/shared/data/mooncake-traces/conversation_trace.jsonl")
-BLOCK = 512  # tokens per block id of the trace
-LAYERS, HEADS, HEAD_DIM, PAGE = 2, 1, 8, 64  # bf16: 64 bytes a token, 4 KiB a page
-DEVICE_TOKENS = 4 * BLOCK  # the write-through chunk: 4 blocks at a time
-HOST_BLOCKS = 128  # host pool: 128 blocks (4 MiB), far below the trace's working set
+from tests.integrations.sglang.replay_stack import (
+    BLOCK,
+    DEVICE_TOKENS,
+    HOST_BLOCKS,
+    LAYERS,
+    PAGE,
+    TRACE,
+    block_tokens,
+    build_stack,
+    page_kv,
+)
+
 WAIT_S = 120.0
-
-
-def transfer_kv_direct(
-    src_layers: Any, dst_layers: Any, src_indices: Any, dst_indices: Any, page_size: int
-) -> None:
-    """Stand-in for ``sgl_kernel.kvcacheio.transfer_kv_direct`` (absent on CPU builds): copy
-    the token rows ``src_indices`` of each source layer to rows ``dst_indices`` of its
-    destination layer."""
-    for src, dst in zip(src_layers, dst_layers, strict=True):
-        dst[dst_indices.to(dst.device)] = src[src_indices.to(src.device)]
-
-
-def block_tokens(block: int) -> list[int]:
-    return [(block * BLOCK + i) % 2_000_000_000 for i in range(BLOCK)]
-
-
-def page_kv(key: str) -> np.ndarray:
-    """The K and V bits of the page with ``key``: int16 ``(2, layers, page, heads, dim)``."""
-    rng = np.random.default_rng(int(key[:16], 16))
-    return rng.integers(-(2**15), 2**15, (2, LAYERS, PAGE, HEADS, HEAD_DIM), dtype=np.int16)
 
 
 class Replay:
     """The scheduler's side of HiCache around one real controller (see the module docstring)."""
 
     def __init__(self, overrides: dict[str, Any], profile: str | None) -> None:
-        import torch
-        import torch.distributed as dist
-
-        from kvcr_policy.bench.torchvision_stub import stub_torchvision
-
-        torch.set_num_threads(1)
-        stub_torchvision()
-        from sglang.srt.managers.cache_controller import HiCacheController
-        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-        from sglang.srt.mem_cache.pool_host import mha
-        from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-        from sglang.srt.mem_cache.utils import get_storage_hash_str
-        from sglang.srt.runtime_context import get_parallel
-
-        self.torch, self.hash = torch, get_storage_hash_str
-        mha.transfer_kv_direct = transfer_kv_direct  # the one stand-in: no CPU kernel exists
-        rendezvous = tempfile.mkdtemp(prefix="kvcr-replay-")
-        dist.init_process_group(
-            "gloo", init_method=f"file://{rendezvous}/store", world_size=1, rank=0
-        )
-        get_parallel().override_permanently(
-            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_dcp_size=1, attn_dcp_rank=0
-        )
-        dtype = torch.bfloat16
-        self.device = MHATokenToKVPool(
-            DEVICE_TOKENS, PAGE, dtype, HEADS, HEAD_DIM, LAYERS, "cpu", False
-        )
-        self.allocator = PagedTokenToKVPoolAllocator(
-            DEVICE_TOKENS, PAGE, dtype, "cpu", self.device, False
-        )
-        info = self.device.get_device_pool_infos()[0].buffer_info
-        self.host = MHATokenToKVPoolHost(
-            info, 1.0, 0, PAGE, "layer_first", pin_memory=False, device="cpu",
-            device_capacity_tokens=DEVICE_TOKENS, start_layer=0, end_layer=LAYERS,
-            host_token_capacity=HOST_BLOCKS * BLOCK,
-        )  # fmt: skip
-        extra: dict[str, Any] = {
-            "backend_name": "kvcr_policy",
-            "module_path": "kvcr_policy.integrations.sglang",
-            "class_name": "KVCRPolicyStorage",
-            "interface_v1": 1,
-            "overrides": overrides,
-        }
-        if profile:
-            extra["profile"] = profile
-        self.controller = HiCacheController(
-            self.allocator, self.host, PAGE, dist.group.WORLD, threading.Event(),
-            write_policy="write_through", io_backend="direct", storage_backend="dynamic",
-            prefetch_threshold=PAGE, model_name="mooncake-conversation",
-            storage_backend_extra_config=extra, enable_storage_metrics=True,
-        )  # fmt: skip
+        stack = build_stack(overrides, profile)
+        self.torch, self.hash = stack.torch, stack.hash
+        self.device, self.allocator, self.host = stack.device, stack.allocator, stack.host
+        self.controller = stack.controller
         self.backend = self.controller.storage_backend
         # host page cache: key -> first host token index of its page (LRU order)
         self.cached: OrderedDict[str, int] = OrderedDict()

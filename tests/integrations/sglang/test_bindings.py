@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.integrations.sglang.host_pools import CASES, Case, fill, page_bytes, token_indices
+from tests.integrations.sglang.host_pool_cases import CASES, Case
+from tests.integrations.sglang.host_pools import fill, page_bytes, token_indices
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.sglang
