@@ -25,7 +25,7 @@ def run(profile: str, tier: str, report: Any, stop: Any) -> None:
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-    from tests.integrations.conftest import host_budget, mha_pool, token_indices
+    from tests.integrations.conftest import mha_pool, token_indices
 
     sg = SimpleNamespace(
         torch=torch,
@@ -49,8 +49,7 @@ def run(profile: str, tier: str, report: Any, stop: Any) -> None:
     )  # fmt: skip
     backend = StorageBackendFactory.create_backend("dynamic", config, None)
     try:
-        with host_budget():  # a few KiB: SGLang's 10 GiB reserve aside
-            pool = mha_pool(sg, "layer_first")
+        pool = mha_pool(sg, "layer_first")
         backend.register_mem_pool_host(pool)
         keys = [f"page-{i}" for i in range(10)]
         stored = backend.batch_set_v1(keys, token_indices(sg, pool, list(range(10))))
