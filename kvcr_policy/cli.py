@@ -19,6 +19,7 @@ from rich.table import Table
 
 from .backends.peer.cli import register as _register_peer
 from .errors import KVCRPolicyError
+from .integrations.sglang.cli import register as _register_sglang
 from .loading import LoadedConfig, bundled_profiles, load_config
 from .values import parse_size, shorten
 
@@ -585,3 +586,4 @@ def main(argv: list[str] | None = None) -> None:
 
 # `serve` lives with the peer tier it runs.
 _register_peer(app)
+_register_sglang(app)

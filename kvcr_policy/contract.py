@@ -47,7 +47,11 @@ def schemas_dir() -> Path:
 # Integration constructors whose positional signature is pinned beside the config types:
 # pinned name -> (module file under kvcr_policy/, class, method).
 INTEGRATION_SIGNATURES: dict[str, tuple[str, str, str]] = {
-    "KVCRPolicyStorage.__init__": ("integrations/sglang.py", "KVCRPolicyStorage", "__init__"),
+    "KVCRPolicyStorage.__init__": (
+        "integrations/sglang/storage.py",
+        "KVCRPolicyStorage",
+        "__init__",
+    ),
 }
 
 

@@ -19,7 +19,7 @@ from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, PoolGeometry
-from kvcr_policy.integrations.sglang_prefix import ALL_PAGES, TRAILING_PAGES
+from kvcr_policy.integrations.sglang.prefix import ALL_PAGES, TRAILING_PAGES
 from kvcr_policy.sources import known_leaves
 
 __all__ = [
@@ -295,7 +295,7 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8)
 rates = st.floats(1.0, 100.0, allow_nan=False)
 
 
-# --- SGLang's prefix query (kvcr_policy.integrations.sglang_prefix) ---
+# --- SGLang's prefix query (kvcr_policy.integrations.sglang.prefix) ---
 
 
 @st.composite
@@ -312,6 +312,29 @@ def prefix_queries(
     held = {name: draw(st.lists(st.booleans(), min_size=kv_pages, max_size=kv_pages))
             for name, _, _ in pools}  # fmt: skip
     return kv_pages, pools, held
+
+
+# --- Pool memory (kvcr_policy.integrations.sglang.memory) ---
+
+
+@st.composite
+def memory_pieces(
+    draw: st.DrawFn,
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Byte ranges ``(start, end)`` a pool owns (overlapping or touching at times), and pieces
+    ``(address, size)`` to check against them, many near the ranges' edges."""
+    ranges = draw(
+        st.lists(
+            st.tuples(st.integers(0, 200), st.integers(0, 60)).map(lambda r: (r[0], r[0] + r[1])),
+            max_size=5,
+        )
+    )
+    edges = [e for start, end in ranges for e in (start, end)] or [0]
+    address = st.one_of(
+        st.integers(0, 270), st.sampled_from(edges).flatmap(lambda e: st.integers(e - 2, e + 2))
+    )
+    pieces = draw(st.lists(st.tuples(address.map(lambda a: max(a, 0)), st.integers(1, 70))))
+    return ranges, pieces
 
 
 # --- The peer protocol (kvcr_policy.backends.peer.wire) ---

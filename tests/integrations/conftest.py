@@ -81,6 +81,32 @@ def sg() -> SimpleNamespace:
     return load_sglang()
 
 
+#: SGLang keeps 10 GiB of the machine's free memory in reserve when it sizes a host pool
+#: (``pool_host/base.py``, HICACHE_HOST_MEMORY_RESERVE_BYTES), which a CI box shared with other
+#: jobs may not have at the moment a test runs. The pools here hold a few MiB; they are booked
+#: against SGLang's own budget scope (``host_memory_budget_scope``) of this size instead.
+HOST_BUDGET = 1 << 30
+
+
+def host_budget() -> Any:
+    """SGLang's host-memory budget scope for test pools (SGLang must be imported first)."""
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+
+    return host_memory_budget_scope(HOST_BUDGET)
+
+
+@pytest.fixture(autouse=True)
+def _sglang_host_budget(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test that builds SGLang pools books them against :data:`HOST_BUDGET` (the pool
+    helpers below do so themselves, for the child processes that use them too)."""
+    if request.node.get_closest_marker("sglang") is None or not sglang_installed():
+        yield
+        return
+    load_sglang()
+    with host_budget():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _sglang_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No SGLang test knob or kvcr_policy variable of the developer's shell leaks in."""
@@ -159,19 +185,20 @@ def mha_pool(
         device=torch.device("cpu"),
     )
     cls = sg.MHATokenToKVPoolHost if v_head_dim == head_dim else sg.AsymmetricMHATokenToKVPoolHost
-    pool = cls(
-        info,
-        1.0,
-        0,
-        page,
-        layout,
-        pin_memory=False,
-        device="cpu",
-        device_capacity_tokens=device_tokens,
-        start_layer=0,
-        end_layer=layers,
-        host_token_capacity=pages * page,
-    )
+    with host_budget():
+        pool = cls(
+            info,
+            1.0,
+            0,
+            page,
+            layout,
+            pin_memory=False,
+            device="cpu",
+            device_capacity_tokens=device_tokens,
+            start_layer=0,
+            end_layer=layers,
+            host_token_capacity=pages * page,
+        )
     if v_head_dim == head_dim:
         fill_random(sg, pool, seed)
     return pool
@@ -197,21 +224,22 @@ def mla_pool(
         dtype=torch.bfloat16,
         device=torch.device("cpu"),
     )
-    pool = sg.MLATokenToKVPoolHost(
-        info,
-        1.0,
-        0,
-        page * dcp_size,
-        layout,
-        pin_memory=False,
-        device="cpu",
-        dcp_size=dcp_size,
-        device_capacity_tokens=2 * page,
-        start_layer=0,
-        end_layer=layers,
-        target_layer_num=layers,
-        host_token_capacity=pages * page,
-    )
+    with host_budget():
+        pool = sg.MLATokenToKVPoolHost(
+            info,
+            1.0,
+            0,
+            page * dcp_size,
+            layout,
+            pin_memory=False,
+            device="cpu",
+            dcp_size=dcp_size,
+            device_capacity_tokens=2 * page,
+            start_layer=0,
+            end_layer=layers,
+            target_layer_num=layers,
+            host_token_capacity=pages * page,
+        )
     fill_random(sg, pool, seed)
     return pool
 
@@ -223,9 +251,10 @@ def mamba_pool(sg: SimpleNamespace) -> Any:
         temporal=torch.zeros(2, 4, 3, 5, dtype=torch.float32),
         conv=(torch.zeros(2, 4, 6, dtype=torch.float32),),
     )
-    return sg.MambaPoolHost(
-        info, 2.0, 0, device_capacity=4, pin_memory=False, device="cpu", layout="page_first"
-    )
+    with host_budget():
+        return sg.MambaPoolHost(
+            info, 2.0, 0, device_capacity=4, pin_memory=False, device="cpu", layout="page_first"
+        )
 
 
 def fill_random(sg: SimpleNamespace, pool: Any, seed: int) -> None:

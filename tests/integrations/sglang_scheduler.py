@@ -57,7 +57,7 @@ def run(profile: str, tier: str, report: Any, stop: Any) -> None:
         got = backend.batch_get_v1(
             [*keys[:6], "absent", "absent-too"], token_indices(sg, pool, list(range(20, 28)))
         )
-        page_bytes = backend._bindings["kv"].geometry.page_bytes
+        page_bytes = backend.pools["kv"].geometry.page_bytes
         report.put({"stored": stored, "present": present, "got": got, "page_bytes": page_bytes})
         stop.wait(120)  # a scheduler keeps its tier while SGLang runs
     finally:

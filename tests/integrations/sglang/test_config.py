@@ -11,8 +11,8 @@ import pytest
 
 from kvcr_policy.contract import extra_positional_types
 from kvcr_policy.errors import ConfigError, PoolError
-from kvcr_policy.integrations.sglang_config import parse_extra_config
-from kvcr_policy.integrations.sglang_pools import flat_geometry, geometry_of, namespace_for
+from kvcr_policy.integrations.sglang.config import parse_extra_config
+from kvcr_policy.integrations.sglang.pools import flat_geometry, geometry_of, namespace_for
 
 LOADER = {"backend_name": "kvcr_policy", "module_path": "m", "class_name": "C"}
 
@@ -83,7 +83,7 @@ def test_geometry_of_an_mha_and_an_mla_host_pool() -> None:
 
 
 # Mamba, DCP, page_unified and asymmetric K/V pools are refused by real SGLang classes in
-# test_sglang_backend.py. Faked here only what SGLang 0.5.23 cannot build on this machine: a
+# test_storage.py. Faked here only what SGLang 0.5.23 cannot build on this machine: a
 # page-envelope pool (UnifiedPageEnvelopeHostPool mirrors a unified-memory device pool: a
 # GPU), an MLA pool in ``page_head`` (SGLang has no such layout for MLA; the check guards a
 # release that would), and a pool whose single kv_buffer says V is wider than K (SGLang keeps
@@ -112,21 +112,22 @@ def _config(**changes: Any) -> SimpleNamespace:
 
 def test_namespaces_separate_ranks_pools_and_formats() -> None:
     geometry = flat_geometry("kv", 64, 4)
-    base = namespace_for(_config(), "kv", geometry)
+    digest = geometry.digest()
+    base = namespace_for(_config(), "kv", digest)
     assert base.keys(["a"]) == [base.prefix + "a"] and base.prefix.endswith(":")
     assert "tp=0/2" in base.label and f"geometry={geometry.digest()}" in base.label
     others = [
-        namespace_for(_config(tp_rank=1), "kv", geometry),
-        namespace_for(_config(dp_rank=3), "kv", geometry),
-        namespace_for(_config(), "swa", geometry),
-        namespace_for(_config(), "kv", flat_geometry("kv", 128, 4)),
-        namespace_for(_config(), "kv", geometry, format_tag="mxfp8"),
+        namespace_for(_config(tp_rank=1), "kv", digest),
+        namespace_for(_config(dp_rank=3), "kv", digest),
+        namespace_for(_config(), "swa", digest),
+        namespace_for(_config(), "kv", flat_geometry("kv", 128, 4).digest()),
+        namespace_for(_config(), "kv", digest, format_tag="mxfp8"),
     ]
     assert len({base.prefix, *(n.prefix for n in others)}) == 1 + len(others)
     ranks = [_config(is_mla_model=True, tp_rank=r) for r in (0, 1)]
-    mla = [namespace_for(config, "kv", geometry) for config in ranks]
+    mla = [namespace_for(config, "kv", digest) for config in ranks]
     assert mla[0].prefix == mla[1].prefix and "tp=replicated" in mla[0].label
-    mamba = [namespace_for(config, "mamba", geometry) for config in ranks]
+    mamba = [namespace_for(config, "mamba", digest) for config in ranks]
     assert mamba[0].prefix != mamba[1].prefix  # Mamba state is TP-sharded even for MLA
 
 
@@ -138,7 +139,7 @@ def test_import_without_sglang_names_the_install_command() -> None:
     code = (
         "import sys; sys.modules['sglang'] = None\n"
         "try:\n"
-        "    import kvcr_policy.integrations.sglang\n"
+        "    from kvcr_policy.integrations.sglang import KVCRPolicyStorage\n"
         "except ImportError as err:\n"
         "    print(err)\n"
     )
@@ -147,3 +148,36 @@ def test_import_without_sglang_names_the_install_command() -> None:
     ).stdout
     assert "needs SGLang 0.5.23" in out
     assert "bash .ci/install-sglang.sh" in out and "kvcr-policy[sglang]" in out
+
+
+def test_overrides_may_be_json_text_or_a_file_and_each_value_names_its_key(
+    tmp_path: Any,
+) -> None:
+    from kvcr_policy.integrations.sglang.config import override_origins
+
+    text = parse_extra_config({**LOADER, "overrides": '{"batching": {"read_batch_pages": 64}}'})
+    assert text.overrides == {"batching": {"read_batch_pages": 64}}
+    flag = "SGLang --hicache-storage-backend-extra-config"
+    assert override_origins(text) == {
+        "batching.read_batch_pages": f"{flag} ['overrides']['batching']['read_batch_pages']"
+    }
+    path = tmp_path / "overrides.toml"
+    path.write_text('"placement.capacity_bytes" = "64GiB"\n')
+    from_file = parse_extra_config({**LOADER, "overrides": f"@{path}"})
+    assert from_file.overrides == {"placement.capacity_bytes": "64GiB"}
+    assert override_origins(from_file) == {
+        "placement.capacity_bytes": f"{flag} ['overrides'] @{path} ['placement.capacity_bytes']"
+    }
+
+
+def test_bad_overrides_text_and_unreadable_files_are_one_message_each() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_extra_config(
+            {**LOADER, "overrides": '{"batching.read_batch_pages": 64', "profil": "x"}
+        )
+    text = str(caught.value)
+    assert "2 problems" in text
+    assert "extra_config.overrides (from SGLang --hicache-storage-backend-extra-config)" in text
+    assert "not valid JSON" in text and "did you mean 'profile'" in text
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        parse_extra_config({**LOADER, "overrides": "@/nonexistent/overrides.toml"})

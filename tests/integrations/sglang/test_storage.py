@@ -15,8 +15,11 @@ import pytest
 
 from kvcr_policy.errors import ConfigError
 from tests.integrations.conftest import round_trip, same_tensors
+from tests.integrations.sglang.host_pools import interleave
 
 pytestmark = pytest.mark.sglang
+
+EXTRA = "SGLang --hicache-storage-backend-extra-config"
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
 MLA_LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
@@ -41,7 +44,7 @@ def test_mla_pool_round_trips_through_v1_and_v2(
     backend = make_backend({"is_mla_model": True})
     pool = kit.mla(layout)
     backend.register_mem_pool_host(pool)
-    assert backend._bindings["kv"].geometry.mla
+    assert backend.pools["kv"].geometry.mla
     round_trip(sg, kit, backend, pool, n=8, seed=7)
 
 
@@ -56,7 +59,8 @@ def test_factory_builds_our_class_with_the_throughput_profile(
     text = caplog.text
     assert "profile" in text and "throughput.toml" in text
     assert "batching.read_batch_pages = 256 (from profile" in text
-    assert "placement.capacity_bytes = 67108864 (from override)" in text
+    extra = "SGLang --hicache-storage-backend-extra-config"
+    assert f"placement.capacity_bytes = 67108864 (from {extra} ['overrides']" in text
 
 
 def test_bad_extra_config_is_refused_with_the_known_keys(make_backend: Any) -> None:
@@ -82,7 +86,7 @@ def test_usable_prefix_over_pools_matches_hicache_file(
     sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, storage_config: Any, tmp_path: Any
 ) -> None:
     hs = sg.hs
-    kv, swa, mamba = hs.PoolName.KV, hs.PoolName.SWA, hs.PoolName.MAMBA
+    kv, swa, indexer = hs.PoolName.KV, hs.PoolName.SWA, hs.PoolName.INDEXER
     file_backend = hs.HiCacheFile(storage_config({"file_storage_path": str(tmp_path)}))
     ours = make_backend()
     kv_pool, swa_pool = kit.mha("page_first", seed=1), kit.mha("layer_first", seed=2)
@@ -116,11 +120,13 @@ def test_usable_prefix_over_pools_matches_hicache_file(
     assert query(ours, hs.PoolHitPolicy.ALL_PAGES, 1) == (3, {kv: 6, swa: 3}, [1, 2, 3])
     assert query(ours, hs.PoolHitPolicy.TRAILING_PAGES, 2)[2] == [1, 2, 3, 6]
 
-    # A pool that cannot be kept (SGLang's Mamba state pool) fails closed; the others work.
-    ours.register_mem_host_pool_v2(kit.mamba(), mamba)
-    assert "no single kv_buffer tensor" in ours.refused["mamba"]
-    gone = hs.PoolTransfer(name=mamba, host_indices=kit.indices(swa_pool, [0]), keys=keys[:1])
-    assert ours.batch_get_v2([gone]) == {mamba: [False]}
+    # A pool that cannot be moved safely (pages dealt round-robin over ranks) fails closed;
+    # the others work.
+    sharded = interleave(sg, "page_first")
+    ours.register_mem_host_pool_v2(sharded, indexer)
+    assert "dealt round-robin" in ours.refused["indexer"]
+    gone = hs.PoolTransfer(name=indexer, host_indices=kit.indices(sharded, [0]), keys=keys[:1])
+    assert ours.batch_get_v2([gone]) == {indexer: [False]}
     assert ours.batch_exists_v2(keys, [gone]).kv_hit_pages == 0
     assert ours.batch_exists(keys) == 6
 
@@ -144,9 +150,11 @@ def test_tensor_api_round_trips_pages(
     one = backend.get("b", pool.get_dummy_flat_data_page())
     assert same_tensors(one.view(sg.torch.int16), pages[1].view(sg.torch.int16))
     assert backend.get("zz", pool.get_dummy_flat_data_page()) is None
-    assert not backend.set("e", sg.torch.zeros(3))  # wrong size: refused, not stored
-    with pytest.raises(NotImplementedError, match="target_sizes"):
-        backend.get("a", dummies[0], target_sizes=[1])
+    # Another size is another object pool: stored, and restored only into that size.
+    assert backend.set("e", sg.torch.arange(3, dtype=sg.torch.float32))
+    assert backend.get("e", sg.torch.zeros(2)) is None
+    assert backend.get("e", sg.torch.zeros(3)).tolist() == [0.0, 1.0, 2.0]
+    assert backend.get("a", dummies[0], target_sizes=[1]) is None  # sizes that disagree: miss
 
 
 def test_data_path_errors_become_shaped_misses(
@@ -225,7 +233,7 @@ def test_keys_are_namespaced_per_rank_and_geometry(
     def prefix(fields: dict[str, Any], layout: str = "page_first", mla: bool = False) -> str:
         backend = make_backend(fields)
         backend.register_mem_pool_host(kit.mla(layout) if mla else kit.mha(layout))
-        return str(backend._bindings["kv"].namespace.prefix)
+        return str(backend.pools["kv"].namespace.prefix)
 
     base = prefix({})
     assert prefix({}) == base
@@ -259,12 +267,7 @@ def test_a_pool_whose_buffer_disagrees_is_refused_alone(
 
 @pytest.mark.parametrize(
     ("pool", "reason"),
-    [
-        ("mamba", "no single kv_buffer tensor"),
-        ("asymmetric", "no single kv_buffer tensor"),
-        ("dcp", "DCP-sharded pools (dcp_size=2) are not supported"),
-        ("page_unified", "'page_unified'"),
-    ],
+    [("interleave", "dealt round-robin over 2 ranks")],
 )
 def test_real_pools_that_cannot_be_kept_fail_closed_with_their_reason(
     sg: SimpleNamespace,
@@ -277,20 +280,8 @@ def test_real_pools_that_cannot_be_kept_fail_closed_with_their_reason(
     """SGLang's own host pool classes, built on CPU: each refusal is logged with its reason,
     SGLang's "pools registered" call logs the ``refused (misses)`` line, the refused pool's
     pages miss and the KV pool keeps working."""
-    make = {
-        "mamba": kit.mamba,
-        "asymmetric": lambda: kit.mha("page_first", v_head_dim=8),
-        "dcp": lambda: kit.mla("page_first", dcp_size=2),
-        "page_unified": lambda: kit.mha("page_unified"),
-    }
-    refused = make[pool]()
-    expected = {
-        "mamba": sg.MambaPoolHost,
-        "asymmetric": sg.AsymmetricMHATokenToKVPoolHost,
-        "dcp": sg.MLATokenToKVPoolHost,
-        "page_unified": sg.MHATokenToKVPoolHost,
-    }
-    assert type(refused) is expected[pool]
+    refused = interleave(sg, "page_first")
+    assert type(refused).__name__ == "PageInterleaveHostPool"
     backend = make_backend()
     good = kit.mha("page_first")
     swa = sg.hs.PoolName.SWA
@@ -304,7 +295,9 @@ def test_real_pools_that_cannot_be_kept_fail_closed_with_their_reason(
     assert any("fails closed (misses)" in line and reason in line for line in lines), lines
     summary = [line for line in lines if line.startswith("kvcr_policy pools: ")]
     assert len(summary) == 1
-    assert summary[0].startswith("kvcr_policy pools: kv (page_first); refused (misses): swa: ")
+    assert summary[0].startswith(
+        "kvcr_policy pools: kv (page_first, zero-copy); refused (misses): swa: "
+    )
     assert reason in summary[0]
     put = sg.hs.PoolTransfer(name=swa, host_indices=kit.indices(good, [0]), keys=["a"])
     assert backend.batch_set_v2([put]) == {swa: [False]}
@@ -359,7 +352,8 @@ def test_extra_config_overrides_win_over_the_environment_which_wins_over_the_pro
     assert (batching.read_batch_pages, batching.query_batch_keys) == (64, 77)
     assert batching.window_batches == 4  # the profile's, where nothing else speaks
     lines = _start_lines(caplog)
-    assert "kvcr_policy: batching.read_batch_pages = 64 (from override)" in lines
+    key = "['overrides']['batching.read_batch_pages']"
+    assert f"kvcr_policy: batching.read_batch_pages = 64 (from {EXTRA} {key})" in lines
     env = "env KVCR_POLICY_BATCHING__QUERY_BATCH_KEYS"
     assert f"kvcr_policy: batching.query_batch_keys = 77 (from {env})" in lines
 
@@ -373,3 +367,43 @@ def test_an_environment_typo_is_refused_through_sglangs_factory(
     text = str(caught.value)
     assert "KVCR_POLICY_BATCHING__READ_BACH_PAGES" in text
     assert "did you mean KVCR_POLICY_BATCHING__READ_BATCH_PAGES" in text
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml", ".yaml"])
+def test_sglangs_at_file_form_builds_the_backend_and_origins_name_the_file(
+    sg: SimpleNamespace,
+    storage_config: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    suffix: str,
+) -> None:
+    """``--hicache-storage-backend-extra-config @FILE``, read by SGLang's own parser."""
+    import json
+
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    from kvcr_policy.integrations.sglang.config import LOADER_KEYS
+
+    wanted = {**LOADER_KEYS, "prefetch_threshold": 128, "profile": "throughput",
+              "overrides": {"placement.capacity_bytes": "64MiB"}}  # fmt: skip
+    path = tmp_path / f"sglang-extra{suffix}"
+    if suffix == ".toml":
+        head = "\n".join(f"{k} = {json.dumps(v)}" for k, v in wanted.items() if k != "overrides")
+        path.write_text(head + '\n[overrides]\n"placement.capacity_bytes" = "64MiB"\n')
+    else:  # YAML is a superset of JSON
+        path.write_text(json.dumps(wanted))
+    extra, threshold, *_ = HybridCacheController.parse_storage_backend_extra_config(f"@{path}")
+    assert threshold == 128
+    # SGLang publishes the flag's text with its server args; the backend reads it from there.
+    memory = SimpleNamespace(hicache_storage_backend_extra_config=f"@{path}")
+    monkeypatch.setattr("sglang.srt.runtime_context.get_memory", lambda: memory)
+    with caplog.at_level(logging.INFO, logger="kvcr_policy"):
+        backend = sg.StorageBackendFactory.create_backend("dynamic", storage_config(extra), None)
+    try:
+        assert backend.loaded.config.batching.read_batch_pages == 256
+        key = "['overrides']['placement.capacity_bytes']"
+        line = f"placement.capacity_bytes = 67108864 (from {EXTRA} @{path} {key})"
+        assert line in caplog.text
+    finally:
+        backend.close()

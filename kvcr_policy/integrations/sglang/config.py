@@ -13,15 +13,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..errors import ConfigError, ConfigIssue
-from ..sources import suggest
+from ...errors import ConfigError, ConfigIssue
+from ...sources import suggest
+from .flag import FILE_FORMATS, read_object
 
 __all__ = [
     "EXTRA_CONFIG_ORIGIN",
+    "LOADER_KEYS",
     "OWN_KEYS",
     "SGLANG_KEYS",
     "SGLANG_PREFIXES",
     "BackendOptions",
+    "extra_config_for",
+    "override_origins",
     "parse_extra_config",
 ]
 
@@ -30,7 +34,10 @@ KWARGS_ORIGIN: Final = "KVCRPolicyStorage(storage_config, kwargs)"
 
 OWN_KEYS: Final[Mapping[str, str]] = {
     "profile": "a bundled profile name (default, throughput) or the path of a TOML profile",
-    "overrides": "a JSON object of config overrides, dotted paths or nested tables",
+    "overrides": (
+        "config overrides, dotted paths or nested tables: a JSON object, JSON text, or @FILE "
+        "(.json, .toml, .yaml)"
+    ),
 }
 
 # Keys SGLang 0.5.23 reads from the same JSON object, found in its source:
@@ -55,6 +62,28 @@ SGLANG_KEYS: Final = frozenset(
 )
 SGLANG_PREFIXES: Final = ("prefetch_",)
 
+#: The keys SGLang's dynamic loader needs to build this backend, with their values.
+LOADER_KEYS: Final[Mapping[str, Any]] = {
+    "backend_name": "kvcr_policy",
+    "module_path": "kvcr_policy.integrations.sglang",
+    "class_name": "KVCRPolicyStorage",
+    "interface_v1": 1,
+}
+
+
+def extra_config_for(
+    profile: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``--hicache-storage-backend-extra-config`` object selecting this backend with
+    ``profile`` (a bundled name or a path) and ``overrides``; checked as the backend will."""
+    config: dict[str, Any] = dict(LOADER_KEYS)
+    if profile is not None:
+        config["profile"] = profile
+    if overrides:
+        config["overrides"] = dict(overrides)
+    parse_extra_config(config)
+    return config
+
 
 @dataclass(frozen=True, slots=True)
 class BackendOptions:
@@ -65,6 +94,8 @@ class BackendOptions:
     interface_v1: bool = False
     # Where the profile was named ("" when it was not): shown in the start-up log.
     profile_origin: str = ""
+    # Where the overrides were given (an origin as in ``profile_origin``).
+    overrides_origin: str = ""
 
 
 def _is_sglang_key(key: str) -> bool:
@@ -78,52 +109,82 @@ def _known() -> str:
     )
 
 
-def _check(key: str, value: Any, origin: str, issues: list[ConfigIssue]) -> None:
+def _check(key: str, value: Any, origin: str, issues: list[ConfigIssue]) -> tuple[Any, str]:
+    """``value`` as kvcr_policy uses it and the origin of what it holds (``@FILE`` overrides:
+    the file); problems go to ``issues``."""
     path = f"extra_config.{key}"
-    if key == "profile" and not (isinstance(value, str) and value.strip()):
-        message = f"expected {OWN_KEYS['profile']}; got {value!r}"
-        issues.append(ConfigIssue(path, origin, message))
-    if key == "overrides" and not isinstance(value, Mapping):
-        message = (
-            f"expected {OWN_KEYS['overrides']}, e.g. "
-            f'{{"placement.capacity_bytes": "64GiB"}}; got {type(value).__name__} {value!r}'
-        )
-        issues.append(ConfigIssue(path, origin, message))
+    if key == "profile":
+        if not (isinstance(value, str) and value.strip()):
+            message = f"expected {OWN_KEYS['profile']}; got {value!r}"
+            issues.append(ConfigIssue(path, origin, message))
+        return value, f"{origin} ['profile']"
+    where = f"{origin} ['overrides']"
+    try:
+        overrides = read_object(value, path, origin)
+    except ConfigError as err:
+        issues.extend(err.issues)
+        return {}, where
+    if isinstance(value, str) and value.strip().startswith("@"):
+        where = f"{where} {value.strip()}"
+    return overrides, where
 
 
 def parse_extra_config(
-    extra_config: Mapping[str, Any] | None, kwargs: Mapping[str, Any] | None = None
+    extra_config: Mapping[str, Any] | None,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    origin: str = EXTRA_CONFIG_ORIGIN,
 ) -> BackendOptions:
     """Validate ``extra_config`` and ``kwargs``; raise one :class:`ConfigError` for all problems.
 
     ``kwargs`` (what SGLang's factory passes as the second positional argument, an empty dict
     in 0.5.23) may carry kvcr_policy's own keys for programmatic use; it wins over
-    ``extra_config``. SGLang's keys are only allowed in ``extra_config``.
+    ``extra_config``. SGLang's keys are only allowed in ``extra_config``. ``origin`` names where
+    ``extra_config`` came from in messages.
     """
     issues: list[ConfigIssue] = []
     if extra_config is not None and not isinstance(extra_config, Mapping):
         message = f"expected a JSON object; got {type(extra_config).__name__}"
-        raise ConfigError([ConfigIssue("extra_config", EXTRA_CONFIG_ORIGIN, message)])
-    sources = [(extra_config or {}, EXTRA_CONFIG_ORIGIN), (kwargs or {}, KWARGS_ORIGIN)]
+        raise ConfigError([ConfigIssue("extra_config", origin, message)])
+    sources = [(extra_config or {}, origin), (kwargs or {}, KWARGS_ORIGIN)]
     chosen: dict[str, tuple[Any, str]] = {}
-    for source, origin in sources:
+    for index, (source, where) in enumerate(sources):
         for key, value in source.items():
             key = str(key)
             if key in OWN_KEYS:
-                _check(key, value, origin, issues)
-                chosen[key] = (value, origin)
-            elif not (origin == EXTRA_CONFIG_ORIGIN and _is_sglang_key(key)):
+                chosen[key] = _check(key, value, where, issues)
+            elif not (index == 0 and _is_sglang_key(key)):
                 nearest = suggest(key, [*OWN_KEYS, *sorted(SGLANG_KEYS)])
                 hint = f"did you mean {nearest!r}? " if nearest else ""
                 message = f"unknown key; {hint}({_known()})"
-                issues.append(ConfigIssue(f"extra_config.{key}", origin, message))
+                issues.append(ConfigIssue(f"extra_config.{key}", where, message))
     if issues:
         raise ConfigError(issues, title="invalid kvcr_policy HiCache backend options")
     profile, profile_origin = chosen.get("profile", (None, ""))
-    overrides, _ = chosen.get("overrides", ({}, ""))
+    overrides, overrides_origin = chosen.get("overrides", ({}, ""))
     return BackendOptions(
         profile=profile,
         overrides=dict(overrides),
         interface_v1=bool((extra_config or {}).get("interface_v1", 0)),
-        profile_origin=f"{profile_origin} ['profile']" if profile_origin else "",
+        profile_origin=profile_origin,
+        overrides_origin=overrides_origin,
     )
+
+
+def override_origins(options: BackendOptions) -> dict[str, str]:
+    """Each config path the overrides set -> the extra_config key it came from, e.g.
+    ``SGLang --hicache-storage-backend-extra-config ['overrides']['batching']['read_batch_pages']``.
+    """
+    origins: dict[str, str] = {}
+
+    def walk(value: Any, keys: list[str]) -> None:
+        if isinstance(value, Mapping) and value and not (keys and "." in keys[-1]):
+            for key, inner in value.items():
+                walk(inner, [*keys, str(key)])
+            return
+        label = "".join(f"[{key!r}]" for key in keys)
+        joint = " " if options.overrides_origin.endswith(tuple(FILE_FORMATS)) else ""
+        origins[".".join(keys)] = f"{options.overrides_origin}{joint}{label}"
+
+    walk(options.overrides, [])
+    return origins

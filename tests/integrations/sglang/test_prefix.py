@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import given
 
-from kvcr_policy.integrations.sglang_prefix import (
+from kvcr_policy.integrations.sglang.prefix import (
     ALL_PAGES,
     PoolQuery,
     usable_prefix,

@@ -84,7 +84,7 @@ def test_mla_pools_round_trip_byte_exact_through_kvcr(
     backend = kvcr_storage({"is_mla_model": True})
     pool = kit.mla(layout)
     backend.register_mem_pool_host(pool)
-    assert backend._bindings["kv"].geometry.mla
+    assert backend.pools["kv"].geometry.mla
     round_trip(sg, kit, backend, pool, n=10, seed=11)
 
 

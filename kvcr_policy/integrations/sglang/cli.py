@@ -1,0 +1,88 @@
+"""``kvcr-policy sglang-config``: the ``--hicache-storage-backend-extra-config`` for a profile.
+
+Without ``--check`` it prints, on one line, the JSON object that loads this backend through
+SGLang's dynamic loader with the profile and overrides given, after loading them exactly as the
+backend will (a typo exits 2 with one message, here instead of at SGLang's start)::
+
+    kvcr-policy sglang-config --profile throughput --set placement.capacity_bytes=64GiB
+
+``--check VALUE`` reads a flag value the way SGLang reads it (JSON text or ``@FILE``) and checks
+it the way the backend will: bad JSON, an unreadable file, an unknown key or a profile that does
+not load exit 2 with one message; a good value prints what the backend will run with. SGLang
+imports nothing here: this runs on a machine without it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from ...loading import load_config
+from .config import LOADER_KEYS, extra_config_for, parse_extra_config
+from .flag import read_flag
+from .startup import load
+
+__all__ = ["register", "sglang_config_command"]
+
+
+def _pairs(pairs: list[str] | None) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
+        result[key.strip()] = value
+    return result
+
+
+def _check(value: str) -> dict[str, Any]:
+    extra = read_flag(value)
+    missing = [key for key in ("backend_name", "module_path", "class_name") if key not in extra]
+    if extra.get("module_path") != LOADER_KEYS["module_path"]:
+        return {
+            "loads": False,
+            "module_path": extra.get("module_path"),
+            "missing_loader_keys": missing,
+        }
+    options = parse_extra_config(extra)
+    loaded = load(options)
+    return {
+        "loads": not missing,
+        "missing_loader_keys": missing,
+        "interface_v1": options.interface_v1,
+        "profile": loaded.profile or "default",
+        "changed": {path: {"value": v, "from": o} for path, (v, o) in loaded.changed().items()},
+    }
+
+
+def sglang_config_command(
+    profile: Annotated[
+        str | None,
+        typer.Option("--profile", "-p", help="Bundled profile name or path for the backend."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="An override the backend applies: KEY=VALUE."),
+    ] = None,
+    check: Annotated[
+        str | None,
+        typer.Option(
+            "--check",
+            help="Check a flag value (JSON text or @FILE) as SGLang and the backend read it.",
+        ),
+    ] = None,
+) -> None:
+    """Print the SGLang --hicache-storage-backend-extra-config for a profile, or check one."""
+    if check is not None:
+        sys.stdout.write(json.dumps(_check(check), indent=2, default=str) + "\n")
+        return
+    overrides = _pairs(set_)
+    load_config(profile, None, overrides)  # as the backend will: fail here, not at start
+    sys.stdout.write(json.dumps(extra_config_for(profile, overrides)) + "\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sglang-config")(sglang_config_command)

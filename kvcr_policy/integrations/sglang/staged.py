@@ -1,0 +1,117 @@
+"""A host pool moved through a staging buffer: the generic path for layouts we do not model.
+
+The pipeline moves bytes between a registered buffer and the tier by geometry. A pool whose
+layout kvcr_policy does not model (:mod:`.access`) is therefore given a stand-in: a staging
+buffer of opaque pages (:func:`.pools.flat_geometry`) registered under the pool's name. A store
+gathers the pool's pages into staging rows and stores the rows; a restore reads rows and
+scatters them into the pool's pages. One copy more than the zero-copy path, never a byte the
+pool did not list.
+
+The buffer has two halves, one for restores and one for stores, each behind its own lock, so
+SGLang's prefetch and backup threads still run side by side; a call larger than a half is cut
+into chunks of at most :data:`STAGING_BYTES`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from ...errors import IndicesError
+from ...geometry import PoolGeometry, page_indices
+from ...pipeline import Pipeline
+from .access import PageAccess
+from .pools import flat_geometry
+
+__all__ = ["STAGING_BYTES", "StagedPool"]
+
+#: Bytes of each half of a staging buffer (stores, restores).
+STAGING_BYTES: Final = 32 << 20
+# SGLang 0.5.23 hicache_storage.STORAGE_BATCH_SIZE: pages per batched storage call.
+MAX_ROWS: Final = 128
+
+
+def _indices(token_indices: Any) -> torch.Tensor:
+    if isinstance(token_indices, torch.Tensor):
+        return token_indices.detach().to("cpu", torch.int64).reshape(-1)
+    return torch.as_tensor(np.asarray(token_indices), dtype=torch.int64).reshape(-1)
+
+
+class StagedPool:
+    """Stores and restores the pages of one host pool through ``access`` and a staging buffer."""
+
+    def __init__(
+        self, pipeline: Pipeline, name: str, access: PageAccess, tokens: int | None
+    ) -> None:
+        self.name = name
+        self.access = access
+        page_bytes = access.page_bytes
+        self.rows = max(1, min(MAX_ROWS, STAGING_BYTES // page_bytes))
+        self.geometry = flat_geometry(name, page_bytes, 2 * self.rows)
+        # Validates token indices as a kv pool of the same page size and token count would
+        # (a pool that gives no count: bounded by the memory check of every piece instead).
+        self.indices = PoolGeometry(
+            name=name, layout="page_first", layers=1, heads=1, head_dim=1, dtype="uint8",
+            page_size=access.page_size, tokens=tokens or access.page_size << 40, mla=True,
+        )  # fmt: skip
+        self._buffer = np.zeros(self.geometry.shape, dtype=np.uint8)
+        flat = self._buffer.reshape(-1)
+        half = self.rows * page_bytes
+        self._halves = {"get": flat[:half], "set": flat[half:]}
+        self._first_row = {"get": 0, "set": self.rows}
+        self._locks = {"get": threading.Lock(), "set": threading.Lock()}
+        self._pipeline = pipeline
+        pipeline.register_pool(name, self.geometry, self._buffer)
+
+    @property
+    def page_bytes(self) -> int:
+        return self.access.page_bytes
+
+    def _pages(self, keys: Sequence[str], token_indices: Any) -> torch.Tensor:
+        indices = _indices(token_indices)
+        pages = page_indices(self.indices, indices)
+        if len(pages) != len(keys):
+            message = (
+                f"pool {self.name!r}: {len(keys)} keys but indices for {len(pages)} pages; "
+                f"pass {self.access.page_size} token indices per key"
+            )
+            raise IndicesError(message)
+        return indices
+
+    def set(self, keys: Sequence[str], token_indices: Any) -> list[bool]:
+        """Store the pages at ``token_indices`` under ``keys``; True per key now stored."""
+        indices = self._pages(keys, token_indices)
+        size, done = self.access.page_size, [False] * len(keys)
+        rows = np.arange(self.rows, dtype=np.int64) + self._first_row["set"]
+        with self._locks["set"]:
+            for start in range(0, len(keys), self.rows):
+                stop = min(start + self.rows, len(keys))
+                self.access.gather(indices[start * size : stop * size], self._halves["set"])
+                stored = self._pipeline.set(keys[start:stop], rows[: stop - start], self.name)
+                done[start:stop] = [bool(x) for x in stored]
+        return done
+
+    def get(self, keys: Sequence[str], token_indices: Any) -> list[bool]:
+        """Restore ``keys`` into the pages at ``token_indices``; only the leading run arrives."""
+        indices = self._pages(keys, token_indices)
+        size, done = self.access.page_size, [False] * len(keys)
+        rows = np.arange(self.rows, dtype=np.int64) + self._first_row["get"]
+        with self._locks["get"]:
+            for start in range(0, len(keys), self.rows):
+                stop = min(start + self.rows, len(keys))
+                got = self._pipeline.get(keys[start:stop], rows[: stop - start], self.name)
+                lead = next((i for i, ok in enumerate(got) if not ok), stop - start)
+                if lead:
+                    pages = indices[start * size : (start + lead) * size]
+                    self.access.scatter(pages, self._halves["get"])
+                    done[start : start + lead] = [True] * lead
+                if lead < stop - start:
+                    break
+        return done
+
+    def exists(self, keys: Sequence[str]) -> int:
+        return self._pipeline.exists(list(keys), self.name)

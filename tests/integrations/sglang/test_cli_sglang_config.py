@@ -1,0 +1,126 @@
+"""``kvcr-policy sglang-config``: the extra-config JSON for a profile, and checking a flag."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.support.commands import run_command, run_main
+
+FLAG = "SGLang --hicache-storage-backend-extra-config"
+
+
+def test_it_prints_the_json_that_loads_the_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_main(
+        capsys,
+        "sglang-config",
+        "--profile",
+        "throughput",
+        "--set",
+        "placement.capacity_bytes=64GiB",
+    )
+    assert status == 0 and err == ""
+    assert json.loads(out) == {
+        "backend_name": "kvcr_policy",
+        "module_path": "kvcr_policy.integrations.sglang",
+        "class_name": "KVCRPolicyStorage",
+        "interface_v1": 1,
+        "profile": "throughput",
+        "overrides": {"placement.capacity_bytes": "64GiB"},
+    }
+    assert len(out.strip().splitlines()) == 1  # one line: fits "$(...)" on a command line
+
+
+@pytest.mark.sglang
+def test_sglangs_factory_builds_the_backend_from_that_json(
+    sg: SimpleNamespace, storage_config: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out, _ = run_main(capsys, "sglang-config", "--set", "placement.capacity_bytes=64MiB")
+    backend = sg.StorageBackendFactory.create_backend(
+        "dynamic", storage_config(json.loads(out)), None
+    )
+    try:
+        assert type(backend).__name__ == "KVCRPolicyStorage"
+        assert backend.loaded.config.placement.capacity_bytes == 64 << 20
+    finally:
+        backend.close()
+
+
+def test_a_typo_exits_2_with_one_message_and_no_traceback() -> None:
+    done = run_command("sglang-config", "--profile", "thruput")
+    assert done.returncode == 2 and done.stdout == ""
+    assert "did you mean 'throughput'" in done.stderr and "Traceback" not in done.stderr
+    done = run_command("sglang-config", "--set", "batching.read_bach_pages=64")
+    assert done.returncode == 2 and "batching.read_batch_pages" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('{"module_path": "kvcr_policy.integrations.sglang", "profil": "x"}', "did you mean"),
+        ('{"module_path": "kvcr_policy.integrations.sglang",', "not valid JSON"),
+        ("@/nonexistent/sglang-extra.json", "cannot read the file (No such file or directory)"),
+    ],
+)
+def test_check_reports_a_bad_flag_in_one_message(
+    capsys: pytest.CaptureFixture[str], value: str, expected: str
+) -> None:
+    status, out, err = run_main(capsys, "sglang-config", "--check", value)
+    assert status == 2 and out == ""
+    assert expected in err and err.count("\n  - ") == 1
+
+
+def test_check_reads_a_file_as_sglang_does_and_says_where_values_come_from(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "sglang-extra.toml"
+    path.write_text(
+        'backend_name = "kvcr_policy"\nmodule_path = "kvcr_policy.integrations.sglang"\n'
+        'class_name = "KVCRPolicyStorage"\ninterface_v1 = 1\nprofile = "throughput"\n'
+        '[overrides]\n"batching.read_batch_pages" = 512\n'
+    )
+    status, out, err = run_main(capsys, "sglang-config", "--check", f"@{path}")
+    assert status == 0, err
+    report = json.loads(out)
+    assert (
+        report["loads"] and report["interface_v1"] and report["profile"].endswith("throughput.toml")
+    )
+    assert report["changed"]["batching.read_batch_pages"] == {
+        "value": 512,
+        "from": f"{FLAG} ['overrides']['batching.read_batch_pages']",
+    }
+    other = '{"backend_name": "x", "module_path": "other.module", "class_name": "C", "k": 1}'
+    status, out, _ = run_main(capsys, "sglang-config", "--check", other)
+    assert status == 0 and json.loads(out)["loads"] is False
+
+
+def _readme_section() -> str:
+    from tests.support.paths import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme.split("## SGLang HiCache backend", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_examples_run_as_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    section = _readme_section()
+    command = "kvcr-policy sglang-config --profile throughput --set placement.capacity_bytes=64GiB"
+    shown = section.split(command + "\n# ", 1)[1].split("\n", 1)[0]
+    status, out, _ = run_main(capsys, *command.split()[1:])
+    assert status == 0 and out.strip() == shown
+    toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "sglang.toml"
+    path.write_text(toml, encoding="utf-8")
+    assert "kvcr-policy sglang-config --check @/etc/kvcr/sglang.toml" in section
+    status, out, err = run_main(capsys, "sglang-config", "--check", f"@{path}")
+    assert status == 0, err
+    assert json.loads(out)["changed"]["placement.capacity_bytes"]["value"] == 64 << 30
+    bad = '\'{"module_path": "kvcr_policy.integrations.sglang",\''
+    assert f"kvcr-policy sglang-config --check {bad}" in section
+    status, _, err = run_main(capsys, "sglang-config", "--check", bad.strip("'"))
+    assert status == 2 and "not valid JSON (Expecting property name" in err
