@@ -18,6 +18,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from .backends.peer.cli import register as _register_peer
+from .cli_numbers import (
+    MAX_BLOCK_TOKENS,
+    MAX_BUDGET_S,
+    MAX_BYTES_REQUESTS,
+    MAX_DIM,
+    MAX_HOLD_S,
+    MAX_LINK_GBPS,
+    MAX_RANKS,
+    MAX_REPEAT,
+    MAX_SEED,
+    MAX_TOKENS,
+    MIN_BUDGET_S,
+    MIN_LINK_GBPS,
+    Finite,
+)
 from .errors import KVCRPolicyError
 from .integrations.sglang.cli import register as _register_sglang
 from .loading import LoadedConfig, bundled_profiles, load_config
@@ -34,10 +49,6 @@ app = typer.Typer(
 )
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
-
-
-#: The most ranks (--tp, --pp, --ranks-per-host) or pools a plan takes.
-MAX_RANKS = 1 << 16
 
 
 class Format(str, Enum):
@@ -279,7 +290,7 @@ def plugins(
 def plan(
     tokens: Annotated[
         int | None,
-        typer.Option("--tokens", min=1, max=1 << 40, help="Tokens the tier should hold."),
+        typer.Option("--tokens", min=1, max=MAX_TOKENS, help="Tokens the tier should hold."),
     ] = None,
     trace: Annotated[
         Path | None,
@@ -295,7 +306,12 @@ def plan(
     ] = None,
     block_tokens: Annotated[
         int | None,
-        typer.Option("--block-tokens", help="--trace: tokens per hash id (Mooncake's: 512)."),
+        typer.Option(
+            "--block-tokens",
+            min=1,
+            max=MAX_BLOCK_TOKENS,
+            help="--trace: tokens per hash id (Mooncake's: 512).",
+        ),
     ] = None,
     eviction: Annotated[
         str | None,
@@ -304,7 +320,10 @@ def plan(
     bytes_requests: Annotated[
         int | None,
         typer.Option(
-            "--bytes", help="--trace: also store and restore real pages for the first N requests."
+            "--bytes",
+            min=1,
+            max=MAX_BYTES_REQUESTS,
+            help="--trace: also store and restore real pages for the first N requests.",
         ),
     ] = None,
     plot: Annotated[
@@ -315,11 +334,13 @@ def plan(
     geometry: Annotated[
         str | None, typer.Option("--geometry", help="A model preset: qwen3-32b or small.")
     ] = None,
-    layers: Annotated[int | None, typer.Option("--layers", min=1)] = None,
-    heads: Annotated[int | None, typer.Option("--heads", min=1, help="KV heads.")] = None,
-    head_dim: Annotated[int | None, typer.Option("--head-dim", min=1)] = None,
+    layers: Annotated[int | None, typer.Option("--layers", min=1, max=MAX_DIM)] = None,
+    heads: Annotated[
+        int | None, typer.Option("--heads", min=1, max=MAX_DIM, help="KV heads.")
+    ] = None,
+    head_dim: Annotated[int | None, typer.Option("--head-dim", min=1, max=MAX_DIM)] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="e.g. bfloat16.")] = None,
-    page_size: Annotated[int | None, typer.Option("--page-size", min=1)] = None,
+    page_size: Annotated[int | None, typer.Option("--page-size", min=1, max=MAX_DIM)] = None,
     mla: Annotated[bool | None, typer.Option("--mla/--mha", help="An MLA latent pool.")] = None,
     layout: Annotated[str, typer.Option("--layout")] = "layer_first",
     tp: Annotated[
@@ -336,13 +357,20 @@ def plan(
     ] = None,
     prefix_tokens: Annotated[
         int | None,
-        typer.Option("--prefix-tokens", min=1, max=1 << 40, help="Restore plan for this prefix."),
+        typer.Option(
+            "--prefix-tokens", min=1, max=MAX_TOKENS, help="Restore plan for this prefix."
+        ),
     ] = None,
     host_memory: Annotated[
         str | None, typer.Option("--host-memory", help="e.g. 2TiB; default: this machine's.")
     ] = None,
     link_gbps: Annotated[
-        float | None, typer.Option("--link-gbps", help="Link limit for the predicted time.")
+        float | None,
+        typer.Option(
+            "--link-gbps",
+            parser=Finite(MIN_LINK_GBPS, MAX_LINK_GBPS, "GB/s"),
+            help=f"Link limit for the predicted time ({MIN_LINK_GBPS:g}..{MAX_LINK_GBPS} GB/s).",
+        ),
     ] = None,
     measure_link: Annotated[
         bool, typer.Option("--measure-link", help="Measure the link limit here with a probe.")
@@ -440,7 +468,7 @@ def bench(
     vs: Annotated[str, typer.Option("--vs", help="Baseline profile (Q).")] = "default",
     geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
     layout: Annotated[str, typer.Option("--layout")] = "layer_first",
-    tokens: Annotated[int, typer.Option("--tokens", min=1)] = 8192,
+    tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
     target: Annotated[Target, typer.Option("--target")] = Target.cpu,
     transport: Annotated[
         Via, typer.Option("--transport", help="local tier, or ucx: the same as --backend peer.")
@@ -459,7 +487,7 @@ def bench(
         ),
     ] = None,
     ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
-    repeat: Annotated[int, typer.Option("--repeat", min=1)] = 5,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=MAX_REPEAT)] = 5,
     mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
     scatter: Annotated[
         bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
@@ -467,7 +495,11 @@ def bench(
     set_: SetOpt = None,
     screen_pct: Annotated[
         float | None,
-        typer.Option("--screen", help="Exit 1 if P is this % below Q in either order."),
+        typer.Option(
+            "--screen",
+            parser=Finite(0, 100, "%"),
+            help="Exit 1 if P is this % below Q in either order (0..100).",
+        ),
     ] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of every run.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
@@ -487,7 +519,7 @@ def bench(
         float | None,
         typer.Option(
             "--metrics-hold",
-            min=0,
+            parser=Finite(0, MAX_HOLD_S, "s"),
             help="Seconds /metrics stays up after the run (default: until interrupted).",
         ),
     ] = None,
@@ -496,6 +528,7 @@ def bench(
         typer.Option(
             "--ranks",
             min=1,
+            max=MAX_RANKS,
             help="Tensor-parallel ranks: one process each (one GPU each on cuda), all restoring "
             "their shards at once.",
         ),
@@ -516,29 +549,44 @@ def tune(
     target: Annotated[Target, typer.Option("--target")] = Target.cpu,
     backend: Annotated[
         str | None,
-        typer.Option("--backend", help="Tier backend: dram or peer (default: the profile's)."),
+        typer.Option(
+            "--backend", help="Tier backend: dram, peer, kvcr or mooncake (default: the profile's)."
+        ),
     ] = None,
     geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
     layout: Annotated[str, typer.Option("--layout")] = "layer_first",
-    tokens: Annotated[int, typer.Option("--tokens", min=1)] = 8192,
+    tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
     mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
     scatter: Annotated[
         bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
     ] = False,
     set_: SetOpt = None,
     budget: Annotated[
-        float, typer.Option("--budget", help="Seconds for the whole run, confirmation included.")
+        float,
+        typer.Option(
+            "--budget",
+            parser=Finite(MIN_BUDGET_S, MAX_BUDGET_S, "s"),
+            help="Seconds for the whole run, confirmation included (1..604800).",
+        ),
     ] = 300.0,
     repeat: Annotated[
-        int, typer.Option("--repeat", help="Repeats per order confirming (and --check).")
+        int,
+        typer.Option(
+            "--repeat", min=1, max=MAX_REPEAT, help="Repeats per order confirming (and --check)."
+        ),
     ] = 9,
     trial_repeat: Annotated[
-        int, typer.Option("--trial-repeat", min=1, help="Repeats per order of each trial.")
+        int,
+        typer.Option(
+            "--trial-repeat", min=1, max=MAX_REPEAT, help="Repeats per order of each trial."
+        ),
     ] = 3,
     only: Annotated[
         list[str] | None, typer.Option("--only", help="Search only this knob (repeatable).")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="The sampler's seed.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, max=MAX_SEED, help="The sampler's seed.")
+    ] = 0,
     write: Annotated[
         Path | None, typer.Option("--write", help="Write the profile here if it wins.")
     ] = None,

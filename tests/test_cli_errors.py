@@ -106,8 +106,8 @@ SMALL = ("--geometry", "small", "--tokens", "64", "--repeat", "1")
     [
         (("--tokens", "1000000000000"), "of host memory"),
         (("--tokens", str(1 << 28)), "of host memory"),  # 64 TiB measured: no host has it
-        (("--screen", "nan", *SMALL), "expected a percent in [0, 100)"),
-        (("--screen", "-50", *SMALL), "expected a percent in [0, 100)"),
+        (("--screen", "nan", *SMALL), "expected a finite number from 0 to 100 %, got 'nan'"),
+        (("--screen", "-50", *SMALL), "expected a finite number from 0 to 100 %, got '-50'"),
         (("--set", "placement.eviction=bogus", *SMALL), "'lru' or 'fifo'"),
         (("--set", "transport.threads=1000000000000", *SMALL), "less than or equal to 1024"),
         (("--set", "thread_tuning.switch_interval_s=1e-300", *SMALL), "greater than or equal"),

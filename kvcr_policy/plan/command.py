@@ -17,6 +17,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from ..cli_numbers import MAX_BYTES_REQUESTS
 from ..errors import ArgumentError
 from ..loading import LoadedConfig, load_config
 from ..schema import EvictionSection
@@ -33,8 +34,6 @@ err = Console(stderr=True, soft_wrap=True)
 
 #: Most capacities and eviction strategies one command compares.
 MAX_LISTED = 64
-#: Most requests a --bytes replay stores and restores.
-MAX_BYTES_REQUESTS = 1_000_000
 _CAPACITY = re.compile(r"([0-9]{1,16})([kMG]?)")
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9}
 _TRACE_ONLY = ("--capacity-tokens", "--eviction", "--bytes", "--plot", "--block-tokens")

@@ -18,10 +18,14 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from ..descriptors import build_descriptors, split_pieces
 from ..errors import ArgumentError
 from ..geometry import PRESETS, PoolGeometry
 from ..loading import LoadedConfig
+from ..schema import MAX_TIER_BYTES
+from .batches import SAMPLE_PAGES, count_batches
 
 __all__ = [
     "Given",
@@ -103,8 +107,11 @@ def geometry_given(
         for key, value in PRESETS[preset].items():
             fields[key] = Given(value, preset_from or f"--geometry {preset}")
     for key, (value, origin) in explicit.items():
-        if value is not None:
-            fields[key] = Given(value, origin)
+        if value is None:
+            continue
+        if key in fields and fields[key].value != value and preset is not None:
+            origin = f"{origin}, over {fields[key].origin}'s {fields[key].value}"
+        fields[key] = Given(value, origin)
     missing = [k for k in ("layers", "heads", "head_dim", "dtype", "page_size") if k not in fields]
     if missing:
         message = (
@@ -238,40 +245,47 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
     batching, coalescing, allowed = _strategies(loaded)
     tokens = request.prefix_tokens.value
     pages = math.ceil(tokens / geo.page_size)
-    batches = batching.read_batches(pages)
-    sizes = [stop - start for start, stop in batches]
+    counts = count_batches(batching, pages)
+    if counts is None:
+        plan.refusals.append(
+            f"batching.strategy {config.batching.strategy!r} (from "
+            f"{_origin(loaded, 'batching.strategy')}) does not settle on one batch size, so a "
+            f"restore is planned for at most {SAMPLE_PAGES} pages; --prefix-tokens {tokens} (from "
+            f"{request.prefix_tokens.origin}) is {pages} pages: lower it"
+        )
+        return
+    batch = counts.largest
+    if batch * geo.page_bytes > MAX_TIER_BYTES:
+        plan.refusals.append(
+            f"one batch of {batch} pages of {sized(geo.page_bytes)} is "
+            f"{sized(batch * geo.page_bytes)}, more than the {sized(MAX_TIER_BYTES)} any tier "
+            "may hold: lower batching.read_batch_pages or the model's dimensions"
+        )
+        return
     plain = coalesced = sent = 0
     # A prefix stored together sits in consecutive slots; every batch of the same size has the
     # same descriptors, so each distinct size is shaped once.
-    full = replace(geo, tokens=max(sizes, default=1) * geo.page_size)
-    for size in set(sizes):
-        import numpy as np
-
+    full = replace(geo, tokens=max(batch, 1) * geo.page_size)
+    for size, times in counts.sizes.items():
         order = np.arange(size)
         shaped_in = build_descriptors(full, order, full, order)
         shaped = coalescing.prepare(shaped_in, allowed)
-        times = sizes.count(size)
         plain += times * len(shaped_in)
         sent += times * len(shaped)
         coalesced += times * (len(shaped) - (0 if shaped is shaped_in else split_pieces(shaped)))
-    window, batch = batching.window, max(sizes, default=0)
-    inflight = 1
-    while inflight < len(sizes) and window.admits(
-        inflight, inflight * batch, inflight * batch * geo.page_bytes, batch, batch * geo.page_bytes
-    ):
-        inflight += 1
+    inflight = _in_flight(batching.window, counts.total, batch, geo.page_bytes)
     nbytes = pages * geo.page_bytes
     plan.figures["restore"] = {
         "prefix_tokens": tokens,
         "pages": pages,
         "bytes": nbytes,
-        "batches": len(batches),
+        "batches": counts.total,
         "pages_per_batch": batch,
         "descriptors_before_coalescing": plain,
         "descriptors_after_coalescing": coalesced,
         "descriptors_after_split": sent,
         "batches_in_flight": inflight,
-        "windows": math.ceil(len(batches) / inflight) if batches else 0,
+        "windows": math.ceil(counts.total / inflight) if counts.total else 0,
     }
     missing = coalescing.needs - allowed
     if missing:
@@ -302,9 +316,25 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
     plan.figures["restore"]["predicted_seconds"] = nbytes / (gbps * 1e9) if gbps else None
 
 
+def _in_flight(window: Any, total: int, batch: int, page_bytes: int) -> int:
+    """Batches of ``batch`` pages the window admits at once (``Window.admits``, worked out
+    instead of stepped: a window of 10**9 one-page batches is one division, not a loop)."""
+    most = total
+    if window.batches is not None:
+        most = min(most, window.batches)
+    if window.pages is not None and batch:
+        most = min(most, window.pages // batch)
+    if window.bytes is not None and batch * page_bytes:
+        most = min(most, window.bytes // (batch * page_bytes))
+    return max(1, most)
+
+
 def make_plan(loaded: LoadedConfig, request: PlanRequest) -> Plan:
     """Work out the plan; refusals and warnings are collected, never raised."""
     plan = Plan()
+    for key, given in request.geometry.items():
+        if ", over " in given.origin:  # an option that replaced a preset's value
+            plan.warnings.append(f"{key} = {given.value} (from {given.origin}): the option wins")
     geo = rank_geometry(request, plan)
     if geo is None:
         return plan

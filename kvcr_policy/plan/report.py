@@ -17,7 +17,7 @@ def _share(part: int, whole: int | None) -> str:
 
 
 def _rows(plan: Plan, title: dict[str, Any]) -> list[tuple[str, str]]:
-    g, t, r = plan.figures["geometry"], plan.figures["tier"], plan.figures["restore"]
+    g, t = plan.figures["geometry"], plan.figures["tier"]
     host = g["host_memory"]
     rows = [
         ("[geometry]", ""),
@@ -42,6 +42,11 @@ def _rows(plan: Plan, title: dict[str, Any]) -> list[tuple[str, str]]:
                          if t["huge_pages"] != "off" else "none asked (huge_pages off)"),
         ("  holds", f"{t['pages_per_pool']} pages = {t['tokens_per_pool']} tokens per pool "
                     "per rank"),
+    ]  # fmt: skip
+    r = plan.figures.get("restore")
+    if r is None:  # refused before its figures (the refusal says why)
+        return rows
+    rows += [
         ("[restore]", ""),
         ("  prefix", f"{r['prefix_tokens']} tokens = {r['pages']} pages, "
                      f"{sized(r['bytes'])} per rank"),

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..cli_numbers import MAX_LINK_GBPS, MIN_LINK_GBPS
 from ..errors import ArgumentError
 from ..loading import LoadedConfig
 from .figures import Given, PlanRequest, geometry_given
 
 __all__ = ["build_request"]
 
-#: The most --link-gbps may say (the same bound as observability.link_limit_gbps).
-MAX_LINK_GBPS = 100000
 _MEASURE_BYTES = 1 << 30  # at most 1 GiB per probe: long enough to be a rate, short to run
 
 
@@ -61,6 +60,13 @@ def build_request(
         host = Given(host_memory, "--host-memory")
     else:
         host = Given(mem_total(), "this machine's /proc/meminfo MemTotal")
+    if prefix_tokens is not None and prefix_tokens > tokens:
+        message = (
+            f"--prefix-tokens {prefix_tokens} is more than the {tokens} tokens the tier holds "
+            "(--tokens): a restored prefix is part of what the tier holds; lower it or raise "
+            "--tokens"
+        )
+        raise ArgumentError(message)
     request = PlanRequest(
         geometry=fields,
         tp=tp_given,
@@ -81,10 +87,10 @@ def _with_link(
     from dataclasses import replace
 
     if gbps is not None:
-        # NaN fails both comparisons too; the bound is observability.link_limit_gbps's.
-        if not 0 < gbps <= MAX_LINK_GBPS:
+        # NaN fails both comparisons too; the bounds are observability.link_limit_gbps's.
+        if not MIN_LINK_GBPS <= gbps <= MAX_LINK_GBPS:
             message = (
-                f"--link-gbps: expected a rate in GB/s, above 0 and at most {MAX_LINK_GBPS}, "
+                f"--link-gbps: expected a rate in GB/s from {MIN_LINK_GBPS} to {MAX_LINK_GBPS}, "
                 f"got {gbps}"
             )
             raise ArgumentError(message)

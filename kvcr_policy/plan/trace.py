@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..cli_numbers import MAX_BLOCK_TOKENS
 from ..errors import ArgumentError
 from ..values import shorten
 
@@ -30,8 +31,6 @@ __all__ = ["MAX_BLOCK_TOKENS", "MAX_INPUT_TOKENS", "MAX_REFERENCES", "Trace", "r
 #: Most block references (sum of every request's hash_ids) a trace may hold: 2**26, about
 #: 230 times Mooncake's conversation trace (288,500), 512 MiB of ids.
 MAX_REFERENCES = 1 << 26
-#: Largest block: 2**20 tokens.
-MAX_BLOCK_TOKENS = 1 << 20
 #: Longest prompt: 2**31 - 1 tokens.
 MAX_INPUT_TOKENS = (1 << 31) - 1
 #: Latest arrival: 10**15 ms (about 31,700 years).

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..bench import BenchResult, run_bench
 from ..bench.resolve import resolve
+from ..cli_numbers import MAX_BUDGET_S
 from ..loading import bundled_profiles, load_config, resolve_base, resolve_profile
 from ..profile_meta import read_meta
 from ..sources import flatten
@@ -135,8 +136,11 @@ def tune(
 ) -> Outcome:
     """Search, confirm, and write ``write`` only on a confirmed win (or ``always_write``)."""
     began = clock()
-    if setup.budget_s <= 0:
-        raise TuneError(f"--budget: expected seconds > 0, got {setup.budget_s}")
+    if not 0 < setup.budget_s <= MAX_BUDGET_S:  # nan fails both comparisons
+        message = (
+            f"--budget: expected seconds > 0 and at most {MAX_BUDGET_S:g}, got {setup.budget_s}"
+        )
+        raise TuneError(message)
     if setup.repeat < MIN_REPEATS or setup.trial_repeat < 1:
         message = (
             f"--repeat: a confirmation needs at least {MIN_REPEATS} repeats (got "

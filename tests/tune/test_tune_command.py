@@ -123,7 +123,8 @@ def test_a_win_within_the_spread_of_the_repeats_is_not_written(
     ("args", "message"),
     [
         (["--only", "batching.nope"], "--only names no tunable knob"),
-        (["--budget", "0"], "--budget: expected seconds > 0"),
+        (["--budget", "0"], "expected a finite number from 1 to 604800 s, got '0'"),
+        (["--budget", "nan"], "expected a finite number from 1 to 604800 s, got 'nan'"),
         (["--repeat", "2"], "a confirmation needs at least 3 repeats"),
         (["--from", "nope"], "no bundled profile or file named 'nope'"),
         (["--tokens", "100"], "try --tokens 96"),

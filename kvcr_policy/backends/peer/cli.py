@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 import typer
 
+from kvcr_policy.cli_numbers import Finite
 from kvcr_policy.values import shorten
 
 __all__ = ["register", "serve_command"]
@@ -53,9 +54,8 @@ def serve_command(
     grace: Annotated[
         float | None,
         typer.Option(
-            min=0.0,
-            max=3600.0,
-            help="Seconds in-flight requests get on SIGTERM (default op_timeout_s).",
+            parser=Finite(0, 3600, "s"),
+            help="Seconds in-flight requests get on SIGTERM (0..3600; default op_timeout_s).",
         ),
     ] = None,
     insecure: Annotated[
