@@ -7,6 +7,7 @@ changes nothing. Section types may be constructed positionally; their field orde
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -33,6 +34,8 @@ __all__ = [
     "MAX_TIER_BYTES",
     "MIN_SECRET_CHARS",
     "POSITIONAL_TYPES",
+    "TENANT_NAME",
+    "TENANT_NAME_RULE",
     "VALIDATING_ORIGINS",
     "BackendSection",
     "BatchingSection",
@@ -364,11 +367,11 @@ class ObservabilitySection(Section):
     )
     link_limit_gbps: float | None = Field(
         None,
-        gt=0,
+        ge=0.001,
         le=100000,
         allow_inf_nan=False,
         description=(
-            "A known link limit in GB/s (at most 100000), exported when none is measured and "
+            "A known link limit in GB/s (0.001..100000), exported when none is measured and "
             "used by `kvcr-policy plan`; unset: none."
         ),
     )
@@ -392,6 +395,9 @@ class EvictionSection(Section):
 
 #: Fewest characters a peer secret may have (a generated one has 43).
 MIN_SECRET_CHARS = 16
+#: A tenant's name: the name of its file in security.tenants_dir.
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
+TENANT_NAME_RULE = "1..64 of A-Z a-z 0-9 . _ - (starting with a letter or digit)"
 
 
 class SecuritySection(Section):
@@ -456,6 +462,17 @@ class SecuritySection(Section):
         description="`serve`: a session that sends nothing for this long is closed "
         "(0.1..86400 s); clients ping every transport.options.heartbeat_s while idle.",
     )
+
+    @field_validator("admin_tenants")
+    @classmethod
+    def _tenant_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [name for name in value if not TENANT_NAME.fullmatch(name)]
+        if bad:
+            names = ", ".join(repr(name) for name in bad[:3])
+            raise ValueError(
+                f"{names}: no tenant can have this name; a tenant name is {TENANT_NAME_RULE}"
+            )
+        return value
 
     @field_validator("secret")
     @classmethod

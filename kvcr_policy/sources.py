@@ -232,7 +232,9 @@ def _decode(raw: str, annotation: Any) -> Any:
 
     These are the project's spellings on top of pydantic-settings (which only knows JSON); an
     empty variable is an empty list for a list field (``KVCR_POLICY_PLUGINS=`` allows no
-    third-party plugin) and unsets any other optional field.
+    third-party plugin); any other empty value is refused: ``none`` unsets an optional field,
+    and an empty one must not (``security.tenants_dir=`` once unset the tenants of an operator
+    who meant to name a folder, and the server started with one tenant, saying nothing).
     """
     text = raw.strip()
     args = get_args(annotation)
@@ -244,6 +246,9 @@ def _decode(raw: str, annotation: Any) -> Any:
         if nullable and text and text.lower() in _NONE_WORDS:
             return None
         return [part.strip() for part in text.split(",") if part.strip()]
+    if not text and annotation not in (str, Any):  # options tables: their own models judge
+        hint = "write none to unset it" if nullable else "give a value"
+        raise ValueError(f"an empty value; {hint}")
     if nullable and text.lower() in _NONE_WORDS:
         return None
     if kinds & {dict}:

@@ -220,9 +220,9 @@ _LIST_LEAVES = frozenset(
 def env_text(path: str, value: object) -> st.SearchStrategy[str]:
     """The ways a ``KVCR_POLICY_*`` variable may spell ``value`` of the leaf at ``path``."""
     if value is None:
-        # An empty variable is an empty list for a list field (KVCR_POLICY_PLUGINS=), else None.
-        empty = () if path in _LIST_LEAVES else ("",)
-        return st.sampled_from(("none", "null", "None", " NULL ", *empty))
+        # An empty variable is an empty list for a list field (KVCR_POLICY_PLUGINS=); it
+        # never unsets an optional value (refused: only none, null unset it).
+        return st.sampled_from(("none", "null", "None", " NULL "))
     if isinstance(value, bool):
         return st.sampled_from(("true", "1", "yes", "True") if value else ("false", "0", "no"))
     if isinstance(value, int):

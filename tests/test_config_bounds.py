@@ -56,6 +56,10 @@ REFUSED: list[tuple[str, str, str]] = [
     ("transport.options.heartbeat_s", "1e30", "less than or equal to 600"),
     ("transport.options.max_tiers", "1000000000000", "less than or equal to 1024"),
     ("transport.options.tcp_seg_size", "512KiB junk", "nothing after it"),
+    # Red team 2026-12-b, B8:
+    ("observability.link_limit_gbps", "1e-300", "greater than or equal to 0.001"),
+    ("transport.options.heartbeat_s", "1e-300", "expected 0 (off) or 0.05..600 s"),
+    ("transport.options.peer", "[::1:7480", "is not a bracketed IPv6 address"),
 ]
 
 
@@ -225,3 +229,43 @@ def test_command_line_sizes_are_strict_and_bounded() -> None:
     for bad, says in (("0", "from 1"), ("1000EiB", "from 1"), ("1GiB garbage", "nothing after")):
         with pytest.raises(ArgumentError, match=says):
             parse_size(bad, what="--size")
+
+
+def _float_fields(registry: Registry) -> list[tuple[str, type[BaseModel], str]]:
+    """(where, model, field) of every float field: the schema's, the ucx transport's and each
+    registered options model's."""
+    models: list[tuple[str, type[BaseModel]]] = [
+        (section, field.annotation)  # type: ignore[misc]
+        for section, field in PolicyConfig.model_fields.items()
+    ]
+    models.append(("transport.options", UcxOptions))
+    models += [(f"{kind} {name}", spec.options) for (kind, name), spec in registry.specs.items()]
+    found = []
+    for where, model in models:
+        for name, field in model.model_fields.items():
+            if "float" in repr(field.annotation):
+                found.append((where, model, name))
+    return found
+
+
+def test_no_float_takes_nan_inf_or_a_vanishing_value(registry: Registry) -> None:
+    """A float of 1e-300 passed every `gt=0` bound and made a poll or recheck loop spin (red
+    team 2026-12-b, B8): every float is finite and has a sane least value (0 may mean off)."""
+    fields = _float_fields(registry)
+    assert len(fields) >= 12, fields
+    for where, model, name in fields:
+        for bad in ("nan", "inf", "-inf", "1e-300", "-1e-300"):
+            try:
+                model.model_validate({name: bad})
+            except ValueError as err:  # pydantic's ValidationError is a ValueError
+                errors = getattr(err, "errors", lambda: [])()
+                assert any(e["loc"][:1] == (name,) for e in errors), (where, name, bad, errors)
+            else:
+                raise AssertionError(f"{where}.{name} = {bad} was accepted")
+
+
+@pytest.mark.parametrize("names", ["../x", "a b", "ok,x/y", '["", "a"]'])
+def test_admin_tenants_must_be_names_a_tenant_can_have(names: str, registry: Registry) -> None:
+    """Without tenants_dir such names were silently ignored (red team 2026-12-b, B8)."""
+    with pytest.raises(ConfigError, match="no tenant can have this name"):
+        load_config(environ={env_name("security.admin_tenants"): names}, registry=registry)

@@ -125,7 +125,6 @@ def test_env_source_reads_only_prefixed_variables() -> None:
         ("KVCR_POLICY_PLACEMENT__NUMA_NODES", "[0, 1]", [0, 1]),
         ("KVCR_POLICY_PLACEMENT__NUMA_NODES", "", []),
         ("KVCR_POLICY_BATCHING__WINDOW_PAGES", "none", None),
-        ("KVCR_POLICY_BATCHING__WINDOW_PAGES", "", None),
         ("KVCR_POLICY_PLUGINS", "a,b", ["a", "b"]),
         ("KVCR_POLICY_PLUGINS", "[]", []),
         ("KVCR_POLICY_PLUGINS", "", []),  # an empty allow-list: no third-party plugin loads
@@ -285,3 +284,21 @@ def test_override_source_reports_unknown_keys() -> None:
     assert leaves == {}
     assert issues[0].origin == "override"
     assert "did you mean 'batching.read_batch_pages'?" in issues[0].message
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "KVCR_POLICY_SECURITY__TENANTS_DIR",
+        "KVCR_POLICY_SECURITY__SECRET_FILE",
+        "KVCR_POLICY_SECURITY__TENANT_QUOTA_BYTES",
+        "KVCR_POLICY_BATCHING__WINDOW_PAGES",
+    ],
+)
+def test_an_empty_value_never_unsets_an_optional_value(name: str) -> None:
+    """An operator who meant to name a tenants folder got a server with one tenant (red team
+    2026-12-b, B8): only ``none`` unsets."""
+    leaves, issues = env_source({name: ""})
+    assert leaves == {}
+    (issue,) = issues
+    assert "an empty value; write none to unset it" in issue.message

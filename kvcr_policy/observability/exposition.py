@@ -18,6 +18,8 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from ..errors import ArgumentError
+from ..hosts import host_part
+from ..values import shorten
 
 __all__ = ["LOOPBACK", "MetricsServer", "parse_listen", "serve_metrics"]
 
@@ -31,14 +33,16 @@ def parse_listen(text: str, where: str = "--metrics") -> tuple[str, int]:
     host, sep, port_text = value.rpartition(":")
     if not sep:
         host, port_text = LOOPBACK, value
-    host = host.strip("[]") if host.startswith("[") else host
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         message = (
             f"{where}: expected PORT, HOST:PORT or [IPV6]:PORT with a port from 0 to 65535 "
-            f"(e.g. 9480 for 127.0.0.1:9480), got {text!r}"
+            f"(e.g. 9480 for 127.0.0.1:9480), got {shorten(text)}"
         )
         raise ArgumentError(message)
-    return host, int(port_text)
+    try:
+        return host_part(host, text=text, where=where), int(port_text)
+    except ValueError as err:
+        raise ArgumentError(str(err)) from None
 
 
 def _registry() -> Any:

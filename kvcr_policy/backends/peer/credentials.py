@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import secrets
 import stat
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from kvcr_policy.errors import ConfigError, ConfigIssue
 from kvcr_policy.loading import LoadedConfig
-from kvcr_policy.schema import check_secret
+from kvcr_policy.schema import TENANT_NAME, TENANT_NAME_RULE, check_secret
 from kvcr_policy.values import shorten
 
 from .auth import key_id
@@ -48,7 +47,6 @@ log = logging.getLogger("kvcr_policy.backends.peer.credentials")
 
 INSECURE_TENANT = "insecure"
 DEFAULT_TENANT = "default"
-_TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 
 
 def default_secret_file() -> Path:
@@ -196,11 +194,8 @@ def _tenants_dir(loaded: LoadedConfig, folder: Path) -> dict[bytes, Tenant]:
     for name in names:
         if name.startswith("."):  # editors' and Kubernetes' own files (..data)
             continue
-        if not _TENANT_NAME.fullmatch(name):
-            message = (
-                f"{shown}/{shorten(name)}: a tenant name is 1..64 of A-Z a-z 0-9 . _ - "
-                "(starting with a letter or digit)"
-            )
+        if not TENANT_NAME.fullmatch(name):
+            message = f"{shown}/{shorten(name)}: a tenant name is {TENANT_NAME_RULE}"
             raise _problem(loaded, leaf, message)
         secret = _read_secret(folder / name, loaded, leaf)
         key = key_id(secret)

@@ -11,9 +11,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
+from kvcr_policy.hosts import host_part
 from kvcr_policy.values import Size, shorten
 
 __all__ = ["Capability", "Tls", "UcxOptions", "parse_address"]
+
+#: Shortest heartbeat (0 is off): clients may not ask for faster ones, servers raise them to it.
+MIN_HEARTBEAT_S = 0.05
 
 Tls = Literal["auto", "sm", "tcp"]
 Capability = Literal["coalesce", "split"]
@@ -28,7 +32,7 @@ def parse_address(text: str, *, where: str = "address") -> tuple[str, int]:
     if not sep or not host:
         message = f"{where}: expected HOST:PORT (e.g. 127.0.0.1:7480), got {shorten(text)}"
         raise ValueError(message)
-    host = host.removeprefix("[").removesuffix("]")
+    host = host_part(host, text=text, where=where)
     try:
         port = int(port_text)
     except ValueError:
@@ -116,9 +120,9 @@ class UcxOptions(BaseModel):
         ge=0,
         le=600,
         allow_inf_nan=False,
-        description="Ping interval while a connection waits for its peer or idles (0..600 s). "
-        "0 disables (then only operation timeouts detect a dead peer, and the server closes a "
-        "silent session after security.idle_timeout_s).",
+        description="Ping interval while a connection waits for its peer or idles (0, or "
+        "0.05..600 s). 0 disables (then only operation timeouts detect a dead peer, and the "
+        "server closes a silent session after security.idle_timeout_s).",
     )
     capabilities: tuple[Capability, ...] = Field(
         ("coalesce", "split"),
@@ -179,6 +183,15 @@ class UcxOptions(BaseModel):
             )
             raise ValueError(message)
         return self
+
+    @field_validator("heartbeat_s")
+    @classmethod
+    def _heartbeat_off_or_sane(cls, value: float) -> float:
+        # A ping every 1e-300 s is a busy loop, not a heartbeat.
+        if 0 < value < MIN_HEARTBEAT_S:
+            message = f"expected 0 (off) or {MIN_HEARTBEAT_S}..600 s, got {value}"
+            raise ValueError(message)
+        return value
 
     @field_validator("peer", "listen")
     @classmethod

@@ -39,10 +39,10 @@ class S3FIFOOptions(BaseModel):
 
     small_share: float = Field(
         0.1,
-        gt=0,
-        lt=1,
+        ge=0.001,
+        le=0.999,
         allow_inf_nan=False,
-        description="Share of the slots for the small queue of new pages (0..1, exclusive).",
+        description="Share of the slots for the small queue of new pages (0.001..0.999).",
     )
     promote_reads: int = Field(
         1,

@@ -72,8 +72,9 @@ class KvcrOptions(BaseModel):
     )
     poll_interval_s: float = Field(
         0.0005,
-        gt=0,
+        ge=0.00001,
         le=0.1,
+        allow_inf_nan=False,
         description="How often completions are collected while KVCR operations are in flight "
         "(KVCR's own progress loop looks at its transfers about once a millisecond).",
     )

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
+from kvcr_policy.hosts import host_part
 from kvcr_policy.values import Size
 
 __all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "split_address"]
@@ -24,10 +25,10 @@ MIN_SEGMENT_BYTES = 16 << 20
 def split_address(text: str, *, where: str = "master") -> tuple[str, int]:
     """``"host:port"`` (``"[v6]:port"`` for IPv6) -> ``(host, port)``; ValueError says why."""
     host, sep, port_text = text.strip().rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
     if not sep or not host:
         message = f"{where}: expected HOST:PORT (e.g. 10.0.0.5:50051), got {text!r}"
         raise ValueError(message)
+    host = host_part(host, text=text, where=where)
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         message = f"{where}: expected a port in 1..65535 after the last ':', got {text!r}"
         raise ValueError(message)
@@ -93,9 +94,11 @@ class MooncakeOptions(BaseModel):
     )
     connect_timeout_s: float = Field(
         10.0,
-        gt=0,
+        ge=0.01,
         le=600,
-        description="Start-up fails after this long without an answering master (else "
+        allow_inf_nan=False,
+        description="Start-up fails after this long without an answering master (0.01..600 s; "
+        "else "
         "Mooncake's own setup() blocks about 90 s).",
     )
     threads: int | None = Field(
@@ -115,10 +118,11 @@ class MooncakeOptions(BaseModel):
     )
     recheck_s: float = Field(
         0.5,
-        gt=0,
+        ge=0.01,
         le=60,
-        description="How often the master is checked: while it is down every call answers "
-        "misses at once, and service resumes within this long of it coming back.",
+        allow_inf_nan=False,
+        description="How often the master is checked (0.01..60 s): while it is down every call "
+        "answers misses at once, and service resumes within this long of it coming back.",
     )
 
     @field_validator("master")

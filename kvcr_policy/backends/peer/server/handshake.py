@@ -19,6 +19,7 @@ from kvcr_policy.errors import UnsupportedError
 from .. import auth
 from ..channel import Channel
 from ..credentials import INSECURE_TENANT, Keyring, Tenant
+from ..options import MIN_HEARTBEAT_S
 from ..wire import messages as m
 from ..wire.payload import MAX_ADDRESS
 from .admission import Admission
@@ -30,7 +31,7 @@ HELLO_LIMIT = 1024
 #: Largest AUTH payload: a proof and a UCX worker address.
 AUTH_LIMIT = MAX_ADDRESS + 256
 #: Heartbeats a client may ask for: faster ones would make the server spin on its checks.
-MIN_HEARTBEAT_S, MAX_HEARTBEAT_S = 0.05, 600.0
+MAX_HEARTBEAT_S = 600.0
 
 
 class _Server(Protocol):
