@@ -10,8 +10,10 @@ returning a dict) is what lets every value remember who set it.
 
 What this module adds to pydantic-settings: an unknown file key or ``KVCR_POLICY_*`` variable is
 an error naming the nearest valid one (pydantic-settings ignores unknown prefixed variables); the
-aliased and reserved variables; comma-separated lists and ``none`` for optional values; and a
-problem reported per variable rather than per section.
+aliased and reserved variables; comma-separated lists and ``none`` for optional values; a
+problem reported per variable rather than per section; and trust: a ``.env`` file or a secrets
+directory is read only when it meets :mod:`.private_files`' rules (the secrets directory is read
+here, not by pydantic-settings' ``SecretsSettingsSource``: see :func:`secrets_source`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
     EnvSettingsSource,
-    SecretsSettingsSource,
     SettingsConfigDict,
     SettingsError,
     TomlConfigSettingsSource,
@@ -41,6 +42,7 @@ from pydantic_settings import (
 from pydantic_settings.sources.utils import parse_env_vars
 
 from .errors import ConfigIssue
+from .private_files import FileRefused, dotenv_problem, folder_problem, read_private
 from .provenance import OVERRIDE, dotenv_origin, env_origin, profile_origin, secrets_origin
 from .schema import ENV_PREFIX, PolicyConfig
 from .values import shorten
@@ -372,7 +374,9 @@ def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
     """The variables of a ``.env`` file as pydantic-settings reads them, names as written.
 
     python-dotenv only logs a line it cannot parse and skips it; here that is a problem naming
-    the line, so a typo cannot silently drop a setting.
+    the line, so a typo cannot silently drop a setting. A file the user does not own, that
+    others may write, or that sets ``security.*`` values and others may read, configures
+    nothing (:func:`~kvcr_policy.private_files.dotenv_problem`): it is refused whole.
     """
     where = f"dotenv {path}"
     try:
@@ -397,7 +401,12 @@ def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
         # problem at once (python-dotenv would log the bad lines a second time).
         return {b.key: b.value for b in bindings if b.key is not None}, issues
     reader = DotEnvSettingsSource(PolicySettings, env_file=path, case_sensitive=True)
-    return dict(reader.env_vars), []
+    variables = dict(reader.env_vars)
+    security = ENV_PREFIX + "SECURITY__"
+    problem = dotenv_problem(path, any(name.upper().startswith(security) for name in variables))
+    if problem is not None:
+        return {}, [ConfigIssue("<dotenv>", where, problem)]
+    return variables, []
 
 
 def dotenv_source(
@@ -438,32 +447,54 @@ def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIs
     return leaves, issues
 
 
-class _SecretFiles(BaseSettings):
-    """The secret leaves as pydantic-settings' secrets source finds them: one file per field,
-    named ``kvcr_policy_security__<field>`` (any case)."""
-
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX + "SECURITY__", case_sensitive=False)
-
-    secret: str | None = None
-
-
 def secrets_source(directory: Path) -> tuple[Leaves, list[ConfigIssue]]:
-    """Secret leaves from the files of a secrets directory (Docker and Kubernetes mount secrets
-    as such files), read by pydantic-settings' ``SecretsSettingsSource``."""
+    """Secret leaves from the files of a secrets directory, as Docker and Kubernetes mount
+    secrets: one file per field, named ``kvcr_policy_security__<field>`` (any case).
+
+    pydantic-settings' ``SecretsSettingsSource`` reads such a folder, but skips a FIFO with a
+    bare warning (the process then goes on with the next source), follows a link anywhere and
+    takes any owner and mode; here each file is held to the secret-file rules
+    (:func:`~kvcr_policy.private_files.read_private`), except that root may let others read it
+    (Kubernetes mounts secrets 0644) and a link is followed within the folder (Kubernetes
+    mounts each secret as a link into its ``..data`` folder).
+    """
     where = f"env {ENV_PREFIX}SECRETS_DIR"
+    shown = shorten(str(directory))
     if not directory.is_dir():
         reason = "is not a directory" if directory.exists() else "does not exist"
-        message = f"the secrets directory {shorten(str(directory))} {reason}"
-        return {}, [ConfigIssue("<secrets>", where, message)]
+        return {}, [ConfigIssue("<secrets>", where, f"the secrets directory {shown} {reason}")]
     try:
-        found = SecretsSettingsSource(_SecretFiles, secrets_dir=directory)()
-    except (OSError, UnicodeDecodeError, SettingsError) as err:
-        message = f"cannot read the secrets directory {shorten(str(directory))}: {err}"
+        entries = os.listdir(directory)
+        inside = directory.resolve()
+    except OSError as err:
+        message = f"cannot read the secrets directory {shown}: {err.strerror}"
         return {}, [ConfigIssue("<secrets>", where, message)]
+    problem = folder_problem(directory)
+    if problem is not None:
+        return {}, [ConfigIssue("<secrets>", where, f"the secrets directory: {problem}")]
     leaves: Leaves = {}
-    for name, value in found.items():
-        if value is None:
+    issues: list[ConfigIssue] = []
+    for path in sorted(SECRET_LEAVES):
+        name = env_name(path).lower()
+        found = sorted(entry for entry in entries if entry.lower() == name)
+        if not found:
             continue
-        path = f"security.{name}"
-        leaves[path] = (value, secrets_origin(str(directory / env_name(path).lower())))
-    return leaves, []
+        file = directory / found[0]
+        origin = secrets_origin(str(file))
+        try:
+            if len(found) > 1:
+                raise FileRefused(f"{', '.join(found)} in {shown} all name {path}; keep one")
+            real = file.resolve()
+            if not real.is_relative_to(inside):
+                message = f"{shorten(str(file))} is a link out of the secrets directory"
+                raise FileRefused(message)
+            text = read_private(real, root_may_share=True).decode("utf-8").strip()
+        except FileRefused as err:
+            issues.append(ConfigIssue(path, origin, str(err)))
+            continue
+        except (OSError, UnicodeDecodeError) as err:
+            reason = str(err.strerror) if isinstance(err, OSError) else "not UTF-8 text"
+            issues.append(ConfigIssue(path, origin, f"cannot read {shorten(str(file))}: {reason}"))
+            continue
+        leaves[path] = (text, origin)
+    return leaves, issues

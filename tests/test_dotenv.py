@@ -137,3 +137,40 @@ def test_show_prints_the_dotenv_origin(cwd: Path, capsys: pytest.CaptureFixture[
     assert shown["origins"][LEAF] == f"dotenv {path} {ENV}"
     main(["show", "--format", "toml"])
     assert f"read_batch_pages = 48  # dotenv {path} {ENV}" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_dotenv_of_another_user_configures_nothing(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The red team's case (2026-12-b, B6): a shared folder's .env, owned by uid 65534 with
+    mode 0666, set the secret a process then used."""
+    path = _write(cwd, "KVCR_POLICY_SECURITY__SECRET=attacker-knows-this-secret\n")
+    path.chmod(0o666)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(SystemExit) as stop:
+        main(["show"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "belongs to another user (uid 65534)" in err and "attacker-knows" not in err
+
+
+@pytest.mark.parametrize(
+    ("line", "mode", "says"),
+    [
+        ("KVCR_POLICY_SECURITY__INSECURE=true", 0o644, "sets security values and can be read"),
+        ("KVCR_POLICY_TRANSPORT__OPTIONS__PEER=10.0.0.9:7480", 0o664, "can be written by group"),
+        ("KVCR_POLICY_SECURITY__SECRET=a-secret-long-enough", 0o600, None),
+        (f"{ENV}=64", 0o644, None),
+    ],
+)
+def test_a_dotenv_that_sets_security_values_is_held_to_the_secret_file_rules(
+    cwd: Path, line: str, mode: int, says: str | None
+) -> None:
+    path = _write(cwd, line + "\n")
+    path.chmod(mode)
+    if says is None:
+        load_config(environ={})
+        return
+    (issue,) = load_issues(environ={})
+    assert f"dotenv {path}" in issue and says in issue

@@ -10,8 +10,10 @@ A server's tenants are the files of ``security.tenants_dir`` (file name = tenant
 its secret), or one tenant, ``default``, whose secret is the server's own. With
 ``security.insecure`` there is no secret: every client is the one tenant ``insecure``.
 
-Secret files must be regular files owned by this user (or root) and closed to group and
-others: a secret that other users can read authenticates them too.
+Secret files must be regular files (never followed through a link) owned by this user (or
+root), closed to group and others, in a folder they cannot write
+(:mod:`kvcr_policy.private_files`); a tenants folder must be closed to them too (mode 0700),
+or they would learn the tenants' names.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from kvcr_policy.errors import ConfigError, ConfigIssue
 from kvcr_policy.loading import LoadedConfig
+from kvcr_policy.private_files import FileRefused, folder_problem, read_private
 from kvcr_policy.schema import TENANT_NAME, TENANT_NAME_RULE, check_secret
 from kvcr_policy.values import shorten
 
@@ -50,8 +53,12 @@ DEFAULT_TENANT = "default"
 
 
 def default_secret_file() -> Path:
-    """``$XDG_CONFIG_HOME/kvcr-policy/peer.secret``, ``~/.config/...`` when that is unset."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    """``$XDG_CONFIG_HOME/kvcr-policy/peer.secret``, ``~/.config/...`` when that is unset or
+    relative (the XDG Base Directory spec: "If an implementation encounters a relative path in
+    any of these variables it should consider the path invalid and ignore it")."""
+    base = os.environ.get("XDG_CONFIG_HOME") or ""
+    if not os.path.isabs(base):
+        base = str(Path.home() / ".config")
     return Path(base) / "kvcr-policy" / "peer.secret"
 
 
@@ -92,23 +99,13 @@ def _problem(loaded: LoadedConfig, path: str, message: str) -> ConfigError:
 
 
 def _read_secret(path: Path, loaded: LoadedConfig, leaf: str) -> bytes:
-    """The secret in the file at ``path``: a private regular file of this user or root."""
+    """The secret in the file at ``path``: a private regular file of this user or root, not a
+    link, in a folder others cannot write (:func:`~kvcr_policy.private_files.read_private`)."""
     shown = shorten(str(path))
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise _problem(loaded, leaf, f"{shown} is not a regular file")
-        if info.st_uid not in (os.geteuid(), 0):
-            raise _problem(loaded, leaf, f"{shown} belongs to another user (uid {info.st_uid})")
-        if info.st_mode & 0o077:
-            message = (
-                f"{shown} can be read or written by group or others (mode "
-                f"{stat.S_IMODE(info.st_mode):04o}), so they could use it too; run chmod 600 on it"
-            )
-            raise _problem(loaded, leaf, message)
-        text = path.read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise _problem(loaded, leaf, f"cannot read {shown}: {err.strerror}") from None
+        text = read_private(path).decode("utf-8").strip()
+    except FileRefused as err:
+        raise _problem(loaded, leaf, str(err)) from None
     except UnicodeDecodeError:
         raise _problem(loaded, leaf, f"{shown} is not UTF-8 text") from None
     try:
@@ -160,6 +157,9 @@ def _create_secret(path: Path) -> bytes:
     partly written secret and two servers starting at once end with the same one.
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    problem = folder_problem(path.parent)
+    if problem is not None:  # others could swap the new secret for theirs
+        raise FileRefused(f"cannot create a peer secret in {shorten(str(path))}: {problem}")
     text = secrets.token_urlsafe(32)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -180,14 +180,23 @@ def _tenants_dir(loaded: LoadedConfig, folder: Path) -> dict[bytes, Tenant]:
     leaf = "security.tenants_dir"
     shown = shorten(str(folder))
     try:
-        info = folder.stat()
+        info = folder.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            message = f"{shown} is a symbolic link, which is never followed; name the folder itself"
+            raise _problem(loaded, leaf, message)
+        if not stat.S_ISDIR(info.st_mode):
+            raise _problem(loaded, leaf, f"{shown} is not a directory")
         names = sorted(os.listdir(folder))
     except OSError as err:
         raise _problem(loaded, leaf, f"cannot read {shown}: {err.strerror}") from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise _problem(loaded, leaf, f"{shown} is not a directory")
-    if info.st_mode & 0o022:
-        message = f"{shown} can be written by group or others; run chmod 700 on it"
+    if info.st_uid not in (os.geteuid(), 0):
+        raise _problem(loaded, leaf, f"{shown} belongs to another user (uid {info.st_uid})")
+    if info.st_mode & 0o077:
+        message = (
+            f"{shown} can be read, listed or written by group or others (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}): they would learn the tenants' names; run "
+            "chmod 700 on it"
+        )
         raise _problem(loaded, leaf, message)
     admins = set(loaded.config.security.admin_tenants)
     tenants: dict[bytes, Tenant] = {}
@@ -227,7 +236,10 @@ def server_keyring(loaded: LoadedConfig, *, create: bool = True) -> Keyring:
         path = default_secret_file()
         if not create:
             raise _problem(loaded, "security.secret_file", f"no peer secret (none in {path})")
-        secret, source = _create_secret(path), f"file {path}"
+        try:
+            secret, source = _create_secret(path), f"file {path}"
+        except FileRefused as err:
+            raise _problem(loaded, "security.secret_file", str(err)) from None
         if secret:
             created = path
             log.warning(
