@@ -440,8 +440,9 @@ class SecuritySection(Section):
         None,
         gt=0,
         le=1 << 50,
-        description="`serve`: most tier bytes one tenant's pools may map (at most 1PiB); unset: "
-        "transport.options.max_tiers tiers of placement.capacity_bytes.",
+        description="`serve`: most bytes one tenant's tiers may cost, pages and bookkeeping (3 KiB "
+        "a slot) together (at most 1PiB); unset: transport.options.max_tiers tiers of "
+        "placement.capacity_bytes.",
     )
     tenant_max_sessions: int = Field(
         64, ge=1, le=1024, description="`serve`: most connections one tenant may hold (1..1024)."

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kvcr_policy.backends.peer import auth
+from kvcr_policy.backends.peer.server.tiers import SLOT_COST
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.errors import AuthenticationError, CapacityError, ConfigError
 from tests.backends.peer.peer_helpers import need_ucxx
@@ -247,11 +248,11 @@ def test_a_tenant_quota_caps_what_it_maps(folder: Path) -> None:
     try:
         assert peer.info["insecure"] is False
         for make in client_factory(peer.address):
-            geo = geometry(pages=64)  # 1,536-byte pages: 40 KiB hold 26 of them
+            geo = geometry(pages=64)  # 1,536-byte pages and 3 KiB of bookkeeping: 8 in 40 KiB
             pipeline = make(folder / "alice")
             pipeline.register_pool("kv", geo, pool_buffer(geo))
             tier = pipeline.stats().to_dict()["pools"]["kv"]["peer"]["remote"]["tier"]
-            assert tier["capacity"] == (40 << 10) // geo.page_bytes
+            assert tier["capacity"] == (40 << 10) // (geo.page_bytes + SLOT_COST) == 8
             other = geometry(pages=64, layout="page_first", name="kv2")
             with pytest.raises(CapacityError, match="tenant_quota_bytes"):
                 pipeline.register_pool("kv2", other, pool_buffer(other))

@@ -42,6 +42,7 @@ from hypothesis.stateful import (
 )
 
 from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.backends.peer.server.tiers import SLOT_COST
 from kvcr_policy.geometry import PoolGeometry
 from tests.backends.peer.peer_helpers import Serve, need_ucxx
 from tests.strategies import distinct_pages
@@ -55,6 +56,8 @@ P = 2
 PAGES = 8
 CAPACITY = 4
 PAGE_BYTES = 256  # every case below: MHA 2·L·P·H·D·2 = MLA L·P·D·2
+#: A server tier counts a page smaller than SLOT_COST as SLOT_COST against its capacity.
+TIER_BYTES = CAPACITY * max(PAGE_BYTES, SLOT_COST)
 KEYS = [f"k{i}" for i in range(9)]
 CASES = [
     ("layer_first", False),
@@ -68,7 +71,7 @@ CASES = [
 SERVER_SETS = {
     "transport.name": "ucx",
     "transport.op_timeout_s": 10,
-    "placement.capacity_bytes": CAPACITY * PAGE_BYTES,
+    "placement.capacity_bytes": TIER_BYTES,
     "transport.options.heartbeat_s": 0.5,
 }
 SETTLE_S = 10.0  # the server's op_timeout_s: a claim is released by then at the latest
@@ -330,7 +333,7 @@ def two_pipelines(geo: PoolGeometry, buf: np.ndarray) -> list[Any]:
     """The local DRAM tier and the peer, both with one page per batch and no window bound."""
     base = {
         "batching.read_batch_pages": 1,
-        "placement.capacity_bytes": CAPACITY * PAGE_BYTES,
+        "placement.capacity_bytes": TIER_BYTES,
     }
     local = build_pipeline(load_config("default", overrides=base))
     peer = build_pipeline(

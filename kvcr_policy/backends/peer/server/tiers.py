@@ -13,6 +13,17 @@ bytes into its page, a pinned one on a page boundary, a tier region always on on
 Regions come from the server's placement strategy (huge pages, NUMA, pre-fault, as its
 profile says); their count and bytes are capped per tenant, so clients cannot make the server
 map memory without bound.
+
+**What a slot costs.** The client chooses the page geometry, so pages may be a few bytes, and
+each slot also costs the store's bookkeeping: its tables (25 bytes), and at worst a published
+key of 1 KiB with its index, generation and eviction entries, and an evicted key of 1 KiB kept
+for the metrics' miss reasons (2,523 bytes measured on CPython 3.11 with 1 KiB keys; about 300
+with SGLang's 64-character keys). So each slot is charged :data:`SLOT_COST` bytes besides its
+page against ``security.tenant_quota_bytes``: a tenant's tiers, bookkeeping included, never
+cost more than its quota. Against ``placement.capacity_bytes`` (the tier's size, which a
+benchmark sets to exactly its pages) a page smaller than :data:`SLOT_COST` counts as
+:data:`SLOT_COST`, so a tier's bookkeeping never costs more than its region: at most twice
+``capacity_bytes`` per tier, whatever the pages.
 """
 
 from __future__ import annotations
@@ -33,9 +44,12 @@ from ...dram.stores import new_store
 from ...dram.tier import Region
 from ..credentials import DEFAULT_TENANT, INSECURE_TENANT
 
-__all__ = ["Tier", "Tiers"]
+__all__ = ["SLOT_COST", "Tier", "Tiers"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.server.tiers")
+
+#: Bytes of bookkeeping a tier's slot is charged besides its page (see the module docstring).
+SLOT_COST = 3 << 10
 
 
 @dataclass(slots=True)
@@ -51,6 +65,11 @@ class Tier:
     @property
     def slots(self) -> int:
         return self.store.capacity
+
+    @property
+    def cost(self) -> int:
+        """What the tier is charged against its tenant's quota: pages and bookkeeping."""
+        return self.slots * (self.geometry.page_bytes + SLOT_COST)
 
     def usage(self) -> TierUsage:
         """Capacity, bytes in use and evictions, for the server's metrics."""
@@ -75,7 +94,8 @@ class Tiers:
     Each tenant has tiers of its own: a key is only ever looked up in the tiers of the tenant
     whose session names it, and a tier's slots (freed ones included) only ever hold that
     tenant's pages. A tenant may hold ``max_tiers`` tiers and map ``quota_bytes`` in all (a
-    tier is cut to what is left of the quota).
+    tier is cut to what is left of the quota, each slot charged :data:`SLOT_COST` more than
+    its page).
     """
 
     def __init__(
@@ -136,17 +156,19 @@ class Tiers:
                 "new layout is refused"
             )
             raise CapacityError(message)
-        capacity = self._capacity_bytes
+        page = geometry.page_bytes
+        slots = self._capacity_bytes // max(page, SLOT_COST)
+        left = None
         if self._quota is not None:
-            used = sum(tier.geometry.nbytes for tier in mine)
-            capacity = min(capacity, self._quota - used)
-        slots = max(0, capacity) // geometry.page_bytes
+            left = max(0, self._quota - sum(tier.cost for tier in mine))
+            slots = min(slots, left // (page + SLOT_COST))
         if slots < 1:
+            quota = "" if left is None else f", {left} bytes left of its quota"
             message = (
-                f"pool {geometry.name!r}: what tenant {tenant!r} may still map on this peer "
-                f"({max(0, capacity)} bytes of placement.capacity_bytes {self._capacity_bytes}, "
-                f"security.tenant_quota_bytes {self._quota}) holds no page of "
-                f"{geometry.page_bytes} bytes"
+                f"pool {geometry.name!r}: no slot for tenant {tenant!r} on this peer: a slot "
+                f"costs its page of {page} bytes and {SLOT_COST} bytes of bookkeeping "
+                f"(placement.capacity_bytes {self._capacity_bytes}, at least {SLOT_COST} a "
+                f"slot; security.tenant_quota_bytes {self._quota}{quota})"
             )
             raise CapacityError(message)
         tier_geometry = replace(
