@@ -6,7 +6,8 @@ by a :class:`~.pool.MooncakePool`. The pipeline's controls drive the store: the 
 strategy sizes each batch, the delivery window bounds the batches in flight (``threads``
 worker threads, one batch each, cut into calls of at most ``call_buffers`` buffers; calls in
 flight together never hold more transfers than the tcp transport queues per peer), the
-fallback strategy retries a failed batch page by page, and ``replicas`` /
+fallback strategy retries a failed batch page by page (not the pages of a segment that did not
+answer: :mod:`.pool`), every call ends within ``transport.op_timeout_s``, and ``replicas`` /
 ``preferred_segment`` go with every put. Close order: every call finishes, each pool
 unregisters its memory, then the client closes (its segment leaves the store).
 """
@@ -80,7 +81,8 @@ class MooncakeBackend:
                     f"zero-copy transfers: {describe(code)}"
                 )
                 raise PoolError(message)
-            pool = MooncakePool(spec, self.client, self.run, self.call_buffers)
+            op_timeout_s = self.loaded.config.transport.op_timeout_s
+            pool = MooncakePool(spec, self.client, self.run, self.call_buffers, op_timeout_s)
             self._pools.append(pool)
         return pool
 

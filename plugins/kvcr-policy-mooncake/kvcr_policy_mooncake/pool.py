@@ -7,9 +7,16 @@ thread, so the delivery window bounds real store calls in flight: zero-copy batc
 (:mod:`.client`). What each key's result code means:
 
 - get: the page's size in bytes -> arrived; OBJECT_NOT_FOUND or not ready -> absent (the run
-  ends there); master down -> a miss (the health state opens); any other code (a segment whose
-  client died: TRANSFER_FAIL, while exists still says present for ``client_ttl``) fails the
-  batch, and the fallback strategy retries it page by page: only pages that arrived count.
+  ends there); master down -> a miss (the health state opens); TRANSFER_FAIL (the segment
+  holding the page did not answer: its client died, while exists still says present for
+  ``client_ttl``) -> a miss, and every later page of the same get is missed without a store
+  call: a read uses only the leading run, and each call to a dead segment waits out a tcp
+  connect (0.45 s a page was measured when such pages were retried one by one); any other code
+  fails the batch, and the fallback strategy retries it page by page: only pages that arrived
+  count.
+- every call: once ``transport.op_timeout_s`` has passed since the get or set began, its
+  remaining pages are missed (not stored) without a store call, so a whole call ends within
+  that bound plus the one store call under way.
 - set: 0 or OBJECT_ALREADY_EXISTS -> present (a present key keeps its first value);
   NO_AVAILABLE_HANDLE on every key of a batch -> CapacityError (the store is full: nothing
   more fits); master down -> not stored.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -46,14 +54,30 @@ log = logging.getLogger("kvcr_policy_mooncake.pool")
 
 Run = Callable[[Callable[[np.ndarray], np.ndarray], np.ndarray], "Future[np.ndarray]"]
 _ABSENT = frozenset({Code.OBJECT_NOT_FOUND, Code.REPLICA_IS_NOT_READY})
+#: Read codes that are misses, not failures to retry: absent, or a segment that did not answer.
+_MISSED_READ = _ABSENT | {Code.TRANSFER_FAIL}
+#: The code a page not asked reads as, by why: misses, and for a set, not stored (no retry).
+_SKIPPED_AS = {
+    "calls_refused": Code.RPC_FAIL,
+    "calls_past_deadline": Code.RPC_TIMEOUT,
+    "calls_after_transfer_fail": Code.TRANSFER_FAIL,
+}
 _STORED = frozenset({0, Code.OBJECT_ALREADY_EXISTS})
 
 
 class MooncakePool:
     """See the module docstring; made by :meth:`MooncakeBackend.attach`."""
 
-    def __init__(self, spec: PoolSpec, client: StoreClient, run: Run, call_buffers: int) -> None:
+    def __init__(
+        self,
+        spec: PoolSpec,
+        client: StoreClient,
+        run: Run,
+        call_buffers: int,
+        op_timeout_s: float = 30.0,
+    ) -> None:
         self.name = spec.name
+        self.op_timeout_s = op_timeout_s
         self.geometry = spec.geometry
         self.endpoint = spec.endpoint
         self.client = client
@@ -217,6 +241,10 @@ class _Transfer:
         self.keys = keys
         self.pages = pages
         self.objects = pool.plan.keys(keys)
+        self.deadline = time.monotonic() + pool.op_timeout_s
+        #: The first position whose page a segment failed to send: later ones are not asked.
+        self.dead_from = len(keys)
+        self._lock = threading.Lock()  # batches of one transfer run on several threads
         # A read covers the leading run present now: one batch_is_exist, whose lease keeps
         # those objects from eviction and removal while the batches read them (the claim).
         self.limit = pool.contains(keys) if read else len(keys)
@@ -231,16 +259,27 @@ class _Transfer:
                     needs[i] = True
             self.needs = needs
 
+    def _skipped(self, part: np.ndarray) -> str | None:
+        """Why the pages of ``part`` are missed without a store call, if they are."""
+        if not self.pool.client.health.allows():
+            return "calls_refused"  # the master is down
+        if time.monotonic() > self.deadline:
+            return "calls_past_deadline"
+        if self.read and int(part[0]) >= self.dead_from:
+            return "calls_after_transfer_fail"
+        return None
+
     def _call(self, positions: np.ndarray) -> list[int]:
         """The store calls of ``positions`` (at most ``call_pages`` pages each, one after
-        another); pages not asked because the master is down read RPC_FAIL (misses)."""
+        another); pages not asked (see :meth:`_skipped`) read as misses (``_SKIPPED_AS``)."""
         pool = self.pool
         codes: list[int] = []
         for start in range(0, len(positions), pool.call_pages):
             part = positions[start : start + pool.call_pages]
-            if not pool.client.health.allows():
-                pool.counters["calls_refused"] += 1
-                codes += [int(Code.RPC_FAIL)] * (len(positions) - start)
+            skipped = self._skipped(part)
+            if skipped is not None:
+                pool.counters[skipped] += 1
+                codes += [int(_SKIPPED_AS[skipped])] * (len(positions) - start)
                 break
             objects = [self.objects[p] for p in part.tolist()]
             pointers, sizes = pool.plan.buffers(self.pages[part])
@@ -252,6 +291,10 @@ class _Transfer:
             pool.counters["get_calls" if self.read else "set_calls"] += 1
             pool.count_codes("get" if self.read else "set", got)
             codes += got
+            failed = [int(p) for p, c in zip(part, got, strict=True) if c == Code.TRANSFER_FAIL]
+            if self.read and failed:
+                with self._lock:
+                    self.dead_from = min(self.dead_from, failed[0])
         return codes
 
     def _judge(self, codes: list[int]) -> np.ndarray:
@@ -263,7 +306,7 @@ class _Transfer:
         page_bytes = self.pool.geometry.page_bytes
         arrived = np.array([code == page_bytes for code in codes], dtype=bool)
         failed = [
-            c for c in codes if c != page_bytes and c not in _ABSENT and not is_master_down(c)
+            c for c in codes if c != page_bytes and c not in _MISSED_READ and not is_master_down(c)
         ]
         if failed:
             # A stale exists (a dead holder's keys stay listed for client_ttl) then a failed

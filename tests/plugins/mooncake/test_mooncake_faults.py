@@ -303,3 +303,36 @@ def test_a_pool_the_engine_cannot_move_is_refused_with_the_reason(own_master: An
         buffer = pool_buffer(GEO)
         pipeline.register_pool("kv", GEO, buffer)
         assert pipeline.set(["host-0"], token_indices([0], GEO.page_size)) == [True]
+
+
+def test_a_killed_segment_misses_its_pages_at_once() -> None:
+    """Red team 2026-12-b, B4: after kill -9 of the process that held a segment, a 24-page get
+    retried every page on its own, each waiting out a tcp connect to the dead segment (11 s
+    with op_timeout_s = 5). Now the first failed transfer misses the rest of the get: one
+    store call, no per-page retry, and the whole get ends within op_timeout_s."""
+    need_mooncake()
+    from kvcr_policy_mooncake.master import MasterProcess
+    from kvcr_policy_mooncake.segment import SegmentProcess
+
+    n = 24
+    with MasterProcess() as master:
+        holder = SegmentProcess(master.address, 64 << 20)
+        try:
+            buffer = pool_buffer(GEO)
+            keys = [f"segment-kill-{i}" for i in range(n)]
+            overrides = {"transport.op_timeout_s": 5}
+            with pipeline_on(master, **overrides) as pipeline:
+                pipeline.register_pool("kv", GEO, buffer)
+                assert pipeline.set(keys, token_indices(range(n), GEO.page_size)) == [True] * n
+                holder.kill()  # the only segment: every page lived there
+                assert pipeline.exists(keys) == n  # the master lists them until client_ttl
+                start = time.monotonic()
+                got = pipeline.get(keys, token_indices(range(n, 2 * n), GEO.page_size))
+                took = time.monotonic() - start
+                counters = pipeline.stats().pools["kv"]["counters"]
+                assert got == [False] * n  # nothing arrived from the dead segment
+                assert counters["get_calls"] == 1, counters  # no page retried on its own
+                assert counters["get:-800 TRANSFER_FAIL"] >= 1, counters
+                assert took <= pipeline.config.transport.op_timeout_s, took
+        finally:
+            holder.stop()
