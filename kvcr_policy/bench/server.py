@@ -46,6 +46,15 @@ class PeerProcess:
         line = self._first_line(timeout)
         self.address: str = line["listening"]
         self.info = line
+        # Anything after the JSON line is drained too: a pipe nobody reads fills at 64 KiB,
+        # and a process writing to it then blocks (UCX logs to stdout unless told otherwise).
+        self._stdout = threading.Thread(target=self._drain_stdout, daemon=True)
+        self._stdout.start()
+
+    def _drain_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append("stdout: " + line.rstrip())
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None

@@ -21,7 +21,8 @@ Module map (each owns one thing)::
         coverage.py    what a shaped descriptor list must cover; which pages a failure fails
       server/        the serve side (never imports client/)
         server.py      PeerServer: listener, sessions, tiers, lifetime
-        admission.py   handshake slots, sessions per tenant, the frame budget
+        admission.py   handshake slots (by key id and address), sessions per tenant
+        budget.py      the frame budget: bytes of partial frames, shared fairly by tenants
         handshake.py   HELLO, CHALLENGE, AUTH: nothing else before a client authenticates
         session.py     one client connection: its tenant, attached pools, dispatch, liveness
         transfers.py   claims and reservations in flight; descriptor lists checked first

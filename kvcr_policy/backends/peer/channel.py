@@ -7,8 +7,11 @@ never allowed to grow our memory.
 
 A server's channels also bound time and memory per frame: a frame must arrive whole within
 ``frame_timeout_s`` of its first byte (a peer that trickles bytes is closed at that deadline,
-whatever it sends meanwhile), and a large payload is buffered only if the server-wide
-:class:`Budget` has room for it. ``last_frame`` is when the last whole frame arrived: what a
+whatever it sends meanwhile), and the payload of a large frame is read only as the server-wide
+:class:`Budget` grants bytes for it, charged before each read (small frames, and a large
+frame's first ``free_payload`` bytes, are read ``free_payload`` bytes at a time). A frame the
+budget refuses (or preempts) is dropped as it arrives and answered ERROR ``CAPACITY``; the
+connection goes on. ``last_frame`` is when the last whole frame arrived: what a
 peer's silence is measured from. ``waiting_since`` is when the first frame left after the last
 bytes came in (None while nothing is awaited): how long the peer has left this side waiting.
 """
@@ -21,13 +24,13 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvcr_policy.errors import ProtocolError
 
 from .loop import Loop
 from .requests import Timer
-from .wire.framing import MAX_PAYLOAD, FrameReader
+from .wire.framing import HEADER, MAX_PAYLOAD, FrameReader
 from .wire.messages import KINDS, Err, Error, Message, decode, encode
 
 __all__ = ["Budget", "Channel"]
@@ -40,11 +43,12 @@ _RECV_CHUNK = 1 << 20
 
 
 class Budget(Protocol):
-    """Bytes that payloads over ``free`` bytes may buffer, shared by a server's channels."""
+    """Bytes that payloads over ``free`` bytes may buffer, shared by a server's channels
+    (:class:`~.server.budget.FrameBudget`)."""
 
-    def take(self, nbytes: int) -> bool: ...
+    def take(self, holder: Any, tenant: str | None, nbytes: int) -> bool: ...
 
-    def give(self, nbytes: int) -> None: ...
+    def give(self, holder: Any, nbytes: int) -> None: ...
 
 
 class Channel:
@@ -64,6 +68,7 @@ class Channel:
         frame_timeout_s: float | None = None,
         budget: Budget | None = None,
         free_payload: int = 0,
+        tenant: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.loop = loop
         self.sock = sock
@@ -78,6 +83,7 @@ class Channel:
         self.frame_timeout_s = frame_timeout_s
         self._budget = budget
         self._free = free_payload
+        self._tenant = tenant  # whose budget the frames draw on (None before authentication)
         self._held = 0  # budget bytes this channel holds for the frame in progress
         self._frame_timer: Timer | None = None
         self.closed = False
@@ -131,13 +137,16 @@ class Channel:
             self._flush()
         if not (mask & 1) or self.closed:
             return
+        size, charged = self._next_read()
         try:
-            data = self.sock.recv(_RECV_CHUNK)
+            data = self.sock.recv(size)
         except BlockingIOError:
+            self._uncharge(charged)
             return
         except OSError as err:
             self.close(f"receive failed: {err}")
             return
+        self._uncharge(charged - len(data))
         if not data:
             self.close("peer closed the connection")
             return
@@ -161,17 +170,60 @@ class Channel:
             return
         self._frame_started()
 
+    def _next_read(self) -> tuple[int, int]:
+        """How many bytes to read now, and how many of them are charged to the budget."""
+        reader = self.reader
+        if self._budget is None:
+            return _RECV_CHUNK, 0
+        if reader.skipping:
+            return min(_RECV_CHUNK, reader.skipping), 0
+        if reader.expecting <= self._free:  # small frames, or the next header
+            return HEADER.size + self._free, 0
+        size = min(_RECV_CHUNK, reader.expecting - reader.buffered)
+        if self._charge(size):
+            return size, size
+        return min(_RECV_CHUNK, reader.skipping), 0
+
+    def _charge(self, nbytes: int) -> bool:
+        """Charge ``nbytes`` of the large frame in progress; refuse the frame if refused."""
+        assert self._budget is not None
+        if self._budget.take(self, self._tenant(), nbytes):
+            self._held += nbytes
+            return True
+        self._refuse_frame("the server's frame budget refused it")
+        return False
+
+    def _uncharge(self, nbytes: int) -> None:
+        if nbytes > 0 and self._budget is not None:
+            self._held -= nbytes
+            self._budget.give(self, nbytes)
+
+    def preempt(self) -> None:
+        """Another tenant under its share needs the budget this channel's frame holds: drop
+        the frame (its request is answered ERROR CAPACITY) and give the budget back."""
+        if self.reader.expecting and not self.closed:
+            self._refuse_frame("a tenant under its share of the frame budget needed it")
+
+    def _refuse_frame(self, why: str) -> None:
+        _kind, request, length = self.reader.discard()
+        self._uncharge(self._held)
+        text = (
+            f"no buffer space for a frame of {length} bytes now ({why}: frames over "
+            f"{self._free} bytes share the server's frame budget between tenants); try again"
+        )
+        log.warning("%s: %s", self.name, text)
+        # Answered once the event at hand is over: a preempted channel is not the one reading.
+        self.loop.call(self.send, Error(Err.CAPACITY, text), request)
+
     def _frame_started(self) -> None:
-        """A frame is partly in: hold budget for its payload and start its deadline."""
+        """A frame is partly in: charge what of a large payload is already buffered (read
+        among small frames) and start its deadline."""
         if not self.reader.partial:
             return
-        expecting = self.reader.expecting
-        if self._budget is not None and expecting > self._free and not self._held:
-            if not self._budget.take(expecting):
-                text = f"no buffer space for a frame of {expecting} bytes now; try again"
-                self.fail(Err.CAPACITY, text)
-                return
-            self._held = expecting
+        reader = self.reader
+        large = self._budget is not None and reader.expecting > self._free
+        if large and reader.buffered > self._held:
+            self._charge(reader.buffered - self._held)
         if self.frame_timeout_s is not None and self._frame_timer is None:
             limit = self.frame_timeout_s
             self._frame_timer = self.loop.later(limit, lambda: self._frame_overdue(limit))
@@ -180,10 +232,7 @@ class Channel:
         if self._frame_timer is not None:
             self._frame_timer.cancel()
             self._frame_timer = None
-        if self._held:
-            assert self._budget is not None
-            self._budget.give(self._held)
-            self._held = 0
+        self._uncharge(self._held)
 
     def _frame_overdue(self, limit: float) -> None:
         self._frame_timer = None

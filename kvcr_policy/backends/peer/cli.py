@@ -95,6 +95,10 @@ def serve_command(
         parse_listen(metrics)  # a bad address is refused before anything starts
     if insecure:
         overrides["security.insecure"] = True
+    # stdout carries the one JSON line only: UCX's own log (stdout by default) goes to stderr
+    # with ours, so a supervisor that reads just that line never leaves UCX blocked on a full
+    # pipe (a flush warning per close filled one and froze a server's worker thread).
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
     loaded = load_config(profile=profile, overrides=overrides)
     server = PeerServer(loaded, listen=listen)
     exposed: MetricsServer | None = None

@@ -98,6 +98,14 @@ class Serve:
         self.info: dict[str, object] = json.loads(first)
         self.address = str(self.info["listening"])
         self.port = int(self.address.rsplit(":", 1)[1])
+        # The rest of stdout is drained too, so the child never blocks on a full pipe.
+        self._stdout = threading.Thread(target=self._drain_stdout, daemon=True)
+        self._stdout.start()
+
+    def _drain_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append("stdout: " + line.rstrip())
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None

@@ -37,7 +37,7 @@ class Raw:
     def __init__(self, address: str, timeout: float = 5.0) -> None:
         self.sock = open_socket(address, timeout)
         self.reader = FrameReader(m.KINDS)
-        self.pending: list[m.Message] = []
+        self.pending: list[tuple[int, m.Message]] = []
         self.ids = iter(range(1, 1 << 30))
         self.welcome: m.Welcome | None = None
 
@@ -46,6 +46,12 @@ class Raw:
 
     def reply(self) -> m.Message | None:
         """The next message, or None once the server closed the connection."""
+        got = self.frame()
+        return None if got is None else got[1]
+
+    def frame(self) -> tuple[int, m.Message] | None:
+        """The next message with the request id it answers, or None once the server closed
+        the connection (a frame that does not decode raises ProtocolError)."""
         while not self.pending:
             try:
                 data = self.sock.recv(1 << 16)
@@ -53,7 +59,7 @@ class Raw:
                 return None
             if not data:
                 return None
-            self.pending.extend(m.decode(frame) for frame in self.reader.feed(data))
+            self.pending.extend((f.request, m.decode(f)) for f in self.reader.feed(data))
         return self.pending.pop(0)
 
     def ask(self, message: m.Message) -> m.Message | None:

@@ -1,5 +1,6 @@
-"""What a tenant can make a server hold, over real ucxx on loopback (red team 2026-12-b, B1):
-the quota bounds a tenant's tiers with their bookkeeping, however small its pages.
+"""What a tenant can make a server hold, over real ucxx on loopback (red team 2026-12-b, B1
+and B2): the quota bounds a tenant's tiers with their bookkeeping, however small its pages;
+the frame budget is charged with the bytes that arrive and shared fairly between tenants.
 
 The bound asserted is the README's: a tenant's tiers cost at most
 ``security.tenant_quota_bytes``, and each of its sessions at most ``SESSION_BYTES`` more (its
@@ -12,6 +13,10 @@ bound of 64 MiB; before the fix it was 600 MiB.
 
 from __future__ import annotations
 
+import json
+import secrets
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +24,20 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvcr_policy.backends.peer.server.budget import MAX_BUFFERED
+from kvcr_policy.backends.peer.wire import messages as m
+from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, MAX_PAYLOAD, VERSION
 from kvcr_policy.errors import CapacityError
 from kvcr_policy.geometry import PoolGeometry
+from tests.backends.peer.raw_client import Raw
 from tests.backends.peer.tenants import client_factory, rss_bytes, start_peer, tenants_dir
+from tests.support.pools import geometry, pool_buffer, token_indices
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 
 QUOTA = 48 << 20
+OP_TIMEOUT_S = 4.0  # a squatter's frame is replaced halfway to its deadline
 #: README (Security): what a session may cost the server besides its tenant's tiers.
 SESSION_BYTES = 16 << 20
 
@@ -68,3 +80,135 @@ def test_tiny_pages_cost_no_more_than_the_quota(server: Any, folder: Path) -> No
             pipeline.register_pool("tiny2", other, np.zeros(other.shape, dtype=np.float16))
         grown = rss_bytes(server.proc.pid) - before
         assert grown <= QUOTA + SESSION_BYTES, f"{grown >> 20} MiB for a {QUOTA >> 20} MiB quota"
+
+
+# ---- the frame budget (red team 2026-12-b, B2) ---------------------------------------------
+
+
+class FrameSquatter:
+    """Bob's sessions, each holding a frame that declares MAX_PAYLOAD: ``sent`` bytes of it,
+    then nothing; each session is replaced before its frame deadline closes it."""
+
+    def __init__(self, address: str, secret: bytes, worker: Any, sessions: int, sent: int):
+        self.address, self.secret, self.worker = address, secret, worker
+        self.sessions, self.sent = sessions, sent
+        self.refused = 0  # frames answered ERROR CAPACITY
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self) -> tuple[Raw, float]:
+        raw = Raw(self.address, timeout=10)
+        assert isinstance(raw.handshake(self.secret, self.worker.address), m.Welcome)
+        raw.sock.sendall(HEADER.pack(MAGIC, VERSION, int(m.Kind.EXISTS), MAX_PAYLOAD, 99))
+        raw.sock.sendall(bytes(self.sent))
+        self.opened += 1
+        return raw, time.monotonic()
+
+    def _run(self) -> None:
+        held = [self._open() for _ in range(self.sessions)]
+        while not self._stop.is_set():
+            for i, (raw, since) in enumerate(held):
+                raw.sock.setblocking(False)
+                try:
+                    data = raw.sock.recv(1 << 16)
+                except BlockingIOError:
+                    data = None
+                except OSError:
+                    data = b""
+                if data:
+                    self.refused += data[3:4] == bytes([m.Kind.ERROR])
+                if data is not None or time.monotonic() - since > OP_TIMEOUT_S / 2:
+                    raw.close()  # answered, closed, or near its deadline: a fresh one
+                    held[i] = self._open()
+            time.sleep(0.01)
+        for raw, _ in held:
+            raw.close()
+
+    def __enter__(self) -> FrameSquatter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def budget_server(folder: Path) -> Iterator[Any]:
+    peer = start_peer(
+        folder,
+        **{
+            "transport.op_timeout_s": OP_TIMEOUT_S,
+            "security.tenant_max_sessions": 24,
+            "security.handshake_timeout_s": 5,
+        },
+    )
+    yield peer
+    peer.stop()
+
+
+@pytest.mark.parametrize(
+    ("sessions", "sent"),
+    [(20, 1), (18, MAX_PAYLOAD - 1)],
+    ids=["declared", "sent"],  # the red team's 20 bytes a session; the bytes really sent
+)
+def test_a_tenant_squatting_the_frame_budget_shorts_no_other_tenant(
+    budget_server: Any, folder: Path, worker: Any, sessions: int, sent: int
+) -> None:
+    """The victim's exists() of 1,024 SGLang keys (a 67,592-byte frame) during the attack:
+    every call answers the full count; none is short, none fails."""
+    keys = [secrets.token_hex(32) for _ in range(1024)]
+    for make in client_factory(budget_server.address):
+        alice = make(folder / "alice", profile="throughput")
+        geo = geometry(pages=4)
+        alice.register_pool("kv", geo, pool_buffer(geo))
+        assert alice.set(keys[:4], token_indices(range(4), geo.page_size)) == [True] * 4
+        bob = (folder / "bob").read_text().strip().encode()
+        with FrameSquatter(budget_server.address, bob, worker, sessions, sent) as squatter:
+            wait_until(lambda: squatter.opened >= sessions, "bob's frames held", 60)
+            answers = [alice.exists(keys) for _ in range(300)]
+        short = [n for n in answers if n != 4]
+        assert not short, f"{len(short)} of 300 exists() calls answered short: {short[:5]}"
+        assert squatter.opened >= sessions
+        if sent > 1:  # bob held the whole budget; alice's frames took from it
+            assert squatter.refused >= 1
+
+
+def test_a_frame_over_its_tenants_share_is_refused_alone(
+    budget_server: Any, folder: Path, worker: Any
+) -> None:
+    """A tenant over its share gets ERROR CAPACITY for that frame's request, and its session
+    goes on: the next request on it is answered."""
+    bob = (folder / "bob").read_text().strip().encode()
+    holders = []
+    try:
+        with Raw(budget_server.address, timeout=10) as raw:
+            assert isinstance(raw.handshake(bob, worker.address), m.Welcome)
+            geo = geometry(pages=4)
+            attach = m.Attach("b", geo.layout, geo.layers, geo.heads, geo.head_dim, geo.dtype,
+                              geo.page_size, geo.tokens, False, 0)  # fmt: skip
+            assert isinstance(raw.ask(attach), m.Attached)
+
+            def buffered() -> int:
+                reply = raw.ask(m.Stats(0))
+                assert isinstance(reply, m.StatsReply), reply
+                return int(json.loads(reply.text)["server"]["tenant_buffered"])
+
+            full = MAX_BUFFERED // MAX_PAYLOAD * (MAX_PAYLOAD - 1)
+            for _ in range(MAX_BUFFERED // MAX_PAYLOAD):  # bob's frames fill the whole budget
+                holder = Raw(budget_server.address, timeout=10)
+                assert isinstance(holder.handshake(bob, worker.address), m.Welcome)
+                header = HEADER.pack(MAGIC, VERSION, int(m.Kind.EXISTS), MAX_PAYLOAD, 7)
+                holder.sock.sendall(header + bytes(MAX_PAYLOAD - 1))
+                holders.append(holder)
+            wait_until(lambda: buffered() >= full, "bob's frames buffered by the server", 60)
+            frame = m.encode(m.Exists(0, ["k" * 1024] * 100), 41)
+            raw.sock.sendall(frame)
+            reply = raw.reply()
+            assert isinstance(reply, m.Error) and reply.code == m.Err.CAPACITY, reply
+            assert "no buffer space for a frame of" in reply.text
+            assert isinstance(raw.ask(m.Ping()), m.Pong)  # the session goes on
+    finally:
+        for raw in holders:
+            raw.close()

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kvcr_policy.backends.peer.wire import messages as m
@@ -156,3 +156,31 @@ def test_every_field_is_declared_with_its_codec_once() -> None:
         @message(m.Kind.PONG)
         class Bare(m.Message):
             value: int
+
+
+@given(
+    st.lists(frames(), min_size=2, max_size=5),
+    st.integers(0, 4),
+    st.lists(st.integers(1, 64), max_size=8),
+)
+def test_a_discarded_frame_leaves_the_stream_in_step(
+    encoded: list[bytes], which: int, chunks: list[int]
+) -> None:
+    """A frame the server refuses (no budget) is dropped as it arrives; the frames after it
+    decode as if it had never been sent."""
+    which %= len(encoded)
+    assume(len(encoded[which]) > HEADER.size)  # a frame with a payload still to come
+    data = b"".join(encoded)
+    every = _frames(data, [])
+    reader = FrameReader(m.KINDS)
+    header_end = sum(map(len, encoded[:which])) + HEADER.size
+    out = list(reader.feed(data[:header_end]))
+    assert len(out) == which and reader.expecting == len(encoded[which]) - HEADER.size
+    _, request, length = reader.discard()
+    assert (request, length) == (every[which].request, len(every[which].payload))
+    pos = header_end
+    for size in [*chunks, len(data)]:
+        out.extend(reader.feed(data[pos : pos + size]))
+        pos += size
+    assert out == every[:which] + every[which + 1 :]
+    assert not reader.partial

@@ -121,7 +121,7 @@ class Handshake:
             proof = auth.proof(secret, "server", hello.key_id, hello.nonce, self.nonce)
             challenge = m.Challenge(False, self.nonce, proof)
         session.state = "auth"
-        server.admission.challenged(session)
+        server.admission.challenged(session, keyring.insecure or self.tenant is not None)
         session.channel.reader.limit = AUTH_LIMIT
         session.channel.send(challenge, request)
 

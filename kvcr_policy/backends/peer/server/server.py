@@ -317,15 +317,15 @@ class PeerServer:
             except OSError as err:
                 log.warning("accept failed: %s", err)
                 return
-            while (victim := self.admission.victim()) is not None:
+            while (victim := self.admission.victim(peer[0])) is not None:
                 channel = victim.channel
-                channel.pump()  # its HELLO may be waiting: then it moves on, not out
-                if self.admission.victim() is victim:
+                channel.pump()  # its HELLO may be waiting: then it moves up, maybe not out
+                if self.admission.victim(peer[0]) is victim:
                     self.admission.refused("handshake slots full: dropped the oldest handshake")
                     channel.close("handshake slots full: the oldest handshake is dropped")
             session = Session(self, sock, f"{peer[0]}:{peer[1]}")
             self.sessions.add(session)
-            self.admission.arrived(session)
+            self.admission.arrived(session, peer[0])
             if self.meter is not None:
                 self.meter.connected()
 
@@ -414,6 +414,10 @@ class PeerServer:
             mine = [tier.store.stats() for tier in self.tiers.of(tenant)] if self.tiers else []
             data["tenant"] = tenant
             data["tenant_sessions"] = self.admission.tenant_sessions(tenant)
+            # Bytes of the tenant's frames buffered now, and the most it may buffer while the
+            # tenants holding some ask for theirs (see .admission).
+            data["tenant_buffered"] = self.admission.budget.held(tenant)
+            data["tenant_buffer_share"] = self.admission.budget.share(tenant)
             data["tenant_tiers"] = len(mine)
             data["tenant_claimed"] = sum(s.claimed for s in mine)
             data["tenant_reserved"] = sum(s.reserved for s in mine)
@@ -426,6 +430,7 @@ class PeerServer:
         if admin:
             data["sessions"] = self.admission.sessions
             data["handshakes"] = self.admission.handshakes
+            data["buffered"] = self.admission.budget.total
             data["tenants"] = self.keyring.names()
             data["tiers_by_tenant"] = self.tiers.by_tenant() if self.tiers else {}
             data["env"] = self.worker.env.to_dict() if self.worker else None

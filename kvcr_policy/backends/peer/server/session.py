@@ -33,7 +33,8 @@ from ..requests import RequestGroup, Stall, Timer
 from ..wire import messages as m
 from ..wire.framing import MAX_PAYLOAD
 from ..worker import Worker
-from .admission import FREE_PAYLOAD, Admission
+from .admission import Admission
+from .budget import FREE_PAYLOAD
 from .handshake import HELLO_LIMIT, Handshake
 from .tiers import Tier
 from .transfers import Attachment, Transfers
@@ -117,8 +118,9 @@ class Session:
             on_malformed=self._malformed,
             max_payload=HELLO_LIMIT,
             frame_timeout_s=server.handshake_timeout_s,
-            budget=server.admission,
+            budget=server.admission.budget,
             free_payload=FREE_PAYLOAD,
+            tenant=lambda: self.tenant or None,
         )
         self.meter = server.meter
         limit = server.handshake_timeout_s

@@ -64,6 +64,7 @@ class FrameReader:
         self.limit = max_payload
         self._buffer = bytearray()
         self._need: tuple[int, int, int] | None = None  # (kind, request, length) of the next
+        self._skip = 0  # payload bytes of a discarded frame still to come
 
     @property
     def buffered(self) -> int:
@@ -72,7 +73,23 @@ class FrameReader:
     @property
     def partial(self) -> bool:
         """Whether part of a frame has arrived and the rest has not."""
-        return self._need is not None or bool(self._buffer)
+        return self._need is not None or bool(self._buffer) or self._skip > 0
+
+    @property
+    def skipping(self) -> int:
+        """Payload bytes of a discarded frame still to be dropped as they arrive."""
+        return self._skip
+
+    def discard(self) -> tuple[int, int, int]:
+        """Drop the frame whose header is in: its payload buffered so far, and the rest as it
+        arrives (the stream stays in step, so the connection can go on); its (kind, request,
+        length)."""
+        if self._need is None:
+            raise ProtocolError("no frame to discard: its header has not arrived")
+        need, self._need = self._need, None
+        self._skip = need[2] - len(self._buffer)
+        self._buffer.clear()  # a frame in progress: the buffer holds its payload only
+        return need
 
     @property
     def expecting(self) -> int:
@@ -81,6 +98,10 @@ class FrameReader:
 
     def feed(self, data: bytes | memoryview) -> Iterator[Frame]:
         """Add bytes and yield every frame now complete, in order."""
+        if self._skip:
+            dropped = min(self._skip, len(data))
+            self._skip -= dropped
+            data = memoryview(data)[dropped:]
         self._buffer += data
         while True:
             if self._need is None:
