@@ -33,7 +33,7 @@ from tests.support.pools import fresh_keys, pages_of, pool_buffer, token_indices
 from tests.support.processes import next_line
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.ucx, pytest.mark.slow]
+pytestmark = [pytest.mark.ucx, pytest.mark.slow, pytest.mark.usefixtures("load")]
 
 
 HOLDER = """

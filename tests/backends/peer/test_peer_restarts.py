@@ -29,7 +29,7 @@ from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.backends.peer.client.client import ATTACH_TIMEOUT_S
 from kvcr_policy.backends.peer.client.pool import ANSWER_GRACE_S
 from tests.backends.peer.peer_helpers import SERVER_SETS, big_geometry, need_ucxx, promised_s
-from tests.support.load import CpuHog
+from tests.support.load import TEST_HOG_S, CpuHog
 from tests.support.pools import fresh_keys, pages_of, pool_buffer, token_indices
 from tests.support.waiting import wait_until
 
@@ -39,20 +39,7 @@ pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 KILLS_DURING_SENDS = 20
 #: Kill-and-restart cycles of the soak (under the hog).
 SOAK_CYCLES = 50
-#: The hog outlives any of these tests; it is stopped by its PIDs when the test ends.
-HOG_SECONDS = 1800.0
 PAGES = 64
-
-
-@pytest.fixture(params=["quiet", "hog"])
-def load(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Each test runs once on a quiet machine and once under a CPU hog (two busy processes per
-    core, see :mod:`tests.support.load`)."""
-    if request.param == "quiet":
-        yield "quiet"
-        return
-    with CpuHog(seconds=HOG_SECONDS):
-        yield "hog"
 
 
 @dataclass
@@ -254,7 +241,7 @@ def test_soak_kills_and_restarts_under_the_hog(
     rig: Rig, record_property: Callable[[str, object], None]
 ) -> None:
     moments = ["sends", "claims", "handshake", "idle"]
-    with CpuHog(seconds=HOG_SECONDS):
+    with CpuHog(seconds=TEST_HOG_S):
         for cycle in range(SOAK_CYCLES):
             kill_during(rig, moments[cycle % len(moments)])
     links = rig.pipeline.transport.describe()["links"]

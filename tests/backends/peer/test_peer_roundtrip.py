@@ -15,7 +15,7 @@ from tests.backends.peer.peer_helpers import need_ucxx
 from tests.support.paths import ROOT
 from tests.support.pools import fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
-pytestmark = pytest.mark.ucx
+pytestmark = [pytest.mark.ucx, pytest.mark.usefixtures("load")]
 
 CASES = [
     ("layer_first", False, None),
