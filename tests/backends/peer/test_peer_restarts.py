@@ -9,8 +9,9 @@ the client must store, then restore byte-exact, within its own limits: a connect
 (``connect_timeout_s``) and attaching its pools again (``op_timeout_s``, at least
 ``ATTACH_TIMEOUT_S``), with no restart of the client process.
 
-The soak at the end does this 50 times under the hog, cycling through every moment, and checks
-between calls that the server holds no claim or reservation.
+These run on a quiet machine; the soak at the end does the same 50 times under the CPU hog,
+cycling through every moment, and checks between calls that the server holds no claim or
+reservation.
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ def kill_during(rig: Rig, moment: str) -> None:
     )
 
 
-def test_a_server_killed_during_data_sends_recovers_every_time(rig: Rig, load: str) -> None:
+def test_a_server_killed_during_data_sends_recovers_every_time(rig: Rig) -> None:
     for _ in range(KILLS_DURING_SENDS):
         kill_during(rig, "sends")
     assert len(rig.recoveries) == KILLS_DURING_SENDS
@@ -232,8 +233,8 @@ def test_a_server_killed_during_data_sends_recovers_every_time(rig: Rig, load: s
 
 
 @pytest.mark.parametrize("moment", ["claims", "handshake", "idle"])
-def test_a_server_killed_at_any_moment_recovers(rig: Rig, load: str, moment: str) -> None:
-    for _ in range(3):
+def test_a_server_killed_at_any_moment_recovers(rig: Rig, moment: str) -> None:
+    for _ in range(2):
         kill_during(rig, moment)
 
 
