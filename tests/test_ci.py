@@ -1,10 +1,16 @@
-"""CI runs exactly the README's test command, and that command installs what the tests need."""
+"""CI runs exactly the README's test command, and that command installs what the tests need;
+the layout of the tests, and the CPU hog the suite runs under (tests/support/load.py)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
-from tests.support.paths import ROOT
+from tests.support.load import CpuHog, cores
+from tests.support.paths import ROOT, child_env
+from tests.support.waiting import wait_until
 
 
 def test_ci_runs_the_quick_starts_test_command() -> None:
@@ -53,3 +59,33 @@ def test_every_test_path_the_docs_name_exists() -> None:
     named = {m for doc in docs for m in re.findall(paths, doc.read_text(encoding="utf-8"))}
     missing = sorted(path for path in named if not (ROOT / path).exists())
     assert named and not missing, missing
+
+
+def test_the_cpu_hog_runs_a_command_and_leaves_no_process_behind() -> None:
+    """tests/README.md's second hog command, with a short command: its status comes back, the
+    hog ran while it ran (two busy processes per core), and every PID it started is gone."""
+    probe = "import sys; sys.exit(3)"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.load", "--seconds", "60", "--", sys.executable,
+         "-c", probe],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=child_env(),
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    pids = [int(p) for p in re.search(r"\(pids ([\d ]+)\)", done.stderr).group(1).split()]
+    assert len(pids) == 2 * cores()
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_hog_ends_by_itself_at_its_deadline_and_stop_kills_only_its_own() -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        hog = CpuHog(seconds=600.0, processes=2).start()
+        assert hog.running() == 2
+        hog.stop()
+        assert hog.running() == 0 and hog.pids == [] and bystander.poll() is None
+        short = CpuHog(seconds=0.5, processes=1).start()
+        wait_until(lambda: short.running() == 0, "the busy process ending at its deadline", 120)
+        short.stop()
+    finally:
+        bystander.kill()
+        bystander.wait()

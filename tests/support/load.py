@@ -27,11 +27,14 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 
-__all__ = ["CpuHog", "cores", "main"]
+__all__ = ["TEST_HOG_S", "CpuHog", "cores", "main"]
 
 #: Busy processes per core: twice as many as cores keeps every core's run queue non-empty
 #: while the process under test runs, so it gets about a third of a core.
 PER_CORE = 2
+#: The lifetime of a hog a test starts: longer than any test, which stops it by its PIDs when it
+#: ends (the deadline only matters if the test process itself dies).
+TEST_HOG_S = 1800.0
 #: A busy process checks its deadline once per this many loop turns (a few ms of spinning).
 _SPIN = 200_000
 _BUSY = (

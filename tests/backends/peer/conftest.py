@@ -8,6 +8,18 @@ from typing import Any
 import pytest
 
 from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
+from tests.support.load import TEST_HOG_S, CpuHog
+
+
+@pytest.fixture(params=["quiet", "hog"])
+def load(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test runs once on a quiet machine and once under a CPU hog (two busy processes per
+    core, :mod:`tests.support.load`): an inference host is a busy host."""
+    if request.param == "quiet":
+        yield "quiet"
+        return
+    with CpuHog(seconds=TEST_HOG_S):
+        yield "hog"
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from tests.backends.peer.peer_helpers import Serve, need_ucxx
 from tests.support.paths import child_env
 from tests.support.pools import fresh_keys
 
-pytestmark = [pytest.mark.ucx]
+pytestmark = [pytest.mark.ucx, pytest.mark.usefixtures("load")]
 
 SETS = {"transport.name": "ucx", "placement.capacity_bytes": "64MiB"}
 

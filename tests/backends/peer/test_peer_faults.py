@@ -33,7 +33,7 @@ from tests.support.pools import fresh_keys, pages_of, pool_buffer, token_indices
 from tests.support.processes import next_line
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.ucx, pytest.mark.slow]
+pytestmark = [pytest.mark.ucx, pytest.mark.slow, pytest.mark.usefixtures("load")]
 
 
 HOLDER = """
@@ -227,3 +227,86 @@ def test_sigterm_mid_transfer_stops_cleanly_and_logs(connect: Any) -> None:
     log = "\n".join(server.log)
     assert f"listening on {server.address}" in log
     assert "got SIGTERM" in log and "stopped" in log and "stay mapped" not in log
+
+
+def test_a_stopped_server_that_resumes_makes_calls_slower_not_failed(connect: Any) -> None:
+    """Liveness: a peer that answers late is alive. The server is stopped (SIGSTOP) in the
+    middle of a restore for longer than the old limit (three heartbeats and a second) but less
+    than dead_after_s and op_timeout_s, then resumed: the restore completes, byte-exact, on the
+    same connection."""
+    need_ucxx()
+    from kvcr_policy.bench.server import PeerProcess
+
+    server = PeerProcess(SERVER_SETS)
+    try:
+        pipeline = connect(address=server.address, **{"transport.op_timeout_s": 30})
+        options = pipeline.config.transport.options
+        pause = 3 * options["heartbeat_s"] + 1.0 + 2.0
+        assert pause < min(options["dead_after_s"], pipeline.config.transport.op_timeout_s)
+        geo = big_geometry("slow")
+        buffer = pool_buffer(geo, 13)
+        pipeline.register_pool("slow", geo, buffer)
+        keys = fresh_keys(128)
+        assert all(pipeline.set(keys, token_indices(range(128), geo.page_size), "slow"))
+        view = pages_of(buffer, geo)
+        observer = watch(connect, "slow", server.address)
+        view[:, 128:256] = 0
+        got: list[Any] = []
+        reader = threading.Thread(
+            target=lambda: got.append(
+                pipeline.get(keys, token_indices(range(128, 256), geo.page_size), "slow")
+            )
+        )
+        reader.start()
+        claim_outstanding(observer, "slow", reader)
+        server.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            # The restore cannot end while the server is stopped; wait out the pause.
+            wait_until(lambda: time.monotonic() - stopped >= pause, "the pause", pause + 5)
+            assert reader.is_alive(), "the restore ended while the server was stopped"
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        reader.join(promised_s(pipeline.config))
+        assert not reader.is_alive()
+        assert got == [[True] * 128]
+        assert np.array_equal(view[:, 128:256], view[:, :128])
+        assert pipeline.transport.describe()["connects"] == 1  # the same connection throughout
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()
+
+
+def test_a_server_that_answers_nothing_for_dead_after_s_is_dead(
+    connect: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a peer that answers nothing at all for transport.options.dead_after_s is dead: a
+    stopped server's client misses within that limit, a heartbeat, and the one connect attempt
+    (connect_timeout_s) the fallback makes before calls fail at once; the reason names the
+    setting."""
+    need_ucxx()
+    from kvcr_policy.bench.server import PeerProcess
+
+    server = PeerProcess(SERVER_SETS)
+    try:
+        pipeline = connect(
+            address=server.address,
+            **{"transport.options.dead_after_s": 2.0, "transport.op_timeout_s": 60},
+        )
+        geo = big_geometry("dead")
+        pipeline.register_pool("dead", geo, pool_buffer(geo, 17))
+        keys = fresh_keys(4)
+        assert all(pipeline.set(keys, token_indices(range(4), geo.page_size), "dead"))
+        server.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        got = pipeline.get(keys, token_indices(range(4, 8), geo.page_size), "dead")
+        waited = time.monotonic() - stopped
+        assert got == [False] * 4
+        options = pipeline.config.transport.options
+        bound = options["dead_after_s"] + options["heartbeat_s"] + options["connect_timeout_s"]
+        assert waited <= bound + ANSWER_GRACE_S
+        assert any("answered nothing" in r.message and "dead_after_s" in r.message
+                   for r in caplog.records)  # fmt: skip
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()

@@ -9,8 +9,9 @@ the client must store, then restore byte-exact, within its own limits: a connect
 (``connect_timeout_s``) and attaching its pools again (``op_timeout_s``, at least
 ``ATTACH_TIMEOUT_S``), with no restart of the client process.
 
-The soak at the end does this 50 times under the hog, cycling through every moment, and checks
-between calls that the server holds no claim or reservation.
+These run on a quiet machine; the soak at the end does the same 50 times under the CPU hog,
+cycling through every moment, and checks between calls that the server holds no claim or
+reservation.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.backends.peer.client.client import ATTACH_TIMEOUT_S
 from kvcr_policy.backends.peer.client.pool import ANSWER_GRACE_S
 from tests.backends.peer.peer_helpers import SERVER_SETS, big_geometry, need_ucxx, promised_s
-from tests.support.load import CpuHog
+from tests.support.load import TEST_HOG_S, CpuHog
 from tests.support.pools import fresh_keys, pages_of, pool_buffer, token_indices
 from tests.support.waiting import wait_until
 
@@ -39,20 +40,7 @@ pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 KILLS_DURING_SENDS = 20
 #: Kill-and-restart cycles of the soak (under the hog).
 SOAK_CYCLES = 50
-#: The hog outlives any of these tests; it is stopped by its PIDs when the test ends.
-HOG_SECONDS = 1800.0
 PAGES = 64
-
-
-@pytest.fixture(params=["quiet", "hog"])
-def load(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Each test runs once on a quiet machine and once under a CPU hog (two busy processes per
-    core, see :mod:`tests.support.load`)."""
-    if request.param == "quiet":
-        yield "quiet"
-        return
-    with CpuHog(seconds=HOG_SECONDS):
-        yield "hog"
 
 
 @dataclass
@@ -236,7 +224,7 @@ def kill_during(rig: Rig, moment: str) -> None:
     )
 
 
-def test_a_server_killed_during_data_sends_recovers_every_time(rig: Rig, load: str) -> None:
+def test_a_server_killed_during_data_sends_recovers_every_time(rig: Rig) -> None:
     for _ in range(KILLS_DURING_SENDS):
         kill_during(rig, "sends")
     assert len(rig.recoveries) == KILLS_DURING_SENDS
@@ -245,8 +233,8 @@ def test_a_server_killed_during_data_sends_recovers_every_time(rig: Rig, load: s
 
 
 @pytest.mark.parametrize("moment", ["claims", "handshake", "idle"])
-def test_a_server_killed_at_any_moment_recovers(rig: Rig, load: str, moment: str) -> None:
-    for _ in range(3):
+def test_a_server_killed_at_any_moment_recovers(rig: Rig, moment: str) -> None:
+    for _ in range(2):
         kill_during(rig, moment)
 
 
@@ -254,7 +242,7 @@ def test_soak_kills_and_restarts_under_the_hog(
     rig: Rig, record_property: Callable[[str, object], None]
 ) -> None:
     moments = ["sends", "claims", "handshake", "idle"]
-    with CpuHog(seconds=HOG_SECONDS):
+    with CpuHog(seconds=TEST_HOG_S):
         for cycle in range(SOAK_CYCLES):
             kill_during(rig, moments[cycle % len(moments)])
     links = rig.pipeline.transport.describe()["links"]

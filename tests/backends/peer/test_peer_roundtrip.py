@@ -15,7 +15,7 @@ from tests.backends.peer.peer_helpers import need_ucxx
 from tests.support.paths import ROOT
 from tests.support.pools import fresh_keys, geometry, pages_of, pool_buffer, token_indices
 
-pytestmark = pytest.mark.ucx
+pytestmark = [pytest.mark.ucx, pytest.mark.usefixtures("load")]
 
 CASES = [
     ("layer_first", False, None),
@@ -224,3 +224,41 @@ def test_a_connection_without_handshake_is_dropped(bare_peer: Any, monkeypatch: 
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.settimeout(5)
         assert sock.recv(1) == b""  # closed by the server, not by our timeout
+
+
+MODE_CLIENT = """
+import sys
+sys.path.insert(0, {root!r})
+from kvcr_policy import build_pipeline, load_config
+from tests.backends.peer.test_peer_roundtrip import round_trip
+from tests.support.pools import geometry
+p = build_pipeline(load_config(overrides={{"transport.name": "ucx",
+    "transport.options.peer": {address!r}, "transport.options.progress_mode": {mode!r}}}))
+for i in range(3):  # a connection per round: each gets a UCX worker of its own, retired after
+    round_trip(p, geometry(pages=8, name=f"kv{{i}}"), n=4, name=f"kv{{i}}", seed=i)
+    client = p.transport._client
+    conn = client.connection()
+    client.worker.submit(conn.fail, "the next round reconnects").result()
+print("links", p.transport.describe()["links"])
+p.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["blocking", "polling", "thread"])
+def test_every_progress_mode_moves_pages_and_retires_its_workers(mode: str) -> None:
+    """Server and client both in ``mode``: byte-exact round trips over three connections, and
+    each connection's UCX worker (a link) retired, not left behind."""
+    need_ucxx()
+    from kvcr_policy.bench.server import PeerProcess
+
+    server = PeerProcess({"transport.name": "ucx", "transport.options.progress_mode": mode})
+    try:
+        code = MODE_CLIENT.format(root=str(ROOT), address=server.address, mode=mode)
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+        assert "'links_open': 0" in done.stdout, done.stdout
+    finally:
+        assert server.stop() == 0

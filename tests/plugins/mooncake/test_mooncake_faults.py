@@ -23,7 +23,7 @@ from kvcr_policy.errors import CapacityError, TransportError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import Pipeline
 from tests.plugins.mooncake.mooncake_helpers import GEO, need_mooncake, pipeline_on
-from tests.support.load import CpuHog
+from tests.support.load import TEST_HOG_S, CpuHog
 from tests.support.pools import pages_of, pool_buffer, token_indices
 from tests.support.waiting import wait_until
 
@@ -121,7 +121,7 @@ def test_soak_master_killed_and_restarted_under_the_hog(
     pages = pages_of(buffer, GEO)
     verified, recoveries = 0, []
     overrides = {"batching__read_batch_pages": 2, "batching__window_batches": 1}
-    with CpuHog(seconds=1800), pipeline_on(master, **overrides) as pipeline:
+    with CpuHog(seconds=TEST_HOG_S), pipeline_on(master, **overrides) as pipeline:
         pipeline.register_pool("kv", GEO, buffer)
         options = pipeline.config.backend.options
         bound = options["connect_timeout_s"] + options["recheck_s"]
