@@ -104,6 +104,7 @@ class Reservation:
     present: tuple[bool, ...]
     pending: tuple[bool, ...]
     requested: int
+    held: tuple[int, ...] = ()  # slots of the present keys, kept from eviction until settled
 
     @property
     def complete(self) -> bool:
@@ -196,6 +197,10 @@ class Store:
         self._state = bytearray(capacity)  # SlotState values; all FREE
         self._generation: list[int] = [0] * capacity
         self._claims: list[int] = [0] * capacity
+        # Open reservations holding each slot's key as present: such a key is not evicted
+        # before its write settles (a set cut into batches reserves each one on its own, and a
+        # later batch must not evict a key an earlier one reported stored).
+        self._held: list[int] = [0] * capacity
         self._free = _FreeExtents(capacity)
         self._open_reservations: set[int] = set()
         self._live_claims: set[int] = set()
@@ -231,7 +236,7 @@ class Store:
 
         Consecutive keys get one contiguous run of slots when one is free. When free slots are
         short, published unclaimed keys are evicted by the policy (never the present keys of
-        this request). When even that is short, the reservation covers the longest leading run
+        this request, nor those of another reservation still open). When even that is short, the reservation covers the longest leading run
         of ``keys`` that fits (prefix semantics, as HiCache uses only the leading successes).
 
         Raises:
@@ -259,6 +264,9 @@ class Store:
             cover = needed[len(slots)] if len(slots) < len(needed) else count
             if cover == 0 and count:
                 self._raise_full(keys[0])
+            held = tuple(index[keys[p]] for p in range(cover) if present[p])
+            for slot in held:
+                self._held[slot] += 1
             out_slots = [-1] * cover
             out_generations = [-1] * cover
             generation, owner, state = self._generation, self._owner, self._state
@@ -281,6 +289,7 @@ class Store:
                 present=tuple(present[:cover]),
                 pending=tuple(pending[:cover]),
                 requested=count,
+                held=held,
             )
 
     def commit(self, reservation: Reservation, ok: Sequence[bool] | np.ndarray) -> int:
@@ -397,7 +406,8 @@ class Store:
             return self._remove([*self._index, *self._reserving])
 
     def evict(self, count: int) -> int:
-        """Evict up to ``count`` unclaimed published keys in policy order; returns how many."""
+        """Evict up to ``count`` unclaimed published keys in policy order (not those an open
+        reservation holds as present); returns how many."""
         with self._lock:
             self._check_open("evict")
             return self._evict(count, frozenset())
@@ -455,7 +465,7 @@ class Store:
         message = (
             f"store of pool {self._pool!r}: no slot for key {key!r}: all {self._capacity} slots "
             f"are reserved by writes in flight ({self._reserved}), claimed by reads in flight "
-            f"({self._claimed}) or hold keys of this request; retry after transfers complete, "
+            f"({self._claimed}) or hold present keys of this or another write in flight; retry after transfers complete, "
             "or give the tier more slots"
         )
         raise CapacityError(message)
@@ -467,10 +477,10 @@ class Store:
         return self._free.take(min(count, self._free.free))
 
     def _evict(self, count: int, protect: set[int] | frozenset[int]) -> int:
-        claims = self._claims
+        claims, held = self._claims, self._held
 
         def evictable(slot: int) -> bool:
-            return claims[slot] == 0 and slot not in protect
+            return claims[slot] == 0 and held[slot] == 0 and slot not in protect
 
         victims = self._policy.victims(count, evictable)
         evicted, owner = self._evicted, self._owner
@@ -521,6 +531,8 @@ class Store:
         if reservation.token not in self._open_reservations:
             return 0
         self._open_reservations.discard(reservation.token)
+        for slot in reservation.held:
+            self._held[slot] -= 1
         if isinstance(ok, np.ndarray):
             ok = ok.tolist()  # indexing a list is several times cheaper than an array
         generation, state, owner = self._generation, self._state, self._owner

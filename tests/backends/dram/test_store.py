@@ -344,6 +344,24 @@ def test_a_request_never_evicts_its_own_present_keys() -> None:
 # ---- claims ---------------------------------------------------------------------------------
 
 
+def test_a_write_in_flight_keeps_its_present_keys_until_it_settles() -> None:
+    # A set cut into batches reserves each on its own: a later batch must not evict the key an
+    # earlier one found present (and reported stored) before that batch commits.
+    store = Store(2)
+    put(store, ["a"])
+    put(store, ["b"])
+    first = store.reserve(["a"])  # a is present: no copy, a success once committed
+    assert first.held == (store.lookup(["a"]).item(),)
+    later = store.reserve(["c"])  # a is least recently used, but held: b goes
+    assert store.lookup(["a", "b"]).tolist()[1] == -1
+    store.commit(later, [True])
+    store.commit(first, [True])
+    assert store.contains_prefix(["a", "c"]) == 2
+    put(store, ["d"])  # both settled: c was admitted before a was touched, so c goes
+    assert store.lookup(["a", "c"]).tolist()[1] == -1
+    assert store.stats().evictions == 2
+
+
 def test_claim_covers_the_leading_present_run() -> None:
     store = Store(8)
     put(store, ["a", "b", "d"])
@@ -514,6 +532,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.cancelled: set[int] = set()
         self.orphans: set[int] = set()
         self.claims: Counter[int] = Counter()
+        self.pinned: Counter[int] = Counter()  # slots open reservations hold as present
         self.last_generation: dict[int, int] = {}
         self.open: dict[int, Reservation] = {}
         self.settled: list[Reservation] = []
@@ -535,7 +554,9 @@ class StoreMachine(RuleBasedStateMachine):
         candidates = [
             key
             for key in self.order
-            if self.claims[self.published[key][0]] == 0 and self.published[key][0] not in protect
+            if self.claims[self.published[key][0]] == 0
+            and self.pinned[self.published[key][0]] == 0
+            and self.published[key][0] not in protect
         ]
         return candidates[: max(count, 0)]
 
@@ -571,6 +592,13 @@ class StoreMachine(RuleBasedStateMachine):
         assert reservation.keys == tuple(keys[:cover])
         assert reservation.present == tuple(present[:cover])
         assert reservation.pending == tuple(pending[:cover])
+        kept = [
+            self.published[key][0]
+            for key, hit in zip(keys[:cover], present[:cover], strict=True)
+            if hit
+        ]
+        assert list(reservation.held) == kept  # kept from eviction until it settles
+        self.pinned.update(kept)
         held = self.held()
         given = reservation.slots[reservation.slots >= 0].tolist()
         assert len(given) == got == len(set(given))
@@ -593,6 +621,7 @@ class StoreMachine(RuleBasedStateMachine):
         """The reservation settles; a commit uses its keys in their order (a present key is
         touched if it still is, a written one admitted)."""
         published = 0
+        self.pinned.subtract(reservation.held)
         for key, slot, generation, written, present in zip(
             reservation.keys,
             reservation.slots.tolist(),
