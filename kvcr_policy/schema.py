@@ -375,6 +375,21 @@ class ObservabilitySection(Section):
             "used by `kvcr-policy plan`; unset: none."
         ),
     )
+    metrics_public: bool = Field(
+        False,
+        description=(
+            "`serve --metrics` and `bench --metrics` may listen on an address other than "
+            "loopback, where anyone who reaches it reads the counters; false: such an address "
+            "is refused."
+        ),
+    )
+    tenant_labels: bool = Field(
+        False,
+        description=(
+            "`serve` with tenants: tier metrics name each tenant (pool label 'TENANT/POOL'); "
+            "false: an opaque id stands for the tenant ('tenant-<8 hex>/POOL')."
+        ),
+    )
 
 
 class EvictionSection(Section):

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..observability.exposition import MetricsServer, parse_listen, serve_metrics
+from ..observability.exposition import MetricsServer, check_public, serve_metrics
 from .plot import check_plot, write_plot
 from .resolve import resolve
 from .runner import Progress, run_plan, steps
@@ -71,8 +71,11 @@ def run_command(
     ranks: int = 1,
 ) -> None:
     """Check, run, print; see the module docstring."""
-    if metrics is not None:
-        parse_listen(metrics)  # a bad address is refused before anything starts
+    if metrics is not None:  # a bad or public address is refused before anything starts
+        from ..loading import load_config
+
+        public = load_config(profile=profile, overrides=dict(set_)).config.observability
+        check_public(metrics, public.metrics_public)
     setup = BenchSetup(
         profile,
         vs,

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .setup import BenchError
@@ -27,8 +27,9 @@ class PeerProcess:
         env: Mapping[str, str] | None = None,
         timeout: float = 60.0,
         listen: str = "127.0.0.1:0",
+        args: Sequence[str] = (),
     ) -> None:
-        command = [sys.executable, "-m", "kvcr_policy", "serve", "--listen", listen]
+        command = [sys.executable, "-m", "kvcr_policy", "serve", "--listen", listen, *args]
         if profile is not None:
             command += ["--profile", profile]
         for key, value in sets.items():

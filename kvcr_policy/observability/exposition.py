@@ -2,14 +2,16 @@
 
 prometheus-client's own WSGI server runs in a daemon thread. The address is loopback unless
 the caller names another host: ``--metrics 9480`` listens on ``127.0.0.1:9480``,
-``--metrics 0.0.0.0:9480`` on every interface. Where ``PROMETHEUS_MULTIPROC_DIR`` is set
-(the process is one of several writing to that folder), the page merges every process's values
-with prometheus-client's :class:`~prometheus_client.multiprocess.MultiProcessCollector`, as
-SGLang's ``/metrics`` does.
+``--metrics 0.0.0.0:9480`` on every interface, which :func:`check_public` refuses unless
+``observability.metrics_public`` is true (as ``serve`` refuses ``--insecure`` off loopback).
+Where ``PROMETHEUS_MULTIPROC_DIR`` is set (the process is one of several writing to that
+folder), the page merges every process's values with prometheus-client's
+:class:`~prometheus_client.multiprocess.MultiProcessCollector`, as SGLang's ``/metrics`` does.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import threading
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from ..errors import ArgumentError
 from ..hosts import host_part
 from ..values import shorten
 
-__all__ = ["LOOPBACK", "MetricsServer", "parse_listen", "serve_metrics"]
+__all__ = ["LOOPBACK", "MetricsServer", "check_public", "parse_listen", "serve_metrics"]
 
 LOOPBACK = "127.0.0.1"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -43,6 +45,26 @@ def parse_listen(text: str, where: str = "--metrics") -> tuple[str, int]:
         return host_part(host, text=text, where=where), int(port_text)
     except ValueError as err:
         raise ArgumentError(str(err)) from None
+
+
+def check_public(listen: str, public: bool, where: str = "--metrics") -> None:
+    """Refuse a ``listen`` address other than loopback unless ``public``
+    (``observability.metrics_public``): whoever reaches it reads every counter."""
+    host, _ = parse_listen(listen, where)
+    if public or host == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        pass  # a host name other than localhost: not known to be loopback
+    message = (
+        f"{where} {shorten(listen)}: {host} is not loopback, so anyone who reaches it reads "
+        "the counters (and the tier names); set observability.metrics_public = true "
+        "(--set observability.metrics_public=true) to serve them there, or give a bare port "
+        "for 127.0.0.1"
+    )
+    raise ArgumentError(message)
 
 
 def _registry() -> Any:

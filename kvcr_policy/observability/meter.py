@@ -12,6 +12,7 @@ and :meth:`PoolMeter.close` takes back exactly what this meter added.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from .metrics import MISS_REASONS, Families, families
+from .metrics import MISS_REASONS, POOL_LABELS, Families, families
 
 __all__ = [
     "CallCounts",
@@ -258,6 +259,18 @@ class PoolMeter:
                     child = self._families.numa_pages.labels(*self._labels, node)
                     level = self._numa[node] = Level(child)
                 level.update(per_node.get(node, 0.0))
+
+    def remove(self) -> None:
+        """Take back this meter's levels, then drop every series of its labels (a server's
+        tier that closed: its series must not outlive it, nor make /metrics grow). Two meters
+        of the same labels in one process share those series: remove one only when its pool
+        is gone for both."""
+        self.close()  # a multiprocess folder keeps series; their levels at least go back to 0
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return  # prometheus-client cannot remove series there (it warns and does nothing)
+        match = dict(zip(POOL_LABELS, self._labels, strict=True))
+        for family in self._families.per_pool():
+            family.remove_by_labels(match)
 
     def close(self) -> None:
         """Take back every level this meter added (the pool's tier is gone)."""

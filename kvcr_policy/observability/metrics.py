@@ -92,6 +92,10 @@ class Families:
     peer_requests: Counter
     peer_rejected: Counter
 
+    def per_pool(self) -> list[Any]:
+        """The families labelled by :data:`POOL_LABELS` first (all but the peer server's)."""
+        return [getattr(self, f) for f in self.__dataclass_fields__ if not f.startswith("peer_")]
+
 
 def _build(registry: CollectorRegistry) -> Families:
     pool = POOL_LABELS

@@ -71,11 +71,12 @@ class ServerMeter:
         claims.update(tier.store.stats().claimed)
 
     def close(self) -> None:
-        """Take back what this server added to the levels (its tiers and connections)."""
+        """Take back what this server added to the levels (its connections), and drop its
+        tiers' series: they are the server's alone (labels name its tiers)."""
         with self._lock:
-            for meter, claims in self._tiers.values():
-                meter.close()
-                claims.update(0)
+            for meter, _ in self._tiers.values():
+                meter.remove()
+            self._tiers.clear()
             open_, self._open = self._open, 0
         if open_:
             self.connections.dec(open_)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy.errors import ArgumentError
-from kvcr_policy.observability.exposition import parse_listen, serve_metrics
+from kvcr_policy.observability.exposition import check_public, parse_listen, serve_metrics
 from tests.observability.scraping import read_samples, value
+from tests.support.commands import run_command
 from tests.support.paths import child_env
 from tests.support.processes import next_line
 
@@ -38,6 +39,27 @@ def test_listen_addresses(text: str, host: str, port: int) -> None:
 def test_bad_listen_addresses_say_what_is_expected(text: str) -> None:
     with pytest.raises(ArgumentError, match=r"--metrics: expected PORT, HOST:PORT"):
         parse_listen(text)
+
+
+@pytest.mark.parametrize("text", ["9480", "127.0.0.1:9", "127.8.0.1:1", "localhost:1", "[::1]:1"])
+def test_loopback_needs_no_opt_in(text: str) -> None:
+    check_public(text, public=False)
+
+
+@pytest.mark.parametrize("text", ["0.0.0.0:9480", "[::]:9480", "10.0.0.5:9480", "example.org:1"])
+def test_any_other_address_needs_metrics_public(text: str) -> None:
+    with pytest.raises(ArgumentError, match=r"observability\.metrics_public = true"):
+        check_public(text, public=False)
+    check_public(text, public=True)
+
+
+@pytest.mark.parametrize("command", ["serve", "bench"])
+def test_serve_and_bench_refuse_a_public_metrics_address_before_they_start(command: str) -> None:
+    done = run_command(command, "--metrics", "0.0.0.0:0", timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "--metrics '0.0.0.0:0': 0.0.0.0 is not loopback" in done.stderr
+    assert "metrics_public" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
 
 
 def test_a_bare_port_serves_loopback_only() -> None:

@@ -236,8 +236,9 @@ class Store:
 
         Consecutive keys get one contiguous run of slots when one is free. When free slots are
         short, published unclaimed keys are evicted by the policy (never the present keys of
-        this request, nor those of another reservation still open). When even that is short, the reservation covers the longest leading run
-        of ``keys`` that fits (prefix semantics, as HiCache uses only the leading successes).
+        this request, nor those of another reservation still open). When even that is short,
+        the reservation covers the longest leading run of ``keys`` that fits (prefix
+        semantics, as HiCache uses only the leading successes).
 
         Raises:
             CapacityError: the first key needs a slot and none can be had (every slot is
@@ -465,8 +466,8 @@ class Store:
         message = (
             f"store of pool {self._pool!r}: no slot for key {key!r}: all {self._capacity} slots "
             f"are reserved by writes in flight ({self._reserved}), claimed by reads in flight "
-            f"({self._claimed}) or hold present keys of this or another write in flight; retry after transfers complete, "
-            "or give the tier more slots"
+            f"({self._claimed}) or hold present keys of this or another write in flight; retry "
+            "after transfers complete, or give the tier more slots"
         )
         raise CapacityError(message)
 

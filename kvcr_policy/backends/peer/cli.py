@@ -76,7 +76,12 @@ def serve_command(
 ) -> None:
     """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
     from kvcr_policy.loading import load_config
-    from kvcr_policy.observability.exposition import MetricsServer, parse_listen, serve_metrics
+    from kvcr_policy.observability.exposition import (
+        MetricsServer,
+        check_public,
+        parse_listen,
+        serve_metrics,
+    )
 
     from .server.server import PeerServer
 
@@ -100,6 +105,8 @@ def serve_command(
     # pipe (a flush warning per close filled one and froze a server's worker thread).
     os.environ.setdefault("UCX_LOG_FILE", "stderr")
     loaded = load_config(profile=profile, overrides=overrides)
+    if metrics is not None:
+        check_public(metrics, loaded.config.observability.metrics_public)
     server = PeerServer(loaded, listen=listen)
     exposed: MetricsServer | None = None
     if server.keyring.insecure:

@@ -26,8 +26,9 @@ def tenants_dir(root: Path, names: tuple[str, ...] = ("alice", "bob")) -> Path:
     return folder
 
 
-def start_peer(folder: Path, **sets: Any) -> Any:
-    """`kvcr-policy serve` with the tenants of ``folder`` (and short timeouts for tests)."""
+def start_peer(folder: Path, args: tuple[str, ...] = (), **sets: Any) -> Any:
+    """`kvcr-policy serve` with the tenants of ``folder`` (and short timeouts for tests), and
+    the command-line ``args`` besides (``--metrics 0``)."""
     need_ucxx()
     from kvcr_policy.bench.server import PeerProcess
 
@@ -38,7 +39,7 @@ def start_peer(folder: Path, **sets: Any) -> Any:
         "security.idle_timeout_s": 5,
     }
     values.update({key.replace("__", "."): value for key, value in sets.items()})
-    return PeerProcess(values)
+    return PeerProcess(values, args=args)
 
 
 def client_factory(address: str) -> Iterator[Callable[..., Any]]:

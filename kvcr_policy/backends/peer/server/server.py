@@ -49,6 +49,7 @@ from ..wire import messages as m
 from ..worker import Worker, acquire_worker
 from .addrcheck import AddressChecker
 from .admission import Admission
+from .labels import tenant_labels
 from .session import CHECK_TIMEOUT_S, REQUEST_KINDS, Session
 from .tiers import Tiers
 
@@ -173,12 +174,19 @@ class PeerServer:
             raise
         capacity = int(self.loaded.config.placement.capacity_bytes)
         quota = self.loaded.config.security.tenant_quota_bytes
+        observability = self.loaded.config.observability
+        labels = tenant_labels(
+            self.keyring,
+            self.loaded.config.security.tenants_dir is not None,
+            observability.tenant_labels,
+        )
         self.tiers = Tiers(
             self._placement,
             capacity,
             self.options.max_tiers,
             None if quota is None else int(quota),
             self._eviction,
+            labels,
         )
         if self.options.check_addresses:
             self._checker = AddressChecker()

@@ -25,6 +25,7 @@ from typing import Any, Protocol, cast
 from kvcr_policy.errors import CapacityError, KVCRPolicyError, PoolError, UnsupportedError
 from kvcr_policy.geometry import Layout, PoolGeometry
 from kvcr_policy.observability.peer_server import ServerMeter
+from kvcr_policy.values import shorten
 
 from ..channel import Channel
 from ..credentials import Keyring
@@ -321,6 +322,8 @@ class Session:
     def _attach(self, msg: m.Attach, request: int) -> None:
         if len(self.pools) >= MAX_ATTACHED:
             raise CapacityError(f"a connection may attach at most {MAX_ATTACHED} pools")
+        if not msg.name or not msg.name.isprintable():  # it reaches logs and metrics
+            raise PoolError(f"ATTACH: a pool name is printable text, got {shorten(msg.name)}")
         client = PoolGeometry(
             name=msg.name,
             layout=cast(Layout, msg.layout),  # PoolGeometry refuses an unknown one

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +43,7 @@ from ...base import TierUsage
 from ...dram.store import Store
 from ...dram.stores import new_store
 from ...dram.tier import Region
-from ..credentials import DEFAULT_TENANT, INSECURE_TENANT
+from .labels import pool_label
 
 __all__ = ["SLOT_COST", "Tier", "Tiers"]
 
@@ -105,12 +106,14 @@ class Tiers:
         max_tiers: int,
         quota_bytes: int | None = None,
         eviction: Any = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self._placement = placement
         self._eviction = eviction  # an EvictionStrategy: each tier's store gets a policy of it
         self._capacity_bytes = capacity_bytes
         self._max = max_tiers
         self._quota = quota_bytes
+        self._labels = dict(labels or {})  # tenant -> its metrics label prefix (.labels)
         self._tiers: dict[tuple[str, str, str], Tier] = {}
         self._lock = threading.Lock()  # guards _tiers: open() runs on a helper thread
         self._opening = threading.Lock()  # one region opens at a time, _tiers stays readable
@@ -183,11 +186,12 @@ class Tiers:
             region.close()
             raise
         view = region.array[align : align + tier_geometry.nbytes]
-        # The name labels the tier's metrics: a tenant's own prefix where several tenants
-        # could each have a pool of that name.
-        shared = tenant in (DEFAULT_TENANT, INSECURE_TENANT)
-        name = geometry.name if shared else f"{tenant}/{geometry.name}"
-        tier = Tier(name, tier_geometry, region, store, view)
+        # The name labels the tier's metrics (see .labels): bounded, and a tenant's own.
+        prefix = self._labels.get(tenant)
+        pool = pool_label(geometry.name)
+        tier = Tier(
+            pool if prefix is None else f"{prefix}/{pool}", tier_geometry, region, store, view
+        )
         log.info(
             "tier %r of tenant %r opened: %d slots of %d bytes, offset %d into its first page",
             geometry.name,
