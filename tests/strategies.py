@@ -31,6 +31,7 @@ __all__ = [
     "env_text",
     "eviction_ops",
     "frames",
+    "fuzz_requests",
     "geometries",
     "hostile_frames",
     "messages",
@@ -548,3 +549,103 @@ def trace_requests(draw: st.DrawFn, *, max_requests: int = 40) -> list[dict[str,
             }
         )
     return requests
+
+
+# --- The peer protocol, fuzzed over an authenticated session (test_peer_fuzz.py) ---
+
+#: Integers at and past the edges of a field's range, mixed with any value of it.
+_U32_EDGES = (0, 1, 2, 3, 63, 64, 65, 255, 4096, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1)
+_U64_EDGES = (*_U32_EDGES, 2**32, 2**48, 2**62, 2**63 - 1, 2**63, 2**64 - 1)
+_I64_EDGES = (-(2**63), -(2**31), -1, 0, 1, 2**31, 2**40, 2**62, 2**63 - 1)
+_any_u32 = st.one_of(st.sampled_from(_U32_EDGES), _u32)
+_any_u64 = st.one_of(st.sampled_from(_U64_EDGES), _u64)
+_odd_text = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["", "\x00", "a\x00b", "team-b/kv", "\n", '"', "kv"]),
+    st.integers(200, 400).map(lambda n: "n" * n),  # past a name's 256 bytes
+    st.text(alphabet="\u4e00\U0001f600", max_size=100),
+)
+
+
+@st.composite
+def _fuzz_keys(draw: st.DrawFn) -> list[str]:
+    """Keys of every size the wire takes (1,024 UTF-8 bytes) and counts past MAX_KEYS."""
+    kind = draw(st.sampled_from(("few", "long", "many")))
+    if kind == "many":  # up to past MAX_KEYS (65,536): refused from the count alone
+        return ["k"] * draw(st.sampled_from([0, 1, 1024, 65536, 65537, 70000]))
+    if kind == "long":
+        return [draw(st.sampled_from(["x" * 1024, "\u4e00" * 341, "\U0001f600" * 256, "y"]))]
+    return draw(st.lists(st.one_of(_odd_text, st.text(max_size=8)), max_size=8))
+
+
+@st.composite
+def _fuzz_int64s(draw: st.DrawFn, size: int | None = None) -> np.ndarray:
+    n = size if size is not None else draw(st.sampled_from([0, 1, 2, 7, 1000]))
+    value = st.one_of(st.sampled_from(_I64_EDGES), st.integers(-(2**63), 2**63 - 1))
+    if n > 16:  # a long array of one drawn value: large counts stay cheap to draw
+        return np.full(n, draw(value), dtype=np.int64)
+    return np.asarray(draw(st.lists(value, min_size=n, max_size=n)), dtype=np.int64)
+
+
+@st.composite
+def fuzz_requests(draw: st.DrawFn) -> m.Message:
+    """Any message a client could send on an authenticated session, its fields drawn across
+    their whole ranges and past what the server accepts: pool numbers and handles a session
+    holds (small ones: a server numbers them from 0 and 1) as often as made-up ones, every
+    server-only message too. Nothing depends on what the server answered, so Hypothesis can
+    replay and shrink a sequence."""
+    pool = draw(st.one_of(st.integers(0, 3), _any_u32))
+    handle = draw(st.one_of(st.integers(0, 8), _any_u64))
+    kind = draw(st.sampled_from(sorted(m.KINDS)))
+    cls = m.Kind(kind)
+    keys = draw(_fuzz_keys())
+    if cls is m.Kind.ATTACH:
+        small = st.one_of(st.integers(1, 8), _any_u32)
+        return m.Attach(
+            draw(_odd_text),
+            draw(st.one_of(st.sampled_from(LAYOUTS), st.text(max_size=40))),
+            draw(small),
+            draw(small),
+            draw(st.one_of(st.integers(1, 64), _any_u32)),
+            draw(st.one_of(st.sampled_from(["float16", "bfloat16", "float8_e4m3fn"]), _odd_text)),
+            draw(small),
+            draw(st.one_of(st.integers(0, 4096), _any_u64)),
+            draw(st.booleans()),
+            draw(st.one_of(st.integers(0, m.ALIGN_BYTES - 1), _any_u32)),
+        )
+    if cls in (m.Kind.EXISTS, m.Kind.DELETE):
+        return (m.Exists if cls is m.Kind.EXISTS else m.Delete)(pool, keys)
+    if cls in (m.Kind.CLEAR, m.Kind.STATS):
+        return (m.Clear if cls is m.Kind.CLEAR else m.Stats)(pool)
+    if cls in (m.Kind.CLAIM, m.Kind.RESERVE):
+        message = m.Claim if cls is m.Kind.CLAIM else m.Reserve
+        if draw(st.booleans()):  # plausible: a few keys and pages of the attached pool (8)
+            few = draw(st.lists(st.text(max_size=12), min_size=1, max_size=6))
+            pages = st.lists(st.integers(-1, 9), min_size=len(few), max_size=len(few))
+            return message(draw(st.integers(0, 1)), few, np.asarray(draw(pages), dtype=np.int64))
+        size = draw(st.sampled_from([len(keys), len(keys), len(keys) + 1]))  # may not pair up
+        return message(pool, keys, draw(_fuzz_int64s(min(size, 70000))))
+    if cls in (m.Kind.SEND, m.Kind.POST):
+        n = draw(st.sampled_from([0, 1, 2, 5, 1000]))
+        if draw(st.booleans()):  # plausible: within a tier of a few 1,536-byte pages
+            near = st.lists(st.integers(-1, 1 << 14), min_size=min(n, 5), max_size=min(n, 5))
+            offsets, lengths = (np.asarray(draw(near), dtype=np.int64) for _ in range(2))
+        else:
+            offsets, lengths = (
+                draw(_fuzz_int64s(n)),
+                draw(_fuzz_int64s(draw(st.sampled_from([n, n + 1])))),
+            )
+        if cls is m.Kind.SEND:
+            return m.Send(handle, draw(_any_u64), offsets, lengths)
+        return m.Post(handle, offsets, lengths)
+    if cls in (m.Kind.COMMIT, m.Kind.WRITTEN):
+        flags = np.asarray(draw(st.lists(st.booleans(), max_size=10)), dtype=bool)
+        return (m.Commit if cls is m.Kind.COMMIT else m.Written)(handle, flags)
+    if cls is m.Kind.RELEASE:
+        return m.Release(handle)
+    if cls is m.Kind.PROBE:
+        return m.Probe(pool, draw(_any_u64), draw(st.one_of(st.integers(0, 1 << 20), _any_u64)))
+    if cls in (m.Kind.PING, m.Kind.PONG):
+        return m.Ping() if cls is m.Kind.PING else m.Pong()
+    # Server-only messages, HELLO and AUTH again, answers: a client never sends them.
+    return draw(messages.filter(lambda msg: msg.KIND is cls))
