@@ -620,9 +620,9 @@ def fuzz_requests(draw: st.DrawFn) -> m.Message:
     if cls in (m.Kind.CLAIM, m.Kind.RESERVE):
         message = m.Claim if cls is m.Kind.CLAIM else m.Reserve
         if draw(st.booleans()):  # plausible: a few keys and pages of the attached pool (8)
-            few = draw(st.lists(st.text(max_size=12), min_size=1, max_size=6))
-            pages = st.lists(st.integers(-1, 9), min_size=len(few), max_size=len(few))
-            return message(draw(st.integers(0, 1)), few, np.asarray(draw(pages), dtype=np.int64))
+            few = draw(st.lists(st.text("ab-09", min_size=1, max_size=9), min_size=1, max_size=6))
+            pages = st.lists(st.integers(0, 7), min_size=len(few), max_size=len(few))
+            return message(0, few, np.asarray(draw(pages), dtype=np.int64))
         size = draw(st.sampled_from([len(keys), len(keys), len(keys) + 1]))  # may not pair up
         return message(pool, keys, draw(_fuzz_int64s(min(size, 70000))))
     if cls in (m.Kind.SEND, m.Kind.POST):
