@@ -329,6 +329,7 @@ def test_a_killed_segment_misses_its_pages_at_once() -> None:
                 start = time.monotonic()
                 got = pipeline.get(keys, token_indices(range(n, 2 * n), GEO.page_size))
                 took = time.monotonic() - start
+                print(f"24-page get after a segment kill: {took:.2f} s (op_timeout_s 5)")  # -s
                 counters = pipeline.stats().pools["kv"]["counters"]
                 assert got == [False] * n  # nothing arrived from the dead segment
                 assert counters["get_calls"] == 1, counters  # no page retried on its own
