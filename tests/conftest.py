@@ -17,6 +17,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -41,6 +42,21 @@ settings.load_profile(os.environ.get(PROFILE_ENV) or "ci")
 
 def pytest_report_header() -> str:
     return f"hypothesis profile: {settings.get_current_profile_name()} (set {PROFILE_ENV})"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker: hand this process's tally to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["stateful"] = [dict(stateful.SEQUENCES), dict(stateful.MISMATCHES)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """In the pytest-xdist controller: add a finished worker's tally to the totals."""
+    sequences, mismatches = getattr(node, "workeroutput", {}).get("stateful", [{}, {}])
+    stateful.SEQUENCES.update(sequences)
+    stateful.MISMATCHES.update(mismatches)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

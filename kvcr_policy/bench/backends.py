@@ -117,10 +117,13 @@ class PeerBackend(BenchBackend):
 
     @contextmanager
     def start(self, label: str, profile: str, geometry: PoolGeometry) -> Iterator[dict[str, Any]]:
-        # --set reaches the server too: placement and tier settings live there.
+        from ..backends.peer.server.tiers import tier_bytes
+
+        # --set reaches the server too: placement and tier settings live there. The tier holds
+        # every page of the pool, small pages included (each slot costs at least SLOT_COST).
         sets = {
             **self._transport(),
-            "placement.capacity_bytes": geometry.nbytes,
+            "placement.capacity_bytes": tier_bytes(geometry.pages, geometry.page_bytes),
             **(self.setup.overrides or {}),
         }
         server = PeerProcess(sets, profile=profile)

@@ -43,13 +43,14 @@ def small_peer() -> Iterator[Any]:
         import ucxx  # noqa: F401
     except Exception as err:
         pytest.skip(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+    from kvcr_policy.backends.peer.server.tiers import tier_bytes
     from kvcr_policy.bench.server import PeerProcess
 
     server = PeerProcess(
         {
             "transport.name": "ucx",
             "transport.op_timeout_s": 10,
-            "placement.capacity_bytes": SLOTS * PAGE_BYTES,
+            "placement.capacity_bytes": tier_bytes(SLOTS, PAGE_BYTES),
             "transport.options.heartbeat_s": 0.5,
             "transport.options.max_tiers": 128,  # a pool name of its own per test
         }
@@ -280,9 +281,10 @@ def _faulty(make: Make, request: pytest.FixtureRequest) -> tuple[dict[str, Any],
 
 
 def _flaky_mooncake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Every second store call of several pages reports TRANSFER_FAIL for all but its first
-    page, as Mooncake does when the client holding a segment dies mid-call (a real store call
-    runs first, so some pages did move); single pages pass, so retries get through."""
+    """Every second store call of several pages reports INTERNAL_ERROR for all but its first
+    page (a real store call runs first, so some pages did move); single pages pass, so retries
+    get through. (TRANSFER_FAIL, a segment that did not answer, is a miss instead, with the
+    rest of its get: tests/plugins/mooncake/test_mooncake_faults.py.)"""
     from kvcr_policy_mooncake.client import StoreClient
 
     count = {"n": 0}
@@ -293,7 +295,7 @@ def _flaky_mooncake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             if len(keys) > 1:
                 count["n"] += 1
                 if count["n"] % 2 == 0:
-                    codes[1:] = [-800] * (len(codes) - 1)  # TRANSFER_FAIL
+                    codes[1:] = [-1] * (len(codes) - 1)  # INTERNAL_ERROR
             return codes
 
         return call

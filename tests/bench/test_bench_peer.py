@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvcr_policy.backends.peer.server.tiers import tier_bytes
 from kvcr_policy.bench import BenchSetup, run_bench
 from kvcr_policy.bench.server import PeerProcess
 from kvcr_policy.geometry import PoolGeometry
@@ -36,7 +37,8 @@ def test_a_peer_run_restores_verified_bytes_and_stops_its_servers() -> None:
 
 def test_probe_over_ucx_moves_the_peer_tiers_first_bytes() -> None:
     geometry = PoolGeometry("kv", "page_first", 2, 2, 8, "uint8", 4, 32)  # 8 pages of 256 B
-    sets = {"transport.name": "ucx", "placement.capacity_bytes": geometry.nbytes}
+    capacity = tier_bytes(geometry.pages, geometry.page_bytes)  # a slot costs SLOT_COST at least
+    sets = {"transport.name": "ucx", "placement.capacity_bytes": capacity}
     server = PeerProcess(sets)
     try:
         overrides = {"transport.name": "ucx", "transport.options.peer": server.address}

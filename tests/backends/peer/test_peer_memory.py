@@ -79,7 +79,7 @@ def test_tiny_pages_cost_no_more_than_the_quota(server: Any, folder: Path) -> No
         with pytest.raises(CapacityError, match="tenant_quota_bytes"):
             pipeline.register_pool("tiny2", other, np.zeros(other.shape, dtype=np.float16))
         grown = rss_bytes(server.proc.pid) - before
-        print(f"tiny pages: {slots} slots, server RSS +{grown / 2**20:.1f} MiB")  # pytest -s
+        print(f"tiny pages: {slots} slots, server RSS +{grown / 2**20:.1f} MiB")  # pytest -n 0 -s
         assert grown <= QUOTA + SESSION_BYTES, f"{grown >> 20} MiB for a {QUOTA >> 20} MiB quota"
 
 
@@ -170,7 +170,7 @@ def test_a_tenant_squatting_the_frame_budget_shorts_no_other_tenant(
             wait_until(lambda: squatter.opened >= sessions, "bob's frames held", 60)
             answers = [alice.exists(keys) for _ in range(300)]
         short = [n for n in answers if n != 4]
-        print(f"frame budget ({sessions}, {sent}): {len(short)} of 300 short")  # pytest -s
+        print(f"frame budget ({sessions}, {sent}): {len(short)} of 300 short")  # pytest -n 0 -s
         assert not short, f"{len(short)} of 300 exists() calls answered short: {short[:5]}"
         assert squatter.opened >= sessions
         if sent > 1:  # bob held the whole budget; alice's frames took from it

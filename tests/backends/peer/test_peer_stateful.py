@@ -331,11 +331,14 @@ def test_peer_machine() -> None:
 
 def two_pipelines(geo: PoolGeometry, buf: np.ndarray) -> list[Any]:
     """The local DRAM tier and the peer, both with one page per batch and no window bound."""
-    base = {
-        "batching.read_batch_pages": 1,
-        "placement.capacity_bytes": TIER_BYTES,
-    }
-    local = build_pipeline(load_config("default", overrides=base))
+    base = {"batching.read_batch_pages": 1}
+    # CAPACITY pages each: the local tier counts a page as its bytes, the server's as at least
+    # SLOT_COST (the server's own tier, whose capacity_bytes is TIER_BYTES, is the peer's).
+    local = build_pipeline(
+        load_config(
+            "default", overrides={**base, "placement.capacity_bytes": CAPACITY * PAGE_BYTES}
+        )
+    )
     peer = build_pipeline(
         load_config(
             "default",

@@ -45,12 +45,18 @@ from ...dram.stores import new_store
 from ...dram.tier import Region
 from .labels import pool_label
 
-__all__ = ["SLOT_COST", "Tier", "Tiers"]
+__all__ = ["SLOT_COST", "Tier", "Tiers", "tier_bytes"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.server.tiers")
 
 #: Bytes of bookkeeping a tier's slot is charged besides its page (see the module docstring).
 SLOT_COST = 3 << 10
+
+
+def tier_bytes(pages: int, page_bytes: int) -> int:
+    """The ``placement.capacity_bytes`` a server needs for a tier of ``pages`` pages of
+    ``page_bytes`` each (a page smaller than :data:`SLOT_COST` counts as SLOT_COST)."""
+    return pages * max(page_bytes, SLOT_COST)
 
 
 @dataclass(slots=True)
