@@ -441,7 +441,7 @@ def audit(
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
     """Open a tier region as the profile places it and report where its pages really landed."""
-    from .backends.dram.tier import format_audit
+    from .memory.audit_text import format_audit
 
     loaded = _load(profile, set_)
     config = loaded.config

@@ -21,6 +21,7 @@ Every error a user can meet derives from :class:`KVCRPolicyError`; catching it c
     │   └── BackendUnavailableError   the tier cannot be reached (a peer gone or not answering)
     ├── UnimplementedError     an engine API that this backend deliberately does not provide
     ├── BenchError             a benchmark could not run or its bytes did not verify
+    │   └── TuneError          ``tune`` could not run: an input, the budget, no candidate measured
     └── ClosedError            a call reached an object that is closing or closed
 
 Where a built-in exception type is what callers of a Python API expect, the class derives from
@@ -59,9 +60,11 @@ __all__ = [
     "ProtocolError",
     "SchemaDriftError",
     "TransportError",
+    "TuneError",
     "UnimplementedError",
     "UnsupportedError",
     "UsageError",
+    "mismatch",
 ]
 
 
@@ -110,6 +113,15 @@ class ConfigError(KVCRPolicyError, ValueError):
         head = f"{title}: {count} problem{'s' if count != 1 else ''}"
         body = "\n".join(f"  - {issue.render()}" for issue in self.issues)
         super().__init__(f"{head}\n{body}" if body else head)
+
+
+def mismatch(path: str, origin: str, message: str) -> ConfigError:
+    """A backend's refusal of a setting that does not fit it, as a :class:`ConfigError`.
+
+    ``path`` is the setting (``transport.name``), ``origin`` where its value came from and
+    ``message`` what the backend needs and how to fix it.
+    """
+    return ConfigError([ConfigIssue(path, origin, message)], title="the backend cannot run so")
 
 
 class PluginError(KVCRPolicyError):
@@ -200,3 +212,7 @@ class UnimplementedError(KVCRPolicyError, NotImplementedError):
 
 class BenchError(KVCRPolicyError):
     """A benchmark could not run (bad arguments, missing dependency) or did not verify."""
+
+
+class TuneError(BenchError):
+    """``tune`` cannot run as asked: an input, the budget, or no candidate could be measured."""

@@ -44,8 +44,8 @@ from typing import Any, Final, Literal, NoReturn, get_args
 import numpy as np
 import numpy.typing as npt
 
-from kvcr_policy import _os
 from kvcr_policy.errors import IndicesError, PoolError
+from kvcr_policy.memory import linux as _os
 
 __all__ = [
     "DTYPE_ITEMSIZE",

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from .registry import RegisterBackend, RegisterStrategy, RegisterTransport
+    from .registry import (
+        RegisterBackend,
+        RegisterBenchBackend,
+        RegisterStrategy,
+        RegisterTransport,
+    )
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
 
@@ -48,7 +53,9 @@ def kvcr_register_transports(register: RegisterTransport) -> None:
     built. All implementations are called; return values are ignored. ``factory(config,
     options)`` receives the whole frozen :class:`~kvcr_policy.schema.PolicyConfig` and the
     validated options of ``[transport.options]`` and returns an object implementing
-    :class:`kvcr_policy.backends.dram.transports.base.Transport`.
+    :class:`kvcr_policy.backends.dram.transports.base.Transport` (a copy engine of the
+    ``dram`` backend), or names a transport another backend reads its options from
+    (``ucx``: the ``peer`` backend).
     """
 
 
@@ -64,6 +71,20 @@ def kvcr_register_backends(register: RegisterBackend) -> None:
     :class:`kvcr_policy.backends.base.TierBackend`. It is called once per pipeline, by
     :func:`kvcr_policy.pipeline.build_pipeline`, when ``backend.name`` names it (or ``auto``
     resolves to it).
+    """
+
+
+@hookspec
+def kvcr_register_bench_backends(register: RegisterBenchBackend) -> None:
+    """Register the benchmark adapters of tier backends by calling ``register(adapter)``.
+
+    Called by ``kvcr-policy bench`` only (:func:`kvcr_policy.bench.backends.bench_backends`),
+    when a run resolves its backend, never by a pipeline. All implementations are called;
+    return values are ignored. ``adapter`` is a subclass of
+    :class:`kvcr_policy.bench_adapter.BenchBackend` whose ``name`` is the ``--backend`` that
+    selects it (by convention the tier backend's name): the targets it serves, the modules it
+    needs, how it starts one instance per side and measures its limit. Registering a name that
+    another adapter holds is a :class:`~kvcr_policy.errors.BenchError` naming both modules.
     """
 
 

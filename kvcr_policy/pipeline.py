@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from . import tier_reports as reports
 from .backends.base import BackendContext, Endpoint, PoolSpec, PoolTier, TierBackend
 from .errors import (
     ClosedError,
@@ -378,7 +379,7 @@ class Pipeline:
             if meter is not None:
                 meter.probe(tier, nbytes)  # the link-limit gauge
             else:
-                tier.probe(nbytes)
+                reports.probe(tier, nbytes)
 
     # ---- reporting ----------------------------------------------------------------------
 
@@ -388,13 +389,13 @@ class Pipeline:
             return self._snapshot()
 
     def _snapshot(self) -> PipelineStats:
-        pools = {name: tier.stats() for name, (_, tier) in self._pools.items()}
-        return self._stats.snapshot(pools, self.backend.describe())
+        pools = {name: reports.stats_of(tier) for name, (_, tier) in self._pools.items()}
+        return self._stats.snapshot(pools, reports.describe(self.backend))
 
     def audit(self) -> dict[str, Any]:
         """The placement audit of every pool whose backend places memory."""
         with self._operation("audit"):
-            audits = {name: tier.audit() for name, (_, tier) in self._pools.items()}
+            audits = {name: reports.audit_of(tier) for name, (_, tier) in self._pools.items()}
             found = {name: audit for name, audit in audits.items() if audit is not None}
             for name, audit in found.items():
                 meter = self.meters.get(name)

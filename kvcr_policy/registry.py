@@ -16,6 +16,7 @@ __all__ = [
     "BrokenPlugin",
     "NoOptions",
     "RegisterBackend",
+    "RegisterBenchBackend",
     "RegisterStrategy",
     "RegisterTransport",
     "Registry",
@@ -64,6 +65,12 @@ class RegisterBackend(Protocol):
         options: type[BaseModel] = ...,
         description: str = ...,
     ) -> None: ...
+
+
+class RegisterBenchBackend(Protocol):
+    """``register(adapter)``: a :class:`kvcr_policy.bench_adapter.BenchBackend` subclass."""
+
+    def __call__(self, adapter: type[Any]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +140,20 @@ class Registry:
             return backend
         spec = self.find("transport", transport)
         return str(getattr(spec.factory, "backend", "dram")) if spec is not None else "dram"
+
+    def capabilities(self, config: Any) -> frozenset[str]:
+        """What the configured backend lets a coalescing strategy use, without building it.
+
+        The backend factory says: its ``capabilities_for(config, registry)`` when it has one
+        (``dram``: those of its copy transport), else its ``capabilities``; a factory that
+        declares neither lets nothing through, as a backend with empty ``capabilities`` does.
+        """
+        name = self.backend_for(config.backend.name, config.transport.name)
+        factory = self.get("backend", name).factory
+        ask = getattr(factory, "capabilities_for", None)
+        if ask is not None:
+            return frozenset(ask(config, self))
+        return frozenset(getattr(factory, "capabilities", ()))
 
     def names(self, kind: str) -> list[str]:
         return sorted(name for k, name in self.specs if k == kind)

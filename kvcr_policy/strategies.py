@@ -15,10 +15,9 @@ import numpy as np
 from .eviction_policy import EvictionPolicy
 
 if TYPE_CHECKING:
-    from .backends.dram.locality import DeviceLocality
-    from .backends.dram.store import Store
-    from .backends.dram.tier import Region
     from .descriptors import Descriptors
+    from .memory.locality import DeviceLocality
+    from .memory.region import Region
 
 __all__ = [
     "BatchingStrategy",
@@ -86,7 +85,7 @@ class CoalescingStrategy(Protocol):
 
 @runtime_checkable
 class PlacementStrategy(Protocol):
-    """Backs the DRAM tier and allocates its slots."""
+    """Opens the placed regions that hold a tier's pages (the backend keeps its own store)."""
 
     def open_region(self, name: str, size: int, device: DeviceLocality | None = None) -> Region:
         """A process-owned region of at least ``size`` bytes, placed and audited.
@@ -94,15 +93,6 @@ class PlacementStrategy(Protocol):
         ``device`` is where the pool it backs lives (a GPU and its NUMA node), None for host
         memory. It is optional for strategies: the ``dram`` backend passes it only to an
         ``open_region`` that names it, so strategies written for ``(name, size)`` still work.
-        """
-        ...
-
-    def new_store(self, capacity: int, eviction: EvictionPolicy | None = None) -> Store:
-        """The slot store of one pool's region, with ``capacity`` slots.
-
-        ``eviction`` is the policy the configured eviction strategy made for this store. It is
-        optional for strategies, as ``device`` is: backends pass it only to a ``new_store``
-        that names it (one that does not keeps its own policy, and a warning says so).
         """
         ...
 

@@ -10,18 +10,22 @@ batch at a time and never loops over a call's pages itself::
     TierBackend                         one per pipeline
       .capabilities, .devices           descriptor shapes it accepts; memory a pool may live in
       .attach(PoolSpec) -> PoolTier     one registered pool
-      .describe() -> dict               stats().transport
       .close()                          after every pool tier closed; idempotent
 
     PoolTier                            one pool on one backend
       .contains(keys) -> int            leading keys present (one metadata-query batch)
       .begin(read, keys, pages)         -> Transfer for one get or set call
       .delete(keys) -> int, .clear()
-      .probe(nbytes)                    the backend's largest single move, tier -> pool (limits)
-      .stats() -> dict, .audit() -> dict | None
-      .usage() -> TierUsage             optional: capacity, bytes used, evictions (metrics)
       .close()                          waits for in-flight work; frees nothing a transfer may
                                         still touch; calls after it raise ClosedError
+
+    Reporting, optional (:class:`BackendReporting`, :class:`PoolReporting`; asked for through
+    :mod:`kvcr_policy.tier_reports`, so a backend without them still moves pages)
+      TierBackend.describe() -> dict    stats().transport
+      PoolTier.probe(nbytes)            the backend's largest single move, tier -> pool (limits)
+      PoolTier.stats() -> dict          the pool's figures in stats()
+      PoolTier.audit() -> dict | None   where its memory landed (backends that place memory)
+      PoolTier.usage() -> TierUsage     capacity, bytes used, evictions (metrics)
 
     Transfer                            the keys of one call, in order
       .limit                            keys it covers from the start (a read: the claimed run)
@@ -33,6 +37,10 @@ batch at a time and never loops over a call's pages itself::
       .retry(position) -> bool          one page alone, synchronously (the fallback's unit)
       .finish(moved) -> list[bool]      publish / release; the call's result per key
       .abort()                          undo after an exception; never while a batch runs
+
+**A backend never sees a key twice in one call.** The pipeline splits a call with repeated
+keys into rounds (:func:`kvcr_policy.keys.rounds`) before any backend sees it, so the keys of
+one ``begin`` are distinct and a backend needs no handling of repeats.
 
 ``shape(plain, within=None)`` is the mover's: it takes the plain descriptors of a batch (``src``
 and ``dst`` relative to each side's buffer, one per fragment, built with
@@ -61,7 +69,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackendContext",
+    "BackendReporting",
+    "ConfiguredTransport",
     "Endpoint",
+    "PoolReporting",
     "PoolSpec",
     "PoolTier",
     "Shape",
@@ -109,6 +120,22 @@ class TierUsage:
     evictions: int
 
 
+class ConfiguredTransport(Protocol):
+    """The configured transport (``transport.name``) as a backend receives it, already built.
+
+    A backend checks for the kind it works with (``dram``: a copy engine; ``peer``: ``ucx``)
+    and refuses another with a :class:`~kvcr_policy.errors.ConfigError`.
+    """
+
+    name: str
+    capabilities: frozenset[str]
+    devices: frozenset[str]
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BackendContext:
     """What a backend factory gets besides its options: the load and resolved objects.
@@ -123,7 +150,7 @@ class BackendContext:
 
     loaded: LoadedConfig
     placement: PlacementStrategy
-    transport: Any
+    transport: ConfiguredTransport
     coalescing: CoalescingStrategy
     eviction: EvictionStrategy | None = None
 
@@ -171,13 +198,19 @@ class PoolTier(Protocol):
 
     def clear(self) -> None: ...
 
+    def close(self) -> None: ...
+
+
+class PoolReporting(Protocol):
+    """What a pool tier may report (all optional; see :mod:`kvcr_policy.tier_reports`)."""
+
     def probe(self, nbytes: int) -> None: ...
 
     def stats(self) -> dict[str, Any]: ...
 
     def audit(self) -> dict[str, Any] | None: ...
 
-    def close(self) -> None: ...
+    def usage(self) -> TierUsage: ...
 
 
 class TierBackend(Protocol):
@@ -191,6 +224,10 @@ class TierBackend(Protocol):
 
     def attach(self, pool: PoolSpec) -> PoolTier: ...
 
-    def describe(self) -> dict[str, Any]: ...
-
     def close(self) -> None: ...
+
+
+class BackendReporting(Protocol):
+    """What a backend may report (optional; see :mod:`kvcr_policy.tier_reports`)."""
+
+    def describe(self) -> dict[str, Any]: ...

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import cast
 
-from .. import _os
 from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
 from ..loading import load_config
-from .backends import BACKENDS, default_backend
+from ..memory import linux as _os
+from .backends import bench_backends, default_backend
 from .hicache import PEER, HiCacheFileComparison
 from .plan import Comparison, Plan
 from .setup import BenchError, BenchSetup
@@ -101,13 +101,15 @@ def resolve(setup: BenchSetup) -> Plan:
         raise _choice("target", setup.target, TARGETS)
     target = TARGETS[setup.target]()
     name = setup.backend
+    loaded = load_config(profile=setup.profile, overrides=setup.overrides)
+    backends = bench_backends(loaded)
     if name is None:
-        name = default_backend(load_config(profile=setup.profile, overrides=setup.overrides))
-    if name not in BACKENDS:
-        raise _choice("backend", name, BACKENDS)
+        name = default_backend(loaded, backends)
+    if name not in backends:
+        raise _choice("backend", name, backends)
     if setup.ranks > 1:  # on cuda: a GPU per rank ("no CUDA device visible" without one)
         check_ranks(setup, name, target)
-    backend = BACKENDS[name](setup)
+    backend = backends[name](setup)
     backend.check()
     comparison: Comparison = ProfileComparison()
     if setup.peer is not None:

@@ -207,7 +207,7 @@ class CudaTarget:
     scratch_bytes = 1 << 30
 
     def _torch(self) -> Any:
-        from ..backends.dram.transports.cuda import require_cuda
+        from ..memory.cuda import require_cuda
 
         return require_cuda()  # CudaUnavailableError: "no CUDA device visible: ..."
 

@@ -2,30 +2,54 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..backends.base import BackendContext
 from ..hookspecs import hookimpl
-from ..registry import NoOptions, RegisterBackend
+from ..registry import NoOptions, RegisterBackend, Registry
 
 __all__: list[str] = []
 
 
-def _dram(context: BackendContext, options: NoOptions) -> Any:
-    from ..backends.dram.backend import DramBackend
+@dataclass(frozen=True, slots=True)
+class _Lazy:
+    """A backend class imported only when a pipeline builds one (never at registration)."""
 
-    return DramBackend(context, options)
+    module: str
+    cls: str
+    #: What the backend lets a coalescing strategy use under a config (``capabilities_for``).
+    capabilities_for: Callable[[Any, Registry], frozenset[str]]
+
+    def __call__(self, context: BackendContext, options: NoOptions) -> Any:
+        return getattr(importlib.import_module(self.module, __package__), self.cls)(
+            context, options
+        )
 
 
-def _peer(context: BackendContext, options: NoOptions) -> Any:
-    # The peer's UCX options live in [transport.options] (transport 'ucx'); ucxx itself is
-    # imported only when the first pool attaches.
-    from ..backends.peer.backend import PeerBackend
+def _transport_capabilities(config: Any, registry: Registry) -> frozenset[str]:
+    """``dram`` moves with its copy transport: what that transport can do."""
+    factory = registry.get("transport", config.transport.name).factory
+    return frozenset(getattr(factory, "capabilities", ()))
 
-    return PeerBackend(context, options)
+
+def _ucx_capabilities(config: Any, registry: Registry) -> frozenset[str]:
+    return frozenset({"coalesce", "split"})  # PeerBackend.capabilities; the peer may narrow
 
 
 @hookimpl
 def kvcr_register_backends(register: RegisterBackend) -> None:
-    register("dram", _dram, description="a process-owned DRAM region per pool (placement)")
-    register("peer", _peer, description="another process's DRAM tier over UCX (serve)")
+    register(
+        "dram",
+        _Lazy("..backends.dram.backend", "DramBackend", _transport_capabilities),
+        description="a process-owned DRAM region per pool (placement)",
+    )
+    # The peer's UCX options live in [transport.options] (transport 'ucx'); ucxx itself is
+    # imported only when the first pool attaches.
+    register(
+        "peer",
+        _Lazy("..backends.peer.backend", "PeerBackend", _ucx_capabilities),
+        description="another process's DRAM tier over UCX (serve)",
+    )

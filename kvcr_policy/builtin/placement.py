@@ -9,10 +9,8 @@ from ..registry import NoOptions, RegisterStrategy
 from ..schema import PlacementSection
 
 if TYPE_CHECKING:
-    from ..backends.dram.locality import DeviceLocality
-    from ..backends.dram.store import Store
-    from ..backends.dram.tier import NumaPolicy, Region
-    from ..strategies import EvictionPolicy
+    from ..memory.locality import DeviceLocality
+    from ..memory.region import NumaPolicy, Region
 
 __all__ = ["AnonymousPlacement"]
 
@@ -22,15 +20,15 @@ class AnonymousPlacement:
 
     Defaults reproduce upstream: no pre-fault, no advice, no binding.
     ``numa_policy = "gpu"`` places each tier near the GPU of its pool (``device``, located by
-    the transport); see :mod:`kvcr_policy.backends.dram.locality`.
+    the transport); see :mod:`kvcr_policy.memory.locality`.
     """
 
     def __init__(self, section: PlacementSection, options: NoOptions) -> None:
         self.section = section
 
     def open_region(self, name: str, size: int, device: DeviceLocality | None = None) -> Region:
-        from ..backends.dram.locality import near_placement
-        from ..backends.dram.tier import open_region
+        from ..memory.locality import near_placement
+        from ..memory.region import open_region
 
         s = self.section
         policy, nodes, near = str(s.numa_policy), s.numa_nodes, ""
@@ -47,13 +45,6 @@ class AnonymousPlacement:
             numa_mode=s.numa_mode,
             near=near,
         )
-
-    def new_store(self, capacity: int, eviction: EvictionPolicy | None = None) -> Store:
-        from ..backends.dram.store import Store
-
-        # ``eviction`` is the policy the eviction strategy made for this store; without one,
-        # the store evicts as placement.eviction says (the older spelling).
-        return Store(capacity, eviction=self.section.eviction if eviction is None else eviction)
 
 
 @hookimpl

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from .. import tier_reports as reports
 from .metrics import MISS_REASONS, POOL_LABELS, Families, families
 
 __all__ = [
@@ -211,7 +212,7 @@ class PoolMeter:
         best = float("inf")
         for _ in range(runs):
             start = time.perf_counter()
-            tier.probe(nbytes)
+            reports.probe(tier, nbytes)
             best = min(best, time.perf_counter() - start)
         if 0 < best < float("inf"):
             self.link_limit(nbytes / best)
@@ -220,7 +221,7 @@ class PoolMeter:
         """A pool just registered: its tier usage, and the audit and link limit if asked."""
         self.usage(tier)
         if audit:
-            found = tier.audit()
+            found = reports.audit_of(tier)
             if found is not None:
                 self.placement(found)
         if probe_bytes is not None:

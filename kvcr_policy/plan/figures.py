@@ -156,13 +156,7 @@ def _strategies(loaded: LoadedConfig) -> tuple[Any, Any, frozenset[str]]:
     coalescing = registry.get("coalescing", config.coalescing.strategy).create(
         config.coalescing, options=config.coalescing.options
     )
-    backend = registry.backend_for(config.backend.name, config.transport.name)
-    if backend == "dram":
-        factory = registry.get("transport", config.transport.name).factory
-    else:
-        factory = registry.get("backend", backend).factory
-    capabilities = getattr(factory, "capabilities", coalescing.needs)
-    return batching, coalescing, coalescing.needs & frozenset(capabilities)
+    return batching, coalescing, coalescing.needs & registry.capabilities(config)
 
 
 def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan: Plan) -> None:
@@ -220,7 +214,7 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
 
 
 def _huge_pages(loaded: LoadedConfig, per_rank: int, ranks: int, plan: Plan) -> None:
-    from .._os import huge_page_size, thp_mode
+    from ..memory.linux import huge_page_size, thp_mode
 
     advice = loaded.config.placement.huge_pages
     size = huge_page_size()

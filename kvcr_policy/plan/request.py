@@ -45,7 +45,7 @@ def build_request(
 ) -> PlanRequest:
     """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line (``geometry_from``:
     where a preset named by default came from)."""
-    from .._os import mem_total
+    from ..memory.linux import mem_total
 
     explicit = {key: (value, f"--{key.replace('_', '-')}") for key, value in dims.items()}
     fields = geometry_given(geometry, explicit, Given(layout, "--layout"), geometry_from)

@@ -1,9 +1,9 @@
 """The host a profile was tuned on, as its header records it.
 
-CPU model and memory come from ``/proc`` (through :func:`kvcr_policy._os.proc_root`, so tests
-can point it elsewhere), NUMA nodes from ``/sys`` (:func:`kvcr_policy._os.online_nodes`), the
-GPU from torch and its driver from ``/proc/driver/nvidia/version`` (written by the NVIDIA
-kernel module; absent elsewhere).
+CPU model and memory come from ``/proc`` (through :func:`~kvcr_policy.memory.linux.proc_root`,
+so tests can point it elsewhere), NUMA nodes from ``/sys``
+(:func:`~kvcr_policy.memory.linux.online_nodes`), the GPU from torch and its driver from
+``/proc/driver/nvidia/version`` (written by the NVIDIA kernel module; absent elsewhere).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .._os import online_nodes, proc_root
+from ..memory.linux import online_nodes, proc_root
 
 __all__ = ["Host", "describe_host"]
 
@@ -70,7 +70,7 @@ def _field(text: str, key: str) -> str | None:
 
 
 def _gpu() -> tuple[str, str | None]:
-    from ..backends.dram.transports.cuda import require_cuda
+    from ..memory.cuda import require_cuda
 
     torch = require_cuda()
     match = _DRIVER.search(_read("driver/nvidia/version"))

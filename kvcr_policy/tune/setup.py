@@ -6,17 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bench import BenchError, BenchSetup
+from ..bench import BenchSetup
+from ..errors import TuneError
 
 __all__ = ["METADATA_KEYS", "TuneError", "TuneSetup"]
 
 #: Keys of the metadata figure each measurement takes (the bench's ``exists``): tune ranks
 #: restores only, so the figure is kept as small as the runner allows.
 METADATA_KEYS = 1
-
-
-class TuneError(BenchError):
-    """``tune`` cannot run as asked: an input, the budget, or no candidate could be measured."""
 
 
 @dataclass(frozen=True, slots=True)

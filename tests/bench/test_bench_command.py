@@ -12,7 +12,7 @@ import pytest
 from kvcr_policy import figure_path
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.bench import plot as bench_plot
-from kvcr_policy.bench.backends import BACKENDS
+from kvcr_policy.bench.backends import bench_backends
 from kvcr_policy.bench.setup import BenchError
 from tests.support.commands import run_command, run_main
 
@@ -77,7 +77,7 @@ def test_the_screen_passes_a_faster_profile(
     [
         (
             ["--backend", "nope"],
-            f"unknown backend 'nope'; expected one of: {', '.join(sorted(BACKENDS))}",
+            f"unknown backend 'nope'; expected one of: {', '.join(sorted(bench_backends()))}",
         ),
         (["--transport", "ucx", "--backend", "dram"], "--backend dram contradicts it"),
         (["--screen", "150"], "expected a finite number from 0 to 100 %, got '150'"),

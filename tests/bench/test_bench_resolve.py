@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from kvcr_policy import bench_adapter
 from kvcr_policy.bench import BenchError, BenchSetup, hicache
-from kvcr_policy.bench import backends as bench_backends
+from kvcr_policy.bench.backends import bench_backends
 from kvcr_policy.bench.resolve import resolve
 from kvcr_policy.bench.server import PeerProcess
 from kvcr_policy.errors import ConfigError, KVCRPolicyError, PoolError
@@ -27,8 +28,9 @@ def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unknown_backend_names_the_known_ones() -> None:
-    known = ", ".join(sorted(bench_backends.BACKENDS))
-    assert {"dram", "kvcr", "peer"} <= set(bench_backends.BACKENDS)
+    known = ", ".join(sorted(bench_backends()))
+    # dram and peer are built in; kvcr and mooncake come from their plugins' hook
+    assert {"dram", "kvcr", "mooncake", "peer"} <= set(bench_backends())
     with pytest.raises(BenchError, match=rf"unknown backend 'nope'; expected one of: {known}$"):
         resolve(BenchSetup(**SMALL, backend="nope"))
 
@@ -67,7 +69,7 @@ def test_the_backend_defaults_to_the_profiles(
 ) -> None:
     assert resolve(BenchSetup(**SMALL)).backend.name == "dram"
     ucx: Path = write_profile('[transport]\nname = "ucx"\n')
-    monkeypatch.setattr(bench_backends, "find_spec", lambda name: object())
+    monkeypatch.setattr(bench_adapter, "find_spec", lambda name: object())
     plan = resolve(BenchSetup(**SMALL, profile=str(ucx)))
     assert plan.backend.name == "peer"
     assert plan.backend.planned()["transport.name"] == "ucx"
@@ -76,7 +78,7 @@ def test_the_backend_defaults_to_the_profiles(
 def test_a_missing_optional_module_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(bench_backends, "find_spec", lambda name: None)
+    monkeypatch.setattr(bench_adapter, "find_spec", lambda name: None)
     with pytest.raises(BenchError, match=r"needs ucxx.*pip install 'kvcr-policy\[ucx\]'"):
         resolve(BenchSetup(**SMALL, backend="peer"))
     monkeypatch.setattr(hicache, "find_spec", lambda name: None)
@@ -85,7 +87,7 @@ def test_a_missing_optional_module_says_how_to_install_it(
 
 
 def test_the_peer_backend_serves_host_pools_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench_backends, "find_spec", lambda name: object())
+    monkeypatch.setattr(bench_adapter, "find_spec", lambda name: object())
     with pytest.raises(BenchError, match=r"backend 'peer' cannot serve a cuda pool"):
         resolve(BenchSetup(**SMALL, backend="peer", target="cuda"))
 
@@ -101,7 +103,7 @@ def test_the_peer_backend_serves_host_pools_only(monkeypatch: pytest.MonkeyPatch
 def test_hicache_file_runs_on_a_local_mha_host_pool(
     fields: dict[str, Any], match: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bench_backends, "find_spec", lambda name: object())
+    monkeypatch.setattr(bench_adapter, "find_spec", lambda name: object())
     with pytest.raises(BenchError, match=match):
         resolve(BenchSetup(**{**SMALL, **fields}, peer="hicache-file"))
 

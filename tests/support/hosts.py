@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcr_policy import _os
+from kvcr_policy.memory import linux as _os
 
 __all__ = ["absent_node", "fake_sys_nodes", "home_node", "real_nodes"]
 

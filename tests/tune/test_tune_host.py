@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvcr_policy._os import use_roots
-from kvcr_policy.backends.dram.transports import cuda
+from kvcr_policy.memory import cuda
+from kvcr_policy.memory.linux import use_roots
 from kvcr_policy.tune.host import describe_host
 
 DRIVER = (

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from ...descriptors import Descriptors, build_descriptors
-from ...errors import ClosedError, IndicesError, PoolError
+from ...errors import ClosedError, IndicesError, PoolError, mismatch
 from ...geometry import PoolGeometry
+from ...memory.locality import DeviceLocality
+from ...memory.region import Region
 from ..base import BackendContext, Endpoint, PoolSpec, Shape, TierUsage, check_device
-from .locality import DeviceLocality
 from .store import Claim, Reservation, Store
 from .stores import new_store, takes
-from .tier import Region
 from .transports.base import CopyBatch, Transport
 
 log = logging.getLogger("kvcr_policy.backends.dram")
@@ -109,13 +109,8 @@ class _Transfer:
         assert reservation is not None
         ok = moved & (self.slots >= 0)
         store.commit(reservation, ok.tolist())
-        first: dict[str, bool] = {}
-        for i in range(self.limit):
-            key = keys[i]
-            if key in first:  # a repeat within this request: as its first occurrence
-                result[i] = first[key]
-                continue
-            result[i] = first[key] = bool(ok[i]) or reservation.present[i]
+        for i in range(self.limit):  # the keys are distinct (backends.base)
+            result[i] = bool(ok[i]) or reservation.present[i]
         return result
 
     def abort(self) -> None:
@@ -212,10 +207,9 @@ class DramBackend:
             name = getattr(transport, "name", type(transport).__name__)
             message = (
                 f"backend 'dram' moves bytes with a copy transport (cpu, cuda, memory); "
-                f"transport {name!r} (from {context.loaded.origin('transport.name')}) is not "
-                "one: choose a copy transport, or backend.name = 'auto'"
+                f"transport {name!r} is not one: choose a copy transport, or backend.name = 'auto'"
             )
-            raise PoolError(message)
+            raise mismatch("transport.name", context.loaded.origin("transport.name"), message)
         self.transport = transport
         self.capabilities = transport.capabilities
         self.devices = transport.devices
@@ -261,7 +255,13 @@ class DramBackend:
                 region.close()
                 raise
             try:
-                store = new_store(self.placement, slots, self.eviction, name)
+                store = new_store(
+                    self.placement,
+                    slots,
+                    self.eviction,
+                    name,
+                    self.loaded.config.placement.eviction,
+                )
             except BaseException:  # no copy can touch the region yet: unpin and unmap it
                 self.transport.detach_region(tier)
                 region.close()

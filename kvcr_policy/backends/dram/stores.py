@@ -1,8 +1,11 @@
-"""A pool's slot store: the placement strategy's, with a policy from the eviction strategy.
+"""A pool's slot store, with a policy from the eviction strategy.
 
 Every backend that keeps :class:`~.store.Store` s (``dram``, the peer server's tiers) builds
 them here, so the configured eviction strategy reaches each one the same way: one fresh policy
 per store, made once when the tier opens; the store then calls that plain object, never a hook.
+
+The placement strategy opens regions only; the store is the backend's. A placement written when
+it also built stores (a ``new_store(capacity[, eviction])`` method) is still called for them.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .store import Store
+
 if TYPE_CHECKING:
     from ...strategies import EvictionStrategy, PlacementStrategy
-    from .store import Store
 
 __all__ = ["new_store", "takes"]
 
@@ -30,20 +34,29 @@ def takes(function: Any, name: str) -> bool:
 
 
 def new_store(
-    placement: PlacementStrategy, slots: int, eviction: EvictionStrategy | None, tier: str
+    placement: PlacementStrategy,
+    slots: int,
+    eviction: EvictionStrategy | None,
+    tier: str,
+    default: str = "lru",
 ) -> Store:
     """The store of ``tier`` with ``slots`` slots, its policy made by ``eviction``.
 
-    Like pluggy's hook arguments: a placement whose ``new_store`` names ``eviction`` gets the
-    policy; one written before eviction became a strategy keeps its one-argument call and its
-    own policy, and a warning says so when that is not the configured one.
+    Without an eviction strategy the store evicts as ``default`` says (``placement.eviction``,
+    the older spelling). Like pluggy's hook arguments: an older placement whose ``new_store``
+    names ``eviction`` gets the policy; one written before eviction became a strategy keeps its
+    one-argument call and its own policy, and a warning says so when that is not the
+    configured one.
     """
+    build: Any = getattr(placement, "new_store", None)
+    if build is None:
+        return Store(slots, eviction=default if eviction is None else eviction.new_policy(slots))
     if eviction is None:
-        return placement.new_store(slots)
+        return build(slots)
     policy = eviction.new_policy(slots)
-    if takes(placement.new_store, "eviction"):
-        return placement.new_store(slots, eviction=policy)
-    store = placement.new_store(slots)
+    if takes(build, "eviction"):
+        return build(slots, eviction=policy)
+    store = build(slots)
     kept = getattr(store, "eviction", None)
     if kept != policy.name:
         log.warning(

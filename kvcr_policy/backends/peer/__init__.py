@@ -1,4 +1,4 @@
-"""The peer tier: ``kvcr-policy serve`` and the client side of the ``ucx`` transport.
+"""The peer tier: ``kvcr-policy serve`` and the ``peer`` backend (transport ``ucx``).
 
 Module map (each owns one thing)::
 
@@ -33,7 +33,8 @@ Module map (each owns one thing)::
         connection.py  one control socket and UCX endpoint: requests, replies, failure
         ops.py         read, write, probe, with descriptors shaped by the caller
         pool.py        PeerPool: one pool whose tier is on the peer
-      transport.py   the ucx transport (builds PeerClient and PeerPool)
+      transport.py   the ucx transport name and its options (the peer backend uses them)
+      backend.py     PeerBackend: owns the UCX worker and PeerClient, builds each PeerPool
       cli.py         the serve command
 
 Importing this package never imports ucxx; the worker thread imports it, after the

@@ -1,20 +1,23 @@
 """The ``peer`` backend: each pool's tier held by another process (``kvcr-policy serve``).
 
-The ``ucx`` transport owns the UCX worker and the client connection (shared memory on one
-host, tcp across); this backend attaches each pool through it and hands the pipeline the
-:class:`~.client.pool.PeerPool` of each pool, which the mover drives like any other backend.
+The backend owns the UCX worker and the client connection (shared memory on one host, tcp
+across), configured by ``[transport.options]`` of the ``ucx`` transport; it attaches each pool
+over that connection and hands the pipeline the :class:`~.client.pool.PeerPool` of each pool,
+which the mover drives like any other backend.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
-from kvcr_policy.errors import PoolError
+from kvcr_policy.errors import ClosedError, TransportError, mismatch
 
 from ..base import BackendContext, PoolSpec, check_device
 from .client.pool import PeerPool
 from .credentials import client_credentials
-from .transport import UcxTransport
+from .transport import UcxTransport, ucxx_available
 
 __all__ = ["PeerBackend"]
 
@@ -31,14 +34,14 @@ class PeerBackend:
         if not isinstance(transport, UcxTransport):
             name = getattr(transport, "name", type(transport).__name__)
             message = (
-                f"backend 'peer' reaches its tier over UCX, but transport.name is {name!r} "
-                f"(from {context.loaded.origin('transport.name')}); set transport.name = 'ucx' "
-                "and transport.options.peer = 'HOST:PORT'"
+                f"backend 'peer' reaches its tier over UCX, but transport.name is {name!r}; "
+                "set transport.name = 'ucx' and transport.options.peer = 'HOST:PORT'"
             )
-            raise PoolError(message)
-        self.transport = transport
+            raise mismatch("transport.name", context.loaded.origin("transport.name"), message)
+        self.config = context.config
+        self.options = transport.options
         # Read once, now: a missing or unsafe secret file is a config error of this build.
-        transport.use_credentials(client_credentials(context.loaded))
+        self.credentials = client_credentials(context.loaded)
         coalescing = context.coalescing
         # What the pipeline lets the strategy use here; each connection narrows it to what
         # that peer accepts (coalescing.on_unsupported decides when it cannot).
@@ -46,17 +49,77 @@ class PeerBackend:
             "coalescing": coalescing,
             "allowed": coalescing.needs & self.capabilities,
         }
+        self._worker: Any = None
+        self._client: Any = None
+        self._pools: list[PeerPool] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _connect(self) -> Any:
+        if self._client is not None:
+            return self._client
+        if not ucxx_available():
+            message = (
+                "transport 'ucx' needs ucxx, which is not installed: "
+                "pip install 'kvcr-policy[ucx]' (PyPI ucxx-cu12)"
+            )
+            raise TransportError(message)
+        from .client.client import PeerClient
+        from .worker import acquire_worker
+
+        worker = acquire_worker(self.options)
+        try:
+            client = PeerClient(
+                worker,
+                self.options,
+                self.config.transport.op_timeout_s,
+                name=f"pid {os.getpid()}",
+                credentials=self.credentials,
+            )
+        except BaseException:
+            worker.release()
+            raise
+        self._worker, self._client = worker, client
+        return client
 
     def attach(self, spec: PoolSpec) -> PeerPool:
         check_device(spec, self.devices, "transport 'ucx'")
-        pool: PeerPool = self.transport.attach_pool(
-            spec.name, spec.geometry, spec.endpoint, self._strategies
-        )
-        return pool
+        with self._lock:
+            if self._closed:
+                raise ClosedError("transport 'ucx' is closed; build a new pipeline")
+            client = self._connect()
+            pool = PeerPool(
+                client, spec.name, spec.geometry, spec.endpoint, self._strategies, self.config
+            )
+            self._pools.append(pool)
+            return pool
 
     def describe(self) -> dict[str, Any]:
-        return self.transport.describe()
+        data: dict[str, Any] = {
+            "name": "ucx",
+            "capabilities": sorted(self.capabilities),
+            "tls": self.options.tls,
+        }
+        if self._client is not None:
+            data.update(self._client.describe())
+        if self._worker is not None:
+            data["progress_mode"] = self._worker.progress_mode
+            data["ucx_env"] = self._worker.env.to_dict()
+            data["links"] = self._worker.describe()
+        return data
 
     def close(self) -> None:
-        """The transport closes every pool, then the connection and the UCX worker."""
-        self.transport.close()
+        """Close every pool, then the connection and the UCX worker; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pools, self._pools = self._pools, []
+            client, self._client = self._client, None
+            worker, self._worker = self._worker, None
+        for pool in pools:
+            pool.close()
+        if client is not None:
+            client.close()
+        if worker is not None:
+            worker.release()

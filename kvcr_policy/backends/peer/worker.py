@@ -10,7 +10,8 @@ after arming them (``ucp_worker_arm``: sleep only when UCX has no event pending)
 
 Nothing long runs on this thread: heartbeats are answered and UCX progressed whatever the rest
 of the process does, as long as that releases the GIL (pre-faulting a tier, the longest thing
-a server does, runs on a helper thread through :func:`kvcr_policy._os.madvise`, which does).
+a server does, runs on a helper thread through :func:`~kvcr_policy.memory.linux.madvise`, which
+does).
 
 ``polling`` never sleeps (lowest latency, one core busy); ``thread`` lets ucxx's own progress
 thread drive each link's worker and checks completions every 0.2 ms.

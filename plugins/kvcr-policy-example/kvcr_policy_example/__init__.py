@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvcr_policy import hookimpl
+from kvcr_policy.plugin_api import hookimpl
 
 from . import batching, coalescing, dict_backend, s3fifo
 from .batching import AdaptiveBatching, AdaptiveOptions
@@ -20,7 +20,7 @@ from .dict_backend import DictBackend, DictOptions
 from .s3fifo import S3FIFO, S3FIFOOptions
 
 if TYPE_CHECKING:
-    from kvcr_policy.registry import RegisterBackend, RegisterStrategy
+    from kvcr_policy.plugin_api import RegisterBackend, RegisterStrategy
 
 __all__ = [
     "S3FIFO",

@@ -19,14 +19,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 
-from kvcr_policy import hookimpl
-from kvcr_policy.schema import BatchingSection
-from kvcr_policy.strategies import Window
-from kvcr_policy.tunable import tunable
-from kvcr_policy.values import Size
+from kvcr_policy.plugin_api import BatchingSection, Size, Window, hookimpl, tunable
 
 if TYPE_CHECKING:
-    from kvcr_policy.registry import RegisterStrategy
+    from kvcr_policy.plugin_api import RegisterStrategy
 
 __all__ = ["AdaptiveBatching", "AdaptiveOptions", "kvcr_register_strategies"]
 

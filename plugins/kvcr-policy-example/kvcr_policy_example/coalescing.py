@@ -13,12 +13,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvcr_policy import hookimpl
-from kvcr_policy.descriptors import Descriptors, coalesce
-from kvcr_policy.schema import CoalescingSection
+from kvcr_policy.plugin_api import CoalescingSection, Descriptors, coalesce, hookimpl
 
 if TYPE_CHECKING:
-    from kvcr_policy.registry import RegisterStrategy
+    from kvcr_policy.plugin_api import RegisterStrategy
 
 __all__ = ["Pieces", "PiecesOptions", "kvcr_register_strategies"]
 

@@ -26,13 +26,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvcr_policy import hookimpl
-from kvcr_policy.backends.base import BackendContext, PoolSpec, Shape, check_device
-from kvcr_policy.descriptors import build_descriptors
-from kvcr_policy.errors import CapacityError, ClosedError, TransportError
+from kvcr_policy.plugin_api import (
+    BackendContext,
+    CapacityError,
+    ClosedError,
+    PoolSpec,
+    Shape,
+    TransportError,
+    build_descriptors,
+    check_device,
+    hookimpl,
+)
 
 if TYPE_CHECKING:
-    from kvcr_policy.registry import RegisterBackend
+    from kvcr_policy.plugin_api import RegisterBackend
 
 __all__ = ["DictBackend", "DictOptions", "kvcr_register_backends"]
 

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvcr_policy import hookimpl
-from kvcr_policy.schema import EvictionSection
+from kvcr_policy.plugin_api import EvictionSection, hookimpl
 
 if TYPE_CHECKING:
-    from kvcr_policy.registry import RegisterStrategy
+    from kvcr_policy.plugin_api import RegisterStrategy
 
 __all__ = ["S3FIFO", "S3FIFOOptions", "S3FIFOPolicy", "kvcr_register_strategies"]
 

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvcr_policy import hookimpl
-from kvcr_policy.errors import PluginError
+from kvcr_policy.plugin_api import PluginError, hookimpl
 
 from .options import KvcrOptions
 
 if TYPE_CHECKING:
-    from kvcr_policy.backends.base import BackendContext
-    from kvcr_policy.registry import RegisterBackend
+    from kvcr_policy.plugin_api import BackendContext, RegisterBackend, RegisterBenchBackend
 
-__all__ = ["KvcrOptions", "kvcr_register_backends"]
+__all__ = ["KvcrOptions", "kvcr_register_backends", "kvcr_register_bench_backends"]
 
 INSTALL = "pip install kvcr-policy-kvcr (it pulls kvcr==0.1.1 and nixl)"
 
@@ -45,3 +43,10 @@ def kvcr_register_backends(register: RegisterBackend) -> None:
         options=KvcrOptions,
         description="the KVCR runner's local DRAM (and G3 files), over NIXL",
     )
+
+
+@hookimpl
+def kvcr_register_bench_backends(register: RegisterBenchBackend) -> None:
+    from .bench import KvcrBench
+
+    register(KvcrBench)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kvcr_policy.errors import TransportError
+from kvcr_policy.plugin_api import TransportError
 
 __all__ = ["KVCR_UCX_THREADS", "ProbeAgent", "load_nixl", "starting"]
 

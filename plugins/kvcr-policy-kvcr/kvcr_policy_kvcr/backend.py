@@ -28,10 +28,16 @@ from typing import Any
 
 from kvcr.config import G3Options
 
-from kvcr_policy.backends.base import BackendContext, PoolSpec, check_device
-from kvcr_policy.backends.dram.tier import Region
-from kvcr_policy.errors import ClosedError, PoolError
-from kvcr_policy.schema import strategy_name
+from kvcr_policy.plugin_api import (
+    BackendContext,
+    ClosedError,
+    PoolError,
+    PoolSpec,
+    Region,
+    check_device,
+    mismatch,
+    strategy_name,
+)
 
 from .layout import PageLayout, kvcr_pool_name
 from .options import KvcrOptions
@@ -61,10 +67,9 @@ class KvcrBackend:
         if self.eviction not in POLICIES:
             message = (
                 f"backend 'kvcr' runs KVCR's own eviction policies ({', '.join(POLICIES)}); "
-                f"eviction.strategy is {self.eviction!r} (from "
-                f"{self.loaded.origin('eviction.strategy')}): choose one of those"
+                f"eviction.strategy is {self.eviction!r}: choose one of those"
             )
-            raise PoolError(message)
+            raise mismatch("eviction.strategy", self.loaded.origin("eviction.strategy"), message)
         self.process: ProcessReport = apply_process_defaults(options, self.loaded.origins)
         self._pools: dict[str, KvcrPool] = {}
         self._ports: dict[str, tuple[int, str]] = {}

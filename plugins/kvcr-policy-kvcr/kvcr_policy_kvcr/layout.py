@@ -17,9 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from kvcr.types import MemoryRef, RegionDescriptor
 
-from kvcr_policy.descriptors import Descriptors
-from kvcr_policy.errors import UnsupportedError
-from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.plugin_api import Descriptors, PoolGeometry, UnsupportedError
 
 __all__ = ["PageLayout", "kvcr_pool_name"]
 

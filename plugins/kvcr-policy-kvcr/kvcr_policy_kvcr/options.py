@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvcr_policy.values import Size
+from kvcr_policy.plugin_api import Size
 
 __all__ = ["KvcrOptions", "tls_keeps_tcp"]
 

@@ -16,9 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.backends.base import Endpoint
-from kvcr_policy.backends.dram.tier import Region
-from kvcr_policy.errors import ClosedError, IndicesError, TransportError
+from kvcr_policy.plugin_api import ClosedError, Endpoint, IndicesError, Region, TransportError
 
 from .agent import ProbeAgent
 from .keys import KeySpace

@@ -22,7 +22,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvcr_policy.errors import ConfigError, ConfigIssue
+from kvcr_policy.plugin_api import ConfigError, ConfigIssue
 
 from .options import KvcrOptions, tls_keeps_tcp
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from kvcr.types import BlockKey, OpEntryResult, ReleaseHandle
 
-from kvcr_policy.errors import ClosedError, TransportError
+from kvcr_policy.plugin_api import ClosedError, TransportError
 
 from .telemetry import Totals
 

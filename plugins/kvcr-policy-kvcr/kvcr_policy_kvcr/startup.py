@@ -21,7 +21,7 @@ from kvcr.api import KVCR, KVCRBindings
 from kvcr.config import G3Options, KVCRBackendConfigs, KVCRConfig, LocalDramOptions
 from kvcr.types import KVCRStartupError, PinRequestId
 
-from kvcr_policy.backends.dram.tier import Region
+from kvcr_policy.plugin_api import Region
 
 from . import agent
 from .layout import PageLayout

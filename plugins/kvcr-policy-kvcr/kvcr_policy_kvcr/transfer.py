@@ -16,27 +16,40 @@ so the fallback strategy retries it page by page and only pages that arrived cou
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from kvcr.types import CacheTier, QueryStatus
 
-from kvcr_policy.backends.base import Shape
-from kvcr_policy.descriptors import Descriptors, build_descriptors
-from kvcr_policy.errors import TransportError
+from kvcr_policy.plugin_api import (
+    Descriptors,
+    PoolGeometry,
+    Shape,
+    TransportError,
+    build_descriptors,
+)
 
-from .runner import Entries
-
-if TYPE_CHECKING:
-    from .pool import KvcrPool
+from .keys import KeySpace
+from .layout import PageLayout
+from .runner import Entries, Runner
 
 __all__ = ["LOCAL", "PRESENT", "KvcrTransfer"]
 
 #: What ``contains`` counts as present: in KVCR's local DRAM, or in its G3 files.
 LOCAL = (QueryStatus.HIT, CacheTier.LOCAL_G2)
 PRESENT = frozenset({LOCAL, (QueryStatus.FETCHABLE, CacheTier.G3)})
+
+
+class Pool(Protocol):
+    """What a transfer uses of its :class:`~.pool.KvcrPool` (no import of it: no cycle)."""
+
+    name: str
+    geometry: PoolGeometry
+    layout: PageLayout
+    runner: Runner
+    keys: KeySpace
+    _query_batch: int
 
 
 def _ok(entries: Entries, block: bytes) -> bool:
@@ -57,12 +70,11 @@ def _plain(plain: Descriptors, within: frozenset[str] | None = None) -> Descript
 class KvcrTransfer:
     """One get or set on one KVCR pool; see the module docstring."""
 
-    def __init__(self, pool: KvcrPool, read: bool, keys: list[str], pages: np.ndarray) -> None:
+    def __init__(self, pool: Pool, read: bool, keys: list[str], pages: np.ndarray) -> None:
         self.pool, self.read, self.keys, self.pages = pool, read, keys, pages
         self.blocks = pool.keys.block_keys(keys)
         self.handles: list[Any] = []
-        self.needs: np.ndarray | None = None
-        self.first: np.ndarray | None = None  # a write's repeated keys -> first occurrence
+        self.needs: np.ndarray | None = None  # the keys are distinct (backends.base): all
         self.local = 0  # a read's leading run claimed up front (in KVCR's DRAM)
         if read:
             try:
@@ -72,10 +84,6 @@ class KvcrTransfer:
                 raise
             return
         self.limit = len(keys)
-        if len(set(self.blocks)) != len(self.blocks):
-            seen: dict[bytes, int] = {}
-            self.first = np.array([seen.setdefault(b, i) for i, b in enumerate(self.blocks)])
-            self.needs = self.first == np.arange(len(keys))
 
     def _claim(self) -> int:
         """The leading present run (its length); KVCR claims for its leading part in DRAM.
@@ -131,26 +139,12 @@ class KvcrTransfer:
         late = [self.blocks[p] for p in positions.tolist() if p >= self.local]
         if not late:
             return []
-        claimed, handles = self._fetch(list(dict.fromkeys(late)))
-        if claimed < len(set(late)):
+        claimed, handles = self._fetch(late)
+        if claimed < len(late):
             self.pool.runner.release(handles)
             message = f"pool {self.pool.name!r}: KVCR could not bring a page of the batch into DRAM"
             raise TransportError(message)
         return handles
-
-    def _positions_by_round(self, positions: np.ndarray) -> list[np.ndarray]:
-        """Positions cut so that no KVCR call names a block twice (a read of one key into two
-        pages needs two deliveries)."""
-        blocks = self.blocks
-        rounds: list[list[int]] = []
-        count: dict[bytes, int] = {}
-        for position in positions.tolist():
-            n = count.get(blocks[position], 0)
-            count[blocks[position]] = n + 1
-            if n == len(rounds):
-                rounds.append([])
-            rounds[n].append(position)
-        return [np.asarray(r, dtype=np.int64) for r in rounds]
 
     def _start(self, positions: np.ndarray, shape: Shape) -> Future[Entries]:
         pool = self.pool
@@ -167,38 +161,29 @@ class KvcrTransfer:
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
         late = self._claim_late(positions) if self.read else []
         try:
-            rounds = self._positions_by_round(positions)
-            started = [(r, self._start(r, shape)) for r in rounds]
+            started = self._start(positions, shape)  # the blocks are distinct: one call
         except BaseException:
             self.pool.runner.release(late)
             raise
         done: Future[np.ndarray] = Future()
-        left = [len(started)]
-        lock = threading.Lock()
 
-        def settle(_: Future[Entries]) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0]:
-                    return
+        def settle(future: Future[Entries]) -> None:
             self.pool.runner.release(late)  # delivered or failed: DRAM may take others
             try:
-                self._check(positions, [(r, f.result()) for r, f in started])
+                self._check(positions, future.result())
             except BaseException as err:
                 done.set_exception(err)
             else:
                 done.set_result(np.ones(len(positions), dtype=bool))
 
-        for _, future in started:
-            future.add_done_callback(settle)
+        started.add_done_callback(settle)
         return done
 
-    def _check(self, positions: np.ndarray, results: list[tuple[np.ndarray, Entries]]) -> None:
+    def _check(self, positions: np.ndarray, entries: Entries) -> None:
         """Raise when any page of the batch did not move (the fallback then retries them)."""
         failed = [
             _status(entries, self.blocks[p])
-            for r, entries in results
-            for p in r.tolist()
+            for p in positions.tolist()
             if not _ok(entries, self.blocks[p])
         ]
         if failed:
@@ -226,9 +211,7 @@ class KvcrTransfer:
             self.handles = []
             result[: self.limit] = moved.tolist()
             return result
-        if self.first is None:
-            return [bool(x) for x in moved]
-        return [bool(moved[j]) for j in self.first.tolist()]
+        return [bool(x) for x in moved]
 
     def abort(self) -> None:
         self.pool.runner.release(self.handles)

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvcr_policy import hookimpl
-from kvcr_policy.backends.base import BackendContext
+from kvcr_policy.plugin_api import BackendContext, hookimpl
 
 from .options import MooncakeOptions
 
 if TYPE_CHECKING:
-    from kvcr_policy.registry import RegisterBackend
+    from kvcr_policy.plugin_api import RegisterBackend, RegisterBenchBackend
 
-__all__ = ["MooncakeOptions", "kvcr_register_backends"]
+__all__ = ["MooncakeOptions", "kvcr_register_backends", "kvcr_register_bench_backends"]
 
 
 def _mooncake(context: BackendContext, options: MooncakeOptions) -> Any:
@@ -37,3 +36,10 @@ def kvcr_register_backends(register: RegisterBackend) -> None:
         options=MooncakeOptions,
         description="Mooncake Store segments across hosts (master-placed; tcp or RDMA)",
     )
+
+
+@hookimpl
+def kvcr_register_bench_backends(register: RegisterBenchBackend) -> None:
+    from .bench import MooncakeBench
+
+    register(MooncakeBench)

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.backends.base import BackendContext, PoolSpec
-from kvcr_policy.errors import ClosedError, PoolError
+from kvcr_policy.plugin_api import BackendContext, ClosedError, PoolError, PoolSpec
 
 from .client import StoreClient
 from .codes import describe

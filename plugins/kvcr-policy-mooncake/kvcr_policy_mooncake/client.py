@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kvcr_policy.errors import PluginError, TransportError
+from kvcr_policy.plugin_api import PluginError, TransportError
 
 from .codes import describe, is_master_down
 from .health import Health

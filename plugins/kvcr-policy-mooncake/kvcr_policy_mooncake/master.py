@@ -27,7 +27,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from kvcr_policy.errors import TransportError
+from kvcr_policy.plugin_api import TransportError
 
 __all__ = ["MasterProcess", "child_setup", "free_port", "master_binary"]
 

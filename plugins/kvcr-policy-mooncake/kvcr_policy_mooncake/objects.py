@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.geometry import PoolGeometry, fragment_offsets
+from kvcr_policy.plugin_api import PoolGeometry, fragment_offsets
 
 __all__ = ["ObjectPlan"]
 

@@ -12,8 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
-from kvcr_policy.hosts import host_part
-from kvcr_policy.values import Size
+from kvcr_policy.plugin_api import Size, host_part
 
 __all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "split_address"]
 

@@ -41,8 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.backends.base import PoolSpec, Shape
-from kvcr_policy.errors import CapacityError, ClosedError, IndicesError, TransportError
+from kvcr_policy.plugin_api import (
+    CapacityError,
+    ClosedError,
+    IndicesError,
+    PoolSpec,
+    Shape,
+    TransportError,
+)
 
 from .client import StoreClient
 from .codes import Code, describe, is_master_down
@@ -248,16 +254,7 @@ class _Transfer:
         # A read covers the leading run present now: one batch_is_exist, whose lease keeps
         # those objects from eviction and removal while the batches read them (the claim).
         self.limit = pool.contains(keys) if read else len(keys)
-        self.needs: np.ndarray | None = None
-        self.first: dict[str, int] = {}
-        if not read and len(set(keys)) < len(keys):
-            # A key repeated within one set is stored once, from its first occurrence.
-            needs = np.zeros(len(keys), dtype=bool)
-            for i, key in enumerate(keys):
-                if key not in self.first:
-                    self.first[key] = i
-                    needs[i] = True
-            self.needs = needs
+        self.needs: np.ndarray | None = None  # the keys are distinct (backends.base): all
 
     def _skipped(self, part: np.ndarray) -> str | None:
         """Why the pages of ``part`` are missed without a store call, if they are."""
@@ -345,10 +342,6 @@ class _Transfer:
     def finish(self, moved: np.ndarray) -> list[bool]:
         result = [False] * len(self.keys)
         result[: self.limit] = [bool(x) for x in moved[: self.limit]]
-        for i, key in enumerate(self.keys):
-            first = self.first.get(key, i)
-            if first != i:  # a repeat within this set: as its first occurrence
-                result[i] = result[first]
         return result
 
     def abort(self) -> None:

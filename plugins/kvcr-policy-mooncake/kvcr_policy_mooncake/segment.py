@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ByteSize, TypeAdapter
 
-from kvcr_policy.errors import TransportError
+from kvcr_policy.plugin_api import TransportError
 
 from .master import child_setup
 

@@ -35,8 +35,9 @@ def test_the_placement_gets_a_fresh_policy_per_store() -> None:
 
 
 def test_without_a_strategy_the_store_keeps_placement_eviction() -> None:
-    placement = AnonymousPlacement(PlacementSection(eviction="fifo"), NoOptions())
-    assert new_store(placement, 4, None, "tier:kv").eviction == "fifo"
+    section = PlacementSection(eviction="fifo")
+    placement = AnonymousPlacement(section, NoOptions())
+    assert new_store(placement, 4, None, "tier:kv", section.eviction).eviction == "fifo"
 
 
 def test_an_older_placement_keeps_its_policy_and_a_warning_says_so(

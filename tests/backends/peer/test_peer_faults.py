@@ -196,7 +196,7 @@ def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(conne
         view[:, 128:132] = 0
         assert all(pipeline.get(fresh, token_indices(range(128, 132), geo.page_size), "doomed"))
         assert np.array_equal(view[:, 128:132], view[:, :4])
-        assert pipeline.transport.describe()["connects"] >= 2
+        assert pipeline.backend.describe()["connects"] >= 2
     finally:
         assert restarted.stop() == 0
 
@@ -271,7 +271,7 @@ def test_a_stopped_server_that_resumes_makes_calls_slower_not_failed(connect: An
         assert not reader.is_alive()
         assert got == [[True] * 128]
         assert np.array_equal(view[:, 128:256], view[:, :128])
-        assert pipeline.transport.describe()["connects"] == 1  # the same connection throughout
+        assert pipeline.backend.describe()["connects"] == 1  # the same connection throughout
     finally:
         server.proc.send_signal(signal.SIGCONT)
         server.stop()

@@ -204,7 +204,7 @@ def kill_during(rig: Rig, moment: str) -> None:
         caller.start()
         try:
             wait_until(
-                lambda: rig.pipeline.transport.describe()["connecting"],
+                lambda: rig.pipeline.backend.describe()["connecting"],
                 "the client's connect and handshake under way",
                 bound_after_kill(rig),
                 every=0,
@@ -230,7 +230,7 @@ def test_a_server_killed_during_data_sends_recovers_every_time(rig: Rig) -> None
     for _ in range(KILLS_DURING_SENDS):
         kill_during(rig, "sends")
     assert len(rig.recoveries) == KILLS_DURING_SENDS
-    connects = rig.pipeline.transport.describe()["connects"]
+    connects = rig.pipeline.backend.describe()["connects"]
     assert connects >= KILLS_DURING_SENDS + 1  # one client process, reconnected each time
 
 
@@ -247,7 +247,7 @@ def test_soak_kills_and_restarts_under_the_hog(
     with CpuHog(seconds=TEST_HOG_S):
         for cycle in range(SOAK_CYCLES):
             kill_during(rig, moments[cycle % len(moments)])
-    links = rig.pipeline.transport.describe()["links"]
+    links = rig.pipeline.backend.describe()["links"]
     summary = (
         f"soak: {SOAK_CYCLES} kills and restarts under the hog, "
         f"{rig.verified} pages verified byte for byte, worst recovery {max(rig.recoveries):.2f} s "

@@ -77,7 +77,7 @@ def test_scattered_pages_partial_runs_delete_and_clear(connect: Any) -> None:
 def test_tcp_is_chosen_when_asked_and_reported(connect: Any) -> None:
     pipeline = connect("throughput", **{"transport.options.tls": "tcp"})
     round_trip(pipeline, geometry(pages=8, name="tcp"), n=3, name="tcp")
-    assert pipeline.transport.describe()["transport_used"] == "tcp"
+    assert pipeline.backend.describe()["transport_used"] == "tcp"
 
 
 CLIENT = """
@@ -208,7 +208,7 @@ def test_effective_ucx_settings_are_reported(connect: Any) -> None:
     pipeline = connect()
     geo = geometry(pages=8, name="report")
     pipeline.register_pool("report", geo, pool_buffer(geo))
-    described = pipeline.transport.describe()
+    described = pipeline.backend.describe()
     env = described["ucx_env"]["env"]
     assert env["UCX_TCP_TX_SEG_SIZE"]["value"] == str(512 << 10)
     assert {"value", "source"} <= set(env["UCX_RNDV_THRESH"])
@@ -236,10 +236,10 @@ p = build_pipeline(load_config(overrides={{"transport.name": "ucx",
     "transport.options.peer": {address!r}, "transport.options.progress_mode": {mode!r}}}))
 for i in range(3):  # a connection per round: each gets a UCX worker of its own, retired after
     round_trip(p, geometry(pages=8, name=f"kv{{i}}"), n=4, name=f"kv{{i}}", seed=i)
-    client = p.transport._client
+    client = p.backend._client
     conn = client.connection()
     client.worker.submit(conn.fail, "the next round reconnects").result()
-print("links", p.transport.describe()["links"])
+print("links", p.backend.describe()["links"])
 p.close()
 print("ok")
 """

@@ -150,7 +150,7 @@ def test_a_runner_that_fails_to_start_frees_its_region_once_kvcr_stopped(
     chosen) raises KVCRStartupError; KVCR's quiescence check decides whether the region can go."""
     from kvcr_policy_kvcr import backend
 
-    from kvcr_policy.backends.dram import tier
+    from kvcr_policy.memory import region as tier
 
     opened: list[Any] = []
     original = tier.open_region

@@ -18,7 +18,7 @@ from kvcr_policy.backends.base import Endpoint
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, TransportError, UnimplementedError
 
-from ..locality import DeviceLocality
+from ....memory.locality import DeviceLocality
 
 __all__ = ["CopyBatch", "Endpoint", "Transport", "check_bounds"]
 

@@ -35,11 +35,12 @@ import numpy as np
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
+from kvcr_policy.memory.cuda import NO_CUDA, require_cuda
+from kvcr_policy.memory.locality import DeviceLocality, locate, pci_address
 from kvcr_policy.schema import PolicyConfig
 from kvcr_policy.tunable import tunable
 from kvcr_policy.values import Size
 
-from ..locality import DeviceLocality, locate, pci_address
 from .base import CopyBatch, Endpoint, Transport, check_bounds
 from .cuda_gather import choose_kernel, plan_rows, run_rows
 
@@ -54,7 +55,6 @@ __all__ = [
 
 log = logging.getLogger("kvcr_policy.backends.dram.transports.cuda")
 
-NO_CUDA = "no CUDA device visible"
 # cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): usable from every
 # device, and mapped into the device address space so kernels can read it (the gather path).
 _REGISTER_FLAGS = 0x01 | 0x02
@@ -98,22 +98,6 @@ class CudaOptions(BaseModel):
         "most 1TiB).",
         json_schema_extra=tunable(choices=("32MiB", "64MiB", "256MiB", "1GiB")),
     )
-
-
-def require_cuda() -> Any:
-    """torch, once it is known to see a CUDA device; else :class:`CudaUnavailableError`."""
-    try:
-        import torch
-    except ImportError as err:
-        message = f"{NO_CUDA}: torch is not installed; install a CUDA build of torch"
-        raise CudaUnavailableError(message) from err
-    if not torch.cuda.is_available():
-        message = (
-            f"{NO_CUDA}: torch {torch.__version__} reports torch.cuda.is_available() == False "
-            "(a CPU-only build, or no GPU here); use transport.name = 'cpu' on this machine"
-        )
-        raise CudaUnavailableError(message)
-    return torch
 
 
 class _Interface:

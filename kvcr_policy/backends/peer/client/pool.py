@@ -58,7 +58,7 @@ def _cap(batches: list[tuple[int, int]], most: int = MAX_KEYS) -> list[tuple[int
 
 
 class PeerPool:
-    """See the module docstring; made by :meth:`UcxTransport.attach_pool`."""
+    """See the module docstring; made by :meth:`~..backend.PeerBackend.attach`."""
 
     def __init__(
         self,

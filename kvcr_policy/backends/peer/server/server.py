@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kvcr_policy import _os
 from kvcr_policy.errors import (
     ArgumentError,
     ClosedError,
@@ -38,6 +37,7 @@ from kvcr_policy.errors import (
 )
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import LoadedConfig, load_config
+from kvcr_policy.memory import linux as _os
 from kvcr_policy.observability.peer_server import ServerMeter, open_server_meter
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.schema import strategy_name

@@ -39,10 +39,10 @@ import numpy as np
 from kvcr_policy.errors import CapacityError
 from kvcr_policy.geometry import PoolGeometry
 
+from ....memory.region import Region
 from ...base import TierUsage
 from ...dram.store import Store
 from ...dram.stores import new_store
-from ...dram.tier import Region
 from .labels import pool_label
 
 __all__ = ["SLOT_COST", "Tier", "Tiers", "tier_bytes"]

@@ -1,9 +1,9 @@
 """Where a pool's device sits, and what ``placement.numa_policy = "gpu"`` makes of it.
 
 A GPU is a PCI device, and sysfs says which NUMA node it is attached to
-(``/sys/bus/pci/devices/<address>/numa_node``, read through :mod:`kvcr_policy._os`, so tests
-fake a multi-node host with ``KVCR_POLICY_SYS_ROOT``). A copy transport locates the device of
-each pool it serves (:meth:`~.transports.base.Transport.locate`); the ``dram`` backend hands
+(``/sys/bus/pci/devices/<address>/numa_node``, read through :mod:`~kvcr_policy.memory.linux`, so
+tests fake a multi-node host with ``KVCR_POLICY_SYS_ROOT``). A copy transport locates the device
+of each pool it serves (``Transport.locate`` of the ``dram`` copy engines); the backend hands
 that to the placement strategy, and ``numa_policy = "gpu"`` turns it into a policy on the node
 of that pool's GPU:
 
@@ -25,12 +25,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from kvcr_policy import _os
 from kvcr_policy.errors import PlacementError
+
+from . import linux as _os
 
 __all__ = ["DeviceLocality", "NearPlacement", "locate", "near_placement", "pci_address"]
 
-_LOG = logging.getLogger("kvcr_policy.backends.dram.locality")
+_LOG = logging.getLogger("kvcr_policy.memory.locality")
 _said: set[str] = set()  # reasons already said in this process (said once, not per region)
 _said_lock = threading.Lock()
 

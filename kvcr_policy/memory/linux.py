@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from .errors import ArgumentError, OsCallError
+from kvcr_policy.errors import ArgumentError, OsCallError
 
 __all__ = [
     "MADV_DONTFORK", "MADV_HUGEPAGE", "MADV_POPULATE_WRITE", "MPOL_BIND", "MPOL_DEFAULT",

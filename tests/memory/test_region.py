@@ -23,14 +23,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvcr_policy import _os
-from kvcr_policy.backends.dram import tier
-from kvcr_policy.backends.dram.tier import PlacementAudit, Region, format_audit, open_region
 from kvcr_policy.errors import ClosedError, PlacementError
+from kvcr_policy.memory import linux as _os
+from kvcr_policy.memory import region as tier
+from kvcr_policy.memory.audit_text import format_audit
+from kvcr_policy.memory.region import PlacementAudit, Region, open_region
 from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 
 MIB = 1 << 20
-LOGGER = "kvcr_policy.backends.dram.tier"
+LOGGER = "kvcr_policy.memory.region"
 needs_numa = pytest.mark.skipif(not _os.has_numa_syscalls(), reason="NUMA syscalls unavailable")
 needs_thp = pytest.mark.skipif(
     not _os.has_thp(), reason=f"THP mode is {_os.thp_mode()}, huge pages cannot be had"

@@ -35,17 +35,18 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from kvcr_policy import _os
 from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError, PlacementError
 
-__all__ = ["PlacementAudit", "Region", "format_audit", "open_region"]
+from . import linux as _os
+
+__all__ = ["PlacementAudit", "Region", "open_region"]
 
 HugePages = Literal["off", "prefer", "require"]
 NumaPolicy = Literal["none", "preferred", "bind", "interleave"]
 NumaMode = Literal["prefer", "require"]
 RegionState = Literal["open", "closing", "closed"]
 
-_LOG = logging.getLogger("kvcr_policy.backends.dram.tier")
+_LOG = logging.getLogger("kvcr_policy.memory.region")
 # At most this many evenly spaced pages are asked about in one move_pages(2) query: enough to
 # see a split across nodes, cheap (one syscall, 48 KiB of arrays) for any region size.
 NUMA_SAMPLE_PAGES = 4096
@@ -458,27 +459,3 @@ def _audit(region: Region) -> PlacementAudit:
 
 def _errno_key(err: int) -> str:
     return "not_present" if err == errno.ENOENT else errno.errorcode.get(err, f"errno {err}")
-
-
-def format_audit(audit: PlacementAudit) -> str:
-    """A short human table of an audit."""
-    mib = 1 << 20
-    nodes = ", ".join(
-        f"{k}: {v}" for k, v in sorted(audit.pages_per_node.items(), key=lambda kv: str(kv[0]))
-    )
-    lines = [
-        f"tier {audit.name!r}: {audit.bytes / mib:.1f} MiB ({audit.state}"
-        f"{', LEAKED' if audit.leaked else ''})",
-        f"  prefault     {audit.prefault_method if audit.prefaulted else 'no'}",
-        f"  huge pages   asked {audit.huge_pages_requested}, obtained "
-        f"{audit.huge_page_bytes / mib:.1f} MiB ({audit.huge_page_ratio:.0%})",
-        f"  numa         asked {audit.numa_policy_requested} "
-        f"{_os.format_node_list(audit.numa_nodes_requested) or '-'} ({audit.numa_mode}), obtained "
-        f"{audit.numa_policy_obtained} {_os.format_node_list(audit.numa_nodes_obtained) or '-'}",
-        f"  pages/node   {nodes or '-'} (sampled {audit.numa_sampled_pages} of "
-        f"{audit.numa_total_pages} pages)",
-    ]
-    if audit.numa_near:
-        lines.append(f"  near         {audit.numa_near}")
-    lines += [f"  fallback     {what}: {why}" for what, why in audit.fallbacks]
-    return "\n".join(lines)

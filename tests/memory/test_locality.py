@@ -18,23 +18,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvcr_policy import _os
 from kvcr_policy.backends.base import BackendContext, Endpoint, PoolSpec
-from kvcr_policy.backends.dram import locality
 from kvcr_policy.backends.dram.backend import DramBackend
-from kvcr_policy.backends.dram.locality import DeviceLocality, locate, near_placement, pci_address
+from kvcr_policy.backends.dram.store import Store
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.builtin.placement import AnonymousPlacement
 from kvcr_policy.errors import ConfigError, PlacementError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import load_config
+from kvcr_policy.memory import linux as _os
+from kvcr_policy.memory import locality
+from kvcr_policy.memory.locality import DeviceLocality, locate, near_placement, pci_address
 from kvcr_policy.pipeline import build_pipeline
 from kvcr_policy.registry import NoOptions
 from kvcr_policy.schema import PlacementSection
 from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 
 MIB = 1 << 20
-LOGGER = "kvcr_policy.backends.dram.locality"
+LOGGER = "kvcr_policy.memory.locality"
 #: Faked GPUs: PCI address -> the numa_node file's text.
 GPUS = {"0000:3b:00.0": "0", "0000:d8:00.0": "1", "0000:5e:00.0": "-1"}
 needs_numa = pytest.mark.skipif(not _os.has_numa_syscalls(), reason="NUMA syscalls unavailable")
@@ -221,7 +222,7 @@ def test_a_placement_written_for_two_arguments_still_works() -> None:
             return builtin.open_region(name, size)
 
         def new_store(self, capacity: int) -> Any:
-            return builtin.new_store(capacity)
+            return Store(capacity)
 
     loaded = load_config(overrides={"placement.capacity_bytes": GEOMETRY.nbytes})
     transport = LocatingTransport(DeviceLocality("cuda:0", None, 0, "faked"))

@@ -1,4 +1,4 @@
-"""Tests for kvcr_policy._os: /proc and /sys parsing on fake trees, real syscalls.
+"""Tests for kvcr_policy.memory.linux: /proc and /sys parsing on fake trees, real syscalls.
 
 The syscalls run for real on the node this process's memory lands on (``tests.support.hosts``),
 and a node the kernel does not have is one past the highest online one, so the tests hold on a
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy import _os
+from kvcr_policy.memory import linux as _os
 from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 from tests.support.waiting import wait_until
 

@@ -1,0 +1,167 @@
+"""The plugin API: every name a plugin may import from kvcr_policy, exported from one place.
+
+A plugin (a strategy, a tier backend, a bench adapter) imports from here, or from one of the
+modules in :data:`MODULES`, and from nothing else of kvcr_policy: the rest (the ``dram`` and
+``peer`` backends, ``bench``, ``cli``, any private module) may change without notice. A test
+checks that the plugins shipped with kvcr_policy keep to this list, and import-linter forbids
+them the backend packages, ``bench`` and ``cli``.
+
+- registering: :func:`hookimpl` and the ``register`` callbacks' types (hooks in
+  :mod:`kvcr_policy.hookspecs`);
+- strategies: the protocols of :mod:`kvcr_policy.strategies` and the config sections;
+- backends: the seam of :mod:`kvcr_policy.backends.base` (read its docstring first),
+  descriptors, geometry, placed memory (:class:`Region`, opened by the placement strategy);
+- benchmarking: :class:`BenchBackend` (:mod:`kvcr_policy.bench_adapter`);
+- errors: the whole tree of :mod:`kvcr_policy.errors`.
+"""
+
+from __future__ import annotations
+
+from .backends.base import (
+    BackendContext,
+    BackendReporting,
+    ConfiguredTransport,
+    Endpoint,
+    PoolReporting,
+    PoolSpec,
+    PoolTier,
+    Shape,
+    TierBackend,
+    TierUsage,
+    Transfer,
+    check_device,
+)
+from .bench_adapter import BenchBackend, BenchSetup, Pipeline
+from .descriptors import Descriptors, build_descriptors, coalesce
+from .errors import (
+    ArgumentError,
+    BackendUnavailableError,
+    BenchError,
+    CapacityError,
+    ClosedError,
+    ConfigError,
+    ConfigIssue,
+    IndicesError,
+    KVCRPolicyError,
+    PlacementError,
+    PluginError,
+    PoolError,
+    TransportError,
+    UnsupportedError,
+    mismatch,
+)
+from .geometry import PoolGeometry, fragment_offsets
+from .hookspecs import hookimpl
+from .hosts import host_part
+from .memory import DeviceLocality, PlacementAudit, Region
+from .registry import (
+    NoOptions,
+    RegisterBackend,
+    RegisterBenchBackend,
+    RegisterStrategy,
+    RegisterTransport,
+)
+from .schema import (
+    BatchingSection,
+    CoalescingSection,
+    EvictionSection,
+    PlacementSection,
+    PolicyConfig,
+    strategy_name,
+)
+from .strategies import (
+    BatchingStrategy,
+    CoalescingStrategy,
+    EvictionPolicy,
+    EvictionStrategy,
+    FallbackStrategy,
+    PlacementStrategy,
+    ThreadTuningStrategy,
+    Window,
+)
+from .tunable import tunable
+from .values import Size
+
+#: The modules a plugin may import names from (each name of them is also exported here).
+MODULES = (
+    "kvcr_policy",
+    "kvcr_policy.plugin_api",
+    "kvcr_policy.backends.base",
+    "kvcr_policy.bench_adapter",
+    "kvcr_policy.descriptors",
+    "kvcr_policy.errors",
+    "kvcr_policy.geometry",
+    "kvcr_policy.hookspecs",
+    "kvcr_policy.hosts",
+    "kvcr_policy.memory",
+    "kvcr_policy.registry",
+    "kvcr_policy.schema",
+    "kvcr_policy.strategies",
+    "kvcr_policy.tunable",
+    "kvcr_policy.values",
+)
+
+__all__ = [
+    "MODULES",
+    "ArgumentError",
+    "BackendContext",
+    "BackendReporting",
+    "BackendUnavailableError",
+    "BatchingSection",
+    "BatchingStrategy",
+    "BenchBackend",
+    "BenchError",
+    "BenchSetup",
+    "CapacityError",
+    "ClosedError",
+    "CoalescingSection",
+    "CoalescingStrategy",
+    "ConfigError",
+    "ConfigIssue",
+    "ConfiguredTransport",
+    "Descriptors",
+    "DeviceLocality",
+    "Endpoint",
+    "EvictionPolicy",
+    "EvictionSection",
+    "EvictionStrategy",
+    "FallbackStrategy",
+    "IndicesError",
+    "KVCRPolicyError",
+    "NoOptions",
+    "Pipeline",
+    "PlacementAudit",
+    "PlacementError",
+    "PlacementSection",
+    "PlacementStrategy",
+    "PluginError",
+    "PolicyConfig",
+    "PoolError",
+    "PoolGeometry",
+    "PoolReporting",
+    "PoolSpec",
+    "PoolTier",
+    "Region",
+    "RegisterBackend",
+    "RegisterBenchBackend",
+    "RegisterStrategy",
+    "RegisterTransport",
+    "Shape",
+    "Size",
+    "ThreadTuningStrategy",
+    "TierBackend",
+    "TierUsage",
+    "Transfer",
+    "TransportError",
+    "UnsupportedError",
+    "Window",
+    "build_descriptors",
+    "check_device",
+    "coalesce",
+    "fragment_offsets",
+    "hookimpl",
+    "host_part",
+    "mismatch",
+    "strategy_name",
+    "tunable",
+]

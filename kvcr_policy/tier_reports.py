@@ -1,0 +1,48 @@
+"""The optional reporting members of a backend, asked for where they exist.
+
+:class:`~.backends.base.PoolReporting` and :class:`~.backends.base.BackendReporting` are not
+part of the data path: a backend implements the ones it can. The pipeline and the meters ask
+through these functions, so a backend without them still moves pages: no stats of its own
+(``{}``), no audit (``None``), no usage gauges, and a probe (``kvcr-policy bench``'s limit) that
+says it has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import UnsupportedError
+
+__all__ = ["audit_of", "describe", "probe", "stats_of"]
+
+
+def stats_of(tier: Any) -> dict[str, Any]:
+    """``tier.stats()``, or ``{}`` for a tier that reports none."""
+    stats = getattr(tier, "stats", None)
+    return {} if stats is None else dict(stats())
+
+
+def audit_of(tier: Any) -> dict[str, Any] | None:
+    """``tier.audit()``: where its memory landed; None for a tier that places none."""
+    audit = getattr(tier, "audit", None)
+    return None if audit is None else audit()
+
+
+def probe(tier: Any, nbytes: int) -> None:
+    """``tier.probe(nbytes)``; an UnsupportedError for a tier that has no probe."""
+    run = getattr(tier, "probe", None)
+    if run is None:
+        message = (
+            f"{type(tier).__name__} has no probe(nbytes): its backend cannot measure its largest "
+            "single move (implement PoolReporting.probe to give bench a limit)"
+        )
+        raise UnsupportedError(message)
+    run(nbytes)
+
+
+def describe(backend: Any) -> dict[str, Any]:
+    """``backend.describe()``, or its name and capabilities for a backend that has none."""
+    report = getattr(backend, "describe", None)
+    if report is not None:
+        return dict(report())
+    return {"name": backend.name, "capabilities": sorted(backend.capabilities)}
