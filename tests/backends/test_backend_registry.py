@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvcr_policy import build_pipeline, load_config
-from kvcr_policy.errors import ConfigError, PoolError
+from kvcr_policy.errors import ConfigError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import Registry
@@ -69,14 +69,39 @@ def test_dram_refuses_a_transport_that_is_not_a_copy_transport(registry: Registr
         },
         registry=registry,
     )
-    with pytest.raises(PoolError, match=r"transport 'ucx' \(from override\) is not one"):
+    with pytest.raises(ConfigError) as caught:  # a configuration that does not fit: ConfigError
         build_pipeline(loaded)
+    assert caught.value.issues[0].render() == (
+        "transport.name (from override): backend 'dram' moves bytes with a copy transport (cpu, "
+        "cuda, memory); transport 'ucx' is not one: choose a copy transport, or "
+        "backend.name = 'auto'"
+    )
 
 
 def test_peer_refuses_a_copy_transport(registry: Registry) -> None:
     loaded = load_config(environ={}, overrides={"backend.name": "peer"}, registry=registry)
-    with pytest.raises(PoolError, match=r"set transport.name = 'ucx'"):
+    with pytest.raises(
+        ConfigError, match=r"transport\.name \(from default\).*set transport.name = 'ucx'"
+    ):
         build_pipeline(loaded)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"transport.name": "cpu"}, {"coalesce", "split"}),
+        ({"transport.name": "memory"}, {"coalesce", "split"}),
+        ({"transport.name": "ucx", "transport.options.peer": "127.0.0.1:1"}, {"coalesce", "split"}),
+        ({"backend.name": "kvcr"}, set()),
+        ({"backend.name": "mooncake", "backend.options.master": "127.0.0.1:1"}, set()),
+    ],
+)
+def test_the_registry_says_what_a_backend_lets_through_without_building_it(
+    registry: Registry, overrides: dict[str, object], expected: set[str]
+) -> None:
+    """``plan`` asks this: the backend's factory answers, whichever backend it is."""
+    config = load_config(environ={}, overrides=overrides, registry=registry).config
+    assert registry.capabilities(config) == expected
 
 
 # --- a third-party backend ---

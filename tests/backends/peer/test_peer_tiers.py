@@ -34,8 +34,9 @@ def test_each_tier_store_takes_a_policy_of_the_strategy() -> None:
 
 def test_without_a_strategy_the_tiers_keep_placement_eviction() -> None:
     geo = geometry(pages=4)
-    placement = AnonymousPlacement(PlacementSection(eviction="fifo"), NoOptions())
-    tiers = Tiers(placement, 4 * geo.page_bytes, 4)
+    section = PlacementSection(eviction="fifo")
+    placement = AnonymousPlacement(section, NoOptions())
+    tiers = Tiers(placement, 4 * geo.page_bytes, 4, placement_eviction=section.eviction)
     try:
         assert tiers.open("default", geo).store.eviction == "fifo"
     finally:

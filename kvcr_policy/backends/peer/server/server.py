@@ -187,6 +187,7 @@ class PeerServer:
             None if quota is None else int(quota),
             self._eviction,
             labels,
+            self.loaded.config.placement.eviction,
         )
         if self.options.check_addresses:
             self._checker = AddressChecker()

@@ -96,7 +96,7 @@ class Tier:
 
 class Tiers:
     """Tiers by (tenant, pool name, layout digest); ``placement`` is a PlacementStrategy and
-    ``eviction`` an EvictionStrategy (None: the placement's stores keep their own policy).
+    ``eviction`` an EvictionStrategy (None: the stores evict as ``placement_eviction`` says).
 
     Each tenant has tiers of its own: a key is only ever looked up in the tiers of the tenant
     whose session names it, and a tier's slots (freed ones included) only ever hold that
@@ -113,9 +113,11 @@ class Tiers:
         quota_bytes: int | None = None,
         eviction: Any = None,
         labels: Mapping[str, str] | None = None,
+        placement_eviction: str = "lru",
     ) -> None:
         self._placement = placement
         self._eviction = eviction  # an EvictionStrategy: each tier's store gets a policy of it
+        self._default_eviction = placement_eviction  # without one: placement.eviction
         self._capacity_bytes = capacity_bytes
         self._max = max_tiers
         self._quota = quota_bytes
@@ -187,7 +189,13 @@ class Tiers:
             f"peer:{tenant}:{geometry.name}", tier_geometry.nbytes + align
         )
         try:
-            store = new_store(self._placement, slots, self._eviction, f"peer:{geometry.name}")
+            store = new_store(
+                self._placement,
+                slots,
+                self._eviction,
+                f"peer:{geometry.name}",
+                self._default_eviction,
+            )
         except BaseException:
             region.close()
             raise
