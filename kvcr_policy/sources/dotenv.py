@@ -1,0 +1,85 @@
+"""A ``.env`` file: read only when it is private, then its variables as the environment is."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from dotenv.parser import parse_stream
+from pydantic_settings import (
+    DotEnvSettingsSource,
+)
+
+from ..errors import ConfigIssue
+from ..private_files import dotenv_problem
+from ..provenance import dotenv_origin
+from ..schema import ENV_PREFIX
+from ..values import shorten
+
+if sys.version_info >= (3, 11):
+    pass
+else:  # pragma: no cover - exercised on Python 3.10 only
+    pass
+
+from .common import (
+    DOTENV_RESERVED,
+    Leaves,
+    PolicySettings,
+)
+from .env import (
+    _variables_source,
+)
+
+
+def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
+    """The variables of a ``.env`` file as pydantic-settings reads them, names as written.
+
+    python-dotenv only logs a line it cannot parse and skips it; here that is a problem naming
+    the line, so a typo cannot silently drop a setting. A file the user does not own, that
+    others may write, or that sets ``security.*`` values and others may read, configures
+    nothing (:func:`~kvcr_policy.private_files.dotenv_problem`): it is refused whole.
+    """
+    where = f"dotenv {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else f"not UTF-8 text ({err.reason})"
+        return {}, [ConfigIssue("<dotenv>", where, f"cannot read the .env file: {reason}")]
+    bindings = list(parse_stream(io.StringIO(text)))
+    issues = [
+        ConfigIssue(
+            "<dotenv>",
+            where,
+            f"line {binding.original.line}: cannot parse "
+            f"{shorten(binding.original.string.strip())}; "
+            "expected NAME=VALUE (quote a value that holds spaces, quotes or '#')",
+        )
+        for binding in bindings
+        if binding.error
+    ]
+    if issues:
+        # The load fails; the well-formed lines are still checked, so that it reports every
+        # problem at once (python-dotenv would log the bad lines a second time).
+        return {b.key: b.value for b in bindings if b.key is not None}, issues
+    reader = DotEnvSettingsSource(PolicySettings, env_file=path, case_sensitive=True)
+    variables = dict(reader.env_vars)
+    security = ENV_PREFIX + "SECURITY__"
+    problem = dotenv_problem(path, any(name.upper().startswith(security) for name in variables))
+    if problem is not None:
+        return {}, [ConfigIssue("<dotenv>", where, problem)]
+    return variables, []
+
+
+def dotenv_source(
+    variables: Mapping[str, str | None], path: Path
+) -> tuple[Leaves, list[ConfigIssue]]:
+    """Leaf values from the ``KVCR_POLICY_*`` variables of a ``.env`` file at ``path``."""
+    where = str(path)
+    return _variables_source(
+        variables,
+        lambda name: dotenv_origin(where, name),
+        f"remove it from {where}, or fix its name",
+        reserved_ok=DOTENV_RESERVED,
+    )
