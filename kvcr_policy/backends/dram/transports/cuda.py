@@ -104,7 +104,7 @@ class _Interface:
     """Raw memory as ``__array_interface__`` / ``__cuda_array_interface__`` (no buffer export).
 
     Views made this way hold no export of the tier's mmap, so the region can still unmap once
-    the views are dropped (tier.Region.close refuses while an export is alive).
+    the views are dropped (memory.region.Region.close refuses while an export is alive).
     """
 
     def __init__(self, address: int, nbytes: int) -> None:
