@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kvcr_policy.backends.base import TierUsage
 from kvcr_policy.backends.peer.credentials import Keyring, Tenant
 from kvcr_policy.backends.peer.server.labels import pool_label, tenant_labels
+from kvcr_policy.backends.peer.server.meter import ServerMeter
 from kvcr_policy.backends.peer.wire import messages as m
-from kvcr_policy.observability.peer_server import ServerMeter
 from tests.backends.peer.raw_client import Raw
 from tests.backends.peer.tenants import start_peer, tenants_dir
 from tests.observability.scraping import read_samples

@@ -38,7 +38,6 @@ from kvcr_policy.errors import (
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.memory import linux as _os
-from kvcr_policy.observability.peer_server import ServerMeter, open_server_meter
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.schema import strategy_name
 
@@ -50,6 +49,7 @@ from ..worker import Worker, acquire_worker
 from .addrcheck import AddressChecker
 from .admission import Admission
 from .labels import tenant_labels
+from .meter import ServerMeter, open_server_meter
 from .session import CHECK_TIMEOUT_S, REQUEST_KINDS, Session
 from .tiers import Tiers
 

@@ -24,7 +24,6 @@ from typing import Any, Protocol, cast
 
 from kvcr_policy.errors import CapacityError, KVCRPolicyError, PoolError, UnsupportedError
 from kvcr_policy.geometry import Layout, PoolGeometry
-from kvcr_policy.observability.peer_server import ServerMeter
 from kvcr_policy.values import shorten
 
 from ..channel import Channel
@@ -37,6 +36,7 @@ from ..worker import Worker
 from .admission import Admission
 from .budget import FREE_PAYLOAD
 from .handshake import HELLO_LIMIT, Handshake
+from .meter import ServerMeter
 from .tiers import Tier
 from .transfers import Attachment, Transfers
 

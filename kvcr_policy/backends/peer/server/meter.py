@@ -15,8 +15,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from .meter import Level, PoolMeter
-from .metrics import families
+from kvcr_policy.observability.meter import Level, PoolMeter
+from kvcr_policy.observability.metrics import families
 
 __all__ = ["BACKEND", "REJECT_REASONS", "ServerMeter", "open_server_meter"]
 
