@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .backends.peer.cli import register as _register_peer
+from .cli_help import PlainGroup, plain_help, version_callback
 from .cli_numbers import (
     MAX_BLOCK_TOKENS,
     MAX_BUDGET_S,
@@ -33,21 +34,39 @@ from .cli_numbers import (
     MIN_LINK_GBPS,
     Finite,
 )
-from .errors import KVCRPolicyError
+from .errors import ConfigError, KVCRPolicyError
 from .integrations.sglang.cli import register as _register_sglang
-from .loading import LoadedConfig, bundled_profiles, load_config
+from .loading import LoadedConfig, bundled_profiles, load_config, profile_or
 from .values import parse_size, shorten
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="kvcr-policy",
+    cls=PlainGroup,
     help="Delivery and placement policies for KV-cache storage tiers.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 out = Console(soft_wrap=True)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=version_callback,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Delivery and placement policies for KV-cache storage tiers."""
+
+
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -70,9 +89,7 @@ ProfileOpt = Annotated[
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option(
-        "--set", "-s", help="Override one value: KEY=VALUE, e.g. batching.read_batch_pages=64."
-    ),
+    typer.Option("--set", "-s", help="Override one value (repeatable)."),
 ]
 
 
@@ -152,18 +169,31 @@ def show(
 @app.command()
 def validate(
     profiles: Annotated[list[str] | None, typer.Argument(help="Profile names or paths.")] = None,
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
     """Load each profile (with the environment) and report every error; exit 2 on any."""
-    failed = False
+    results = []
     for name in profiles or [None]:  # type: ignore[list-item]
         label = name or "environment + defaults"
         try:
             load_config(profile=name)
         except KVCRPolicyError as error:
-            failed = True
-            err.print(f"[red]✗[/red] {escape(label)}: {escape(str(error))}", highlight=False)
+            issues = error.issues if isinstance(error, ConfigError) else ()
+            problems = [{"path": i.path, "origin": i.origin, "message": i.message} for i in issues]
+            results.append({"profile": label, "ok": False, "error": str(error), "issues": problems})
         else:
-            out.print(f"✓ {label}", markup=False)
+            results.append({"profile": label, "ok": True, "error": None, "issues": []})
+    failed = not all(result["ok"] for result in results)
+    if format is PlainFormat.json:
+        _print_json({"ok": not failed, "profiles": results})
+    else:
+        for result in results:
+            label = str(result["profile"])
+            if result["ok"]:
+                out.print(f"✓ {label}", markup=False)
+            else:
+                text = escape(str(result["error"]))
+                err.print(f"[red]✗[/red] {escape(label)}: {text}", highlight=False)
     if failed:
         raise typer.Exit(2)
 
@@ -463,8 +493,14 @@ def audit(
 @app.command()
 def bench(
     profile: Annotated[
-        str, typer.Option("--profile", "-p", help="Profile measured (P).")
-    ] = "throughput",
+        str | None,
+        typer.Option(
+            "--profile",
+            "-p",
+            help="Profile measured (P): a bundled name or a path (else KVCR_POLICY_PROFILE, "
+            "else throughput).",
+        ),
+    ] = None,
     vs: Annotated[str, typer.Option("--vs", help="Baseline profile (Q).")] = "default",
     geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
     layout: Annotated[str, typer.Option("--layout")] = "layer_first",
@@ -507,8 +543,7 @@ def bench(
         list[str] | None,
         typer.Option(
             "--vs-set",
-            help="Override one value of Q only, after --set: e.g. --vs throughput "
-            "--vs-set observability.metrics=false.",
+            help="Override one value of Q only, after --set (repeatable).",
         ),
     ] = None,
     metrics: Annotated[
@@ -536,6 +571,7 @@ def bench(
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
     options = dict(locals(), set_=_overrides(set_), vs_set=_overrides(vs_set))
+    options["profile"] = profile_or(profile, "throughput")
     from .bench.command import run_command
 
     run_command(**options)
@@ -544,8 +580,15 @@ def bench(
 @app.command()
 def tune(
     start: Annotated[
-        str, typer.Option("--from", help="Starting profile: the base the result extends.")
-    ] = "throughput",
+        str | None,
+        typer.Option(
+            "--profile",
+            "-p",
+            "--from",
+            help="Starting profile, the base the result extends (else KVCR_POLICY_PROFILE, "
+            "else throughput).",
+        ),
+    ] = None,
     target: Annotated[Target, typer.Option("--target")] = Target.cpu,
     backend: Annotated[
         str | None,
@@ -601,6 +644,7 @@ def tune(
 ) -> None:
     """Search the tunable knobs on this host; write the profile only if it wins."""
     options = dict(locals(), set_=_overrides(set_))  # every option above, by name
+    options["start"] = profile_or(start, "throughput")
     from .tune.command import run_command
 
     run_command(**options)
@@ -635,3 +679,4 @@ def main(argv: list[str] | None = None) -> None:
 # `serve` lives with the peer tier it runs.
 _register_peer(app)
 _register_sglang(app)
+plain_help(app)

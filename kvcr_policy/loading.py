@@ -46,6 +46,7 @@ __all__ = [
     "LoadedConfig",
     "bundled_profiles",
     "load_config",
+    "profile_or",
     "resolve_base",
     "resolve_profile",
 ]
@@ -213,6 +214,34 @@ def _dotenv_file(dotenv: str | os.PathLike[str] | bool) -> Path | None:
     return Path(os.fspath(dotenv)).expanduser().resolve()
 
 
+def _choose_profile(
+    profile: str | os.PathLike[str] | None,
+    env: Mapping[str, str],
+    dotenv_vars: Mapping[str, str | None],
+    dotenv_path: Path | None,
+) -> tuple[str | os.PathLike[str] | None, str]:
+    """The one fallback every command shares: the argument, else the environment, else .env."""
+    if profile is not None:
+        return profile, "argument profile"
+    if env.get(PROFILE_ENV):
+        return env[PROFILE_ENV], f"env {PROFILE_ENV}"
+    return dotenv_vars.get(PROFILE_ENV) or None, dotenv_origin(str(dotenv_path), PROFILE_ENV)
+
+
+def profile_or(profile: str | None, default: str) -> str:
+    """A command's profile: ``--profile``, else KVCR_POLICY_PROFILE (environment, then ./.env),
+    else the command's own ``default``; a name from the environment is checked here so that its
+    error names the variable it came from."""
+    dotenv_path = _dotenv_file(True)
+    dotenv_vars = read_dotenv(dotenv_path)[0] if dotenv_path is not None else {}
+    chosen, where = _choose_profile(profile, os.environ, dotenv_vars, dotenv_path)
+    if chosen is None:
+        return default
+    if profile is None:
+        resolve_profile(chosen, where)
+    return os.fspath(chosen)
+
+
 def load_config(
     profile: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -239,14 +268,7 @@ def load_config(
         dotenv_vars, found = read_dotenv(dotenv_path)
         issues += found
 
-    if profile is not None:
-        chosen: str | os.PathLike[str] | None = profile
-        where = "argument profile"
-    elif env.get(PROFILE_ENV):
-        chosen, where = env[PROFILE_ENV], f"env {PROFILE_ENV}"
-    else:
-        chosen = dotenv_vars.get(PROFILE_ENV) or None
-        where = dotenv_origin(str(dotenv_path), PROFILE_ENV)
+    chosen, where = _choose_profile(profile, env, dotenv_vars, dotenv_path)
     profile_path = resolve_profile(chosen, where) if chosen is not None else None
     secrets_dir = env.get(SECRETS_DIR_ENV)
     chain: list[Path] = []

@@ -187,3 +187,53 @@ def test_schema_prints_the_json_schema(cli: Run) -> None:
     code, out, _ = cli("schema")
     assert code == 0
     assert json.loads(out)["x-env-prefix"] == "KVCR_POLICY_"
+
+
+def test_validate_json_reports_each_profile_and_every_problem(
+    cli: Run, write_profile: Callable[..., Path]
+) -> None:
+    bad = write_profile(
+        """
+        [batching]
+        read_batch_pagez = 64
+        """
+    )
+    status, out, err = cli("validate", "throughput", str(bad), "--format", "json")
+    assert status == 2, err
+    report = json.loads(out)
+    assert report["ok"] is False
+    good, wrong = report["profiles"]
+    assert (good["profile"], good["ok"], good["issues"]) == ("throughput", True, [])
+    assert wrong["profile"] == str(bad) and wrong["ok"] is False
+    assert [issue["path"] for issue in wrong["issues"]] == ["batching.read_batch_pagez"]
+    assert "read_batch_pages" in wrong["issues"][0]["message"]  # the suggestion
+
+
+def test_validate_json_all_good_exits_0(cli: Run) -> None:
+    status, out, err = cli("validate", "default", "--format", "json")
+    assert status == 0, err
+    assert json.loads(out) == {
+        "ok": True,
+        "profiles": [{"profile": "default", "ok": True, "error": None, "issues": []}],
+    }
+
+
+@pytest.mark.parametrize("command", ["show", "plan", "bench", "tune"])
+def test_every_command_reads_its_profile_from_the_environment(
+    cli: Run, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    # The same fallback everywhere: --profile, else KVCR_POLICY_PROFILE. A name that does not
+    # exist proves the variable was read: each command refuses it naming the variable.
+    monkeypatch.setenv("KVCR_POLICY_PROFILE", "no-such-profile")
+    extra = ["--tokens", "64"] if command == "plan" else []
+    status, _out, err = cli(command, *extra)
+    assert status == 2
+    assert "no-such-profile" in err and "env KVCR_POLICY_PROFILE" in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("option", ["--profile", "--from"])
+def test_tune_profile_and_its_alias_from_name_the_start(cli: Run, option: str) -> None:
+    status, _out, err = cli("tune", option, "no-such-profile", "--budget", "1")
+    assert status == 2
+    assert "no bundled profile or file named 'no-such-profile'" in err, err

@@ -107,7 +107,7 @@ def _print(outcome: Outcome, format: str) -> None:
 
 def _command_line(setup: TuneSetup, write: Path | None) -> str:
     """The command as it ran, every axis spelled out (defaults included)."""
-    args = ["--from", setup.start, "--target", setup.target]
+    args = ["--profile", setup.start, "--target", setup.target]
     if setup.backend is not None:
         args += ["--backend", setup.backend]
     args += ["--geometry", setup.geometry, "--layout", setup.layout]

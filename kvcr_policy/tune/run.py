@@ -75,7 +75,7 @@ def start_reference(start: str) -> str:
     profile's full path."""
     if start in bundled_profiles():
         return start
-    return str(resolve_profile(start, "tune --from"))
+    return str(resolve_profile(start, "tune --profile"))
 
 
 def _base_for(start: str, target: Path) -> str:

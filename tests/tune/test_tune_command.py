@@ -75,7 +75,7 @@ def test_a_clear_win_is_written_rechecked_and_caught_when_it_no_longer_wins(
     install(monkeypatch, bigger_batches)
     code, data, err = tune_in_process(
         capsys,
-        *("--from", str(start), "--only", "batching.read_batch_pages"),
+        *("--profile", str(start), "--only", "batching.read_batch_pages"),
         *("--budget", "120", "--repeat", "5", "--write", str(target)),
     )
     assert code == 0, err
@@ -85,7 +85,7 @@ def test_a_clear_win_is_written_rechecked_and_caught_when_it_no_longer_wins(
     assert loaded.origin("batching.read_batch_pages") == f"profile {target} [batching]"
     assert loaded.bases[0] == str(start)
     text = target.read_text()
-    assert text.count("  order ") == 2 and "# command: kvcr-policy tune --from" in text
+    assert text.count("  order ") == 2 and "# command: kvcr-policy tune --profile" in text
 
     code, data, err = tune_in_process(capsys, "--check", str(target), "--repeat", "3")
     assert code == 0 and data["verdict"]["wins"] is True, err
