@@ -33,6 +33,7 @@ from .cli_numbers import (
     MIN_BUDGET_S,
     MIN_LINK_GBPS,
     Finite,
+    RateOption,
 )
 from .errors import ConfigError, KVCRPolicyError
 from .integrations.sglang.cli import register as _register_sglang
@@ -397,9 +398,10 @@ def plan(
     link_gbps: Annotated[
         float | None,
         typer.Option(
+            "--link-limit",
             "--link-gbps",
-            parser=Finite(MIN_LINK_GBPS, MAX_LINK_GBPS, "GB/s"),
-            help=f"Link limit for the predicted time ({MIN_LINK_GBPS:g}..{MAX_LINK_GBPS} GB/s).",
+            parser=RateOption(MIN_LINK_GBPS, MAX_LINK_GBPS),
+            help="Link limit for the predicted time, with its unit: e.g. 50GB/s, 400Gbit/s.",
         ),
     ] = None,
     measure_link: Annotated[

@@ -28,6 +28,7 @@ __all__ = [
     "MIN_BUDGET_S",
     "MIN_LINK_GBPS",
     "Finite",
+    "RateOption",
 ]
 
 #: Most tokens a command sizes or measures (2**40: a 1 PiB tier of 1 KiB tokens).
@@ -44,7 +45,7 @@ MIN_BUDGET_S, MAX_BUDGET_S = 1.0, 7 * 86400.0
 MAX_HOLD_S = 7 * 86400.0
 #: Largest sampler seed (numpy's and optuna's seeds are 32-bit).
 MAX_SEED = (1 << 32) - 1
-#: A link's rate in GB/s, from 1 MB/s (the bounds of observability.link_limit_gbps).
+#: A link's rate in GB/s, from 1 MB/s to 100 TB/s (observability.link_limit_gbps's bounds).
 MIN_LINK_GBPS, MAX_LINK_GBPS = 0.001, 100000.0
 #: Most tokens per block id of a request trace (``plan --block-tokens``).
 MAX_BLOCK_TOKENS = 1 << 20
@@ -74,3 +75,25 @@ class Finite:
 
     def __repr__(self) -> str:
         return f"Finite({self.low:g}, {self.high:g})"
+
+
+class RateOption(Finite):
+    """A rate option's parser: text with its unit (``50GB/s``, ``400Gbit/s``) -> GB/s, bounded.
+
+    A bare number is refused (:mod:`kvcr_policy.rates` says why and lists the forms).
+    """
+
+    def __call__(self, text: Any) -> float:
+        from .rates import parse_rate
+
+        gb_per_s = parse_rate(text) / 1e9
+        if not (math.isfinite(gb_per_s) and self.low <= gb_per_s <= self.high):
+            message = (
+                f"expected a rate from {self.low:g}GB/s to {self.high:g}GB/s, "
+                f"got {shorten(text)} = {gb_per_s:g}GB/s"
+            )
+            raise ValueError(message)
+        return gb_per_s
+
+    def __repr__(self) -> str:
+        return f"RateOption({self.low:g}, {self.high:g})"

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from .errors import UsageError
+from .rates import GBPerSecond
 from .tunable import tunable
 from .values import Size
 
@@ -365,14 +366,15 @@ class ObservabilitySection(Section):
             "'256MiB', at most 1TiB); unset: not measured."
         ),
     )
-    link_limit_gbps: float | None = Field(
+    link_limit_gbps: GBPerSecond = Field(
         None,
         ge=0.001,
         le=100000,
         allow_inf_nan=False,
         description=(
-            "A known link limit in GB/s (0.001..100000), exported when none is measured and "
-            "used by `kvcr-policy plan`; unset: none."
+            "A known link limit with its unit (e.g. '50GB/s', '400Gbit/s', '46.6GiB/s'; "
+            "1MB/s..100TB/s), exported when none is measured and used by `kvcr-policy plan`; "
+            "unset: none."
         ),
     )
     metrics_public: bool = Field(

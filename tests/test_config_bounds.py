@@ -57,7 +57,9 @@ REFUSED: list[tuple[str, str, str]] = [
     ("transport.options.max_tiers", "1000000000000", "less than or equal to 1024"),
     ("transport.options.tcp_seg_size", "512KiB junk", "nothing after it"),
     # Red team 2026-12-b, B8:
-    ("observability.link_limit_gbps", "1e-300", "greater than or equal to 0.001"),
+    ("observability.link_limit_gbps", "0.0001GB/s", "greater than or equal to 0.001"),
+    ("observability.link_limit_gbps", "50", "got a bare number '50'"),
+    ("observability.link_limit_gbps", "100Gbps", "400Gbit/s"),
     ("transport.options.heartbeat_s", "1e-300", "expected 0 (off) or 0.05..600 s"),
     ("transport.options.peer", "[::1:7480", "is not a bracketed IPv6 address"),
 ]

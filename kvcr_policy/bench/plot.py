@@ -30,9 +30,9 @@ def write_plot(result: dict[str, Any], path: str) -> None:
     runs = result.get("runs", [])
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for label in sorted({r["profile"] for r in runs}):
-        values = [r["restore_gbps"] for r in runs if r["profile"] == label]
+        values = [r["restore_gigabytes_per_s"] for r in runs if r["profile"] == label]
         ax.plot(range(1, len(values) + 1), values, marker="o", label=f"{label} restore")
-    limits = [r["limit_gbps"] for r in runs if r.get("side") == "P"]
+    limits = [r["limit_gigabytes_per_s"] for r in runs if r.get("side") == "P"]
     if limits:
         ax.plot(range(1, len(limits) + 1), limits, linestyle="--", color="grey", label="limit")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

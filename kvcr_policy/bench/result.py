@@ -38,8 +38,8 @@ class Run:
             "order": self.order,
             "profile": self.profile,
             "side": self.side,
-            "restore_gbps": self.restore_gbps,
-            "limit_gbps": self.limit_gbps,
+            "restore_gigabytes_per_s": self.restore_gbps,
+            "limit_gigabytes_per_s": self.limit_gbps,
             "ratio_to_limit": self.ratio_to_limit,
             "verified": self.verified,
         }
@@ -168,20 +168,20 @@ class BenchResult:
             "repeat": self.repeat,
             "verified": self.verified,
             "limit": self.limit,
-            "limit_gbps": _r(self.limit_gbps),
-            "restore_gbps": _r(self.restore_gbps("P")),
-            "baseline_gbps": _r(self.restore_gbps(base)),
+            "limit_gigabytes_per_s": _r(self.limit_gbps),
+            "restore_gigabytes_per_s": _r(self.restore_gbps("P")),
+            "baseline_gigabytes_per_s": _r(self.restore_gbps(base)),
             "ratio_to_limit": _r(self.ratio_to_limit("P")),
             "baseline_ratio_to_limit": _r(self.ratio_to_limit(base)),
             "speedup_vs_baseline": _r(self.speedup_vs_baseline),
-            "store_gbps": _r(store),
-            "baseline_store_gbps": _r(base_store),
+            "store_gigabytes_per_s": _r(store),
+            "baseline_store_gigabytes_per_s": _r(base_store),
         }
         if base == "peer":
             data.update(
-                peer_gbps=data["baseline_gbps"],
+                peer_gigabytes_per_s=data["baseline_gigabytes_per_s"],
                 speedup_vs_peer=data["speedup_vs_baseline"],
-                peer_store_gbps=data["baseline_store_gbps"],
+                peer_store_gigabytes_per_s=data["baseline_store_gigabytes_per_s"],
                 store_speedup_vs_peer=_r(store / base_store),
             )
         if "P" in self.exists_keys_per_s:
@@ -191,8 +191,8 @@ class BenchResult:
             data["baseline_query_keys_per_s"] = round(self.exists_keys_per_s[base])
         data["orders"] = {
             order: {
-                "restore_gbps": _r(self.restore_gbps("P", order)),
-                "baseline_gbps": _r(self.restore_gbps(base, order)),
+                "restore_gigabytes_per_s": _r(self.restore_gbps("P", order)),
+                "baseline_gigabytes_per_s": _r(self.restore_gbps(base, order)),
                 "ratio_to_limit": _r(self.ratio_to_limit("P", order)),
                 "baseline_ratio_to_limit": _r(self.ratio_to_limit(base, order)),
             }

@@ -305,7 +305,7 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
             f"{_origin(loaded, 'placement.capacity_bytes')}): a store of a full batch cannot fit"
         )
     gbps = request.link_gbps.value
-    plan.figures["restore"]["link_gbps"] = gbps
+    plan.figures["restore"]["link_gigabytes_per_s"] = gbps
     plan.figures["restore"]["link_from"] = request.link_gbps.origin if gbps else None
     plan.figures["restore"]["predicted_seconds"] = nbytes / (gbps * 1e9) if gbps else None
 

@@ -58,8 +58,8 @@ def _rows(plan: Plan, title: dict[str, Any]) -> list[tuple[str, str]]:
     ]  # fmt: skip
     if r["predicted_seconds"] is not None:
         rows.append(
-            ("  predicted time", f"{r['predicted_seconds']:.3f} s at {r['link_gbps']:.1f} GB/s "
-                                 f"(from {r['link_from']})")
+            ("  predicted time", f"{r['predicted_seconds']:.3f} s at "
+                                 f"{r['link_gigabytes_per_s']:.1f} GB/s (from {r['link_from']})")
         )  # fmt: skip
     else:
         rows.append(("  predicted time", "no link limit: give --link-gbps or --measure-link"))

@@ -90,11 +90,11 @@ def _with_link(
         # NaN fails both comparisons too; the bounds are observability.link_limit_gbps's.
         if not MIN_LINK_GBPS <= gbps <= MAX_LINK_GBPS:
             message = (
-                f"--link-gbps: expected a rate in GB/s from {MIN_LINK_GBPS} to {MAX_LINK_GBPS}, "
+                f"--link-limit: expected a rate in GB/s from {MIN_LINK_GBPS} to {MAX_LINK_GBPS}, "
                 f"got {gbps}"
             )
             raise ArgumentError(message)
-        return replace(request, link_gbps=Given(gbps, "--link-gbps"))
+        return replace(request, link_gbps=Given(gbps, "--link-limit"))
     configured = loaded.config.observability.link_limit_gbps
     if configured is not None:
         origin = loaded.origin("observability.link_limit_gbps")

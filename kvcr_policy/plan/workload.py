@@ -150,7 +150,10 @@ def make_trace_plan(
     plan.figures["trace"] = _trace_figures(trace, best)
     sizes = plan.figures["geometry"] = _sizes(request, geo, trace.block_tokens)
     gbps = request.link_gbps.value
-    plan.figures["link"] = {"gbps": gbps, "from": request.link_gbps.origin if gbps else None}
+    plan.figures["link"] = {
+        "gigabytes_per_s": gbps,
+        "from": request.link_gbps.origin if gbps else None,
+    }
     if not trace.duration_s:
         plan.warnings.append(
             f"every request of {trace.path} arrives at the same time: no arrival rate, so no "

@@ -38,8 +38,8 @@ def _heading(plan: Plan) -> list[str]:
         f"over {duration:.0f} s ({t['requests_per_s']:.2f} requests/s)" if duration else "at once"
     )
     speed = (
-        f"{link['gbps']:.1f} GB/s (from {link['from']})"
-        if link["gbps"]
+        f"{link['gigabytes_per_s']:.1f} GB/s (from {link['from']})"
+        if link["gigabytes_per_s"]
         else "none: give --link-gbps or --measure-link"
     )
     return [

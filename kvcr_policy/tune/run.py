@@ -63,7 +63,11 @@ class Outcome:
             "best": self.best.to_dict() if self.best else None,
             "confirmation": None
             if c is None
-            else {"repeat": c.repeat, "bytes": c.nbytes, "limit_gbps": round(c.limit_gbps, 3)},
+            else {
+                "repeat": c.repeat,
+                "bytes": c.nbytes,
+                "limit_gigabytes_per_s": round(c.limit_gbps, 3),
+            },
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "written": str(self.written) if self.written else None,
             "message": self.message,

@@ -63,8 +63,8 @@ class OrderFigures:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "before_gbps": round(self.before_gbps, 3),
-            "after_gbps": round(self.after_gbps, 3),
+            "before_gigabytes_per_s": round(self.before_gbps, 3),
+            "after_gigabytes_per_s": round(self.after_gbps, 3),
             "before_ratio_to_limit": round(self.before_ratio, 3),
             "after_ratio_to_limit": round(self.after_ratio, 3),
             "gain": round(self.gain, 4),

@@ -19,7 +19,8 @@ from tests.support.commands import run_command, run_main
 SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
 # Every key the README's Benchmark section documents.
 README_KEYS = (
-    "bytes", "verified", "limit_gbps", "restore_gbps", "baseline_gbps", "ratio_to_limit",
+    "bytes", "verified", "limit_gigabytes_per_s", "restore_gigabytes_per_s",
+    "baseline_gigabytes_per_s", "ratio_to_limit",
     "speedup_vs_baseline", "exists_keys_per_s", "orders", "profiles", "descriptors", "runs",
 )  # fmt: skip
 

@@ -35,7 +35,13 @@ def test_both_sides_restore_verified_pages_and_hicache_files_are_removed(tmp_pat
     assert (data["pages"], data["bytes"]) == (64, 64 * data["page_bytes"])
     assert set(data["orders"]) == {"P,peer", "peer,P"}
     assert [r["side"] for r in data["runs"]] == ["P", "peer", "peer", "P"]
-    for key in ("peer_gbps", "restore_gbps", "store_gbps", "peer_store_gbps", "limit_gbps"):
+    for key in (
+        "peer_gigabytes_per_s",
+        "restore_gigabytes_per_s",
+        "store_gigabytes_per_s",
+        "peer_store_gigabytes_per_s",
+        "limit_gigabytes_per_s",
+    ):
         assert data[key] > 0
     assert (data["profile"], data["peer"]) == ("throughput", "hicache-file")
     assert data["profiles"]["peer"] == {"name": "hicache-file", "path": str(tmp_path)}

@@ -43,7 +43,7 @@ def test_a_mooncake_run_restores_verified_bytes_and_stops_its_processes() -> Non
     data = run_bench(small()).to_dict()
     assert data["verified"] is True and data["backend"] == "mooncake"
     assert data["limit"].startswith("one batch_get_into of the same bytes")
-    assert data["limit_gbps"] > 0 and data["restore_gbps"] > 0
+    assert data["limit_gigabytes_per_s"] > 0 and data["restore_gigabytes_per_s"] > 0
     assert data["transport"]["name"] == "mooncake" and data["transport"]["segment_bytes"] == 0
     assert set(data["mooncake"]) == {"P", "Q", "P exists", "Q exists"}
     assert all(one["segment_exit_code"] == 0 for one in data["mooncake"].values())
@@ -56,7 +56,12 @@ def test_against_sglangs_own_mooncake_backend_on_the_same_master() -> None:
     data = run_bench(small(peer="sglang-mooncake")).to_dict()
     assert data["verified"] is True
     assert [r["side"] for r in data["runs"]] == ["P", "peer", "peer", "P"]
-    for key in ("speedup_vs_peer", "store_speedup_vs_peer", "peer_gbps", "peer_store_gbps"):
+    for key in (
+        "speedup_vs_peer",
+        "store_speedup_vs_peer",
+        "peer_gigabytes_per_s",
+        "peer_store_gigabytes_per_s",
+    ):
         assert data[key] > 0
     assert data["exists_keys_per_s"] > 0 and data["baseline_query_keys_per_s"] > 0
     assert (data["peer"], data["profile"]) == ("sglang-mooncake", "throughput")

@@ -88,11 +88,11 @@ def test_the_aggregate_spans_from_the_first_start_to_the_last_end() -> None:
     # Rank 1 starts late and runs longer: 2 GB from t=0 to t=2 is 1 GB/s, not 1 + 0.67.
     reports = [_report(zero, (0.0, 1.0), (0.0, 0.5)), _report(one, (0.5, 2.0), (0.0, 0.5))]
     data = aggregate(plan, reports, {}).to_dict()
-    assert data["aggregate_gbps"] == data["restore_gbps"] == 1.0
-    assert data["limit_gbps"] == 4.0  # 2 GB from 0 to 0.5 s
+    assert data["aggregate_gigabytes_per_s"] == data["restore_gigabytes_per_s"] == 1.0
+    assert data["limit_gigabytes_per_s"] == 4.0  # 2 GB from 0 to 0.5 s
     assert data["aggregate_ratio_to_limit"] == 0.25
     assert data["start_skew_ms"] == 500.0
-    assert [r["restore_gbps"] for r in data["per_rank"]] == [1.0, 0.667]
+    assert [r["restore_gigabytes_per_s"] for r in data["per_rank"]] == [1.0, 0.667]
     assert [r["ratio_to_limit"] for r in data["per_rank"]] == [0.5, 0.333]
 
 
@@ -104,7 +104,7 @@ def test_two_rank_processes_restore_their_shards_at_once() -> None:
     assert (data["rank_bytes"], data["bytes"]) == (shard, 2 * shard)
     assert data["shard"] == {"kv_heads": 8, "kv_heads_per_rank": 4, "replicated": False}
     assert [r["side"] for r in data["runs"]] == ["P", "Q", "Q", "P"]
-    assert data["aggregate_gbps"] == data["restore_gbps"] > 0
+    assert data["aggregate_gigabytes_per_s"] == data["restore_gigabytes_per_s"] > 0
     assert data["aggregate_ratio_to_limit"] == data["ratio_to_limit"] > 0
     assert set(data["orders"]) == {"P,Q", "Q,P"}
     ranks = data["per_rank"]

@@ -70,14 +70,14 @@ def test_json_keys_and_rounding() -> None:
     expected = {
         "bytes": 16 << 19,
         "verified": True,
-        "limit_gbps": 14.0,
-        "restore_gbps": 9.5,
-        "baseline_gbps": 5.5,
+        "limit_gigabytes_per_s": 14.0,
+        "restore_gigabytes_per_s": 9.5,
+        "baseline_gigabytes_per_s": 5.5,
         "ratio_to_limit": 0.625,
         "baseline_ratio_to_limit": 0.5,
         "speedup_vs_baseline": 1.75,
-        "store_gbps": 4.0,
-        "baseline_store_gbps": 0.5,
+        "store_gigabytes_per_s": 4.0,
+        "baseline_store_gigabytes_per_s": 0.5,
         "exists_keys_per_s": 1234,
         "query_keys_per_s": 1234,
         "baseline_query_keys_per_s": 100,
@@ -85,14 +85,14 @@ def test_json_keys_and_rounding() -> None:
     assert {key: data[key] for key in expected} == expected
     assert data["orders"] == {
         "P,Q": {
-            "restore_gbps": 9.0,
-            "baseline_gbps": 6.5,
+            "restore_gigabytes_per_s": 9.0,
+            "baseline_gigabytes_per_s": 6.5,
             "ratio_to_limit": 0.65,
             "baseline_ratio_to_limit": 0.5,
         },
         "Q,P": {
-            "restore_gbps": 10.5,
-            "baseline_gbps": 5.0,
+            "restore_gigabytes_per_s": 10.5,
+            "baseline_gigabytes_per_s": 5.0,
             "ratio_to_limit": 0.625,
             "baseline_ratio_to_limit": 0.5,
         },
@@ -102,13 +102,13 @@ def test_json_keys_and_rounding() -> None:
         "order": "Q,P",
         "profile": "p",
         "side": "P",
-        "restore_gbps": 12,
-        "limit_gbps": 16,
+        "restore_gigabytes_per_s": 12,
+        "limit_gigabytes_per_s": 16,
         "ratio_to_limit": 0.75,
         "verified": True,
     }
     assert list(data)[-1] == "runs"
-    assert "peer_gbps" not in data
+    assert "peer_gigabytes_per_s" not in data
 
 
 def test_a_peer_implementation_adds_the_peer_keys() -> None:
@@ -119,8 +119,8 @@ def test_a_peer_implementation_adds_the_peer_keys() -> None:
     ]  # fmt: skip
     data = make(runs, baseline="peer", extra={"peer": "hicache-file"}).to_dict()
     assert data["peer"] == "hicache-file"
-    assert (data["peer_gbps"], data["speedup_vs_peer"]) == (5.5, 1.75)
-    assert (data["peer_store_gbps"], data["store_speedup_vs_peer"]) == (0.5, 8.0)
+    assert (data["peer_gigabytes_per_s"], data["speedup_vs_peer"]) == (5.5, 1.75)
+    assert (data["peer_store_gigabytes_per_s"], data["store_speedup_vs_peer"]) == (0.5, 8.0)
     assert set(data["orders"]) == {"P,peer", "peer,P"}
     assert "baseline_query_keys_per_s" not in data
 

@@ -250,7 +250,7 @@ def test_audit_and_link_gauges(
 def test_a_configured_link_limit_is_exported(
     build: Build, unique_profile: Callable[..., Path], scrape: Callable[[str], Samples]
 ) -> None:
-    profile = unique_profile("[observability]\nlink_limit_gbps = 12.5\n")
+    profile = unique_profile('[observability]\nlink_limit_gbps = "12.5GB/s"\n')
     build(profile)
     assert value(scrape(profile.stem), "kvcr_policy_link_limit_bytes_per_second") == 12.5e9
 

@@ -52,7 +52,7 @@ def test_the_qwen3_plan(cli: Run) -> None:
         "no link limit",
     ):
         assert text in out, text
-    code, plan, _ = _json(cli, *QWEN, "--profile", "throughput", "--link-gbps", "50")
+    code, plan, _ = _json(cli, *QWEN, "--profile", "throughput", "--link-limit", "50GB/s")
     assert code == 0
     assert plan["tier"]["bytes_per_host"] == 8 * (4 << 30)
     assert plan["restore"]["bytes"] == 1812 * (2 << 20)
@@ -177,8 +177,8 @@ def test_a_measured_link(cli: Run) -> None:
                             "--set", "placement.capacity_bytes=64MiB")  # fmt: skip
     assert code == 0, err
     restore = plan["restore"]
-    assert restore["link_gbps"] > 0
+    assert restore["link_gigabytes_per_s"] > 0
     assert restore["link_from"].startswith("measured here")
     assert restore["predicted_seconds"] == pytest.approx(
-        restore["bytes"] / restore["link_gbps"] / 1e9
+        restore["bytes"] / restore["link_gigabytes_per_s"] / 1e9
     )

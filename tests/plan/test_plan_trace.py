@@ -37,7 +37,7 @@ def _json(cli: Run, *argv: str) -> dict[str, Any]:
 def test_the_paper_s_curve(cli: Run) -> None:
     """FAST'25 section 5.3: a 3M-token cache reaches well under half of what an unbounded one
     would, and about 50M tokens come close to the maximum."""
-    plan = _json(cli, *DONE, "--eviction", "lru", "--tp", "8", "--link-gbps", "20")
+    plan = _json(cli, *DONE, "--eviction", "lru", "--tp", "8", "--link-limit", "20GB/s")
     trace = plan["trace"]
     assert (trace["requests"], trace["block_references"], trace["distinct_blocks"]) == (
         12031,
@@ -56,7 +56,7 @@ def test_the_paper_s_curve(cli: Run) -> None:
 
 
 def test_the_figures_hold_together(cli: Run) -> None:
-    plan = _json(cli, *DONE, "--tp", "8", "--host-memory", "2TiB", "--link-gbps", "20")
+    plan = _json(cli, *DONE, "--tp", "8", "--host-memory", "2TiB", "--link-limit", "20GB/s")
     trace, geo = plan["trace"], plan["geometry"]
     assert geo["bytes_per_token_rank"] == 32 << 10  # qwen3-32b by default, tp 8
     assert geo["bytes_per_block_rank"] == 8 * (2 << 20)  # 512 tokens = 8 pages of 2 MiB
@@ -72,7 +72,7 @@ def test_the_figures_hold_together(cli: Run) -> None:
         rate = row["hit_tokens"] * (32 << 10) / trace["duration_s"]
         assert row["restore_bytes_per_s_rank"] == pytest.approx(rate)
         assert row["link_share"] == pytest.approx(rate / 20e9)
-    assert plan["link"] == {"gbps": 20.0, "from": "--link-gbps"}
+    assert plan["link"] == {"gigabytes_per_s": 20.0, "from": "--link-limit"}
 
 
 def test_the_table_names_each_strategy(cli: Run) -> None:
@@ -152,8 +152,10 @@ def test_real_bytes_that_differ_exit_1(cli: Run) -> None:
         (["--tokens", "1000"], "--tokens sizes a tier for a token count; --trace replays"),
         (["--bytes", "0"], "'--bytes': Input should be greater than or equal to 1"),
         (["--plot", "curve.txt"], "--plot curve.txt: has suffix '.txt'"),
-        (["--link-gbps", "nan"], "expected a finite number from 0.001 to 100000 GB/s, got 'nan'"),
-        (["--link-gbps", "inf"], "expected a finite number from 0.001 to 100000 GB/s, got 'inf'"),
+        (["--link-limit", "nan"], "expected a rate, a number and a unit"),
+        (["--link-gbps", "inf"], "expected a rate, a number and a unit"),
+        (["--link-limit", "50"], "got a bare number '50'"),
+        (["--link-limit", "200TB/s"], "expected a rate from 0.001GB/s to 100000GB/s"),
         (["--geometry", "qwen3-32b", "--capacity-tokens", "100G"], "more than the 256TiB"),
     ],
 )
@@ -194,17 +196,17 @@ def test_a_measured_link_is_compared(cli: Run, tmp_path: Path) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     plan = _json(cli, "--trace", str(path), "--capacity-tokens", "4096", "--geometry", "small",
                  "--measure-link")  # fmt: skip
-    assert plan["link"]["from"].startswith("measured here") and plan["link"]["gbps"] > 0
+    assert plan["link"]["from"].startswith("measured here") and plan["link"]["gigabytes_per_s"] > 0
     (row,) = plan["evictions"][0]["capacities"]
     assert row["hit_tokens"] == 3 * 4096  # every request after the first hits all 8 blocks
     rate = row["hit_tokens"] * plan["geometry"]["bytes_per_token_rank"] / 3.0
     assert row["restore_bytes_per_s_rank"] == pytest.approx(rate)
-    assert row["link_share"] == pytest.approx(rate / (plan["link"]["gbps"] * 1e9))
+    assert row["link_share"] == pytest.approx(rate / (plan["link"]["gigabytes_per_s"] * 1e9))
 
 
 def test_every_pool_counts_in_the_tier_and_the_restores(cli: Run) -> None:
-    one = _json(cli, *DONE, "--tp", "8", "--link-gbps", "20")["evictions"][0]["capacities"]
-    two = _json(cli, *DONE, "--tp", "8", "--link-gbps", "20", "--pools", "2")
+    one = _json(cli, *DONE, "--tp", "8", "--link-limit", "20GB/s")["evictions"][0]["capacities"]
+    two = _json(cli, *DONE, "--tp", "8", "--link-limit", "20GB/s", "--pools", "2")
     for single, double in zip(one, two["evictions"][0]["capacities"], strict=True):
         assert double["hit_tokens"] == single["hit_tokens"]
         for key in ("tier_bytes_per_rank", "restore_bytes_per_s_rank", "link_share"):

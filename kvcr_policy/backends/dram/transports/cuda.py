@@ -130,7 +130,7 @@ class _Registration:
             "bytes": self.nbytes,
             "device": f"cuda:{self.device}",
             "seconds": round(self.seconds, 6),
-            "gbps": round(self.nbytes / self.seconds / 1e9, 3) if self.seconds else None,
+            "gigabytes_per_s": round(self.nbytes / self.seconds / 1e9, 3) if self.seconds else None,
             "flags": "portable|mapped",
             "device_pointer": self.pointer,
         }
