@@ -399,9 +399,17 @@ def plan(
         float | None,
         typer.Option(
             "--link-limit",
-            "--link-gbps",
             parser=RateOption(MIN_LINK_GBPS, MAX_LINK_GBPS),
             help="Link limit for the predicted time, with its unit: e.g. 50GB/s, 400Gbit/s.",
+        ),
+    ] = None,
+    link_gbps_alias: Annotated[
+        float | None,
+        typer.Option(
+            "--link-gbps",
+            parser=RateOption(MIN_LINK_GBPS, MAX_LINK_GBPS),
+            hidden=True,
+            help="The former name of --link-limit; it takes the same rate with its unit.",
         ),
     ] = None,
     measure_link: Annotated[
@@ -437,7 +445,7 @@ def plan(
         pools=pools,
         prefix_tokens=prefix_tokens,
         host_memory=_parse_size(host_memory, "--host-memory") if host_memory else None,
-        link_gbps=link_gbps,
+        link_gbps=link_gbps if link_gbps is not None else link_gbps_alias,
         measure_link=measure_link,
         json_format=format is PlainFormat.json,
     )

@@ -17,6 +17,8 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 __all__ = ["PlainCommand", "PlainGroup", "package_version", "plain_help", "version_callback"]
 
+#: Ranges from this bound up are not printed in help (they are sanity bounds).
+_SANITY_BOUND = 1 << 20
 #: Options whose value is a pair, named as it is typed.
 _PAIRS = {"--set", "--vs-set"}
 
@@ -36,7 +38,7 @@ def version_callback(value: bool) -> None:
         raise typer.Exit(0)
 
 
-def _no_type(ctx: Any) -> None:
+def _no_type(*args: Any, **kwargs: Any) -> None:
     return None
 
 
@@ -46,6 +48,10 @@ def _plain(params: list[Any]) -> list[Any]:
         if param.metavar is not None:
             continue
         param.metavar = _value_name(param)
+        if (getattr(param, "max", None) or 0) >= _SANITY_BOUND:
+            # A bound far past any real value only guards against nonsense (the refusal
+            # states it); printed, [1<=x<=1099511627776] would squeeze the help column.
+            setattr(param, "_get_number_range_help_str", _no_type)  # noqa: B010
         if isinstance(param, TyperArgument):
             # An argument's name column already says PROFILES...; its type column would
             # repeat the annotation (<list[str]>).

@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from contextlib import nullcontext
 from enum import Enum
 from typing import Any
 
@@ -20,9 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ..observability.exposition import MetricsServer, check_public, serve_metrics
+from .headline import headline, ratio_note
 from .plot import check_plot, write_plot
+from .progress import progress
 from .resolve import resolve
-from .runner import Progress, run_plan, steps
+from .runner import run_plan, steps
 from .setup import BenchError, BenchSetup
 
 __all__ = ["run_command"]
@@ -103,8 +104,8 @@ def run_command(
     try:
         if exposed is not None:
             err.print(f"metrics: {exposed.url}", markup=False, highlight=False)
-        bar, say = _progress(steps(setup))
-        with bar if bar is not None else nullcontext():
+        shown, say = progress(steps(setup), err)
+        with shown:
             result = run_plan(plan, say)
         _report(result, screen_pct, plot, format)
         if exposed is not None:
@@ -116,7 +117,11 @@ def run_command(
 
 def _report(result: Any, screen_pct: float | None, plot: str | None, format: str) -> None:
     """Print the figures, then exit 1 if a restore did not verify or the screen failed."""
-    data = result.to_dict()
+    line = headline(result.to_dict(), result.baseline)
+    data = {"verdict": line, **result.to_dict()}
+    note = ratio_note(data)
+    if note is not None:
+        data["ratio_note"] = note
     verdict = result.screen(screen_pct) if screen_pct is not None else None
     if verdict is not None:
         data["screen"] = verdict.to_dict()
@@ -125,7 +130,10 @@ def _report(result: Any, screen_pct: float | None, plot: str | None, format: str
     if _text(format) == "json":
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
-        _print_table(data)
+        out.print(line, markup=False, highlight=False)
+        if note is not None:
+            out.print(note, markup=False, highlight=False)
+        _print_table(data, result.baseline)
     sys.stdout.flush()  # before /metrics is held up: a reader of a pipe sees the figures now
     if not result.verified:
         err.print("restored bytes did not match what was stored", markup=False)
@@ -153,34 +161,14 @@ def hold(exposed: MetricsServer, seconds: float | None) -> None:
             signal.signal(sig, handler)
 
 
-def _progress(total: int) -> tuple[Any, Progress]:
-    """A progress bar on stderr for people; silence when stderr is not a terminal."""
-    if not sys.stderr.isatty():
-        return None, lambda message: None
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bar
-
-    bar = Bar(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    )
-    task = bar.add_task("bench", total=total)
-
-    def say(message: str) -> None:
-        bar.update(task, advance=1, description=message)
-
-    return bar, say
-
-
-def _print_table(data: Mapping[str, Any]) -> None:
-    table = Table(title="kvcr-policy bench")
+def _print_table(data: Mapping[str, Any], baseline: str) -> None:
+    names = {label: p.get("name") or label for label, p in data.get("profiles", {}).items()}
+    compared = f"P = {names.get('P', 'P')}, {baseline} = {names.get(baseline, baseline)}"
+    table = Table(title=f"kvcr-policy bench: {compared}")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in data.items():
-        if isinstance(value, (dict, list)):
+        if isinstance(value, (dict, list)) or key in ("verdict", "ratio_note"):
             continue
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     out.print(table)

@@ -55,10 +55,13 @@ class OrderFigures:
         return ORDER_NAMES.get(self.order, self.order)
 
     def describe(self) -> str:
+        """One statistic, stated as such: the median of tuned/base rates taken in the same
+        moment. (The medians of each side's rates, in the JSON, come from different moments
+        and can point the other way on a noisy host.)"""
         return (
-            f"order {self.name}: before {self.before_gbps:.2f} GB/s ({self.before_ratio:.3f} "
-            f"of the limit), after {self.after_gbps:.2f} GB/s ({self.after_ratio:.3f}), "
-            f"gain {_pct(self.gain)} (spread {self.spread * 100:.1f} %)"
+            f"order {self.name}: tuned/base {1 + self.gain:.3f} = {_pct(self.gain)}, "
+            f"median of {self.repeats} pairs taken in the same moment "
+            f"(spread {self.spread * 100:.1f} %)"
         )
 
     def to_dict(self) -> dict[str, Any]:

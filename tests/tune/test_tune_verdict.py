@@ -66,3 +66,16 @@ def test_a_win_always_means_a_positive_gain_beyond_the_spread_in_each_order(
     # The same pairs with the sides swapped can never win too.
     swapped = [(q, p) for p, q in pairs]
     assert not (verdict.wins and judge(result({"P,Q": swapped, "Q,P": swapped})).wins)
+
+
+def test_each_order_is_described_by_one_statistic_whose_sign_is_the_verdicts() -> None:
+    # Paired in the same moment P loses every time, yet P's median rate is higher than Q's:
+    # the two medians come from different moments. The description states only the paired
+    # statistic, so no line reads "before 1.92, after 2.82, gain -16.9 %".
+    pairs = [(10.0, 11.0), (1.0, 1.1), (1.0, 1.1), (5.0, 1.0), (5.0, 1.0)]
+    order = judge(result({"P,Q": pairs, "Q,P": pairs})).orders[0]
+    assert order.after_gbps > order.before_gbps and order.gain < 0
+    text = order.describe()
+    assert "before" not in text and "after" not in text and "GB/s" not in text
+    assert f"tuned/base {1 + order.gain:.3f} = {order.gain * 100:+.1f} %" in text
+    assert "median of 5 pairs taken in the same moment" in text
