@@ -62,7 +62,8 @@ def _rows(plan: Plan, title: dict[str, Any]) -> list[tuple[str, str]]:
                                  f"{r['link_gigabytes_per_s']:.1f} GB/s (from {r['link_from']})")
         )  # fmt: skip
     else:
-        rows.append(("  predicted time", "no link limit: give --link-gbps or --measure-link"))
+        hint = "no link limit: give --link-limit (e.g. 50GB/s) or --measure-link"
+        rows.append(("  predicted time", hint))
     return rows
 
 

@@ -2,7 +2,7 @@
 
 A value given on the command line has the option as its origin (``--tp``); one left out has
 its default spelled out (``default: tp x pp``); the host's memory, unless given, is read from
-``/proc/meminfo``; the link limit comes from ``--link-gbps``, else the configuration
+``/proc/meminfo``; the link limit comes from ``--link-limit``, else the configuration
 (``observability.link_limit_gbps``), else a measurement when ``--measure-link`` asks for one.
 """
 

@@ -4,7 +4,7 @@ For every eviction strategy asked for and every capacity, the replay model
 (:mod:`~.replay`) gives the prefix hit rate; the rank geometry of the plan gives the tier's
 bytes per rank and per host for that capacity, and the bytes per second that restores must
 deliver at the trace's arrival rate (hit tokens x bytes per token x pools / the trace's
-duration), compared with the link limit (``--link-gbps``, ``observability.link_limit_gbps`` or
+duration), compared with the link limit (``--link-limit``, ``observability.link_limit_gbps`` or
 ``--measure-link``). The replay with no capacity limit gives the most any capacity can reach,
 and for each strategy the smallest listed capacity that reaches 90 % of it is named.
 """

@@ -40,7 +40,7 @@ def _heading(plan: Plan) -> list[str]:
     speed = (
         f"{link['gigabytes_per_s']:.1f} GB/s (from {link['from']})"
         if link["gigabytes_per_s"]
-        else "none: give --link-gbps or --measure-link"
+        else "none: give --link-limit (e.g. 50GB/s) or --measure-link"
     )
     return [
         f"trace {Path(t['path']).name}: {t['requests']} requests, {_count(t['input_tokens'])} "
