@@ -42,6 +42,9 @@ from .values import parse_size, shorten
 
 __all__ = ["app", "main"]
 
+#: The pool layouts, listed in each --layout's help (geometry.LAYOUTS, without its import cost).
+LAYOUT_HELP = "layer_first, page_first, page_first_direct or page_head."
+
 app = typer.Typer(
     name="kvcr-policy",
     cls=PlainGroup,
@@ -373,7 +376,7 @@ def plan(
     dtype: Annotated[str | None, typer.Option("--dtype", help="e.g. bfloat16.")] = None,
     page_size: Annotated[int | None, typer.Option("--page-size", min=1, max=MAX_DIM)] = None,
     mla: Annotated[bool | None, typer.Option("--mla/--mha", help="An MLA latent pool.")] = None,
-    layout: Annotated[str, typer.Option("--layout")] = "layer_first",
+    layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
     tp: Annotated[
         int | None, typer.Option("--tp", min=1, max=MAX_RANKS, help="Tensor-parallel size.")
     ] = None,
@@ -513,7 +516,7 @@ def bench(
     ] = None,
     vs: Annotated[str, typer.Option("--vs", help="Baseline profile (Q).")] = "default",
     geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
-    layout: Annotated[str, typer.Option("--layout")] = "layer_first",
+    layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
     tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
     target: Annotated[Target, typer.Option("--target")] = Target.cpu,
     transport: Annotated[
@@ -607,7 +610,7 @@ def tune(
         ),
     ] = None,
     geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
-    layout: Annotated[str, typer.Option("--layout")] = "layer_first",
+    layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
     tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
     mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
     scatter: Annotated[

@@ -218,7 +218,7 @@ def test_validate_json_all_good_exits_0(cli: Run) -> None:
     }
 
 
-@pytest.mark.parametrize("command", ["show", "plan", "bench", "tune"])
+@pytest.mark.parametrize("command", ["show", "plan", "bench", "tune", "serve", "audit"])
 def test_every_command_reads_its_profile_from_the_environment(
     cli: Run, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:

@@ -58,6 +58,13 @@ def test_help_fits_80_columns_names_values_and_lists_choices(
         assert "KEY=VALUE" in out and "PROFILE" in out
 
 
+def test_layout_help_lists_every_layout() -> None:
+    from kvcr_policy.cli import LAYOUT_HELP
+    from kvcr_policy.geometry import LAYOUTS
+
+    assert ", ".join(LAYOUTS[:-1]) + f" or {LAYOUTS[-1]}." == LAYOUT_HELP
+
+
 def test_version_prints_the_installed_version(cli: Run) -> None:
     status, out, err = cli("--version")
     assert (status, err) == (0, "")
