@@ -84,9 +84,9 @@ class RateOption(Finite):
     """
 
     def __call__(self, text: Any) -> float:
-        from .rates import parse_rate
+        from .rates import parse_gb_per_s
 
-        gb_per_s = parse_rate(text) / 1e9
+        gb_per_s = parse_gb_per_s(text)
         if not (math.isfinite(gb_per_s) and self.low <= gb_per_s <= self.high):
             message = (
                 f"expected a rate from {self.low:g}GB/s to {self.high:g}GB/s, "

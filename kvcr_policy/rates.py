@@ -24,6 +24,7 @@ __all__ = [
     "RATE_UNITS",
     "GBPerSecond",
     "gb_per_s_from_text",
+    "parse_gb_per_s",
     "parse_rate",
     "spell_gb_per_s",
 ]
@@ -59,6 +60,17 @@ _RATE_TEXT = re.compile(RATE_PATTERN, re.ASCII)
 
 def parse_rate(text: Any) -> float:
     """Bytes per second of a rate's text (``400Gbit/s`` is 5e10); ValueError naming the forms."""
+    number, unit = _split(text)
+    return number * RATE_UNITS[unit]
+
+
+def parse_gb_per_s(text: Any) -> float:
+    """GB/s of a rate's text; ``50.1GB/s`` is exactly ``50.1`` (no round trip through bytes)."""
+    number, unit = _split(text)
+    return number * (RATE_UNITS[unit] / 1e9)
+
+
+def _split(text: Any) -> tuple[float, str]:
     if isinstance(text, bool) or not isinstance(text, str):
         bare = isinstance(text, (int, float)) and not isinstance(text, bool)
         kind = "a bare number" if bare else type(text).__name__
@@ -68,14 +80,14 @@ def parse_rate(text: Any) -> float:
         bare = re.fullmatch(r"\s*[0-9.eE+-]+\s*", text) is not None
         what = "a bare number " if bare else ""
         raise ValueError(f"expected a rate, {RATE_FORMS}; got {what}{shorten(text)}")
-    return float(match.group(1)) * RATE_UNITS[match.group(2)]
+    return float(match.group(1)), match.group(2)
 
 
 def gb_per_s_from_text(value: Any) -> Any:
     """A config value: rate text -> GB/s; None (unset) passes; anything else is refused."""
     if value is None:
         return None
-    return parse_rate(value) / 1e9
+    return parse_gb_per_s(value)
 
 
 def spell_gb_per_s(value: float | None) -> str | None:
