@@ -2,8 +2,9 @@
 
 :class:`~kvcr_policy.backends.peer.worker.Worker` builds on it to own a UCX worker. Any thread may
 :meth:`Loop.call` or :meth:`Loop.submit`; everything else runs on the loop's thread. A turn
-runs the queued calls, fires due timers, runs the subclass's :meth:`Loop._progress` (which
-says how long the loop may sleep), and sleeps in ``select`` on the watched sockets and a
+runs the queued calls, fires due timers (after taking in what arrived meanwhile, so that a
+deadline never fires on an answer that is waiting), runs the subclass's :meth:`Loop._progress`
+(which says how long the loop may sleep), and sleeps in ``select`` on the watched sockets and a
 wake-up socket that :meth:`Loop.call` writes to.
 """
 
@@ -164,8 +165,23 @@ class Loop:
             except Exception:
                 log.exception("socket handler failed")
 
+    def _catch_up(self) -> None:
+        """Take in what arrived while this thread did not run: UCX completions (a
+        :meth:`_progress` that does not sleep) and readable sockets. A timer judges what has
+        completed so far; a thread starved on a busy host wakes with a deadline due and the
+        answer to it already waiting, and must see the answer first."""
+        self._progress(0.0)
+        for key, mask in self._selector.select(0):
+            try:
+                key.data(mask)
+            except Exception:
+                log.exception("socket handler failed")
+
     def _fire_timers(self) -> float:
         now = time.monotonic()
+        if self._timers and self._timers[0][0] <= now:
+            self._catch_up()
+            now = time.monotonic()
         while self._timers and self._timers[0][0] <= now:
             _, _, timer = heapq.heappop(self._timers)
             if not timer.cancelled:

@@ -105,6 +105,10 @@ class Runner:
             try:
                 handle = call(*args)
             except Exception as err:
+                if self._kvcr_failed():  # its progress thread died while nothing was pending
+                    self._fail(err)
+                    message = f"KVCR runner {self.name!r} failed: {err}; {kind}() refused"
+                    raise TransportError(message) from err
                 message = f"KVCR runner {self.name!r} refused a {kind}: {err}"
                 raise TransportError(message) from err
             with self._cond:
@@ -116,6 +120,16 @@ class Runner:
                 counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
                 self._cond.notify_all()
         return future
+
+    def _kvcr_failed(self) -> bool:
+        """Whether KVCR itself has failed (its progress thread died). The polling thread finds
+        that out only while something is pending; a call KVCR refuses asks here. Called with
+        ``_lock`` held."""
+        try:
+            self.kvcr.get_stats()  # KVCR's one call that reports its failure and changes nothing
+        except Exception:
+            return True
+        return False
 
     def query(self, keys: list[BlockKey]) -> list[Any]:
         with self._lock:

@@ -129,6 +129,55 @@ def test_a_kvcr_that_dies_mid_restore_gives_misses_never_wrong_bytes(
     assert pool.runner.quiescent is True
 
 
+def test_a_kvcr_that_dies_with_nothing_pending_fails_fast_from_the_next_call(
+    kvcr_pipeline: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KVCR's progress thread dies after a restore's claims and before its first delivery, so
+    nothing is pending and the polling thread sleeps: KVCR refuses the delivery, the pages
+    miss and nothing is written, and the runner records the failure, so the next call fails
+    fast instead of answering from a dead KVCR's metadata."""
+    from kvcr.progress import _KVCRProgress
+
+    pipeline = kvcr_pipeline(batching__read_batch_pages=64)
+    geo, buffer, keys = stored(pipeline, n=4)
+    view = pages_of(buffer, geo)
+    view[:, 20:24] = 7
+    before = view[:, 20:24].copy()
+    kvcr = kvcr_of(pipeline)
+    runner = pool_tier(pipeline).runner
+    dead = threading.Event()
+    original = _KVCRProgress._run_one_iteration
+
+    def iteration(self: Any) -> bool:
+        if dead.is_set():
+            raise RuntimeError("injected: the KVCR progress thread died")
+        return bool(original(self))
+
+    def kvcr_failed() -> bool:
+        try:
+            kvcr.get_stats()
+        except RuntimeError:
+            return True
+        return False
+
+    deliver = kvcr.deliver
+
+    def deliver_after_death(*args: Any) -> Any:
+        dead.set()
+        wait_until(kvcr_failed, "KVCR's progress thread dying", 60)
+        assert not runner._pending  # nothing pending: the poller cannot know (stats() would wait)
+        return deliver(*args)
+
+    monkeypatch.setattr(_KVCRProgress, "_run_one_iteration", iteration)
+    kvcr.deliver = deliver_after_death
+    assert pipeline.get(keys, token_indices(range(20, 24), P)) == [False] * 4
+    assert np.array_equal(view[:, 20:24], before)  # nothing written by a refused delivery
+    assert runner.stats()["failed"] is not None
+    with pytest.raises(TransportError, match="failed"):
+        pipeline.exists(keys)
+    pipeline.close()
+
+
 def _child(port: int, folder: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(port), str(folder)],

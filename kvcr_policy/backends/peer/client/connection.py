@@ -95,18 +95,34 @@ class Connection:
         knob: str = "transport.op_timeout_s",
     ) -> None:
         """Send ``message``; ``callback`` gets its reply, or a TransportError once ``timeout``
-        (default op_timeout_s; ``knob`` names the setting that gave it) passed without one."""
+        (default op_timeout_s; ``knob`` names the setting that gave it) passed without one and
+        without a UCX message completing on this connection (see :meth:`_no_reply`)."""
         if self.dead is not None:
             callback(BackendUnavailableError(f"peer {self.peer}: connection ended: {self.dead}"))
             return
         number = next(self._ids)
         limit = self.op_timeout_s if timeout is None else timeout
         kind = message.KIND.name
-        timer = self.worker.later(
-            limit, lambda: self.fail(f"{kind} got no reply within {limit} s ({knob})")
-        )
+        moved = self.link.completions
+        timer = self.worker.later(limit, lambda: self._no_reply(number, moved, limit, knob))
         self._pending[number] = _Pending(kind, callback, timer)
         self.channel.send(message, number)
+
+    def _no_reply(self, number: int, moved: int, limit: float, knob: str) -> None:
+        """``limit`` passed since request ``number`` was sent (or last re-armed). A reply that
+        follows data (SEND answers once its pages arrived) waits while UCX messages keep
+        completing on this connection: a busy host makes it late, not failed. Without a reply
+        and with no message completed for ``limit``, the connection fails."""
+        pending = self._pending.get(number)
+        if pending is None:
+            return
+        now = self.link.completions
+        if now != moved:
+            pending.timer = self.worker.later(
+                limit, lambda: self._no_reply(number, now, limit, knob)
+            )
+            return
+        self.fail(f"{pending.kind} got no reply within {limit} s ({knob})")
 
     def notify(self, message: m.Message) -> None:
         """Send a message that has no reply (RELEASE)."""
