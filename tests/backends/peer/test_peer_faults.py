@@ -201,7 +201,9 @@ def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(conne
         assert restarted.stop() == 0
 
 
-def test_sigterm_mid_transfer_stops_cleanly_and_logs(connect: Any) -> None:
+def test_sigterm_mid_transfer_stops_cleanly_and_logs(
+    connect: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     need_ucxx()
     from kvcr_policy.bench.server import PeerProcess
 
@@ -226,7 +228,13 @@ def test_sigterm_mid_transfer_stops_cleanly_and_logs(connect: Any) -> None:
     assert reads.miss_after(stopped) <= bound
     log = "\n".join(server.log)
     assert f"listening on {server.address}" in log
-    assert "got SIGTERM" in log and "stopped" in log and "stay mapped" not in log
+    assert "got SIGTERM" in log and "stopped" in log
+    # A clean stop frees every tier. The one exception is safe and logged: on a starved host
+    # the client may give up on the restore in flight first (no progress for op_timeout_s);
+    # the server then cannot prove UCX is done with that send, so it keeps the tier mapped
+    # rather than free memory a transfer may still touch.
+    gave_up = any("made no progress" in r.getMessage() for r in caplog.records)
+    assert "stay mapped" not in log or gave_up, "\n".join(server.log[-20:])
 
 
 def test_a_stopped_server_that_resumes_makes_calls_slower_not_failed(connect: Any) -> None:
