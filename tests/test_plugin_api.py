@@ -1,4 +1,4 @@
-"""The declared plugin API: one module exports it, docs/plugins.md lists it, the plugins keep to it."""
+"""The declared plugin API: one module exports it, docs/plugins.md lists it, plugins keep to it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every command of the docs' section on ``plan --trace`` (docs/plan.md) runs as written (in a scratch
+"""Every command of docs/plan.md's section on ``plan --trace`` runs as written (in a scratch
 folder that holds the repository's ``data/``, so the figure it draws lands there)."""
 
 from __future__ import annotations

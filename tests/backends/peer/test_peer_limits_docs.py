@@ -1,5 +1,6 @@
-"""The Security section of docs/peer.md states the server's limits with their numbers: each number is
-the code's constant, and its ``serve --metrics`` example runs as written (with a free port)."""
+"""The Security section of docs/peer.md states the server's limits with their numbers: each
+number is the code's constant, and its ``serve --metrics`` example runs as written (with a free
+port)."""
 
 from __future__ import annotations
 
