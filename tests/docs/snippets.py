@@ -47,6 +47,7 @@ class Snippet:
     code: str
     skip: str | None  # the reason, when it is not run
     serve: bool
+    note: str  # the marker's text after the reason ("" when unmarked)
 
     @property
     def where(self) -> str:
@@ -79,7 +80,8 @@ def snippets(path: Path) -> list[Snippet]:
             raise AssertionError(f"{path}:{index}: a snippet marker that does not parse: {before}")
         skip = mark.group("reason") if mark and mark.group("reason") else None
         serve = bool(mark and mark.group("serve"))
-        found.append(Snippet(path, index + 1, language, code, skip, serve))
+        note = (mark.group(3) or "").removeprefix(": ") if mark else ""
+        found.append(Snippet(path, index + 1, language, code, skip, serve, note))
         index = end + 1
     return found
 

@@ -98,11 +98,11 @@ def test_every_snippet_of_the_page_runs_or_says_why_not(page: Path, tmp_path: Pa
             _stop(server)
 
 
-def test_the_markers_name_their_reason_and_the_tests_they_rely_on_exist() -> None:
-    """A snippet left to another test names that test, and the test file exists."""
+def test_a_snippet_left_to_another_test_names_it_and_that_test_exists() -> None:
     for page in documents():
-        text = page.read_text(encoding="utf-8")
-        for mark in re.findall(r"<!-- snippet: skip tested(.*?)-->", text):
-            named = re.search(r"(tests/[\w/]+\.py)", mark)
-            assert named, f"{page}: a 'tested' snippet names no test: {mark}"
-            assert (ROOT / named.group(1)).is_file(), f"{page}: {named.group(1)} does not exist"
+        for snippet in snippets(page):
+            if snippet.skip == "tested":
+                named = re.search(r"\btests/[\w/]+\.py\b", snippet.note)
+                assert named, f"{snippet.where}: a 'tested' snippet names no test file"
+                missing = f"{snippet.where}: {named.group()} does not exist"
+                assert (ROOT / named.group()).is_file(), missing
