@@ -38,13 +38,16 @@ def test_ci_runs_the_quick_starts_test_command() -> None:
 
 def test_the_tests_mirror_the_package() -> None:
     """tests/X/Y holds the tests of kvcr_policy/X/Y; tests/plugins/NAME those of the plugin
-    plugins/kvcr-policy-NAME (tests/README.md)."""
+    plugins/kvcr-policy-NAME; tests/docs those of the documentation site docs/ (tests/README.md)."""
     tests = ROOT / "tests"
     folders = {path.parent.relative_to(tests) for path in tests.rglob("test_*.py")}
     strays = []
     for folder in sorted(folders):
         parts = folder.parts
-        if parts and parts[0] == "plugins":
+        if parts == ("docs",):
+            if not (ROOT / "docs" / "index.md").is_file() or not (ROOT / "mkdocs.yml").is_file():
+                strays.append("tests/docs: there is no docs site (docs/index.md, mkdocs.yml)")
+        elif parts and parts[0] == "plugins":
             if len(parts) != 2 or not (ROOT / "plugins" / f"kvcr-policy-{parts[1]}").is_dir():
                 strays.append(f"tests/{folder}: not tests/plugins/<plugin>")
         elif not (ROOT / "kvcr_policy" / folder / "__init__.py").is_file():
@@ -54,6 +57,7 @@ def test_the_tests_mirror_the_package() -> None:
 
 def test_every_test_path_the_docs_name_exists() -> None:
     docs = [ROOT / "README.md", ROOT / "tests" / "README.md", ROOT / ".ci" / "run"]
+    docs += sorted((ROOT / "docs").rglob("*.md")) + sorted((ROOT / "plugins").glob("*/README.md"))
     # A path followed by a wildcard or a placeholder (tests/test_*.py) is a pattern, not a path.
     paths = r"(?<![\w/])(tests/[\w/.-]*\w)(?![\w*</])"
     named = {m for doc in docs for m in re.findall(paths, doc.read_text(encoding="utf-8"))}

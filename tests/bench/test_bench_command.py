@@ -17,7 +17,7 @@ from kvcr_policy.bench.setup import BenchError
 from tests.support.commands import run_command, run_main
 
 SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
-# Every key the README's Benchmark section documents.
+# Every key docs/bench.md's Benchmark section documents.
 README_KEYS = (
     "bytes", "verified", "limit_gigabytes_per_s", "restore_gigabytes_per_s",
     "baseline_gigabytes_per_s", "ratio_to_limit",

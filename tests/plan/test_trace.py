@@ -1,4 +1,4 @@
-"""Reading a request trace: Mooncake's two traces as the README describes them, and every
+"""Reading a request trace: Mooncake's two traces as docs/plan.md describes them, and every
 malformed line refused with its line number, what was expected and what was found."""
 
 from __future__ import annotations

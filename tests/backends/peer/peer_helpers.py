@@ -36,7 +36,7 @@ def need_ucxx() -> None:
 
 
 def promised_s(config: PolicyConfig) -> float:
-    """How long the README gives a side loaded with ``config`` to settle a fault (a peer killed
+    """How long docs/peer.md gives a side loaded with ``config`` to settle a fault (a peer killed
     or stopped mid-transfer): ``transport.op_timeout_s``, plus one ``heartbeat_s`` of slack for
     a worker loop that a busy host ran late. That slack is a third of what the peers themselves
     tolerate: a peer is declared dead after three silent heartbeats (and a second)."""

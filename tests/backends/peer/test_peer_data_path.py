@@ -1,4 +1,4 @@
-"""The peer's data path as the README states it, observed from outside the code under test.
+"""The peer's data path as docs/peer.md states it, observed from outside the code under test.
 
 - "Metadata queries take one round trip per metadata-query batch": the client's control
   connection goes through a forwarding proxy that records who sent what, in causal order.

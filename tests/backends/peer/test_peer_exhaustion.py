@@ -362,7 +362,7 @@ def test_a_client_killed_mid_set_leaves_no_reservation(folder: Path, tls: str) -
             writer.send_signal(signal.SIGKILL)
             killed = time.monotonic()
             writer.wait()
-            # README: a dead client's reservations are released within op_timeout_s.
+            # docs/peer.md: a dead client's reservations are released within op_timeout_s.
             bound = promised_s(server_config({**SERVER_SETS, **LIMITS}))
             wait_until(
                 lambda: tenant("reserved") == 0,

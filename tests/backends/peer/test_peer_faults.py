@@ -2,7 +2,7 @@
 
 Each fault is proven to land mid-transfer before it is dealt: the server holds a claim for the
 read in flight (another client watches the tier), or the client has said it is reading. Each
-outcome is bounded by what the README promises, read from the configuration each side was
+outcome is bounded by what docs/peer.md promises, read from the configuration each side was
 loaded with (:func:`promised_s`: ``op_timeout_s`` and a heartbeat of slack), never a guess.
 """
 
@@ -174,7 +174,7 @@ def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(conne
     server.proc.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     server.proc.wait()
-    # README: misses within op_timeout_s of the batch in flight, and the client's grace.
+    # docs/peer.md: misses within op_timeout_s of the batch in flight, and the client's grace.
     bound = promised_s(pipeline.config) + ANSWER_GRACE_S
     reads.thread.join(bound)
     assert not reads.thread.is_alive(), f"a restore hung more than {bound} s after the kill"
@@ -219,7 +219,7 @@ def test_sigterm_mid_transfer_stops_cleanly_and_logs(
     claim_outstanding(observer, "term", reads.thread)
     server.proc.send_signal(signal.SIGTERM)
     stopped = time.monotonic()
-    # README: in-flight requests finish or fail within the server's op_timeout_s.
+    # docs/peer.md: in-flight requests finish or fail within the server's op_timeout_s.
     bound = promised_s(server_config())
     assert server.stop(timeout=bound) == 0, "\n".join(server.log[-20:])
     reads.thread.join(bound - (time.monotonic() - stopped))

@@ -10,7 +10,7 @@ then raw bytes that are not frames at all. After each drawn sequence:
   server sends fails to decode;
 - another tenant (alice) is still served: it stores two pages, reads them back byte for byte
   and counts them;
-- at the end, the server's memory grew by no more than the README's bounds (bob's and alice's
+- at the end, the server's memory grew by no more than docs/peer.md's bounds (bob's and alice's
   quotas, the frame budget, and each session's allowance).
 
 Bounded for CI: the server's limits are short (``op_timeout_s`` 2 s), a hang guard of 30 s per
@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 
 QUOTA = 32 << 20
 SESSIONS = 4
-#: README (Security): what a session may cost the server besides its tenant's tiers.
+#: docs/peer.md (Security): what a session may cost the server besides its tenant's tiers.
 SESSION_BYTES = 16 << 20
 MAX_EXAMPLES = min(settings().max_examples, 200)
 HANG_GUARD_S = 30.0  # a reply or a close comes within op_timeout_s (2 s); this is no speed bound
@@ -217,7 +217,7 @@ def test_the_authenticated_protocol_answers_refuses_or_closes_and_serves_others(
     assert bob.replies and bob.errors and bob.closes  # every outcome was reached
     grown = rss_bytes(server.proc.pid) - before
     bound = 2 * QUOTA + MAX_BUFFERED + (2 * SESSIONS) * SESSION_BYTES
-    assert grown <= bound, f"{grown >> 20} MiB grown, over the README's {bound >> 20} MiB"
+    assert grown <= bound, f"{grown >> 20} MiB grown, over docs/peer.md's {bound >> 20} MiB"
     assert server.proc.poll() is None, "\n".join(server.log[-20:])
     tracebacks = [line for line in server.log if "Traceback" in line]
     assert not tracebacks, "\n".join(server.log[-40:])

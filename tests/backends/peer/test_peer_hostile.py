@@ -1,6 +1,6 @@
 """Hostile frames over a real connection: error reply or closed connection, never a dead server.
 
-What the README promises for each frame: a malformed one gets an error reply or a closed
+What docs/peer.md promises for each frame: a malformed one gets an error reply or a closed
 connection (and a log line); a frame cut short is closed once ``op_timeout_s`` passed since its
 first byte (``security.handshake_timeout_s`` before authentication); whole, well-formed frames
 are handled like any request, and the session still answers a PING afterwards. Every wait is
@@ -65,7 +65,7 @@ def _replies(
 
 
 def _refused(replies: list[m.Message], closed: bool) -> bool:
-    """The README's answer to a malformed frame: an error reply or a closed connection."""
+    """docs/peer.md's answer to a malformed frame: an error reply or a closed connection."""
     return closed or any(isinstance(reply, m.Error) for reply in replies)
 
 

@@ -2,7 +2,7 @@
 and B2): the quota bounds a tenant's tiers with their bookkeeping, however small its pages;
 the frame budget is charged with the bytes that arrive and shared fairly between tenants.
 
-The bound asserted is the README's: a tenant's tiers cost at most
+The bound asserted is docs/peer.md's: a tenant's tiers cost at most
 ``security.tenant_quota_bytes``, and each of its sessions at most ``SESSION_BYTES`` more (its
 UCX worker and buffers: 2.4 MiB measured per session, 6.7 MiB for the first one, which also
 starts the server's UCX context). The margin is that stated figure, not a guess at the
@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.ucx, pytest.mark.slow]
 
 QUOTA = 48 << 20
 OP_TIMEOUT_S = 4.0  # a squatter's frame is replaced halfway to its deadline
-#: README (Security): what a session may cost the server besides its tenant's tiers.
+#: docs/peer.md (Security): what a session may cost the server besides its tenant's tiers.
 SESSION_BYTES = 16 << 20
 
 

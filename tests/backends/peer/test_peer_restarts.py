@@ -172,7 +172,7 @@ class Loop:
 
 
 def bound_after_kill(rig: Rig) -> float:
-    """README: a call in flight at a kill misses within op_timeout_s, and the answer grace."""
+    """docs/peer.md: a call in flight at a kill misses within op_timeout_s, and the answer grace."""
     return promised_s(rig.pipeline.config) + ANSWER_GRACE_S
 
 

@@ -1,4 +1,4 @@
-"""``kvcr-policy serve`` as the README describes it: loopback by default, a clean SIGTERM.
+"""``kvcr-policy serve`` as docs/peer.md describes it: loopback by default, a clean SIGTERM.
 
 The server runs as a child process started through its command line (``tests/backends/peer``'s
 :class:`Serve`); what it does is read from outside: the JSON line it prints, the kernel's socket
@@ -153,7 +153,7 @@ def test_sigterm_lets_the_read_in_flight_finish_and_releases_every_claim() -> No
         server.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         in_flight = thread.is_alive()
-        # README: in-flight requests finish or fail within op_timeout_s, then it stops.
+        # docs/peer.md: in-flight requests finish or fail within op_timeout_s, then it stops.
         thread.join(bound)
         assert not thread.is_alive(), f"the read in flight outlived SIGTERM by {bound} s"
         code = server.stop(timeout=bound - (time.monotonic() - signalled))

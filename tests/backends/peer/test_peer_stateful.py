@@ -307,7 +307,7 @@ class PeerMachine(RuleBasedStateMachine):
             return
 
         # A read's claim is released when the server's sends complete, just after the client's
-        # receives did: give it until the server's op_timeout_s, as the README promises.
+        # receives did: give it until the server's op_timeout_s, as docs/peer.md promises.
         def settled() -> dict[str, int] | None:
             tier = self.tier()
             return None if tier["claimed"] or tier["reserved"] else tier

@@ -1,7 +1,7 @@
 """What the backend must do with every host pool class of SGLang 0.5.23 (``host_pools.py``
 builds them): move it (``zero-copy``, ``pointers``, ``tensors``, ``logical``; see
 ``kvcr_policy/integrations/sglang/bindings.py``) or refuse it (``refused``, with a part of the
-reason). The README's host-pool table lists the same classes and verdicts.
+reason). The host-pool table of docs/sglang.md lists the same classes and verdicts.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each case (``host_pools.CASES``) is registered the way SGLang registers it (the KV anchor with
 ``register_mem_pool_host``, the others with ``register_mem_host_pool_v2``) and is either moved,
 every restored page byte-exact as SGLang reads it, or refused with its reason while the pages of
-that pool miss. The README's host-pool table lists the same classes and verdicts.
+that pool miss. The docs' host-pool table (docs/sglang.md) lists the same classes and verdicts.
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def test_a_pool_without_a_page_description_is_refused_with_what_it_lacks(
 
 
 def test_the_readme_table_lists_every_class_with_its_verdict() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = readme.split("### Host pools", 1)[1].split("\n### ", 1)[0]
+    readme = (ROOT / "docs" / "sglang.md").read_text(encoding="utf-8")
+    table = readme.split("## Host pools", 1)[1].split("\n## ", 1)[0]
     rows = {
         m.group(1): m.group(2)
         for m in re.finditer(r"^\| `(\w+)` \| [^|]* \| ([\w -]+?) \|", table, re.M)
@@ -135,5 +135,5 @@ def test_the_readme_table_lists_every_class_with_its_verdict() -> None:
     for case in CASES:
         expected.setdefault(case.cls, set()).add(case.expect)
     for cls, verdicts in expected.items():
-        assert cls in rows, f"README's host-pool table has no row for {cls}"
+        assert cls in rows, f"docs/sglang.md's host-pool table has no row for {cls}"
         assert set(rows[cls].split(" or ")) == verdicts, (cls, rows[cls], verdicts)

@@ -98,17 +98,16 @@ def test_check_reads_a_file_as_sglang_does_and_says_where_values_come_from(
     assert status == 0 and json.loads(out)["loads"] is False
 
 
-def _readme_section() -> str:
+def _docs_section() -> str:
     from tests.support.paths import ROOT
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    return readme.split("## SGLang HiCache backend", 1)[1].split("\n## ", 1)[0]
+    return (ROOT / "docs" / "sglang.md").read_text(encoding="utf-8")
 
 
-def test_the_readme_examples_run_as_written(
+def test_the_docs_examples_run_as_written(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    section = _readme_section()
+    section = _docs_section()
     command = "kvcr-policy sglang-config --profile throughput --set placement.capacity_bytes=64GiB"
     shown = section.split(command + "\n# ", 1)[1].split("\n", 1)[0]
     status, out, _ = run_main(capsys, *command.split()[1:])

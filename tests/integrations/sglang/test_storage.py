@@ -305,7 +305,7 @@ def test_real_pools_that_cannot_be_kept_fail_closed_with_their_reason(
     assert backend.batch_exists(["a"]) == 1
 
 
-# ---- configuration precedence through SGLang's factory (README, "Overriding from the
+# ---- configuration precedence through SGLang's factory (docs/sglang.md, "Overriding from the
 # environment"): extra_config overrides > KVCR_POLICY_* > the profile > schema defaults, and a
 # profile named in extra_config wins over KVCR_POLICY_PROFILE.
 

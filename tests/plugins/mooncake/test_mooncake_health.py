@@ -42,7 +42,7 @@ def health(listener: socket.socket, check: Callable[[], int], probe: Callable[[]
 
 
 def within(breaker: Any) -> float:
-    """How long the watcher may take to notice a change (README: within ``recheck_s``)."""
+    """How long the watcher may take to notice a change (its README: within ``recheck_s``)."""
     return 3 * breaker.interval
 
 

@@ -134,8 +134,8 @@ def test_building_without_mooncake_says_how_to_install(monkeypatch: pytest.Monke
     assert "libibverbs1" in message and ".ci/install-mooncake.sh" in message
 
 
-def test_the_readmes_profile_loads_as_it_says(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_plugin_readmes_profile_loads_as_it_says(tmp_path: Path) -> None:
+    readme = (ROOT / "plugins" / "kvcr-policy-mooncake" / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Across hosts with Mooncake Store", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```toml\n(.*?)```", section, re.S)
     assert block is not None, "the section has no profile"

@@ -273,7 +273,7 @@ def test_the_base_transport_has_no_copy_of_its_own() -> None:
     transport.close()
 
 
-# ---- non-temporal stores (README: "With transport.stream_min_bytes set, large copies use
+# ---- non-temporal stores (docs/engine.md: "With transport.stream_min_bytes set, large copies use
 # non-temporal stores") ----------------------------------------------------------------------
 
 

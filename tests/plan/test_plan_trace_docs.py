@@ -1,4 +1,4 @@
-"""Every command of the README's section on ``plan --trace`` runs as written (in a scratch
+"""Every command of docs/plan.md's section on ``plan --trace`` runs as written (in a scratch
 folder that holds the repository's ``data/``, so the figure it draws lands there)."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
-SECTION = "### Sizing from a workload: `kvcr-policy plan --trace`"
+SECTION = "## Sizing from a workload: `kvcr-policy plan --trace`"
 
 
 def _commands() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "plan.md").read_text(encoding="utf-8")
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return [line for line in section.splitlines() if line.startswith("kvcr-policy ")]
 
@@ -45,6 +45,6 @@ def test_each_documented_command_runs(
     if "--plot" in argv:
         drawn = tmp_path / argv[argv.index("--plot") + 1]
         assert drawn.read_bytes().startswith(b"\x89PNG")
-        assert (ROOT / argv[argv.index("--plot") + 1]).is_file()  # the README shows it
+        assert (ROOT / argv[argv.index("--plot") + 1]).is_file()  # docs/plan.md shows it
     if "--bytes" in argv:
         assert out.count("agrees with the model") == 4

@@ -1,5 +1,6 @@
-"""The README's Security section states the server's limits with their numbers: each number is
-the code's constant, and its ``serve --metrics`` example runs as written (with a free port)."""
+"""The Security section of docs/peer.md states the server's limits with their numbers: each
+number is the code's constant, and its ``serve --metrics`` example runs as written (with a free
+port)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from tests.support.commands import run_command
 from tests.support.paths import ROOT, child_env
 from tests.support.processes import next_line
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-SECURITY = README[README.index("## Security") : README.index("## Across hosts")]
+PAGE = (ROOT / "docs" / "peer.md").read_text(encoding="utf-8")
+SECURITY = PAGE[PAGE.index("## Security") :]
 EXAMPLE = "kvcr-policy serve --metrics 0.0.0.0:9480 --set observability.metrics_public=true"
 
 
@@ -49,7 +50,7 @@ def test_a_public_metrics_address_is_refused_without_the_opt_in() -> None:
 
 
 @pytest.mark.ucx
-def test_the_readmes_public_metrics_example_serves() -> None:
+def test_the_docs_public_metrics_example_serves() -> None:
     need_ucxx()
     argv = re.sub(r":9480\b", ":0", EXAMPLE).split()[1:]  # a free port, not 9480
     proc = subprocess.Popen(
