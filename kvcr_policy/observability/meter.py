@@ -6,7 +6,10 @@ already resolved. Counts arrive already summed (numpy reductions, lengths), neve
 
 Gauges of levels (tier bytes, claims, placement) are changed by the difference from what this
 meter last reported, not set: two pipelines with the same labels in one process then add up,
-and :meth:`PoolMeter.close` takes back exactly what this meter added.
+and :meth:`PoolMeter.close` takes back exactly what this meter added. When the last meter of
+some labels closes, the tier is gone: its level series are removed from ``/metrics``, not
+left at 0 (a fill of 0/0); its counters stay, as counters do, and so does the link limit
+measured (a property of the link, which a scrape after a benchmark still reads).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("kvcr_policy.observability")
+
+# Open meters per (registry families, labels): the level series go when the last one closes.
+_open_lock = threading.Lock()
+_open: dict[tuple[int, tuple[str, ...]], int] = {}
 
 
 def miss_reason(err: BaseException) -> str:
@@ -143,6 +150,10 @@ class PoolMeter:
         self._labels = labels
         self._evicted = 0
         self._lock = threading.Lock()
+        self._closed = False
+        with _open_lock:
+            key = (id(f), labels)
+            _open[key] = _open.get(key, 0) + 1
 
     def direction(self, read: bool) -> DirectionMeter:
         return self.restore if read else self.store
@@ -274,11 +285,27 @@ class PoolMeter:
             family.remove_by_labels(match)
 
     def close(self) -> None:
-        """Take back every level this meter added (the pool's tier is gone)."""
+        """Take back every level this meter added (the pool's tier is gone); the last meter
+        of these labels to close removes their level series (idempotent)."""
         with self._lock:
             levels = [self._capacity, self._used, *self._numa.values()]
             for level in levels if self._huge is None else [*levels, self._huge]:
                 level.update(0.0)
+            if self._closed:
+                return
+            self._closed = True
+        with _open_lock:
+            key = (id(self._families), self._labels)
+            left = _open[key] = _open[key] - 1
+            if left:
+                return
+            del _open[key]
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                return  # series cannot be removed there; the levels went back to 0
+            f = self._families
+            match = dict(zip(POOL_LABELS, self._labels, strict=True))
+            for family in (f.capacity, f.used, f.claims, f.huge_page_bytes, f.numa_pages):
+                family.remove_by_labels(match)
 
 
 def open_meter(
