@@ -147,6 +147,8 @@ class PoolMeter:
         # anything was audited or measured.
         self._huge: Level | None = None
         self._numa: dict[str, Level] = {}
+        self._base = 0.0  # the link limit probed or configured
+        self._fastest = 0.0  # the fastest restore call's speed
         self._labels = labels
         self._evicted = 0
         self._lock = threading.Lock()
@@ -186,8 +188,11 @@ class PoolMeter:
         another transfer held.
         """
         side = self.direction(read)
-        side.call(counts, page_bytes)
+        if read:
+            self._restored(counts.pages * page_bytes, seconds)
+        # Seconds before bytes: a scrape between the two reads a speed too low, never too high.
         self.seconds["get" if read else "set"].observe(seconds)
+        side.call(counts, page_bytes)
         limit = transfer.limit
         past = n_keys - limit
         default = "absent" if read else "claimed"
@@ -210,13 +215,34 @@ class PoolMeter:
     ) -> None:  # fmt: skip
         """A call that raised: what moved before, and every other page as a miss."""
         side = self.direction(read)
-        side.call(counts, page_bytes)
+        if read:
+            self._restored(counts.pages * page_bytes, seconds)
         self.seconds["get" if read else "set"].observe(seconds)
+        side.call(counts, page_bytes)
         side.miss(miss_reason(err), n_keys - counts.pages)
 
     def link_limit(self, bytes_per_second: float) -> None:
-        """Export the link limit (bytes per second) of this pool."""
-        self._families.link_limit.labels(*self._labels).set(bytes_per_second)
+        """Export the link limit (bytes per second) of this pool: the one probed or configured,
+        or the speed of a restore that beat it, whichever is larger (see :meth:`_restored`)."""
+        with self._lock:
+            self._base = float(bytes_per_second)
+            self._families.link_limit.labels(*self._labels).set(max(self._base, self._fastest))
+
+    def _restored(self, nbytes: int, seconds: float) -> None:
+        """A restore call moved ``nbytes`` in ``seconds``: a speed above the link limit raises
+        it. A probe is one copy; a restore overlaps several, so it can beat the probe, and a
+        configured limit may be set low; the limit exported is then what the link was seen
+        to do, and the share of it a dashboard shows (bytes over the seconds of the calls, a
+        mean of the calls' speeds) never passes 1."""
+        if nbytes <= 0 or seconds <= 0:
+            return
+        speed = nbytes / seconds
+        with self._lock:
+            if speed <= self._fastest:
+                return
+            self._fastest = speed
+            if speed > self._base:
+                self._families.link_limit.labels(*self._labels).set(speed)
 
     def probe(self, tier: Any, nbytes: int, runs: int = 1) -> None:
         """Run ``tier.probe(nbytes)`` ``runs`` times; export the best rate as the link limit."""

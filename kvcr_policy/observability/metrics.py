@@ -231,7 +231,8 @@ def _build(registry: CollectorRegistry) -> Families:
         link_limit=Gauge(
             "kvcr_policy_link_limit_bytes_per_second",
             "The link limit: the backend's largest single tier -> pool move, measured (probe) "
-            "or configured (observability.link_limit_gbps).",
+            "or configured (observability.link_limit_gbps), or a restore call's speed where "
+            "one was faster.",
             pool,
             registry=registry,
             multiprocess_mode="max",

@@ -259,6 +259,25 @@ def test_a_configured_link_limit_is_exported(
     assert value(scrape(profile.stem), "kvcr_policy_link_limit_bytes_per_second") == 12.5e9
 
 
+def test_a_restore_faster_than_the_limit_raises_it(
+    build: Build, unique_profile: Callable[..., Path], scrape: Callable[[str], Samples]
+) -> None:
+    """A limit set too low (or a probe of one copy, which an overlapping restore beats) is
+    raised to the fastest restore's speed, so the speed while restoring (bytes over the
+    seconds of get calls) is never more than the limit."""
+    profile = unique_profile('[observability]\nlink_limit_gbps = "1MB/s"\n')
+    pipeline = build(profile)
+    for n in (4, 16):
+        pipeline.set(keys_of(f"r{n}", n), pages(0, n))
+        assert pipeline.get(keys_of(f"r{n}", n), pages(0, n)) == [True] * n
+        s = scrape(profile.stem)
+        limit = value(s, "kvcr_policy_link_limit_bytes_per_second")
+        restored = value(s, "kvcr_policy_bytes_total", direction="restore")
+        seconds = value(s, "kvcr_policy_call_duration_seconds_sum", call="get")
+        assert limit >= 1e6
+        assert restored / seconds <= limit  # a mean speed above 1 MB/s raised the limit
+
+
 def test_metrics_off_records_nothing(
     build: Build, unique_profile: Callable[..., Path], scrape: Callable[[str], Samples]
 ) -> None:
