@@ -141,8 +141,9 @@ class PoolMeter:
         self.evictions = f.evictions.labels(*labels)
         self.claims = f.claims.labels(*labels)
         self._families = f
-        self._capacity = Level(f.capacity.labels(*labels))
-        self._used = Level(f.used.labels(*labels))
+        # Tier bytes are made on the first usage report: a backend that cannot tell them (a
+        # peer client's tier lives on the server, which exports it) shows none, not 0 of 0.
+        self._tier: tuple[Level, Level] | None = None
         # Made on first report: a series of 0 would claim "no huge pages" or "no link" before
         # anything was audited or measured.
         self._huge: Level | None = None
@@ -275,8 +276,12 @@ class PoolMeter:
             return
         now = usage()
         with self._lock:
-            self._capacity.update(now.capacity_bytes)
-            self._used.update(now.used_bytes)
+            if self._tier is None:
+                f = self._families
+                self._tier = (Level(f.capacity.labels(*self._labels)),
+                              Level(f.used.labels(*self._labels)))  # fmt: skip
+            self._tier[0].update(now.capacity_bytes)
+            self._tier[1].update(now.used_bytes)
             if now.evictions > self._evicted:
                 self.evictions.inc(now.evictions - self._evicted)
                 self._evicted = now.evictions
@@ -314,7 +319,7 @@ class PoolMeter:
         """Take back every level this meter added (the pool's tier is gone); the last meter
         of these labels to close removes their level series (idempotent)."""
         with self._lock:
-            levels = [self._capacity, self._used, *self._numa.values()]
+            levels = [*(self._tier or ()), *self._numa.values()]
             for level in levels if self._huge is None else [*levels, self._huge]:
                 level.update(0.0)
             if self._closed:
