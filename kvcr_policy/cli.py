@@ -240,6 +240,7 @@ def schema(
         bool,
         typer.Option("--tunable", help="List the knobs `tune` searches, with their candidates."),
     ] = False,
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
     """Print, regenerate (--write) or verify (--check) the committed schemas."""
     from .contract import check_schemas, json_schema, write_schemas
@@ -248,11 +249,20 @@ def schema(
         _print_tunable()
         return
     if write:
-        for path in write_schemas(folder):
+        wrote = write_schemas(folder)
+        if format is PlainFormat.json:
+            _print_json({"wrote": [str(path) for path in wrote]})
+            return
+        for path in wrote:
             out.print(f"wrote {path}")
         return
     if check:
         problems = check_schemas(folder)
+        if format is PlainFormat.json:
+            _print_json({"ok": not problems, "problems": list(problems)})
+            if problems:
+                raise typer.Exit(1)
+            return
         if problems:
             for problem in problems:
                 err.print(f"✗ {problem}", highlight=False, markup=False)

@@ -34,14 +34,15 @@ PROFILE = "peer-metrics"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A ``serve --metrics`` process with its own profile label; its JSON line."""
+    """A ``serve --metrics --format json`` process with its own profile label; its JSON line
+    (the report ``serve`` prints, JSON with or without ``--format json``)."""
     need_ucxx()
     profile = tmp_path_factory.mktemp("peer") / f"{PROFILE}.toml"
     profile.write_text("", encoding="utf-8")
     sets = [arg for key, val in SERVER_SETS.items() for arg in ("--set", f"{key}={val}")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvcr_policy", "serve", "--listen", "127.0.0.1:0", "--metrics",
-         "0", "--profile", str(profile), *sets, "--log-level", "warning"],
+         "0", "--profile", str(profile), *sets, "--log-level", "warning", "--format", "json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
