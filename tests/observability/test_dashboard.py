@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -239,7 +240,7 @@ def _filled(expr: str) -> str:
 
 
 @contextmanager
-def _peer_with_a_client(api: str, port: int, client: int) -> Iterator[int]:
+def _peer_with_a_client(api: str, port: int, client: int, folder: Path) -> Iterator[int]:
     """``kvcr-policy serve --metrics 127.0.0.1:port`` and a client pipeline of this process
     (its /metrics on ``client``) holding pages in the server's tier (pool ``kv``, as the
     benchmark's): the tier's capacity in bytes."""
@@ -261,11 +262,15 @@ def _peer_with_a_client(api: str, port: int, client: int) -> Iterator[int]:
     try:
         address = json.loads(next_line(serve))["listening"]
         overrides = {"transport.name": "ucx", "transport.options.peer": address}
+        # A profile label of its own: this process's registry may hold other tests' series.
+        profile = folder / f"client{uuid.uuid4().hex[:10]}.toml"
+        profile.write_text("", encoding="utf-8")
         geo = geometry(name="kv", pages=8)
-        with build_pipeline(load_config(overrides=overrides, environ={})) as pipeline:
+        loaded = load_config(profile, overrides=overrides, environ={})
+        with build_pipeline(loaded) as pipeline:
             pipeline.register_pool("kv", geo, pool_buffer(geo))
             # A rate needs a sample before the change: Prometheus reads the zeros first.
-            zeros = f'kvcr_policy_metadata_keys_queried_total{{instance="127.0.0.1:{client}"}}'
+            zeros = f'kvcr_policy_metadata_keys_queried_total{{profile="{profile.stem}"}}'
             wait_until(lambda: _query(api, zeros) == [0.0], "a scrape of the client", 60)
             keys = fresh_keys(4)
             assert pipeline.set(keys, token_indices(range(4), geo.page_size)) == [True] * 4
@@ -278,24 +283,27 @@ def _peer_with_a_client(api: str, port: int, client: int) -> Iterator[int]:
 
 
 def _series(api: str, expr: str, span: tuple[float, float]) -> list[tuple[dict[str, str], float]]:
-    """(labels, largest value) of every series of ``expr`` over ``span``."""
+    """(labels, largest finite value) of every series of ``expr`` with one over ``span``
+    (a ratio of zeros is NaN: a process that restored nothing has no speed)."""
     query = {"query": _filled(expr), "start": span[0], "end": span[1], "step": 0.5}
     reply = _get(f"{api}/api/v1/query_range?" + urllib.parse.urlencode(query))
     assert reply["status"] == "success", (expr, reply)
-    return [
-        (series["metric"], max(float(v) for _, v in series["values"]))
-        for series in reply["data"]["result"]
-    ]
+    found = []
+    for series in reply["data"]["result"]:
+        values = [float(v) for _, v in series["values"] if math.isfinite(float(v))]
+        if values:
+            found.append((series["metric"], max(values)))
+    return found
 
 
 def test_every_query_returns_data_from_a_real_bench_run(
-    prometheus: tuple[str, int, int, int],
+    prometheus: tuple[str, int, int, int], tmp_path: Path
 ) -> None:
     """A benchmark, a peer server and its client scraped in one job: every query returns
     data, tier panels show each process's tier on its own, and the share of the link limit
     stays at or below 1 (before its clamp)."""
     api, port, peer, client = prometheus
-    with _peer_with_a_client(api, peer, client) as server_capacity:
+    with _peer_with_a_client(api, peer, client, tmp_path) as server_capacity:
         _bench_and_check(api, port, peer, server_capacity)
 
 
@@ -331,10 +339,10 @@ def _bench_and_check(api: str, port: int, peer: int, server_capacity: int) -> No
         assert not empty, "queries without data:\n" + "\n".join(empty)
         by_title = {(title, ref): expr for title, ref, expr in queries()}
         capacity = _series(api, by_title[("Tier bytes", "A")], span)
-        tiers = {(labels["instance"], labels["backend"]): value for labels, value in capacity}
+        tiers = {(ls["instance"], ls["backend"], ls["pool"]): value for ls, value in capacity}
         assert len(tiers) == len(capacity), capacity  # each process's tier on its own
-        assert tiers[(f"127.0.0.1:{peer}", "peer-server")] == server_capacity  # not summed
-        assert (f"127.0.0.1:{port}", "dram") in tiers  # the benchmark's own
+        assert tiers[(f"127.0.0.1:{peer}", "peer-server", "kv")] == server_capacity  # not summed
+        assert (f"127.0.0.1:{port}", "dram", "kv") in tiers  # the benchmark's own
         for labels, value in _series(api, by_title[("Tier fill", "A")], span):
             assert 0 <= value <= 1, labels
         share = by_title[(SHARE, "A")].removeprefix("clamp_max(").removesuffix(", 1)")
