@@ -240,6 +240,7 @@ def schema(
         bool,
         typer.Option("--tunable", help="List the knobs `tune` searches, with their candidates."),
     ] = False,
+    format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
     """Print, regenerate (--write) or verify (--check) the committed schemas."""
     from .contract import check_schemas, json_schema, write_schemas
@@ -248,11 +249,20 @@ def schema(
         _print_tunable()
         return
     if write:
-        for path in write_schemas(folder):
+        wrote = write_schemas(folder)
+        if format is PlainFormat.json:
+            _print_json({"wrote": [str(path) for path in wrote]})
+            return
+        for path in wrote:
             out.print(f"wrote {path}")
         return
     if check:
         problems = check_schemas(folder)
+        if format is PlainFormat.json:
+            _print_json({"ok": not problems, "problems": list(problems)})
+            if problems:
+                raise typer.Exit(1)
+            return
         if problems:
             for problem in problems:
                 err.print(f"✗ {problem}", highlight=False, markup=False)
@@ -628,7 +638,10 @@ def tune(
     repeat: Annotated[
         int,
         typer.Option(
-            "--repeat", min=1, max=MAX_REPEAT, help="Repeats per order confirming (and --check)."
+            "--repeat",
+            min=1,
+            max=MAX_REPEAT,
+            help="Repeats per order confirming (and --remeasure).",
         ),
     ] = 9,
     trial_repeat: Annotated[
@@ -644,23 +657,45 @@ def tune(
         int, typer.Option("--seed", min=0, max=MAX_SEED, help="The sampler's seed.")
     ] = 0,
     write: Annotated[
-        Path | None, typer.Option("--write", help="Write the profile here if it wins.")
+        Path | None,
+        typer.Option("--output", "-o", metavar="PATH", help="Write the profile here if it wins."),
     ] = None,
     always_write: Annotated[
-        bool, typer.Option("--always-write", help="Write the best candidate even if it loses.")
+        bool,
+        typer.Option("--output-always", help="Write the best candidate even if it loses."),
     ] = False,
     check_path: Annotated[
         Path | None,
-        typer.Option("--check", help="Re-measure a written profile against its base."),
+        typer.Option(
+            "--remeasure", metavar="PATH", help="Re-measure a written profile against its base."
+        ),
     ] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+    write_alias: Annotated[Path | None, typer.Option("--write", hidden=True)] = None,
+    always_alias: Annotated[bool, typer.Option("--always-write", hidden=True)] = False,
+    check_alias: Annotated[Path | None, typer.Option("--check", hidden=True)] = None,
 ) -> None:
     """Search the tunable knobs on this host; write the profile only if it wins."""
     options = dict(locals(), set_=_overrides(set_))  # every option above, by name
     options["start"] = profile_or(start, "throughput")
+    # The former spellings, kept hidden: --write, --always-write and --check read like
+    # `schema --write/--check` (regenerate, verify in place) but took a path and measured.
+    options["write"] = _either(write, options.pop("write_alias"), "--output", "--write")
+    options["always_write"] = always_write or options.pop("always_alias")
+    options["check_path"] = _either(
+        check_path, options.pop("check_alias"), "--remeasure", "--check"
+    )
     from .tune.command import run_command
 
     run_command(**options)
+
+
+def _either(value: Any, alias: Any, name: str, former: str) -> Any:
+    """An option's value, given by its name or by its former (hidden) name, not both."""
+    if value is not None and alias is not None:
+        message = f"{former} is the former name of {name}: give {name} once"
+        raise typer.BadParameter(message, param_hint=name)
+    return alias if value is None else value
 
 
 def main(argv: list[str] | None = None) -> None:

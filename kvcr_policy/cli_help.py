@@ -9,13 +9,29 @@ choices keep their ``<a|b>`` list. ``tests/test_cli_help.py`` renders every comm
 
 from __future__ import annotations
 
+from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-__all__ = ["PlainCommand", "PlainGroup", "package_version", "plain_help", "version_callback"]
+__all__ = [
+    "JsonOnly",
+    "PlainCommand",
+    "PlainGroup",
+    "package_version",
+    "plain_help",
+    "version_callback",
+]
+
+
+class JsonOnly(str, Enum):
+    """``--format`` of a command whose report is JSON only (``serve``, ``sglang-config``): it
+    takes ``--format json`` as every reporting command does."""
+
+    json = "json"
+
 
 #: Ranges from this bound up are not printed in help (they are sanity bounds).
 _SANITY_BOUND = 1 << 20

@@ -6,7 +6,7 @@
     [profile]
     base = "throughput"     # a bundled name, or a path (relative to this file's folder)
 
-    [profile.tune]          # written by `kvcr-policy tune`; `tune --check` repeats it
+    [profile.tune]          # written by `kvcr-policy tune`; `tune --remeasure` repeats it
     target = "cpu"
     geometry = "small"
 

@@ -392,6 +392,14 @@ class ObservabilitySection(Section):
             "false: an opaque id stands for the tenant ('tenant-<8 hex>/POOL')."
         ),
     )
+    native_logs: bool = Field(
+        False,
+        description=(
+            "Mooncake's and NIXL's own log lines (INFO and WARNING) on stderr. false: errors "
+            "only (MC_LOG_LEVEL and NIXL_LOG_LEVEL ERROR, unless the environment sets them), "
+            "decided where the library first loads in the process."
+        ),
+    )
 
 
 class EvictionSection(Section):

@@ -237,3 +237,36 @@ def test_tune_profile_and_its_alias_from_name_the_start(cli: Run, option: str) -
     status, _out, err = cli("tune", option, "no-such-profile", "--budget", "1")
     assert status == 2
     assert "no bundled profile or file named 'no-such-profile'" in err, err
+
+
+def test_schema_reports_as_json(cli: Run, tmp_path: Path) -> None:
+    folder = tmp_path / "fresh"
+    code, out, _ = cli("schema", "--write", "--dir", str(folder), "--format", "json")
+    assert code == 0
+    wrote = json.loads(out)["wrote"]
+    assert wrote and all(Path(path).parent == folder for path in wrote)
+    code, out, _ = cli("schema", "--check", "--dir", str(folder), "--format", "json")
+    assert (code, json.loads(out)) == (0, {"ok": True, "problems": []})
+    pinned = json.loads((folder / FIELD_ORDER_FILE).read_text(encoding="utf-8"))
+    pinned["TransportSection"].reverse()
+    (folder / FIELD_ORDER_FILE).write_text(json.dumps(pinned), encoding="utf-8")
+    code, out, _ = cli("schema", "--check", "--dir", str(folder), "--format", "json")
+    report = json.loads(out)
+    assert code == 1 and report["ok"] is False
+    assert any("TransportSection" in problem for problem in report["problems"])
+
+
+def test_every_reporting_command_takes_format_json(cli: Run) -> None:
+    """Every command prints a report, so each takes ``--format json`` (serve and
+    sglang-config report in JSON only and take it too); each command's own tests parse it."""
+    import typer.main
+
+    from kvcr_policy.cli import app
+
+    names = sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    assert len(names) >= 11
+    for name in names:
+        code, out, _ = cli(name, "--help")
+        assert code == 0, name
+        line = next((line for line in out.splitlines() if "--format" in line), "")
+        assert "json" in line, f"{name}: {line or 'no --format'}"

@@ -91,10 +91,12 @@ class SGLangMooncakeSide:
         return self._run(self.client.batch_get_v1, keys, tokens)
 
 
-def _ours(plan: Plan, started: dict[str, Any], pool: Any) -> Any:
+def _ours(plan: Plan, started: dict[str, Any], pool: Any, metrics: bool = True) -> Any:
     from ..integrations.sglang import KVCRPolicyStorage
 
     overrides = side_overrides(plan, started)
+    if not metrics:  # the metadata pages are not the benchmark's traffic (see sides.exists_rate)
+        overrides["observability.metrics"] = False
     extra = {"interface_v1": 1, "profile": plan.setup.profile, "overrides": overrides}
     storage = KVCRPolicyStorage(single_rank_config(extra), {})
     storage.register_mem_pool_host(pool)
@@ -165,7 +167,7 @@ class SGLangMooncakeComparison:
             _threads(stack)
             sglang_pool = host_pool(tiny)
             started = stack.enter_context(plan.backend.start("exists", plan.setup.profile, tiny))
-            storage = _ours(plan, started, sglang_pool)
+            storage = _ours(plan, started, sglang_pool, metrics=False)
             stack.callback(storage.close)
             peer = sglang_store(str(started["backend.options.master"]), sglang_pool)
             stack.callback(_close_sglang, peer)

@@ -85,7 +85,9 @@ def exists_rate(plan: Plan, label: str, profile: str, repeat: int = 5) -> float:
 
     Asked of a fresh backend instance holding a small pool of one-byte pages on the target
     (in host memory, or on the GPU for ``cuda``, whose profiles may name the cuda transport),
-    median of ``repeat`` queries.
+    median of ``repeat`` queries. Its pipeline records no metrics (``observability.metrics``
+    false): its one-byte pages and lookups are not the benchmark's traffic, and would skew
+    ``kvcr_policy_pages_total`` against ``kvcr_policy_bytes_total``.
     """
     n = plan.setup.exists_keys
     geometry, buffer = plan.target.metadata_pool(
@@ -99,6 +101,7 @@ def exists_rate(plan: Plan, label: str, profile: str, repeat: int = 5) -> float:
             **started,
             **(plan.setup.overrides or {}),
             **only_q,
+            "observability.metrics": False,
         }
         with build_pipeline(load_config(profile=profile, overrides=overrides)) as pipeline:
             pipeline.register_pool("kv", geometry, buffer)

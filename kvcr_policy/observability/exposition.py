@@ -7,6 +7,11 @@ the caller names another host: ``--metrics 9480`` listens on ``127.0.0.1:9480``,
 Where ``PROMETHEUS_MULTIPROC_DIR`` is set (the process is one of several writing to that
 folder), the page merges every process's values with prometheus-client's
 :class:`~prometheus_client.multiprocess.MultiProcessCollector`, as SGLang's ``/metrics`` does.
+
+A process that serves its own page leaves out the ``*_created`` series (one per counter and
+histogram child: noise to a dashboard; prometheus-client's ``disable_created_metrics``), and
+shows ``kvcr_policy_build_info`` from the start. A process whose page is its host's (SGLang's)
+keeps the host's choice.
 """
 
 from __future__ import annotations
@@ -17,11 +22,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    disable_created_metrics,
+    start_http_server,
+)
 
 from ..errors import ArgumentError
 from ..hosts import host_part
 from ..values import shorten
+from .metrics import families
 
 __all__ = ["LOOPBACK", "MetricsServer", "check_public", "parse_listen", "serve_metrics"]
 
@@ -102,6 +113,9 @@ class MetricsServer:
 def serve_metrics(listen: str, registry: CollectorRegistry | None = None) -> MetricsServer:
     """Start serving ``/metrics`` on ``listen`` (see :func:`parse_listen`); port 0 picks one."""
     host, port = parse_listen(listen)
+    disable_created_metrics()
+    if registry is None:
+        families()  # the build info is there from the first scrape
     try:
         server, thread = start_http_server(port, host, registry or _registry())
     except OSError as err:

@@ -6,7 +6,10 @@ already resolved. Counts arrive already summed (numpy reductions, lengths), neve
 
 Gauges of levels (tier bytes, claims, placement) are changed by the difference from what this
 meter last reported, not set: two pipelines with the same labels in one process then add up,
-and :meth:`PoolMeter.close` takes back exactly what this meter added.
+and :meth:`PoolMeter.close` takes back exactly what this meter added. When the last meter of
+some labels closes, the tier is gone: its level series are removed from ``/metrics``, not
+left at 0 (a fill of 0/0); its counters stay, as counters do, and so does the link limit
+measured (a property of the link, which a scrape after a benchmark still reads).
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from .. import tier_reports as reports
-from .metrics import MISS_REASONS, POOL_LABELS, Families, families
+from .direction import CallCounts, DirectionMeter, Level, miss_reason
+from .metrics import POOL_LABELS, Families, families
 
 __all__ = [
     "CallCounts",
@@ -37,88 +40,9 @@ __all__ = [
 
 log = logging.getLogger("kvcr_policy.observability")
 
-
-def miss_reason(err: BaseException) -> str:
-    """The miss reason (:data:`~.metrics.MISS_REASONS`) of an exception on the data path."""
-    from ..errors import BackendUnavailableError, CapacityError, ClosedError, PoolError
-
-    if isinstance(err, CapacityError):
-        return "claimed"
-    if isinstance(err, PoolError):
-        return "pool_refused"
-    if isinstance(err, BackendUnavailableError | ClosedError | ConnectionError | TimeoutError):
-        return "backend_unavailable"
-    return "transport_error"
-
-
-@dataclass(slots=True)
-class CallCounts:
-    """What one get or set call moved, summed by the mover while it runs."""
-
-    batches: int = 0
-    pages: int = 0
-    plain: int = 0
-    coalesced: int = 0
-    sent: int = 0
-    #: The miss reason of the last batch that failed (its pages went to the fallback).
-    failure: str = "transport_error"
-    fallback: dict[str, int] = field(default_factory=dict)
-
-
-class Level:
-    """A gauge child this meter moves by differences (see the module docstring)."""
-
-    __slots__ = ("_child", "_value")
-
-    def __init__(self, child: Any) -> None:
-        self._child = child
-        self._value = 0.0
-
-    def update(self, value: float) -> None:
-        delta = value - self._value
-        if delta:
-            self._value = value
-            self._child.inc(delta)
-
-
-class DirectionMeter:
-    """The children of one pool and one direction (``restore`` or ``store``)."""
-
-    def __init__(self, f: Families, labels: tuple[str, ...], direction: str) -> None:
-        moved = (*labels, direction)
-        self.pages = f.pages.labels(*moved)
-        self.bytes = f.bytes.labels(*moved)
-        self.plain = f.descriptors_before.labels(*moved)
-        self.coalesced = f.descriptors_coalesced.labels(*moved)
-        self.sent = f.descriptors_split.labels(*moved)
-        self.batches = f.batches.labels(*moved)
-        self.inflight_batches = f.inflight_batches.labels(*moved)
-        self.inflight_bytes = f.inflight_bytes.labels(*moved)
-        # Every reason is created up front so that a dashboard shows zeros, not gaps.
-        self.misses = {reason: f.misses.labels(*moved, reason) for reason in MISS_REASONS}
-        self.fallback = {reason: f.fallback_pages.labels(*moved, reason) for reason in MISS_REASONS}
-
-    def window(self, batches: int, nbytes: int) -> None:
-        """One batch was submitted with ``batches`` batches and ``nbytes`` bytes in flight."""
-        self.inflight_batches.observe(batches)
-        self.inflight_bytes.observe(nbytes)
-
-    def call(self, counts: CallCounts, page_bytes: int) -> None:
-        """One call's totals."""
-        if counts.pages:
-            self.pages.inc(counts.pages)
-            self.bytes.inc(counts.pages * page_bytes)
-        if counts.batches:
-            self.batches.inc(counts.batches)
-            self.plain.inc(counts.plain)
-            self.coalesced.inc(counts.coalesced)
-            self.sent.inc(counts.sent)
-        for reason, pages in counts.fallback.items():
-            self.fallback[reason].inc(pages)
-
-    def miss(self, reason: str, pages: int) -> None:
-        if pages > 0:
-            self.misses[reason].inc(pages)
+# Open meters per (registry families, labels): the level series go when the last one closes.
+_open_lock = threading.Lock()
+_open: dict[tuple[int, tuple[str, ...]], int] = {}
 
 
 class PoolMeter:
@@ -134,15 +58,22 @@ class PoolMeter:
         self.evictions = f.evictions.labels(*labels)
         self.claims = f.claims.labels(*labels)
         self._families = f
-        self._capacity = Level(f.capacity.labels(*labels))
-        self._used = Level(f.used.labels(*labels))
+        # Tier bytes are made on the first usage report: a backend that cannot tell them (a
+        # peer client's tier lives on the server, which exports it) shows none, not 0 of 0.
+        self._tier: tuple[Level, Level] | None = None
         # Made on first report: a series of 0 would claim "no huge pages" or "no link" before
         # anything was audited or measured.
         self._huge: Level | None = None
         self._numa: dict[str, Level] = {}
+        self._base = 0.0  # the link limit probed or configured
+        self._fastest = 0.0  # the fastest restore call's speed
         self._labels = labels
         self._evicted = 0
         self._lock = threading.Lock()
+        self._closed = False
+        with _open_lock:
+            key = (id(f), labels)
+            _open[key] = _open.get(key, 0) + 1
 
     def direction(self, read: bool) -> DirectionMeter:
         return self.restore if read else self.store
@@ -175,8 +106,11 @@ class PoolMeter:
         another transfer held.
         """
         side = self.direction(read)
-        side.call(counts, page_bytes)
+        if read:
+            self._restored(counts.pages * page_bytes, seconds)
+        # Seconds before bytes: a scrape between the two reads a speed too low, never too high.
         self.seconds["get" if read else "set"].observe(seconds)
+        side.call(counts, page_bytes)
         limit = transfer.limit
         past = n_keys - limit
         default = "absent" if read else "claimed"
@@ -199,13 +133,34 @@ class PoolMeter:
     ) -> None:  # fmt: skip
         """A call that raised: what moved before, and every other page as a miss."""
         side = self.direction(read)
-        side.call(counts, page_bytes)
+        if read:
+            self._restored(counts.pages * page_bytes, seconds)
         self.seconds["get" if read else "set"].observe(seconds)
+        side.call(counts, page_bytes)
         side.miss(miss_reason(err), n_keys - counts.pages)
 
     def link_limit(self, bytes_per_second: float) -> None:
-        """Export the link limit (bytes per second) of this pool."""
-        self._families.link_limit.labels(*self._labels).set(bytes_per_second)
+        """Export the link limit (bytes per second) of this pool: the one probed or configured,
+        or the speed of a restore that beat it, whichever is larger (see :meth:`_restored`)."""
+        with self._lock:
+            self._base = float(bytes_per_second)
+            self._families.link_limit.labels(*self._labels).set(max(self._base, self._fastest))
+
+    def _restored(self, nbytes: int, seconds: float) -> None:
+        """A restore call moved ``nbytes`` in ``seconds``: a speed above the link limit raises
+        it. A probe is one copy; a restore overlaps several, so it can beat the probe, and a
+        configured limit may be set low; the limit exported is then what the link was seen
+        to do, and the share of it a dashboard shows (bytes over the seconds of the calls, a
+        mean of the calls' speeds) never passes 1."""
+        if nbytes <= 0 or seconds <= 0:
+            return
+        speed = nbytes / seconds
+        with self._lock:
+            if speed <= self._fastest:
+                return
+            self._fastest = speed
+            if speed > self._base:
+                self._families.link_limit.labels(*self._labels).set(speed)
 
     def probe(self, tier: Any, nbytes: int, runs: int = 1) -> None:
         """Run ``tier.probe(nbytes)`` ``runs`` times; export the best rate as the link limit."""
@@ -238,8 +193,12 @@ class PoolMeter:
             return
         now = usage()
         with self._lock:
-            self._capacity.update(now.capacity_bytes)
-            self._used.update(now.used_bytes)
+            if self._tier is None:
+                f = self._families
+                self._tier = (Level(f.capacity.labels(*self._labels)),
+                              Level(f.used.labels(*self._labels)))  # fmt: skip
+            self._tier[0].update(now.capacity_bytes)
+            self._tier[1].update(now.used_bytes)
             if now.evictions > self._evicted:
                 self.evictions.inc(now.evictions - self._evicted)
                 self._evicted = now.evictions
@@ -274,11 +233,27 @@ class PoolMeter:
             family.remove_by_labels(match)
 
     def close(self) -> None:
-        """Take back every level this meter added (the pool's tier is gone)."""
+        """Take back every level this meter added (the pool's tier is gone); the last meter
+        of these labels to close removes their level series (idempotent)."""
         with self._lock:
-            levels = [self._capacity, self._used, *self._numa.values()]
+            levels = [*(self._tier or ()), *self._numa.values()]
             for level in levels if self._huge is None else [*levels, self._huge]:
                 level.update(0.0)
+            if self._closed:
+                return
+            self._closed = True
+        with _open_lock:
+            key = (id(self._families), self._labels)
+            left = _open[key] = _open[key] - 1
+            if left:
+                return
+            del _open[key]
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                return  # series cannot be removed there; the levels went back to 0
+            f = self._families
+            match = dict(zip(POOL_LABELS, self._labels, strict=True))
+            for family in (f.capacity, f.used, f.claims, f.huge_page_bytes, f.numa_pages):
+                family.remove_by_labels(match)
 
 
 def open_meter(

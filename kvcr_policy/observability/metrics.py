@@ -7,6 +7,10 @@ and ``pool`` on everything a pipeline records, plus ``direction`` (``restore`` |
 ``call`` (``exists`` | ``get`` | ``set``), ``reason`` (:data:`MISS_REASONS`), ``node`` (NUMA
 node of the placement audit) and, for the peer server, ``kind``.
 
+``kvcr_policy_build_info`` (value 1) names the ``version`` of kvcr-policy and the ``python``
+that runs it, once per process (a process may run several backends: each series names its own
+``backend``).
+
 Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, as SGLang sets it for ``--enable-metrics``):
 prometheus-client then keeps every value in a file of that folder and the process serving
 ``/metrics`` merges them; counters and histograms add up across processes, and each gauge says
@@ -17,8 +21,10 @@ host's ranks add up; the link limit is the largest any process measured.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -91,10 +97,35 @@ class Families:
     peer_connections: Gauge
     peer_requests: Counter
     peer_rejected: Counter
+    build_info: Gauge
 
     def per_pool(self) -> list[Any]:
-        """The families labelled by :data:`POOL_LABELS` first (all but the peer server's)."""
-        return [getattr(self, f) for f in self.__dataclass_fields__ if not f.startswith("peer_")]
+        """The families labelled by :data:`POOL_LABELS` first (all but the peer server's and
+        the build info)."""
+        return [
+            getattr(self, f)
+            for f in self.__dataclass_fields__
+            if not f.startswith("peer_") and f != "build_info"
+        ]
+
+
+def _version() -> str:
+    try:
+        return version("kvcr-policy")
+    except PackageNotFoundError:  # pragma: no cover - a source tree never installed
+        return "unknown"
+
+
+def _build_info(registry: CollectorRegistry) -> Gauge:
+    info = Gauge(
+        "kvcr_policy_build_info",
+        "kvcr-policy's version and the Python running it (always 1).",
+        ("version", "python"),
+        registry=registry,
+        multiprocess_mode="max",
+    )
+    info.labels(_version(), platform.python_version()).set(1)
+    return info
 
 
 def _build(registry: CollectorRegistry) -> Families:
@@ -200,7 +231,8 @@ def _build(registry: CollectorRegistry) -> Families:
         link_limit=Gauge(
             "kvcr_policy_link_limit_bytes_per_second",
             "The link limit: the backend's largest single tier -> pool move, measured (probe) "
-            "or configured (observability.link_limit_gbps).",
+            "or configured (observability.link_limit_gbps), or a restore call's speed where "
+            "one was faster.",
             pool,
             registry=registry,
             multiprocess_mode="max",
@@ -223,6 +255,7 @@ def _build(registry: CollectorRegistry) -> Families:
             ("backend", "profile", "reason"),
             **kw,
         ),
+        build_info=_build_info(registry),
     )
 
 

@@ -6,7 +6,7 @@
   comparison against the start through the bench's runner (:mod:`kvcr_policy.bench`);
 - :mod:`.verdict`: no win without evidence (both orders, repeats, the screen, the spread);
 - :mod:`.written`, :mod:`.host`: the profile written, with its evidence in a comment header;
-- :mod:`.run`: ``tune`` and ``tune --check`` as functions; :mod:`.command`: the command.
+- :mod:`.run`: ``tune`` and ``tune --remeasure`` as functions; :mod:`.command`: the command.
 
 Nothing but the CLI (and the tests) imports this package.
 """

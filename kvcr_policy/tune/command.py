@@ -1,7 +1,7 @@
 """``kvcr-policy tune``: the command behind the CLI's options (cli.py only dispatches here).
 
 Inputs are checked before anything is measured (exit 2 with one message). ``tune`` exits 0
-whether it wrote a winning profile or the start stands (it says why); ``tune --check`` exits 1
+whether it wrote a winning profile or the start stands (it says why); ``tune --remeasure`` exits 1
 when the profile no longer wins, saying by how much. A restore that did not verify exits 1.
 """
 
@@ -118,7 +118,7 @@ def _command_line(setup: TuneSetup, write: Path | None) -> str:
     for path in setup.only:
         args += ["--only", path]
     args += ["--repeat", str(setup.repeat), "--trial-repeat", str(setup.trial_repeat)]
-    args += ["--seed", str(setup.seed)] + (["--write", str(write)] if write else [])
+    args += ["--seed", str(setup.seed)] + (["--output", str(write)] if write else [])
     return "kvcr-policy tune " + shlex.join(args)
 
 
@@ -161,9 +161,11 @@ def run_command(
         seed=seed,
     )
     if check_path is not None and write is not None:
-        raise TuneError("--check re-measures a written profile; it writes nothing: drop --write")
+        raise TuneError(
+            "--remeasure re-measures a written profile; it writes nothing: drop --output"
+        )
     if write is not None and write.exists() and write.is_dir():
-        raise TuneError(f"--write: {write} is a directory; name the profile file to write")
+        raise TuneError(f"--output: {write} is a directory; name the profile file to write")
     progress = _Progress(budget, live=sys.stderr.isatty())
     command = _command_line(setup, write)
     with progress.running():

@@ -1,4 +1,4 @@
-"""``tune`` and ``tune --check`` as functions: search, confirm, write; or re-measure a file.
+"""``tune`` and ``tune --remeasure`` as functions: search, confirm, write; or re-measure a file.
 
 :func:`tune` checks every input first (through the bench's resolve: exit 2 before anything is
 measured), builds the search space from the starting config, searches within the budget,
@@ -38,7 +38,7 @@ Say = Callable[[str], None]
 
 @dataclass
 class Outcome:
-    """What a ``tune`` or ``tune --check`` found; ``to_dict()`` is its JSON."""
+    """What a ``tune`` or ``tune --remeasure`` found; ``to_dict()`` is its JSON."""
 
     setup: TuneSetup
     start: str
@@ -238,7 +238,7 @@ def _recorded(path: Path, fallback: TuneSetup) -> TuneSetup:
 def check(path: Path, fallback: TuneSetup, say: Say = lambda message: None) -> Outcome:
     """Re-measure the profile at ``path`` against its base; the verdict says if it still wins."""
     if not path.is_file():
-        raise TuneError(f"--check: no profile file at {path}")
+        raise TuneError(f"--remeasure: no profile file at {path}")
     load_config(profile=path)  # a profile that no longer loads: ConfigError, exit 2
     setup = _recorded(path, fallback)
     if setup.repeat < MIN_REPEATS:

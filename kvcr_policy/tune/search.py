@@ -1,6 +1,6 @@
 """The search: optuna's TPE sampler over the knobs, each trial one bench comparison.
 
-A trial writes its candidate as a profile that extends the start (the same file ``--write``
+A trial writes its candidate as a profile that extends the start (the same file ``--output``
 would produce, so the candidate is loaded exactly as it will be), and measures it against the
 start with the bench's runner: both orders, every restored byte verified, each restore beside a
 limit probed right before it. The score is the bench's ``speedup_vs_baseline``: the median over

@@ -32,7 +32,7 @@ class TuneSetup:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     #: Wall-clock seconds for the whole command: search and confirmation.
     budget_s: float = 300.0
-    #: Restores per side and order when confirming (and for ``--check``).
+    #: Restores per side and order when confirming (and for ``--remeasure``).
     repeat: int = 9
     #: Restores per side and order of each search trial.
     trial_repeat: int = 3
@@ -60,7 +60,7 @@ class TuneSetup:
         )
 
     def record(self) -> dict[str, Any]:
-        """The axes as ``[profile.tune]`` records them, for ``tune --check``."""
+        """The axes as ``[profile.tune]`` records them, for ``tune --remeasure``."""
         return {
             "target": self.target,
             "backend": self.backend,

@@ -45,5 +45,5 @@ def test_both_sides_restore_verified_pages_and_hicache_files_are_removed(tmp_pat
         assert data[key] > 0
     assert (data["profile"], data["peer"]) == ("throughput", "hicache-file")
     assert data["profiles"]["peer"] == {"name": "hicache-file", "path": str(tmp_path)}
-    assert "Q" not in data["descriptors"] and "baseline_query_keys_per_s" not in data
+    assert "Q" not in data["descriptors"] and "baseline_exists_keys_per_s" not in data
     assert list(tmp_path.iterdir()) == []  # HiCacheFile's folder is removed

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -56,6 +57,8 @@ def _restored(samples: Samples) -> float:
 def test_a_scrape_after_the_run_shows_what_it_restored() -> None:
     with bench("--profile", "throughput", "--vs", "default") as (result, url):
         s = read_samples(url)
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            page = reply.read().decode()
     assert _restored(s) == result["bytes"] * len(result["runs"])
     for profile in ("throughput", "default"):
         mine = read_samples_of(s, profile)
@@ -73,7 +76,22 @@ def test_a_scrape_after_the_run_shows_what_it_restored() -> None:
     )
     # The limit is measured with P's pipeline before every restore.
     assert value(read_samples_of(s, "throughput"), "kvcr_policy_link_limit_bytes_per_second") > 0
-    assert value(s, "kvcr_policy_placement_numa_pages") >= 0  # audited after the stores
+    # Every pipeline closed: their tiers' level series are gone, not left at 0.
+    assert not [k for k in s if k[0] in ("kvcr_policy_tier_capacity_bytes",
+                                         "kvcr_policy_tier_used_bytes")]  # fmt: skip
+    for profile in ("throughput", "default"):
+        # The metadata test's one-byte pages stay out of the page counters: bytes per page
+        # stored = bytes per page restored = the benchmark's page.
+        mine = read_samples_of(s, profile)
+        per_page = {
+            d: value(mine, "kvcr_policy_bytes_total", direction=d)
+            / value(mine, "kvcr_policy_pages_total", direction=d)
+            for d in ("store", "restore")
+        }
+        assert per_page["store"] == per_page["restore"], (profile, per_page)
+        assert value(mine, "kvcr_policy_metadata_keys_queried_total") == 0  # no exists measured
+    assert "_created" not in page
+    assert "kvcr_policy_build_info{" in page
 
 
 def read_samples_of(samples: Samples, profile: str) -> Samples:

@@ -31,7 +31,7 @@ def test_both_profiles_in_both_orders_every_restore_verified() -> None:
     # Coalescing is on in throughput only: fewer descriptors reach its transport.
     assert data["descriptors"]["P"]["after"] < data["descriptors"]["P"]["before"]
     assert data["descriptors"]["Q"]["after"] == data["descriptors"]["Q"]["before"]
-    assert data["exists_keys_per_s"] > 0 and data["baseline_query_keys_per_s"] > 0
+    assert data["exists_keys_per_s"] > 0 and data["baseline_exists_keys_per_s"] > 0
     assert data["profiles"]["Q"]["path"].endswith("default.toml")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import socket
 import subprocess
@@ -18,14 +19,20 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvcr_policy.backends.peer.server.tiers import SLOT_COST
+from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
 from tests.support.installs import missing
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, child_env
+from tests.support.pools import fresh_keys, geometry, pool_buffer, token_indices
+from tests.support.processes import next_line
 from tests.support.waiting import wait_until
 
 DASHBOARD = ROOT / "dashboards" / "kvcr-policy.json"
@@ -33,7 +40,23 @@ PROMETHEUS = shutil.which("prometheus")
 SCRAPE = "200ms"
 # Grafana's variables as the test fills them in: every profile and pool, a window that covers
 # the whole run.
-VARIABLES = {"$__rate_interval": "2m", "$profile": ".*", "$pool": ".*"}
+VARIABLES = {
+    "$__rate_interval": "2m",
+    **{f"${name}": ".*" for name in ("job", "instance", "backend", "profile", "pool")},
+}
+#: Every selector of every query filters by each of these.
+FILTERS = ("job", "instance", "backend", "profile", "pool")
+#: Gauges of a process's tier: summed only within one process and backend (a peer server's tier
+#: and a client's are different tiers, and so are two processes').
+LEVELS = (
+    "kvcr_policy_tier_capacity_bytes",
+    "kvcr_policy_tier_used_bytes",
+    "kvcr_policy_claims_outstanding",
+    "kvcr_policy_placement_huge_page_bytes",
+    "kvcr_policy_placement_numa_pages",
+    "kvcr_policy_link_limit_bytes_per_second",
+)
+SHARE = "Restore speed while restoring, as a share of the link limit"
 
 pytestmark = [pytest.mark.slow]
 
@@ -78,16 +101,18 @@ def queries() -> list[tuple[str, str, str]]:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """A Prometheus server scraping 127.0.0.1:<port>: (its API URL, the port to serve on)."""
+def prometheus(tmp_path: Path) -> Iterator[tuple[str, int, int, int]]:
+    """A Prometheus server scraping three ports of 127.0.0.1 in one job: (its API URL, the
+    ports for the benchmark, a peer server and this process, its client)."""
     assert PROMETHEUS is not None
-    target, port = _free_port(), _free_port()
+    target, peer, client, port = _free_port(), _free_port(), _free_port(), _free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         f"global:\n  scrape_interval: {SCRAPE}\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: kvcr-policy\n"
         f"    scrape_interval: {SCRAPE}\n    scrape_timeout: {SCRAPE}\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{target}']\n",
+        f"    static_configs:\n      - targets: "
+        f"['127.0.0.1:{target}', '127.0.0.1:{peer}', '127.0.0.1:{client}']\n",
         encoding="utf-8",
     )
     server = subprocess.Popen(
@@ -116,7 +141,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
             every=0.1,
             ignore=(OSError,),
         )
-        yield api, target
+        yield api, target, peer, client
     finally:
         _stop(server)
 
@@ -124,8 +149,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
 def _query(api: str, expr: str, span: tuple[float, float] | None = None) -> list[float]:
     """Every value of ``expr``: at the last moment, or over ``span`` (start, end) every 0.5 s
     as a Grafana panel asks for its time range."""
-    for name, value in VARIABLES.items():
-        expr = expr.replace(name, value)
+    expr = _filled(expr)
     if span is None:
         url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     else:
@@ -141,19 +165,149 @@ def _query(api: str, expr: str, span: tuple[float, float] | None = None) -> list
     return values
 
 
+_SELECTOR = re.compile(r"\b(kvcr_policy_[a-z_]+)(\{[^}]*\})?")
+_MATCHER = re.compile(r'([a-z_]+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+_AGGREGATION = re.compile(r"\b(sum|max|min|avg) by \(([^)]*)\)\s*\(")
+
+
+def selectors(expr: str) -> list[tuple[str, dict[str, tuple[str, str]]]]:
+    """(metric, {label: (operator, value)}) of every selector in ``expr``."""
+    found = []
+    for match in _SELECTOR.finditer(expr):
+        body = (match.group(2) or "{}")[1:-1]
+        matchers = {m.group(1): (m.group(2), m.group(3)) for m in _MATCHER.finditer(body)}
+        rest = _MATCHER.sub("", body).replace(",", "").strip()
+        assert not rest, f"{expr}: cannot read {body!r}"
+        found.append((match.group(1), matchers))
+    return found
+
+
+def aggregations(expr: str) -> list[tuple[tuple[str, ...], str]]:
+    """(by-labels, the metric aggregated) of every ``op by (...) (...)`` in ``expr``."""
+    found = []
+    for match in _AGGREGATION.finditer(expr):
+        labels = tuple(label.strip() for label in match.group(2).split(","))
+        inner = _SELECTOR.search(expr, match.end())
+        assert inner is not None, expr
+        found.append((labels, inner.group(1)))
+    return found
+
+
 def test_the_dashboard_is_well_formed() -> None:
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    names = {v["name"] for v in dashboard["templating"]["list"]}
-    assert {"datasource", "profile", "pool"} <= names
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert {"datasource", *FILTERS} <= set(variables)
+    for name in ("instance", "backend", "profile", "pool"):  # each narrows to the ones above
+        assert 'job=~"$job"' in variables[name]["definition"], name
     found = queries()
     assert len(found) >= 20
     for title, ref, expr in found:
         assert "kvcr_policy_" in expr, title
         assert "[$__rate_interval]" in expr or "rate(" not in expr, (title, ref)
+        for metric, matchers in selectors(expr):
+            for label in FILTERS:
+                assert matchers.get(label) == ("=~", f"${label}"), (title, ref, metric, label)
+        for labels, metric in aggregations(expr):
+            if metric in LEVELS:  # never summed over processes or backends
+                assert {"instance", "backend"} <= set(labels), (title, ref, metric)
+    share = [expr for title, _, expr in found if title == SHARE]
+    assert len(share) == 1 and share[0].startswith("clamp_max(") and share[0].endswith(", 1)")
+    # Bytes, seconds and the limit of the share are grouped alike: one process's own ratio.
+    assert len({labels for labels, _ in aggregations(share[0])}) == 1
 
 
-def test_every_query_returns_data_from_a_real_bench_run(prometheus: tuple[str, int]) -> None:
-    api, port = prometheus
+def test_every_query_parses_as_promql(tmp_path: Path) -> None:
+    """promtool (Prometheus's own parser) reads each query, variables filled in."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        missing(
+            "promtool is not installed: bash .ci/install-tests.sh (or apt-get install prometheus)"
+        )
+    rules = [
+        {"record": f"kvcr:q{i}", "expr": _filled(expr)} for i, (*_, expr) in enumerate(queries())
+    ]
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}), "utf-8")
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
+def _filled(expr: str) -> str:
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    return expr
+
+
+@contextmanager
+def _peer_with_a_client(api: str, port: int, client: int, folder: Path) -> Iterator[int]:
+    """``kvcr-policy serve --metrics 127.0.0.1:port`` and a client pipeline of this process
+    (its /metrics on ``client``) holding pages in the server's tier (pool ``kv``, as the
+    benchmark's): the tier's capacity in bytes."""
+    need_ucxx()
+    from kvcr_policy import build_pipeline, load_config
+    from kvcr_policy.observability.exposition import serve_metrics
+
+    exposed = serve_metrics(f"127.0.0.1:{client}")
+
+    sets = [arg for key, val in SERVER_SETS.items() for arg in ("--set", f"{key}={val}")]
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "kvcr_policy", "serve", "--listen", "127.0.0.1:0", "--metrics",
+         f"127.0.0.1:{port}", *sets, "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=child_env(drop=("KVCR_POLICY_",)),
+    )  # fmt: skip
+    try:
+        address = json.loads(next_line(serve))["listening"]
+        overrides = {"transport.name": "ucx", "transport.options.peer": address}
+        # A profile label of its own: this process's registry may hold other tests' series.
+        profile = folder / f"client{uuid.uuid4().hex[:10]}.toml"
+        profile.write_text("", encoding="utf-8")
+        geo = geometry(name="kv", pages=8)
+        loaded = load_config(profile, overrides=overrides, environ={})
+        with build_pipeline(loaded) as pipeline:
+            pipeline.register_pool("kv", geo, pool_buffer(geo))
+            # A rate needs a sample before the change: Prometheus reads the zeros first.
+            zeros = f'kvcr_policy_metadata_keys_queried_total{{profile="{profile.stem}"}}'
+            wait_until(lambda: _query(api, zeros) == [0.0], "a scrape of the client", 60)
+            keys = fresh_keys(4)
+            assert pipeline.set(keys, token_indices(range(4), geo.page_size)) == [True] * 4
+            assert pipeline.exists([*keys, "absent"]) == 4
+            assert pipeline.get(keys, token_indices(range(4, 8), geo.page_size)) == [True] * 4
+            yield (256 << 20) // max(geo.page_bytes, SLOT_COST) * geo.page_bytes
+    finally:
+        _stop(serve)
+        exposed.close()
+
+
+def _series(api: str, expr: str, span: tuple[float, float]) -> list[tuple[dict[str, str], float]]:
+    """(labels, largest finite value) of every series of ``expr`` with one over ``span``
+    (a ratio of zeros is NaN: a process that restored nothing has no speed)."""
+    query = {"query": _filled(expr), "start": span[0], "end": span[1], "step": 0.5}
+    reply = _get(f"{api}/api/v1/query_range?" + urllib.parse.urlencode(query))
+    assert reply["status"] == "success", (expr, reply)
+    found = []
+    for series in reply["data"]["result"]:
+        values = [float(v) for _, v in series["values"] if math.isfinite(float(v))]
+        if values:
+            found.append((series["metric"], max(values)))
+    return found
+
+
+def test_every_query_returns_data_from_a_real_bench_run(
+    prometheus: tuple[str, int, int, int], tmp_path: Path
+) -> None:
+    """A benchmark, a peer server and its client scraped in one job: every query returns
+    data, tier panels show each process's tier on its own, and the share of the link limit
+    stays at or below 1 (before its clamp)."""
+    api, port, peer, client = prometheus
+    with _peer_with_a_client(api, peer, client, tmp_path) as server_capacity:
+        _bench_and_check(api, port, peer, server_capacity)
+
+
+def _bench_and_check(api: str, port: int, peer: int, server_capacity: int) -> None:
     began = time.time()
     bench = subprocess.Popen(
         [sys.executable, "-m", "kvcr_policy", "bench", "--geometry", "small", "--tokens", "2048",
@@ -172,7 +326,9 @@ def test_every_query_returns_data_from_a_real_bench_run(prometheus: tuple[str, i
                 break
         result = json.loads("".join(lines))
         time.sleep(1.0)  # a few more scrapes of the final values
-        restored = _query(api, 'sum(kvcr_policy_bytes_total{direction="restore"})')
+        restored = _query(
+            api, f'sum(kvcr_policy_bytes_total{{direction="restore", instance="127.0.0.1:{port}"}})'
+        )
         assert restored == [result["bytes"] * len(result["runs"])]
         empty = []
         span = (began, time.time())
@@ -181,5 +337,19 @@ def test_every_query_returns_data_from_a_real_bench_run(prometheus: tuple[str, i
             if not any(math.isfinite(v) for v in values):
                 empty.append(f"{title} [{ref}]: {expr} -> {values}")
         assert not empty, "queries without data:\n" + "\n".join(empty)
+        by_title = {(title, ref): expr for title, ref, expr in queries()}
+        capacity = _series(api, by_title[("Tier bytes", "A")], span)
+        tiers = {(ls["instance"], ls["backend"], ls["pool"]): value for ls, value in capacity}
+        assert len(tiers) == len(capacity), capacity  # each process's tier on its own
+        assert tiers[(f"127.0.0.1:{peer}", "peer-server", "kv")] == server_capacity  # not summed
+        assert (f"127.0.0.1:{port}", "dram", "kv") in tiers  # the benchmark's own
+        for labels, value in _series(api, by_title[("Tier fill", "A")], span):
+            assert 0 <= value <= 1, labels
+        share = by_title[(SHARE, "A")].removeprefix("clamp_max(").removesuffix(", 1)")
+        shares = _series(api, share, span)
+        assert shares
+        # Prometheus extrapolates the two rates of the ratio over the window alike, up to
+        # the share of one scrape interval (200 ms) in the 2 min window that it cuts.
+        assert all(value <= 1.01 for _, value in shares), shares
     finally:
         _stop(bench)

@@ -36,7 +36,7 @@ def test_a_short_real_tune_finishes_within_its_budget(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     target = tmp_path / "site.toml"
-    code, data, err = tune_in_process(capsys, "--budget", "10", "--write", str(target))
+    code, data, err = tune_in_process(capsys, "--budget", "10", "--output", str(target))
     assert code == 0, err
     assert data["trials"] and data["verdict"]["verified"] is True
     # The stopping rule, not the wall clock (a busy CI core slows any trial): a trial after the
@@ -76,7 +76,7 @@ def test_a_clear_win_is_written_rechecked_and_caught_when_it_no_longer_wins(
     code, data, err = tune_in_process(
         capsys,
         *("--profile", str(start), "--only", "batching.read_batch_pages"),
-        *("--budget", "120", "--repeat", "5", "--write", str(target)),
+        *("--budget", "120", "--repeat", "5", "--output", str(target)),
     )
     assert code == 0, err
     assert data["verdict"]["wins"] is True, data["message"]
@@ -87,10 +87,11 @@ def test_a_clear_win_is_written_rechecked_and_caught_when_it_no_longer_wins(
     text = target.read_text()
     assert text.count("  order ") == 2 and "# command: kvcr-policy tune --profile" in text
 
-    code, data, err = tune_in_process(capsys, "--check", str(target), "--repeat", "3")
+    code, data, err = tune_in_process(capsys, "--remeasure", str(target), "--repeat", "3")
     assert code == 0 and data["verdict"]["wins"] is True, err
 
     install(monkeypatch, smaller_batches)  # now large batches are the slow ones
+    # --check: the former name of --remeasure, kept as a hidden alias
     code, data, err = tune_in_process(capsys, "--check", str(target), "--repeat", "3")
     assert code == 1
     assert data["message"].startswith(f"{target} no longer wins: order ")
@@ -128,8 +129,12 @@ def test_a_win_within_the_spread_of_the_repeats_is_not_written(
         (["--repeat", "2"], "a confirmation needs at least 3 repeats"),
         (["--from", "nope"], "no bundled profile or file named 'nope'"),
         (["--tokens", "100"], "try --tokens 96"),
-        (["--check", "missing.toml"], "--check: no profile file at missing.toml"),
-        (["--check", "x.toml", "--write", "y.toml"], "it writes nothing: drop --write"),
+        (["--remeasure", "missing.toml"], "--remeasure: no profile file at missing.toml"),
+        (["--check", "missing.toml"], "--remeasure: no profile file at missing.toml"),
+        (["--remeasure", "x.toml", "--output", "y.toml"], "it writes nothing: drop --output"),
+        (["--check", "x.toml", "--write", "y.toml"], "it writes nothing: drop --output"),
+        (["--output", "a.toml", "--write", "b.toml"], "--write is the former name of --output"),
+        (["--remeasure", "a.toml", "--check", "b.toml"], "give --remeasure once"),
     ],
 )
 def test_bad_input_exits_2_before_anything_runs(args: list[str], message: str) -> None:
@@ -141,7 +146,7 @@ def test_bad_input_exits_2_before_anything_runs(args: list[str], message: str) -
 
 def test_check_refuses_a_profile_without_a_base(write_profile: Callable[..., Path]) -> None:
     path = write_profile("[batching]\nread_batch_pages = 64\n")
-    done = run_command("tune", "--check", str(path), timeout=120)
+    done = run_command("tune", "--remeasure", str(path), timeout=120)
     assert done.returncode == 2 and "names no base profile" in done.stderr
 
 
@@ -195,3 +200,12 @@ def test_a_third_party_option_is_tuned_and_written_like_a_built_in(
     origin = loaded.origin("batching.options.target_batch_bytes")
     assert origin == f"profile {target} [batching.options]"
     assert loaded.origin("batching.options.page_bytes") == f"profile {start} [batching.options]"
+
+
+def test_help_names_the_new_spellings_only(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(capsys, "tune", "--help")
+    assert code == 0
+    for name in ("--output", "--output-always", "--remeasure"):
+        assert name in out
+    for former in ("--write", "--always-write", "--check "):
+        assert former not in out  # hidden aliases

@@ -29,12 +29,14 @@ iterators and allocate nothing per key.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -60,6 +62,24 @@ __all__ = [
     "StoreStats",
     "count_extents",
 ]
+
+
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def _changes(method: _M) -> _M:
+    """Tell the store's watchers (:meth:`Store.watch`) once ``method`` returned or raised."""
+
+    @functools.wraps(method)
+    def changing(self: Store, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            for changed in self._watchers:
+                changed()
+
+    return cast(_M, changing)
+
 
 # Evicted keys remembered per store for the metrics' miss reasons (see Store.__init__).
 _EVICTED_KEPT = 1 << 16
@@ -213,6 +233,7 @@ class Store:
         # clear forget them. Bounded (oldest dropped first): a few MiB of keys at most.
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._evicted_max = min(capacity, _EVICTED_KEPT)
+        self._watchers: list[Callable[[], None]] = []
 
     @property
     def capacity(self) -> int:
@@ -231,6 +252,7 @@ class Store:
 
     # ---- writes ---------------------------------------------------------------------------
 
+    @_changes
     def reserve(self, keys: Sequence[str]) -> Reservation:
         """Hold slots for the keys that are neither published nor being written.
 
@@ -293,6 +315,7 @@ class Store:
                 held=held,
             )
 
+    @_changes
     def commit(self, reservation: Reservation, ok: Sequence[bool] | np.ndarray) -> int:
         """Publish the reserved keys whose write succeeded (``ok`` per covered key; entries for
         keys without a slot are ignored) and free the other slots. Returns how many keys were
@@ -315,6 +338,7 @@ class Store:
             self._check_open("commit")
             return self._settle(reservation, ok)
 
+    @_changes
     def abort(self, reservation: Reservation) -> None:
         """Free every slot of the reservation; a late or repeated abort does nothing."""
         with self._lock:
@@ -337,6 +361,7 @@ class Store:
             values = map(self._index.get, keys, itertools.repeat(-1))
             return np.fromiter(values, dtype=np.int64, count=len(keys))
 
+    @_changes
     def claim(self, keys: Sequence[str]) -> Claim:
         """Claim the slots of the leading run of published keys for a read.
 
@@ -368,6 +393,7 @@ class Store:
                 evicted=len(run) < len(keys) and keys[len(run)] in self._evicted,
             )
 
+    @_changes
     def release(self, claim: Claim) -> None:
         """End a claim. Idempotent per Claim; an entry whose slot has a newer generation is
         skipped, so a late completion never releases a newer occupant's claim."""
@@ -391,6 +417,7 @@ class Store:
 
     # ---- removal --------------------------------------------------------------------------
 
+    @_changes
     def delete(self, keys: Iterable[str]) -> int:
         """Remove keys; returns how many published keys were removed. A claimed key vanishes
         from lookups now and its slot is freed by the last release; a key being written is
@@ -399,6 +426,7 @@ class Store:
             self._check_open("delete")
             return self._remove(list(keys))
 
+    @_changes
     def clear(self) -> int:
         """Remove every key (as :meth:`delete` of all of them); returns how many were published."""
         with self._lock:
@@ -406,6 +434,7 @@ class Store:
             self._evicted.clear()
             return self._remove([*self._index, *self._reserving])
 
+    @_changes
     def evict(self, count: int) -> int:
         """Evict up to ``count`` unclaimed published keys in policy order (not those an open
         reservation holds as present); returns how many."""
@@ -414,6 +443,12 @@ class Store:
             return self._evict(count, frozenset())
 
     # ---- state ----------------------------------------------------------------------------
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        """Call ``changed()`` after every call that may change the slots' states (reserve,
+        commit, abort, claim, release, delete, clear, evict), outside the lock, on the calling
+        thread: gauges of claims and bytes in use follow each change, not the next request."""
+        self._watchers.append(changed)
 
     def stats(self) -> StoreStats:
         """Current counters."""

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 import typer
 
+from kvcr_policy.cli_help import JsonOnly
 from kvcr_policy.cli_numbers import Finite
 from kvcr_policy.values import shorten
 
@@ -73,6 +74,9 @@ def serve_command(
             "--metrics", help="Serve /metrics on HOST:PORT (a bare PORT listens on loopback)."
         ),
     ] = None,
+    format: Annotated[
+        JsonOnly, typer.Option("--format", "-f", help="Its report (one line) is JSON.")
+    ] = JsonOnly.json,
 ) -> None:
     """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
     from kvcr_policy.loading import load_config

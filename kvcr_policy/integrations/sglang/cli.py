@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ...cli_help import JsonOnly
 from ...loading import load_config
 from .config import LOADER_KEYS, extra_config_for, parse_extra_config
 from .flag import read_flag
@@ -74,6 +75,9 @@ def sglang_config_command(
             help="Check a flag value (JSON text or @FILE) as SGLang and the backend read it.",
         ),
     ] = None,
+    format: Annotated[
+        JsonOnly, typer.Option("--format", "-f", help="Both the value and a check are JSON.")
+    ] = JsonOnly.json,
 ) -> None:
     """Print the SGLang --hicache-storage-backend-extra-config for a profile, or check one."""
     if check is not None:

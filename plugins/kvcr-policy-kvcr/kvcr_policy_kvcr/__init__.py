@@ -27,7 +27,8 @@ def _backend(context: BackendContext, options: KvcrOptions) -> Any:
     try:
         from .agent import load_nixl
 
-        load_nixl()  # before kvcr imports it: NIXL's own logging would print on stdout
+        # before kvcr imports it: NIXL's own logging would print on stdout
+        load_nixl(context.config.observability.native_logs)
         from .backend import KvcrBackend
     except ImportError as err:
         message = f"backend 'kvcr' needs the KVCR runner, which does not import ({err}); {INSTALL}"

@@ -37,8 +37,12 @@ _lock = threading.Lock()
 _progress_thread: dict[str, bool] = {}  # agent name -> NIXL progress thread, while it starts
 
 
-def load_nixl() -> None:
+def load_nixl(native_logs: bool = False) -> None:
     """Import NIXL with its logging routed like any library's (idempotent).
+
+    NIXL logs errors only (``NIXL_LOG_LEVEL=ERROR``) unless ``native_logs``
+    (``observability.native_logs``) or the environment sets its level; decided when NIXL first
+    loads in the process.
 
     Importing NIXL (1.5) configures its ``nixl`` logger to print INFO lines on stdout, where a
     command's JSON (``kvcr-policy bench --format json``) or an engine's own output goes, and
@@ -48,6 +52,8 @@ def load_nixl() -> None:
     """
     raise_exceptions = logging.raiseExceptions
     first = "nixl" not in sys.modules
+    if first and not native_logs:
+        os.environ.setdefault("NIXL_LOG_LEVEL", "ERROR")
     import nixl  # noqa: F401
 
     if first:

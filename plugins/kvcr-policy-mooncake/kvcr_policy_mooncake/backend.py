@@ -45,7 +45,8 @@ class MooncakeBackend:
         self.loaded = context.loaded
         window = context.config.batching.window_batches
         self.threads = options.threads or window or 1
-        self.client = StoreClient(options, context.loaded.origin)
+        native = context.config.observability.native_logs
+        self.client = StoreClient(options, context.loaded.origin, native)
         # One call never holds more transfers than the tcp transport queues (client.py).
         self.call_buffers = min(options.call_buffers or self.client.queue, self.client.queue)
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="kvcr-mooncake")

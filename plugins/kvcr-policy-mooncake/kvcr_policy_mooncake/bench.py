@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 
 from kvcr_policy.plugin_api import BenchBackend, BenchError, BenchSetup, Pipeline, PoolGeometry
 
+from .client import quiet_logs
+
 __all__ = ["MOONCAKE_INSTALL", "MooncakeBench"]
 
 
@@ -42,11 +44,23 @@ class MooncakeBench(BenchBackend):
 
     def check(self) -> None:
         super().check()
+        quiet_logs(self._native_logs())
         try:
             import mooncake.store  # noqa: F401  (libibverbs.so.1 is found only on import)
         except ImportError as err:
             raise BenchError(f"backend 'mooncake' cannot import mooncake ({err}): "
                              f"{MOONCAKE_INSTALL}") from err  # fmt: skip
+
+    def _native_logs(self) -> bool:
+        """``observability.native_logs`` of the run's profile and --set (false if it does not
+        load: the run then stops on that with its own message)."""
+        from kvcr_policy import load_config
+
+        try:
+            loaded = load_config(profile=self.setup.profile, overrides=self.setup.overrides)
+        except Exception:
+            return False
+        return bool(loaded.config.observability.native_logs)
 
     def planned(self) -> dict[str, Any]:
         return {"backend.name": "mooncake", "backend.options.master": "127.0.0.1:1"}

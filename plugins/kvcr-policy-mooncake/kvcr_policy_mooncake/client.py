@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -43,8 +44,22 @@ TCP_QUEUE_ENV = "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"
 _PROBE_KEY = "kvcr-policy/health-probe"
 
 
-def import_store() -> tuple[Any, Any]:
+#: Mooncake's log level (TRACE, INFO, WARNING, ERROR), read when its library loads.
+LOG_ENV = "MC_LOG_LEVEL"
+
+
+def quiet_logs(native: bool) -> None:
+    """Before Mooncake first loads in this process: its log lines on stderr are errors only
+    unless ``native`` (``observability.native_logs``); an ``MC_LOG_LEVEL`` the environment sets
+    wins. Child processes (segment holders) inherit it. A bench of the ``mooncake`` backend
+    printed 64 glog lines per run, INFO mostly, with the level left alone."""
+    if not native and "mooncake.store" not in sys.modules:
+        os.environ.setdefault(LOG_ENV, "ERROR")
+
+
+def import_store(native_logs: bool = False) -> tuple[Any, Any]:
     """``(MooncakeDistributedStore, ReplicateConfig)``, or a PluginError saying how to install."""
+    quiet_logs(native_logs)
     try:
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
     except ImportError as err:  # libibverbs.so.1 missing is an ImportError too
@@ -80,8 +95,10 @@ def _wait_for_master(address: tuple[str, int], deadline: float) -> str | None:
 class StoreClient:
     """See the module docstring. ``origin(path)`` says where a config value came from."""
 
-    def __init__(self, options: MooncakeOptions, origin: Callable[[str], str]) -> None:
-        store_cls, replicate_cls = import_store()
+    def __init__(
+        self, options: MooncakeOptions, origin: Callable[[str], str], native_logs: bool = False
+    ) -> None:
+        store_cls, replicate_cls = import_store(native_logs)
         self.options = options
         host, port = split_address(options.master)
         self.master = (host, port)

@@ -922,3 +922,25 @@ def test_four_threads_keep_the_store_consistent() -> None:
     free = np.flatnonzero(snap.states == SlotState.FREE)
     assert [s for start, n in snap.free_runs for s in range(start, start + n)] == free.tolist()
     assert stats.hits > 0 and stats.evictions > 0
+
+
+def test_watchers_see_every_change_after_it_happened() -> None:
+    """A watcher is called once per changing call, after it, outside the lock (it may read
+    the stats), so the claims and bytes in use it reads are the new ones."""
+    store = Store(4)
+    seen: list[tuple[int, int]] = []
+    store.watch(lambda: seen.append((store.stats().used, store.stats().claimed)))
+    reservation = store.reserve(["a", "b"])
+    assert seen == [(0, 0)]  # reserved, not yet in use
+    store.commit(reservation, [True, True])
+    claim = store.claim(["a", "b"])
+    store.release(claim)
+    store.abort(store.reserve(["c"]))
+    store.delete(["a"])
+    store.evict(1)
+    store.clear()
+    assert seen == [(0, 0), (2, 0), (2, 2), (2, 0), (2, 0), (2, 0), (1, 0), (0, 0), (0, 0)]
+    store.contains_prefix(["a"])
+    store.lookup(["a"])
+    store.stats()
+    assert len(seen) == 9  # reads change nothing and call no one

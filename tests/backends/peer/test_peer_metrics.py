@@ -4,22 +4,28 @@ tier gauges, read over HTTP while a real client moves pages over UCX."""
 from __future__ import annotations
 
 import json
+import platform
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvcr_policy.backends.peer.server.tiers import SLOT_COST
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
+from kvcr_policy.cli_help import package_version
 from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
+from tests.backends.peer.raw_client import Raw, default_secret
 from tests.observability.scraping import Samples, read_samples, value
 from tests.support.paths import child_env
 from tests.support.pools import fresh_keys, geometry, pool_buffer, token_indices
 from tests.support.processes import next_line
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.ucx
 
@@ -28,14 +34,15 @@ PROFILE = "peer-metrics"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A ``serve --metrics`` process with its own profile label; its JSON line."""
+    """A ``serve --metrics --format json`` process with its own profile label; its JSON line
+    (the report ``serve`` prints, JSON with or without ``--format json``)."""
     need_ucxx()
     profile = tmp_path_factory.mktemp("peer") / f"{PROFILE}.toml"
     profile.write_text("", encoding="utf-8")
     sets = [arg for key, val in SERVER_SETS.items() for arg in ("--set", f"{key}={val}")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvcr_policy", "serve", "--listen", "127.0.0.1:0", "--metrics",
-         "0", "--profile", str(profile), *sets, "--log-level", "warning"],
+         "0", "--profile", str(profile), *sets, "--log-level", "warning", "--format", "json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -68,6 +75,17 @@ def test_the_metrics_address_is_loopback_and_printed(served: dict[str, Any]) -> 
     s = _scrape(served)
     assert value(s, "kvcr_policy_peer_connections") == 0
     assert value(s, "kvcr_policy_peer_requests_total", kind="claim") == 0  # created up front
+
+
+def test_build_info_and_no_created_series(served: dict[str, Any]) -> None:
+    with urllib.request.urlopen(served["metrics"], timeout=10) as reply:
+        page = reply.read().decode()
+    assert "_created" not in page
+    info = {ls: v for (name, ls), v in read_samples(served["metrics"]).items()
+            if name == "kvcr_policy_build_info"}  # fmt: skip
+    assert list(info.values()) == [1.0]
+    labels = dict(next(iter(info)))
+    assert labels == {"version": package_version(), "python": platform.python_version()}
 
 
 def test_requests_connections_and_tier_while_a_client_works(served: dict[str, Any]) -> None:
@@ -163,3 +181,87 @@ def test_a_peer_gone_is_backend_unavailable(tmp_path: Any, metrics_url: str) -> 
         value(s, "kvcr_policy_misses_total", direction="store", reason="backend_unavailable") == 3
     )
     assert value(s, "kvcr_policy_misses_total", reason="transport_error") == 0
+
+
+TIER = {"backend": "peer-server", "pool": "kv"}
+
+
+def _claims(served: dict[str, Any]) -> float:
+    s = _scrape(served)
+    assert ("kvcr_policy_claims_outstanding", tuple(sorted(TIER.items()))) in s  # exported
+    return value(s, "kvcr_policy_claims_outstanding", **TIER)
+
+
+def _client(served: dict[str, Any]) -> Any:
+    from kvcr_policy import build_pipeline, load_config
+
+    overrides = {
+        "transport.name": "ucx",
+        "transport.options.peer": served["listening"],
+        "observability.metrics": False,
+    }
+    return build_pipeline(load_config(overrides=overrides, environ={}))
+
+
+def test_clean_client_runs_leave_no_claim_on_the_server(served: dict[str, Any]) -> None:
+    """Reads release their claims when their sends complete: a scrape after each run (and
+    after the clients are gone) shows 0 claimed pages and the bytes the tier holds."""
+    geo = geometry(name="kv", pages=8)
+    used = value(_scrape(served), "kvcr_policy_tier_used_bytes", **TIER)
+    for run in range(3):
+        with _client(served) as pipeline:
+            pipeline.register_pool("kv", geo, pool_buffer(geo))
+            keys = fresh_keys(4)
+            assert pipeline.set(keys, token_indices(range(4), geo.page_size)) == [True] * 4
+            assert pipeline.get(keys, token_indices(range(4, 8), geo.page_size)) == [True] * 4
+            assert _claims(served) == 0, run  # the SEND's completion released them
+            used += 4 * geo.page_bytes
+            assert value(_scrape(served), "kvcr_policy_tier_used_bytes", **TIER) == used
+            assert pipeline.delete(keys[:1]) == 1  # a DELETE names a pool: it was refreshed
+            used -= geo.page_bytes
+    wait_until(lambda: value(_scrape(served), "kvcr_policy_peer_connections") == 0, "gone", 30)
+    s = _scrape(served)
+    assert value(s, "kvcr_policy_claims_outstanding", **TIER) == 0
+    assert value(s, "kvcr_policy_tier_used_bytes", **TIER) == used
+
+
+def test_claims_follow_grant_release_session_end_and_expiry(
+    served: dict[str, Any], worker: Any
+) -> None:
+    """A raw client holds claims without reading them: the server's gauge follows each
+    change (granted, released by RELEASE, by the session's end, by expiry) with no request
+    naming the tier in between."""
+    geo = geometry(name="kv", pages=8)
+    with _client(served) as pipeline:
+        pipeline.register_pool("kv", geo, pool_buffer(geo))
+        keys = fresh_keys(3)
+        assert pipeline.set(keys, token_indices(range(3), geo.page_size)) == [True] * 3
+    attach = m.Attach(geo.name, geo.layout, geo.layers, geo.heads, geo.head_dim, geo.dtype,
+                      geo.page_size, geo.tokens, geo.mla, 0)  # fmt: skip
+    pages = np.arange(3, dtype=np.int64)
+
+    def claim(raw: Raw, pool: int) -> int:
+        claimed = raw.ask(m.Claim(pool, keys, pages))
+        assert isinstance(claimed, m.Claimed) and len(claimed.slots) == 3, claimed
+        return int(claimed.claim)
+
+    with Raw(served["listening"], timeout=30) as raw:
+        assert isinstance(raw.handshake(default_secret(), worker.address), m.Welcome)
+        attached = raw.ask(attach)
+        assert isinstance(attached, m.Attached), attached
+        handle = claim(raw, attached.pool)
+        assert _claims(served) == 3  # granted
+        raw.send(m.Release(handle))
+        wait_until(lambda: _claims(served) == 0, "claims released by RELEASE", 30)
+        claim(raw, attached.pool)
+        claim(raw, attached.pool)
+        assert _claims(served) == 3  # two claims of the same slots: 3 pages claimed
+    wait_until(lambda: _claims(served) == 0, "claims released at the session's end", 30)
+    with Raw(served["listening"], timeout=30) as raw:
+        assert isinstance(raw.handshake(default_secret(), worker.address), m.Welcome)
+        attached = raw.ask(attach)
+        assert isinstance(attached, m.Attached), attached
+        claim(raw, attached.pool)
+        assert _claims(served) == 3
+        # transport.op_timeout_s (10 s) passes with no SEND: the claim expires
+        wait_until(lambda: _claims(served) == 0, "a claim expired", 60, every=0.5)

@@ -123,3 +123,10 @@ def test_the_docs_examples_run_as_written(
     assert f"kvcr-policy sglang-config --check {bad}" in section
     status, _, err = run_main(capsys, "sglang-config", "--check", bad.strip("'"))
     assert status == 2 and "not valid JSON (Expecting property name" in err
+
+
+def test_format_json_is_the_report_of_both_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in ([], ["--check", '{"backend_name": "x"}']):
+        code, out, err = run_main(capsys, "sglang-config", *args, "--format", "json")
+        assert code == 0, err
+        assert isinstance(json.loads(out), dict)

@@ -4,7 +4,11 @@ Connections it holds open, requests answered by kind (the wire's message kinds: 
 set), frames rejected by reason (``malformed``: the frame or its payload did not decode;
 ``unexpected``: a well-formed message out of order or not a client request), and, per tier it
 serves, the same tier gauges a pipeline exports (capacity, bytes used, claims, evictions) under
-``backend="peer-server"``, refreshed after each request that names the tier.
+``backend="peer-server"``. Those follow the tier's store: it calls back after every change of
+its slots (a claim granted or released, on a SEND's completion, its expiry or the session's
+end; a slot reserved, written, aborted, deleted or evicted), so a scrape reads the tier as it
+is, not as the last request left it. A store without :meth:`~...dram.store.Store.watch` (one a
+placement plugin built) is refreshed after each request that names its tier.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from kvcr_policy.errors import ClosedError
 from kvcr_policy.observability.meter import Level, PoolMeter
 from kvcr_policy.observability.metrics import families
 
@@ -60,15 +65,30 @@ class ServerMeter:
 
     def tier(self, tier: Any) -> None:
         """Refresh the gauges of ``tier`` (a server tier with ``name``, ``usage()`` and
-        ``store``) and count its new evictions."""
+        ``store``) and count its new evictions; the first call also watches its store."""
         with self._lock:
             entry = self._tiers.get(tier.name)
             if entry is None:
                 meter = PoolMeter(self._families, BACKEND, self.profile, tier.name)
                 entry = self._tiers[tier.name] = (meter, Level(meter.claims))
-        meter, claims = entry
-        meter.usage(tier)
-        claims.update(tier.store.stats().claimed)
+                watch = getattr(tier.store, "watch", None)
+                if watch is not None:
+                    watch(lambda: self._refresh(tier))
+        self._refresh(tier)
+
+    def _refresh(self, tier: Any) -> None:
+        # Under the lock, so the last change read is the last one set (two threads change
+        # stores: the worker and the tier opener); a closed store keeps its last values.
+        with self._lock:
+            entry = self._tiers.get(tier.name)
+            if entry is None or getattr(tier.store, "closed", False):
+                return
+            meter, claims = entry
+            try:
+                meter.usage(tier)
+                claims.update(tier.store.stats().claimed)
+            except ClosedError:
+                return
 
     def close(self) -> None:
         """Take back what this server added to the levels (its connections), and drop its

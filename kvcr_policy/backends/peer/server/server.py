@@ -403,6 +403,8 @@ class PeerServer:
                 if not isinstance(err, KVCRPolicyError):
                     log.exception("opening tier %r failed", geometry.name)
                 result = err
+            if self.meter is not None and not isinstance(result, Exception):
+                self.meter.tier(result)  # its gauges exist, and follow its store, from now
             self.worker.call(then, result)
 
         self._opener.submit(run)
