@@ -24,6 +24,7 @@ from .plot import check_plot, write_plot
 from .resolve import resolve
 from .runner import Progress, run_plan, steps
 from .setup import BenchError, BenchSetup
+from .tp import parse_devices
 
 __all__ = ["run_command"]
 
@@ -69,6 +70,7 @@ def run_command(
     metrics: str | None = None,
     metrics_hold: float | None = None,
     ranks: int = 1,
+    devices: str | None = None,
 ) -> None:
     """Check, run, print; see the module docstring."""
     if metrics is not None:  # a bad or public address is refused before anything starts
@@ -93,6 +95,7 @@ def run_command(
         vs_overrides=dict(vs_set or {}),
         metrics=metrics is not None,
         ranks=ranks,
+        devices=parse_devices(devices, ranks),
     )
     if screen_pct is not None and not 0 <= screen_pct < 100:
         raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")

@@ -109,6 +109,9 @@ def resolve(setup: BenchSetup) -> Plan:
         raise _choice("backend", name, backends)
     if setup.ranks > 1:  # on cuda: a GPU per rank ("no CUDA device visible" without one)
         check_ranks(setup, name, target)
+    elif setup.devices is not None:  # one rank, in this process, on the GPU named
+        target.check_ranks(1, setup.devices)
+        target.select(setup.devices[0])
     backend = backends[name](setup)
     backend.check()
     comparison: Comparison = ProfileComparison()
