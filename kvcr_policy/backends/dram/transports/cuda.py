@@ -118,6 +118,10 @@ class CudaTransport(Transport):
         self.staging = options.staging
         if self.staging == "with_coalescing":
             self.staging = "never" if config.coalescing.strategy == "none" else "auto"
+        slots = options.tier_slots
+        if slots == "with_staging":
+            slots = "mirror" if self.staging == "never" else "whole"
+        self.whole_slots = slots == "whole"
         self._rings: dict[int, StagingRing] = {}
         self._aux: dict[int, Any] = {}
         self.timeout = config.transport.op_timeout_s
@@ -437,6 +441,7 @@ class CudaTransport(Transport):
             "gather_below_bytes": int(self.options.gather_below_bytes),
             "gather_chunk_bytes": int(self.options.gather_chunk_bytes),
             "staging": self.staging,
+            "tier_slots": "whole" if self.whole_slots else "mirror",
             "staging_buffers": self.options.staging_buffers,
             "staging_buffer_bytes": int(self.options.staging_buffer_bytes),
             "staging_device_bytes": {f"cuda:{i}": r.nbytes for i, r in sorted(self._rings.items())},

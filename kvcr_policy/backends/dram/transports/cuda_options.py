@@ -89,3 +89,14 @@ class CudaOptions(BaseModel):
         "(at most 1TiB); shorter runs cross PCIe no faster than the fragments themselves.",
         json_schema_extra=tunable(choices=("1MiB", "2MiB", "4MiB", "16MiB")),
     )
+    tier_slots: Literal["with_staging", "mirror", "whole"] = Field(
+        "with_staging",
+        description=(
+            "How the dram tier lays out a slot: 'mirror' (upstream) mirrors the pool's planes, "
+            "so a prefix stored together coalesces into a few large copies; 'whole' keeps each "
+            "slot one contiguous page, so slots scattered by eviction churn still cross PCIe "
+            "whole through the staging ring; 'with_staging' is 'whole' when staging is not "
+            "'never', else 'mirror'."
+        ),
+        json_schema_extra=tunable(choices=("mirror", "whole")),
+    )

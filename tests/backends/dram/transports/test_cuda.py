@@ -222,7 +222,7 @@ def test_scattered_restore_takes_the_gather_path_and_reports_it(rng: np.random.G
     assert registration["bytes"] == geo.nbytes and registration["seconds"] > 0
 
 
-@pytest.mark.parametrize("mode", ["always", "auto"])
+@pytest.mark.parametrize("mode", ["always", "auto", "never"])
 @pytest.mark.parametrize(("layout", "mla"), [("layer_first", False), ("layer_first", True),
                                              ("page_first", False)])  # fmt: skip
 @pytest.mark.cuda
@@ -230,8 +230,9 @@ def test_scattered_restore_takes_the_gather_path_and_reports_it(rng: np.random.G
 def test_staged_offload_and_restore_of_scattered_slots_are_byte_exact(
     layout: str, mla: bool, mode: str, rng: np.random.Generator
 ) -> None:
-    """Slots scattered by storing in a random order; a ring of 3 buffers of a page and a half
-    each, so fills cut host runs, wrap the ring many times and span batches."""
+    """Slots scattered by storing in a random order, each slot whole on the host; a ring of 3
+    buffers of a page and a half each, so fills cut host runs, wrap the ring many times and
+    span batches. 'never' moves the same whole-slot tier with one copy per fragment."""
     geo = geometry(layout, mla=mla, pages=64)
     page = geo.nbytes // geo.pages
     staging = {
@@ -240,6 +241,7 @@ def test_staged_offload_and_restore_of_scattered_slots_are_byte_exact(
         "staging_buffer_bytes": page * 3 // 2,
         "staging_min_span_bytes": page,
         "gather_min_descriptors": 1,
+        "tier_slots": "whole",
     }
     pool = random_pool(geo)
     original = pool.clone()
@@ -256,10 +258,10 @@ def test_staged_offload_and_restore_of_scattered_slots_are_byte_exact(
         assert same(pool, original)
         described = p.stats().transport
     paths = described["paths"]
-    if mode == "always" or layout == "layer_first":  # page_first batches coalesce to large runs
+    if mode != "never":
         assert paths.get("staging:store.batches", 0) > 0
         assert paths.get("staging:restore.batches", 0) > 0
-    assert described["staging"] == mode
+    assert described["staging"] == mode and described["tier_slots"] == "whole"
     assert described["staging_device_bytes"] == (
         {"cuda:0": 3 * (page * 3 // 2)} if any(k.startswith("staging") for k in paths) else {}
     )
