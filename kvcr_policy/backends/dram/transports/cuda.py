@@ -33,6 +33,7 @@ from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ from kvcr_policy.schema import PolicyConfig
 from .base import CopyBatch, Endpoint, Transport, check_bounds
 from .cuda_gather import choose_kernel, plan_rows, run_rows
 from .cuda_options import CudaOptions
-from .cuda_staging import StagingRing, host_spans, plan_staging, stage
+from .cuda_staging import StagingRing, plan_staging, stage
 
 __all__ = [
     "NO_CUDA",
@@ -325,28 +326,26 @@ class CudaTransport(Transport):
         if self.staging == "never" or (src_device is None) == (dst_device is None):
             return None  # off, or not between a GPU and the host
         restore = src_device is None
-        host_side = d.src if restore else d.dst
-        spans, nbytes = host_spans(host_side, d.length)
         options = self.options
-        chosen = stage(
+        choose = partial(
+            stage,
             self.staging,
             descriptors=len(d),
-            nbytes=nbytes,
-            spans=spans,
+            nbytes=d.nbytes,
             below_bytes=int(options.gather_below_bytes),
             min_descriptors=options.gather_min_descriptors,
             min_span_bytes=int(options.staging_min_span_bytes),
         )
-        if not chosen:
+        if not choose(spans=0):  # not fragmented: no need to plan
             return None
         plan = plan_staging(
-            host_side,
+            d.src if restore else d.dst,
             d.dst if restore else d.src,
             d.length,
             buffer_bytes=int(options.staging_buffer_bytes),
             write="device" if restore else "host",
         )
-        if plan is None:
+        if plan is None or not choose(spans=plan.spans):
             return None
         ring = self._rings.get(device)
         if ring is None:

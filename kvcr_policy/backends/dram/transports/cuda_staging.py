@@ -85,6 +85,8 @@ class StagingPlan:
     rows: Int64Array
     pieces: Int64Array
     fills: Int64Array
+    #: Maximal host runs (before fills cut them): what :func:`stage` decides from.
+    spans: int
 
     @property
     def nbytes(self) -> int:
@@ -99,13 +101,6 @@ class StagingPlan:
         """Staging rows ``[lo, hi)`` of fill ``j``."""
         per = self.capacity // self.unit
         return j * per, min((j + 1) * per, len(self.rows))
-
-
-def _overlap(start: Int64Array, length: Int64Array) -> bool:
-    """Whether any two ranges overlap (sorted by start, a neighbour would)."""
-    order = np.argsort(start, kind="stable")
-    s, n = start[order], length[order]
-    return bool(np.any(s[1:] < s[:-1] + n[:-1]))
 
 
 def plan_staging(
@@ -127,10 +122,11 @@ def plan_staging(
     """
     if len(length) == 0 or int(length.sum()) == 0:
         return None
-    if _overlap(device if write == "device" else host, length):
-        return None
     order = np.argsort(host, kind="stable")
     h, g, n = host[order], device[order], length[order]
+    joined = h[1:] == h[:-1] + n[:-1]
+    if write == "host" and np.any(h[1:] < h[:-1] + n[:-1]):
+        return None  # sorted by start, an overlap shows between neighbours
     unit = int(np.gcd.reduce(np.concatenate((g, n))))
     if unit > buffer_bytes:
         unit = int(np.gcd(unit, buffer_bytes))
@@ -141,9 +137,13 @@ def plan_staging(
     total = int(counts.sum())
     first = np.repeat(np.cumsum(counts) - counts, counts)
     rows = np.repeat(g // unit, counts) + (np.arange(total, dtype=np.int64) - first)
+    if write == "device":  # device ranges overlap where two staging rows share a device row
+        ordered = np.sort(rows)
+        if np.any(ordered[1:] == ordered[:-1]):
+            return None
     # Host runs: consecutive descriptors (in host order) that continue each other.
     linear = np.cumsum(n) - n
-    starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1] + n[:-1])))
+    starts = np.flatnonzero(np.concatenate(([True], ~joined)))
     stops = np.concatenate((starts[1:], [len(n)]))
     span_host, span_linear = h[starts], linear[starts]
     span_bytes = linear[stops - 1] + n[stops - 1] - span_linear
@@ -161,7 +161,7 @@ def plan_staging(
     ).astype(np.int64)
     buffers = int(fill[-1]) + 1
     fills = np.searchsorted(fill, np.arange(buffers + 1), side="left").astype(np.int64)
-    return StagingPlan(unit, capacity, rows, pieces, fills)
+    return StagingPlan(unit, capacity, rows, pieces, fills, len(starts))
 
 
 def _itemsize(unit: int, address: int) -> int:
@@ -215,32 +215,37 @@ class StagingRing:
         with torch.cuda.stream(aux):
             return host, host.to(f"cuda:{self.device}", non_blocking=True)
 
+    def _views(self, plan: StagingPlan, pool: Any) -> tuple[Any, list[Any]]:
+        """The pool and every ring buffer as rows of ``plan.unit`` bytes."""
+        torch = self.torch
+        itemsize = _itemsize(plan.unit, pool.data_ptr())
+        views = [_rows(torch, b[: plan.capacity], plan.unit, itemsize) for b in self.buffers]
+        return _rows(torch, pool, plan.unit, itemsize), views
+
     def restore(self, plan: StagingPlan, host: Any, pool: Any, main: Any, aux: Any) -> list[Any]:
         """Enqueue host -> pool: whole runs into the ring on ``main``, scatter on ``aux``.
 
         ``host`` is a pinned uint8 CPU tensor, ``pool`` a uint8 CUDA tensor (the batch's
-        endpoints); returns what must stay alive until ``main`` passes this point.
+        endpoints); ``main`` must be the current stream. Returns what must stay alive until
+        ``main`` passes this point.
         """
         torch = self.torch
         aux.wait_stream(main)  # batches stay ordered as on one stream
         index_host, index = self._index(plan, aux)
-        itemsize = _itemsize(plan.unit, pool.data_ptr())
-        pool_rows = _rows(torch, pool, plan.unit, itemsize)
+        pool_rows, views = self._views(plan, pool)
         pieces = plan.pieces.tolist()
         fills = plan.fills.tolist()
         for j in range(plan.buffers):
             slot = self._take()
             buffer = self.buffers[slot]
             main.wait_event(self.free[slot])
-            with torch.cuda.stream(main):
-                for offset, at, n in pieces[fills[j] : fills[j + 1]]:
-                    buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
+            for offset, at, n in pieces[fills[j] : fills[j + 1]]:  # main is current
+                buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
             self.filled[slot].record(main)
             aux.wait_event(self.filled[slot])
             lo, hi = plan.fill_rows(j)
             with torch.cuda.stream(aux):
-                staged = _rows(torch, buffer[: plan.capacity], plan.unit, itemsize)
-                pool_rows.index_copy_(0, index[lo:hi], staged[: hi - lo])
+                pool_rows.index_copy_(0, index[lo:hi], views[slot][: hi - lo])
             self.free[slot].record(aux)
         main.wait_stream(aux)
         return [index_host, index]
@@ -250,8 +255,7 @@ class StagingRing:
         torch = self.torch
         aux.wait_stream(main)
         index_host, index = self._index(plan, aux)
-        itemsize = _itemsize(plan.unit, pool.data_ptr())
-        pool_rows = _rows(torch, pool, plan.unit, itemsize)
+        pool_rows, views = self._views(plan, pool)
         pieces = plan.pieces.tolist()
         fills = plan.fills.tolist()
         for j in range(plan.buffers):
@@ -260,12 +264,10 @@ class StagingRing:
             aux.wait_event(self.free[slot])
             lo, hi = plan.fill_rows(j)
             with torch.cuda.stream(aux):
-                staged = _rows(torch, buffer[: plan.capacity], plan.unit, itemsize)
-                torch.index_select(pool_rows, 0, index[lo:hi], out=staged[: hi - lo])
+                torch.index_select(pool_rows, 0, index[lo:hi], out=views[slot][: hi - lo])
             self.filled[slot].record(aux)
             main.wait_event(self.filled[slot])
-            with torch.cuda.stream(main):
-                for offset, at, n in pieces[fills[j] : fills[j + 1]]:
-                    host[at : at + n].copy_(buffer[offset : offset + n], non_blocking=True)
+            for offset, at, n in pieces[fills[j] : fills[j + 1]]:  # main is current
+                host[at : at + n].copy_(buffer[offset : offset + n], non_blocking=True)
             self.free[slot].record(main)
         return [index_host, index]

@@ -108,7 +108,7 @@ def test_whole_slots_cross_as_one_piece_each() -> None:
     assert plan is not None
     spans, nbytes = host_spans(host, length)
     assert nbytes == pages * layers * fragment and spans <= pages
-    assert plan.unit == fragment and plan.buffers == 4
+    assert plan.unit == fragment and plan.buffers == 4 and plan.spans == spans
     assert spans <= len(plan.pieces) <= spans + plan.buffers - 1  # a run cut where a fill ends
 
 
