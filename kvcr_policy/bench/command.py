@@ -21,9 +21,10 @@ from rich.table import Table
 
 from ..observability.exposition import MetricsServer, check_public, serve_metrics
 from .plot import check_plot, write_plot
-from .resolve import resolve
+from .resolve import choosing, resolve
 from .runner import Progress, run_plan, steps
 from .setup import BenchError, BenchSetup
+from .targets import TARGETS
 from .tp import parse_devices
 
 __all__ = ["run_command"]
@@ -76,7 +77,9 @@ def run_command(
     if metrics is not None:  # a bad or public address is refused before anything starts
         from ..loading import load_config
 
-        public = load_config(profile=profile, overrides=dict(set_)).config.observability
+        chosen = TARGETS.get(_text(target) or "", TARGETS["cpu"]).overrides
+        loaded = load_config(profile=profile, overrides=choosing(chosen, set_))
+        public = loaded.config.observability
         check_public(metrics, public.metrics_public)
     setup = BenchSetup(
         profile,
