@@ -167,6 +167,8 @@ class CudaTransport(Transport):
         )
         self._regions[region.address] = registration
         self._history.append(registration.report())
+        if self.staging != "never":  # the ring's memory is taken here, not in the first copy
+            self._ring(device)
         log.info(
             "tier registered for DMA: %d bytes on cuda:%d in %.3f s",
             region.nbytes,
@@ -347,18 +349,23 @@ class CudaTransport(Transport):
         )
         if plan is None or not choose(spans=plan.spans):
             return None
-        ring = self._rings.get(device)
-        if ring is None:
-            ring = self._rings[device] = StagingRing(
-                self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers
-            )
-            self._aux[device] = self._torch.cuda.Stream(device=device)
-        aux = self._aux[device]
+        ring, aux = self._ring(device)
         if restore:
             keep = ring.restore(plan, src["copy"], dst["copy"], stream, aux)
             return "staging:restore", keep
         keep = ring.store(plan, src["copy"], dst["copy"], stream, aux)
         return "staging:store", keep
+
+    def _ring(self, device: int) -> tuple[StagingRing, Any]:
+        """The staging ring of ``device`` and its scatter stream, made on first need."""
+        ring = self._rings.get(device)
+        if ring is None:
+            options = self.options
+            ring = self._rings[device] = StagingRing(
+                self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers
+            )
+            self._aux[device] = self._torch.cuda.Stream(device=device)
+        return ring, self._aux[device]
 
     def _path(self, d: Any) -> str:
         mode = self.gather

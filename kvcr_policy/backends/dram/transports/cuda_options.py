@@ -71,7 +71,7 @@ class CudaOptions(BaseModel):
         gt=0,
         le=1 << 34,
         description="Bytes of one staging buffer (at most 16GiB); the ring takes "
-        "staging_buffers of them on each GPU that stages, once, on first use.",
+        "staging_buffers of them on each GPU, once, when a tier registers with staging on.",
         json_schema_extra=tunable(choices=("8MiB", "16MiB", "32MiB", "64MiB", "128MiB")),
     )
     staging_buffers: int = Field(

@@ -8,8 +8,9 @@ Here each contiguous host run (a slot, or consecutive slots) crosses PCIe whole,
 into a ring buffer on the transport's stream; a second stream then scatters the buffer into the
 pool's layout with one index kernel at HBM speed, while the next buffer is copied. Stores run
 the other way: an index kernel gathers the pages into a buffer, then whole host runs leave it.
-The ring holds ``buffers`` buffers of ``buffer_bytes`` each, allocated on first use per GPU:
-that is all the GPU memory the path takes, besides one int64 per row of indices per batch.
+The ring holds ``buffers`` buffers of ``buffer_bytes`` each, allocated once per GPU when a
+tier registers: all the GPU memory the path takes, besides one int64 per row of indices per
+batch.
 
 Planning (:func:`plan_staging`) and the choice (:func:`stage`) are numpy and plain numbers,
 tested without a GPU; :class:`StagingRing` needs torch with CUDA.
