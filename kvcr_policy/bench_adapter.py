@@ -72,6 +72,9 @@ class BenchSetup:
     #: Tensor-parallel ranks: one process per rank (each on its own GPU on ``cuda``), each
     #: with its shard of the pool, all restoring at once (:mod:`.ranks`); 1 runs in-process.
     ranks: int = 1
+    #: ``--devices``: the GPU of each rank on ``cuda`` (several ranks may share one); None
+    #: runs rank ``r`` on GPU ``r``.
+    devices: tuple[int, ...] | None = None
 
 
 class BenchBackend:

@@ -591,6 +591,14 @@ def bench(
             "their shards at once.",
         ),
     ] = 1,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            "--devices",
+            help="cuda: the GPU of each rank, e.g. 0,0 (two ranks on GPU 0) or 0,1; one index "
+            "per rank. Default: rank r on GPU r.",
+        ),
+    ] = None,
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
     options = dict(locals(), set_=_overrides(set_), vs_set=_overrides(vs_set))

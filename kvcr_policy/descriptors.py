@@ -20,7 +20,7 @@ Each descriptor also carries:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +28,14 @@ import numpy.typing as npt
 from kvcr_policy.errors import ArgumentError, PoolError, UsageError
 from kvcr_policy.geometry import PoolGeometry, check_pages, fragment_offsets
 
-__all__ = ["Descriptors", "build_descriptors", "coalesce", "split", "split_pieces"]
+__all__ = [
+    "Descriptors",
+    "build_descriptors",
+    "coalesce",
+    "split",
+    "split_pieces",
+    "whole_slots",
+]
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -244,3 +251,19 @@ def split_pieces(d: Descriptors) -> int:
         & (d.page_end[1:] == d.page_end[:-1])
     )
     return int(np.count_nonzero(follows))
+
+
+def whole_slots(
+    d: Descriptors, geometry: PoolGeometry, slots: npt.ArrayLike, *, src: bool
+) -> Descriptors:
+    """``d`` (from :func:`build_descriptors`, bound base 0) with its tier side (``src`` or
+    dst) laid out slot by slot: fragment ``f`` of slot ``s`` at
+    ``s * page_bytes + f * fragment_bytes``, each slot whole and contiguous, where
+    :func:`build_descriptors` mirrors the pool's planes. ``slots[i]`` is the slot of the
+    request's ``i``-th page; the tier holds as many bytes either way.
+    """
+    slot_array = np.asarray(slots, dtype=np.int64)
+    tier = slot_array[d.page] * geometry.page_bytes + d.bound * geometry.fragment_bytes
+    if src:
+        return replace(d, src=tier)
+    return replace(d, dst=tier)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -406,7 +406,10 @@ def _validate_strategies(
         try:
             options = model.model_validate(section.options)
         except ValidationError as err:
-            issues += _issues_from(err, origins, model, prefix)
+            # Each option problem names whose options they are (they differ per strategy).
+            owner = f" [options of {section_name} {name!r}]"
+            found = _issues_from(err, origins, model, prefix)
+            issues += [replace(issue, message=issue.message + owner) for issue in found]
             continue
         dumped = options.model_dump(mode="json")
         updates[section_name] = section.model_copy(update={"options": dumped})

@@ -649,3 +649,26 @@ def fuzz_requests(draw: st.DrawFn) -> m.Message:
         return m.Ping() if cls is m.Kind.PING else m.Pong()
     # Server-only messages, HELLO and AUTH again, answers: a client never sends them.
     return draw(messages.filter(lambda msg: msg.KIND is cls))
+
+
+@st.composite
+def scattered_slots(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(host, device, length)`` of a ``layer_first`` restore from tier slots in any order.
+
+    Each page is one slot on the host (its fragments end to end) and one fragment per layer
+    in the pool (layer ``l`` of page ``p`` at ``(l * pages + p) * fragment``); some fragments
+    may be left out, as a partial page would be.
+    """
+    pages = draw(st.integers(1, 9))
+    layers = draw(st.integers(1, 5))
+    fragment = draw(st.sampled_from((8, 24, 72, 128, 4096)))
+    slots = draw(st.permutations(range(pages)))
+    keep = draw(st.lists(st.booleans(), min_size=pages * layers, max_size=pages * layers))
+    host, device = [], []
+    for p in range(pages):
+        for layer in range(layers):
+            if keep[p * layers + layer] or p == layer == 0:
+                host.append((slots[p] * layers + layer) * fragment)
+                device.append((layer * pages + p) * fragment)
+    length = np.full(len(host), fragment, dtype=np.int64)
+    return np.asarray(host, dtype=np.int64), np.asarray(device, dtype=np.int64), length

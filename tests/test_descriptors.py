@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.descriptors import Descriptors, build_descriptors, coalesce, split
+from kvcr_policy.descriptors import Descriptors, build_descriptors, coalesce, split, whole_slots
 from kvcr_policy.errors import IndicesError, PoolError
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, Layout, PoolGeometry
 from tests.strategies import PageTransfer, descriptors, page_transfers
@@ -255,3 +255,31 @@ def test_coalesce_example() -> None:
     assert c.length.tolist() == [8, 4, 4, 4]
     assert c.bound.tolist() == [0, 0, 1, 1]
     assert (c.page.tolist(), c.page_end.tolist()) == ([0, 2, 3, 4], [2, 3, 4, 5])
+
+
+@given(page_transfers(), st.booleans())
+def test_whole_slots_move_the_same_pool_bytes_into_each_slot_whole(
+    t: PageTransfer, read: bool
+) -> None:
+    """Pool -> tier (or tier -> pool when ``read``): the pool side is untouched, and the tier
+    side covers exactly slot ``s``'s ``page_bytes`` for every page, fragment by fragment in
+    fragment order, so each slot is one contiguous page of the tier."""
+    pool, slots = (t.src, np.asarray(t.dst_pages, dtype=np.int64))
+    pages = np.asarray(t.src_pages, dtype=np.int64)
+    if read:
+        plain = build_descriptors(t.dst, slots, pool, pages)
+        d = whole_slots(plain, t.dst, slots, src=True)
+        pool_side, tier_side, kept = d.dst, d.src, plain.dst
+    else:
+        plain = build_descriptors(pool, pages, t.dst, slots)
+        d = whole_slots(plain, t.dst, slots, src=False)
+        pool_side, tier_side, kept = d.src, d.dst, plain.src
+    assert np.array_equal(pool_side, kept) and np.array_equal(d.length, plain.length)
+    page_bytes = t.dst.page_bytes
+    assert np.all(tier_side + d.length <= t.dst.nbytes)
+    for i, slot in enumerate(slots):
+        mine = np.sort(tier_side[d.page == i])
+        starts = slot * page_bytes + np.arange(len(mine)) * t.dst.fragment_bytes
+        assert np.array_equal(mine, starts)  # the slot tiled whole, in order
+    # Fragment f of each page keeps its place in the page: f * fragment_bytes into the slot.
+    assert np.array_equal(tier_side - slots[d.page] * page_bytes, d.bound * t.dst.fragment_bytes)

@@ -22,9 +22,11 @@ from ..observability.exposition import MetricsServer, check_public, serve_metric
 from .headline import headline, ratio_note
 from .plot import check_plot, write_plot
 from .progress import progress
-from .resolve import resolve
+from .resolve import choosing, resolve
 from .runner import run_plan, steps
 from .setup import BenchError, BenchSetup
+from .targets import TARGETS
+from .tp import parse_devices
 
 __all__ = ["run_command"]
 
@@ -70,12 +72,15 @@ def run_command(
     metrics: str | None = None,
     metrics_hold: float | None = None,
     ranks: int = 1,
+    devices: str | None = None,
 ) -> None:
     """Check, run, print; see the module docstring."""
     if metrics is not None:  # a bad or public address is refused before anything starts
         from ..loading import load_config
 
-        public = load_config(profile=profile, overrides=dict(set_)).config.observability
+        chosen = TARGETS.get(_text(target) or "", TARGETS["cpu"]).overrides
+        loaded = load_config(profile=profile, overrides=choosing(chosen, set_))
+        public = loaded.config.observability
         check_public(metrics, public.metrics_public)
     setup = BenchSetup(
         profile,
@@ -94,6 +99,7 @@ def run_command(
         vs_overrides=dict(vs_set or {}),
         metrics=metrics is not None,
         ranks=ranks,
+        devices=parse_devices(devices, ranks),
     )
     if screen_pct is not None and not 0 <= screen_pct < 100:
         raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")

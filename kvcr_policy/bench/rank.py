@@ -31,6 +31,7 @@ from .resolve import resolve
 from .setup import BenchError, BenchSetup
 from .sides import bench_keys
 from .targets import TARGETS, tokens_of
+from .tp import device_of
 
 __all__ = ["LIMIT_BYTES", "RankReport", "Step", "main"]
 
@@ -100,7 +101,7 @@ def _step(
 
 def run_rank(setup: BenchSetup, rank: int, barrier: Barrier, say: Say) -> RankReport:
     """Rank ``rank``'s part of the run; see the module docstring."""
-    TARGETS[setup.target]().select(rank)
+    TARGETS[setup.target]().select(device_of(setup, rank))
     plan = resolve(setup)
     measured = plan.measured
     n, nbytes = measured.pages, measured.nbytes

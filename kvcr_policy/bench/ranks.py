@@ -35,7 +35,7 @@ from .rank import LIMIT_BYTES, RankReport, Step, main
 from .result import BenchResult, Run
 from .setup import BenchError
 from .sides import exists_rate
-from .tp import describe_shard
+from .tp import describe_shard, device_of
 
 __all__ = ["BARRIER_TIMEOUT_S", "aggregate", "run_ranks"]
 
@@ -260,6 +260,9 @@ def aggregate(plan: Plan, reports: Sequence[RankReport], exists: dict[str, float
     extra = {
         **first.target,
         "ranks": len(reports),
+        "devices": [f"{plan.target.name}:{device_of(setup, r.rank)}" for r in reports]
+        if plan.target.name == "cuda"
+        else None,
         "rank_bytes": measured.nbytes,
         "limit_bytes_per_rank": min(LIMIT_BYTES, measured.nbytes),
         "shard": describe_shard(plan),

@@ -11,9 +11,9 @@ any server started.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
 from ..loading import load_config
@@ -28,7 +28,7 @@ from .sides import ProfileComparison
 from .targets import TARGETS
 from .tp import check_ranks, shard_geometry
 
-__all__ = ["COMPARISONS", "resolve"]
+__all__ = ["COMPARISONS", "choosing", "resolve"]
 
 #: ``--peer`` names -> the comparison that runs P against that implementation.
 COMPARISONS: dict[str, type[Comparison]] = {
@@ -86,6 +86,18 @@ def _check_host_memory(plan: Plan) -> None:
         raise BenchError(message)
 
 
+#: Options that belong to whichever transport or backend a run ends up with: a target (cuda)
+#: or a backend (peer: ucx) may change those, so they are checked once the run's are known.
+_DEFERRED = ("transport.options.", "backend.options.")
+
+
+def choosing(target: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The overrides that choose a run's backend: the target's, then ``--set`` less the
+    options of a transport or backend not yet chosen (:func:`resolve` checks those after)."""
+    kept = {k: v for k, v in (overrides or {}).items() if not k.startswith(_DEFERRED)}
+    return {**target, **kept}
+
+
 def resolve(setup: BenchSetup) -> Plan:
     """Check every input of ``setup`` and pick its target, backend and comparison."""
     counts = (
@@ -101,7 +113,9 @@ def resolve(setup: BenchSetup) -> Plan:
         raise _choice("target", setup.target, TARGETS)
     target = TARGETS[setup.target]()
     name = setup.backend
-    loaded = load_config(profile=setup.profile, overrides=setup.overrides)
+    loaded = load_config(
+        profile=setup.profile, overrides=choosing(target.overrides, setup.overrides)
+    )
     backends = bench_backends(loaded)
     if name is None:
         name = default_backend(loaded, backends)
@@ -109,6 +123,9 @@ def resolve(setup: BenchSetup) -> Plan:
         raise _choice("backend", name, backends)
     if setup.ranks > 1:  # on cuda: a GPU per rank ("no CUDA device visible" without one)
         check_ranks(setup, name, target)
+    elif setup.devices is not None:  # one rank, in this process, on the GPU named
+        target.check_ranks(1, setup.devices)
+        target.select(setup.devices[0])
     backend = backends[name](setup)
     backend.check()
     comparison: Comparison = ProfileComparison()
@@ -120,12 +137,15 @@ def resolve(setup: BenchSetup) -> Plan:
     comparison.check(plan)
     target.check(measured)
     _check_host_memory(plan)
-    for profile in plan.profiles.values():  # ConfigError (exit 2) names the bad value
+    # Every --set and --vs-set is checked here against the transport and backend the run
+    # uses (ConfigError, exit 2, names the bad value and whose options it is).
+    for label, profile in plan.profiles.items():
         planned = {
             **target.overrides,
             "placement.capacity_bytes": measured.nbytes,
             **backend.planned(),
             **(setup.overrides or {}),
+            **((setup.vs_overrides or {}) if label == "Q" else {}),
         }
         load_config(profile=profile, overrides=planned)
     return plan

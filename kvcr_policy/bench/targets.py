@@ -14,7 +14,7 @@ restore and verifies every one of them after it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -151,12 +151,18 @@ class CpuTarget:
     def check(self, measured: PoolGeometry) -> None:
         return None
 
-    def check_ranks(self, ranks: int) -> None:
+    def check_ranks(self, ranks: int, devices: Sequence[int] | None = None) -> None:
         """Any number of ranks share the host (each its own process, pool and tier)."""
+        if devices is not None:
+            message = (
+                "--devices maps ranks to GPUs; the cpu target has none: use --target cuda, or "
+                "drop --devices"
+            )
+            raise BenchError(message)
         return None
 
-    def select(self, rank: int) -> None:
-        """Nothing to choose for rank ``rank``: every host pool is in host memory."""
+    def select(self, device: int) -> None:
+        """Nothing to choose for a rank: every host pool is in host memory."""
         return None
 
     def open(self, measured: PoolGeometry) -> HostPool:
@@ -227,13 +233,16 @@ class CudaTarget:
             )
             raise BenchError(message)
 
-    def check_ranks(self, ranks: int) -> None:
-        """One rank per GPU: refuse more ranks than visible GPUs."""
+    def check_ranks(self, ranks: int, devices: Sequence[int] | None = None) -> None:
+        """One rank per GPU, or the GPUs ``devices`` names (several ranks may share one):
+        refuse more ranks than visible GPUs, or an index past them."""
         torch = self._torch()
         visible = torch.cuda.device_count()
-        if ranks > visible:
-            env = os.environ.get("CUDA_VISIBLE_DEVICES")
-            shown = "" if env is None else f" (CUDA_VISIBLE_DEVICES={env!r})"
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = "" if env is None else f" (CUDA_VISIBLE_DEVICES={env!r})"
+        if devices is not None:
+            check_devices(devices, visible, shown)
+        elif ranks > visible:
             message = (
                 f"--ranks {ranks}: one rank runs per GPU, and {visible} CUDA device"
                 f"{'s are' if visible != 1 else ' is'} visible{shown}; use --ranks {visible} or "
@@ -241,9 +250,9 @@ class CudaTarget:
             )
             raise BenchError(message)
 
-    def select(self, rank: int) -> None:
-        """Rank ``rank`` runs on GPU ``rank`` (made current, so its pool is allocated there)."""
-        self._torch().cuda.set_device(rank)
+    def select(self, device: int) -> None:
+        """A rank runs on GPU ``device`` (made current, so its pool is allocated there)."""
+        self._torch().cuda.set_device(device)
 
     def metadata_pool(self, geometry: PoolGeometry) -> tuple[PoolGeometry, Any]:
         """A small pool of ``geometry`` on the current GPU, for the metadata measurement (a
@@ -261,6 +270,22 @@ class CudaTarget:
             "device": self._torch().cuda.get_device_name(),
             "fill": "each tier filled by offload from the GPU pool (no host source pool)",
         }
+
+
+def check_devices(devices: Sequence[int], visible: int, shown: str = "") -> None:
+    """Refuse a ``--devices`` index past the ``visible`` GPUs (``shown``: what made them so)."""
+    past = [index for index in devices if index >= visible]
+    if past:
+        listed = ",".join(str(index) for index in devices)
+        if visible == 0:
+            fix = "make a GPU visible"
+        else:
+            fix = f"use indices 0..{visible - 1} (e.g. --devices {','.join(['0'] * len(devices))})"
+        message = (
+            f"--devices {listed}: GPU {past[0]} is not visible; {visible} CUDA device"
+            f"{'s are' if visible != 1 else ' is'} visible{shown}; {fix}"
+        )
+        raise BenchError(message)
 
 
 TARGETS: Mapping[str, type[CpuTarget] | type[CudaTarget]] = {"cpu": CpuTarget, "cuda": CudaTarget}

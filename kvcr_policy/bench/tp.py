@@ -17,7 +17,14 @@ from .plan import Plan
 from .setup import BenchError, BenchSetup
 from .targets import CpuTarget, CudaTarget
 
-__all__ = ["check_ranks", "describe_shard", "shard_geometry", "shard_heads"]
+__all__ = [
+    "check_ranks",
+    "describe_shard",
+    "device_of",
+    "parse_devices",
+    "shard_geometry",
+    "shard_heads",
+]
 
 
 def shard_heads(heads: int, ranks: int, *, name: str = "the model") -> int:
@@ -69,4 +76,32 @@ def check_ranks(setup: BenchSetup, backend: str, target: CpuTarget | CudaTarget)
             f"'dram'); backend {backend!r} is not supported with --ranks: use --backend dram"
         )
         raise BenchError(message)
-    target.check_ranks(setup.ranks)
+    target.check_ranks(setup.ranks, setup.devices)
+
+
+def parse_devices(text: str | None, ranks: int) -> tuple[int, ...] | None:
+    """``--devices LIST``: one GPU index per rank, comma-separated (``0,0``: two ranks on GPU
+    0); None when not given. Indices are checked against the visible GPUs by the target."""
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",")]
+    bad = [item for item in items if not item.isdigit()]
+    if bad:
+        message = (
+            f"--devices {text!r}: expected GPU indices separated by commas (e.g. --devices 0,0 "
+            f"for two ranks on GPU 0), got {bad[0]!r}"
+        )
+        raise BenchError(message)
+    if len(items) != ranks:
+        message = (
+            f"--devices {text}: names {len(items)} GPU{'s' if len(items) != 1 else ''} for "
+            f"--ranks {ranks}; give one index per rank (e.g. --devices "
+            f"{','.join(['0'] * ranks)} runs every rank on GPU 0)"
+        )
+        raise BenchError(message)
+    return tuple(int(item) for item in items)
+
+
+def device_of(setup: BenchSetup, rank: int) -> int:
+    """The GPU index rank ``rank`` runs on: ``--devices``, else its own number."""
+    return rank if setup.devices is None else setup.devices[rank]

@@ -22,6 +22,7 @@ from kvcr_policy.bench import targets as bench_targets
 from kvcr_policy.bench.rank import RankReport, Step, main, run_rank
 from kvcr_policy.bench.ranks import aggregate, run_ranks
 from kvcr_policy.bench.resolve import resolve
+from kvcr_policy.bench.tp import device_of, parse_devices
 from tests.support.commands import run_main
 
 SMALL: dict[str, Any] = dict(geometry="small", tokens=256, repeat=1, exists_keys=1000)
@@ -196,3 +197,39 @@ def test_ranks_need_a_dram_tier_and_a_profile_comparison(
 def test_ranks_zero_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _bench(capsys, "--ranks", "0")
     assert code == 2 and "--ranks" in err
+
+
+def test_devices_name_one_gpu_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _bench(capsys, "--target", "cuda", "--ranks", "2", "--devices", "0,0,1")
+    assert code == 2
+    assert "--devices 0,0,1: names 3 GPUs for --ranks 2; give one index per rank" in err
+    code, err = _bench(capsys, "--target", "cuda", "--ranks", "2", "--devices", "0,gpu1")
+    assert code == 2 and "expected GPU indices separated by commas" in err and "'gpu1'" in err
+    code, err = _bench(capsys, "--ranks", "2", "--devices", "0,0")
+    assert code == 2 and "--devices maps ranks to GPUs; the cpu target has none" in err
+
+
+def test_devices_past_the_visible_gpus_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faked: torch sees one GPU (this host has none): 0,1 names a GPU that is not there."""
+    gpus = SimpleNamespace(cuda=SimpleNamespace(device_count=lambda: 1))
+    monkeypatch.setattr(bench_targets.CudaTarget, "_torch", lambda self: gpus)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    code, err = _bench(capsys, "--target", "cuda", "--ranks", "2", "--devices", "0,1")
+    assert code == 2
+    assert "--devices 0,1: GPU 1 is not visible; 1 CUDA device is visible; use indices 0..0" in err
+
+
+def test_devices_map_ranks_and_may_share_a_gpu() -> None:
+    """Two ranks on one GPU pass the check (faked: one GPU visible) and map to it."""
+    one = SimpleNamespace(cuda=SimpleNamespace(device_count=lambda: 1))
+    target = bench_targets.CudaTarget()
+    target._torch = lambda: one  # type: ignore[method-assign]
+    target.check_ranks(2, (0, 0))
+    with pytest.raises(BenchError, match="one rank runs per GPU"):
+        target.check_ranks(2)
+    setup = BenchSetup(ranks=2, target="cuda", devices=parse_devices("0, 0", 2))
+    assert [device_of(setup, rank) for rank in range(2)] == [0, 0]
+    assert [device_of(BenchSetup(ranks=2), rank) for rank in range(2)] == [0, 1]
+    assert parse_devices(None, 4) is None

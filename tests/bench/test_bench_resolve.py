@@ -9,6 +9,7 @@ import pytest
 
 from kvcr_policy import bench_adapter
 from kvcr_policy.bench import BenchError, BenchSetup, hicache
+from kvcr_policy.bench import targets as bench_targets
 from kvcr_policy.bench.backends import bench_backends
 from kvcr_policy.bench.resolve import resolve
 from kvcr_policy.bench.server import PeerProcess
@@ -113,3 +114,43 @@ def test_cuda_without_a_gpu_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(KVCRPolicyError, match="no CUDA device visible"):
         resolve(BenchSetup(**SMALL, target="cuda"))
+
+
+def _no_gpu_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faked: this host has no GPU, so the cuda target's free-memory check is skipped; the
+    option resolution under test needs none."""
+    monkeypatch.setattr(bench_targets.CudaTarget, "check", lambda self, measured: None)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"transport.options.staging_buffer_bytes": "64MiB"},
+        {"transport.options.staging": "always", "transport.options.staging_buffers": "8"},
+    ],
+)
+def test_set_options_of_the_transport_the_run_uses_are_accepted(
+    overrides: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The profile names the cpu transport; --target cuda makes the run use cuda's options."""
+    _no_gpu_check(monkeypatch)
+    plan = resolve(BenchSetup(**SMALL, target="cuda", overrides=overrides))
+    assert plan.target.name == "cuda"
+    plan = resolve(BenchSetup(**SMALL, target="cuda", vs_overrides=overrides))
+    assert plan.target.name == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("fields", "transport"),
+    [
+        ({"target": "cuda", "overrides": {"transport.options.min_parallel_bytes": "1"}}, "cuda"),
+        ({"target": "cuda", "vs_overrides": {"transport.options.stagin": "auto"}}, "cuda"),
+        ({"overrides": {"transport.options.staging_buffer_bytes": "64MiB"}}, "cpu"),
+    ],
+)
+def test_set_options_the_run_transport_lacks_name_it(
+    fields: dict[str, Any], transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_gpu_check(monkeypatch)
+    with pytest.raises(ConfigError, match=rf"unknown key.*\[options of transport '{transport}'\]"):
+        resolve(BenchSetup(**{**SMALL, **fields}))

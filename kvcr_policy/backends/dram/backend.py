@@ -1,7 +1,8 @@
 """The ``dram`` backend: each pool's pages in a process-owned region that mirrors its layout.
 
 Per pool, the placement strategy opens a region of ``placement.capacity_bytes`` (slots in place
-of pages, so a prefix stored together restores as a few large copies once coalesced) and a
+of pages, so a prefix stored together restores as a few large copies once coalesced; or, when
+the transport asks for ``whole_slots``, each slot one contiguous page) and a
 :class:`~.store.Store` maps keys to slots. Bytes move with the configured copy transport
 (``cpu`` threads, ``cuda`` streams, ``memory`` for tests). A read claims the slots of its
 leading present run for the whole call; a write reserves slots and publishes exactly the pages
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...descriptors import Descriptors, build_descriptors
+from ...descriptors import Descriptors, build_descriptors, whole_slots
 from ...errors import ClosedError, IndicesError, PoolError, mismatch
 from ...geometry import PoolGeometry
 from ...memory.locality import DeviceLocality
@@ -75,6 +76,8 @@ class _Transfer:
         else:
             src, dst, src_idx, dst_idx = pool, tier, pages, slots
         plain = build_descriptors(src.geometry, src_idx, dst.geometry, dst_idx)
+        if self.pool.transport.whole_slots:  # the tier side slot by slot
+            plain = whole_slots(plain, tier.geometry, slots, src=self.read)
         shaped = plain if shape is None else shape(plain)
         return CopyBatch(src.endpoint, dst.endpoint, shaped)
 

@@ -60,6 +60,9 @@ class Transport:
     capabilities: frozenset[str] = frozenset()
     #: Devices the endpoints may live on.
     devices: frozenset[str] = frozenset({"cpu"})
+    #: The ``dram`` backend lays each tier slot out whole (one contiguous page) instead of
+    #: mirroring the pool's planes; a transport that moves whole slots best sets it.
+    whole_slots: bool = False
 
     def __init__(self, workers: int = 1) -> None:
         self._workers = max(1, workers)

@@ -5,14 +5,18 @@ registered with ``cudaHostRegister`` (portable, mapped) when its pool registers,
 only after every copy that could touch it has completed. A batch is enqueued on the transport's
 own stream of the pool's device, one event is recorded after it, and its future completes when
 that event has (a completion thread waits on events in submission order, with the GIL
-released). Two ways to move a batch, chosen per batch and counted in :meth:`describe`:
+released). Three ways to move a batch, chosen per batch and counted in :meth:`describe`:
 
 - ``copies``: one asynchronous copy per descriptor (a copy engine at the PCIe rate once
   descriptors are large, i.e. coalesced);
 - ``gather``: many small descriptors (scattered slots, or no coalescing) become a few index
   kernels that read or write the pinned tier through its device mapping
   (:mod:`.cuda_gather`), since one copy call per 128 KiB fragment reaches
-  only a sixth of the PCIe rate.
+  only a sixth of the PCIe rate;
+- ``staging``: many small descriptors whose host side comes in long contiguous runs
+  (scattered whole tier slots) cross PCIe run by run into a bounded ring of device buffers,
+  and an index kernel on a second stream scatters each buffer into the pool, overlapped
+  (:mod:`.cuda_staging`); stores gather on the GPU, then copy whole runs out.
 
 torch is imported when a transport is built, never at import: the options model and the
 registration work on machines without CUDA, where building the transport raises
@@ -29,20 +33,20 @@ from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import partial
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
 from kvcr_policy.memory.cuda import NO_CUDA, require_cuda
 from kvcr_policy.memory.locality import DeviceLocality, locate, pci_address
 from kvcr_policy.schema import PolicyConfig
-from kvcr_policy.tunable import tunable
-from kvcr_policy.values import Size
 
 from .base import CopyBatch, Endpoint, Transport, check_bounds
 from .cuda_gather import choose_kernel, plan_rows, run_rows
+from .cuda_options import CudaOptions
+from .cuda_staging import StagingRing, plan_staging, stage
 
 __all__ = [
     "NO_CUDA",
@@ -58,46 +62,6 @@ log = logging.getLogger("kvcr_policy.backends.dram.transports.cuda")
 # cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): usable from every
 # device, and mapped into the device address space so kernels can read it (the gather path).
 _REGISTER_FLAGS = 0x01 | 0x02
-
-
-class CudaOptions(BaseModel):
-    """Options of ``[transport.options]`` when ``transport.name = "cuda"``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    gather: Literal["with_coalescing", "auto", "always", "never"] = Field(
-        "with_coalescing",
-        description=(
-            "Index kernels for batches of many small descriptors: 'auto' when a batch has at "
-            "least gather_min_descriptors whose mean is below gather_below_bytes; 'never' "
-            "issues one copy per descriptor (upstream); 'with_coalescing' is 'auto' when "
-            "coalescing.strategy is not 'none', else 'never'."
-        ),
-        json_schema_extra=tunable(choices=("auto", "always", "never")),
-    )
-    gather_below_bytes: Size = Field(
-        ByteSize(2 << 20),
-        gt=0,
-        le=1 << 40,
-        description="auto: gather when the mean descriptor is smaller (at most 1TiB).",
-        json_schema_extra=tunable(choices=("256KiB", "1MiB", "2MiB", "8MiB", "32MiB")),
-    )
-    gather_min_descriptors: int = Field(
-        64,
-        ge=1,
-        le=1 << 30,
-        description="auto: gather only batches with at least this many descriptors (at most "
-        "1073741824).",
-        json_schema_extra=tunable(choices=(8, 32, 64, 256, 1024)),
-    )
-    gather_chunk_bytes: Size = Field(
-        ByteSize(256 << 20),
-        gt=0,
-        le=1 << 40,
-        description="Most bytes one gather kernel moves (also bounds its GPU scratch memory; at "
-        "most 1TiB).",
-        json_schema_extra=tunable(choices=("32MiB", "64MiB", "256MiB", "1GiB")),
-    )
 
 
 class _Interface:
@@ -152,6 +116,15 @@ class CudaTransport(Transport):
         self.gather = options.gather
         if self.gather == "with_coalescing":
             self.gather = "never" if config.coalescing.strategy == "none" else "auto"
+        self.staging = options.staging
+        if self.staging == "with_coalescing":
+            self.staging = "never" if config.coalescing.strategy == "none" else "auto"
+        slots = options.tier_slots
+        if slots == "with_staging":
+            slots = "mirror" if self.staging == "never" else "whole"
+        self.whole_slots = slots == "whole"
+        self._rings: dict[int, StagingRing] = {}
+        self._aux: dict[int, Any] = {}
         self.timeout = config.transport.op_timeout_s
         self._cudart = torch.cuda.cudart()
         self._regions: dict[int, _Registration] = {}
@@ -194,6 +167,8 @@ class CudaTransport(Transport):
         )
         self._regions[region.address] = registration
         self._history.append(registration.report())
+        if self.staging != "never":  # the ring's memory is taken here, not in the first copy
+            self._ring(device)
         log.info(
             "tier registered for DMA: %d bytes on cuda:%d in %.3f s",
             region.nbytes,
@@ -307,7 +282,10 @@ class CudaTransport(Transport):
         keep: list[Any] = []
         with torch.cuda.stream(stream):
             path = self._path(d)
-            if path == "gather":
+            staged = self._staged(d, src, dst, src_device, dst_device, device, stream)
+            if staged is not None:
+                path, keep = staged
+            elif path == "gather":
                 plan = plan_rows(
                     d,
                     src_base=src["mapped"].data_ptr(),
@@ -335,6 +313,59 @@ class CudaTransport(Transport):
             self._paths[f"{path}.descriptors"] += len(d)
             self._paths[f"{path}.bytes"] += d.nbytes
         return event, keep
+
+    def _staged(
+        self,
+        d: Any,
+        src: dict[str, Any],
+        dst: dict[str, Any],
+        src_device: int | None,
+        dst_device: int | None,
+        device: int,
+        stream: Any,
+    ) -> tuple[str, list[Any]] | None:
+        """Move ``d`` through the staging ring when the policy says so; None otherwise."""
+        if self.staging == "never" or (src_device is None) == (dst_device is None):
+            return None  # off, or not between a GPU and the host
+        restore = src_device is None
+        options = self.options
+        choose = partial(
+            stage,
+            self.staging,
+            descriptors=len(d),
+            nbytes=d.nbytes,
+            below_bytes=int(options.gather_below_bytes),
+            min_descriptors=options.gather_min_descriptors,
+            min_span_bytes=int(options.staging_min_span_bytes),
+        )
+        if not choose(spans=0):  # not fragmented: no need to plan
+            return None
+        plan = plan_staging(
+            d.src if restore else d.dst,
+            d.dst if restore else d.src,
+            d.length,
+            buffer_bytes=int(options.staging_buffer_bytes),
+            write="device" if restore else "host",
+        )
+        if plan is None or not choose(spans=plan.spans):
+            return None
+        ring, aux = self._ring(device)
+        if restore:
+            keep = ring.restore(plan, src["copy"], dst["copy"], stream, aux)
+            return "staging:restore", keep
+        keep = ring.store(plan, src["copy"], dst["copy"], stream, aux)
+        return "staging:store", keep
+
+    def _ring(self, device: int) -> tuple[StagingRing, Any]:
+        """The staging ring of ``device`` and its scatter stream, made on first need."""
+        ring = self._rings.get(device)
+        if ring is None:
+            options = self.options
+            ring = self._rings[device] = StagingRing(
+                self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers
+            )
+            self._aux[device] = self._torch.cuda.Stream(device=device)
+        return ring, self._aux[device]
 
     def _path(self, d: Any) -> str:
         mode = self.gather
@@ -415,6 +446,11 @@ class CudaTransport(Transport):
             "gather": self.gather,
             "gather_below_bytes": int(self.options.gather_below_bytes),
             "gather_chunk_bytes": int(self.options.gather_chunk_bytes),
+            "staging": self.staging,
+            "tier_slots": "whole" if self.whole_slots else "mirror",
+            "staging_buffers": self.options.staging_buffers,
+            "staging_buffer_bytes": int(self.options.staging_buffer_bytes),
+            "staging_device_bytes": {f"cuda:{i}": r.nbytes for i, r in sorted(self._rings.items())},
             "devices": [f"cuda:{i}" for i in sorted(self._streams)],
             "paths": paths,
             "registrations": list(self._history),
@@ -431,8 +467,9 @@ class CudaTransport(Transport):
                 return
             self._closed = True
         self._drain("close")
-        for stream in self._streams.values():
+        for stream in [*self._streams.values(), *self._aux.values()]:
             stream.synchronize()
+        self._rings.clear()  # the staging buffers go back to the allocator
         if self._thread is not None:
             self._done.put(None)
             self._thread.join()

@@ -131,10 +131,17 @@ geometry = partial(
 
 
 def pipeline(
-    geo: PoolGeometry, *, coalescing: str = "contiguous", gather: str = "auto", **more: Any
+    geo: PoolGeometry,
+    *,
+    coalescing: str = "contiguous",
+    gather: str = "auto",
+    staging: Any = "never",
+    **more: Any,
 ) -> Pipeline:
+    """``staging``: a mode, or a dict of staging options (the tests of other paths keep it off)."""
+    options = staging if isinstance(staging, dict) else {"staging": staging}
     overrides = {
-        "transport": {"name": "cuda", "options": {"gather": gather}},
+        "transport": {"name": "cuda", "options": {"gather": gather, **options}},
         "coalescing.strategy": coalescing,
         "placement.capacity_bytes": geo.nbytes,
         "batching.read_batch_pages": 8,
@@ -213,6 +220,52 @@ def test_scattered_restore_takes_the_gather_path_and_reports_it(rng: np.random.G
     assert described["paths"]["gather:dst_runs.batches"] == 2
     (registration,) = described["registrations"]
     assert registration["bytes"] == geo.nbytes and registration["seconds"] > 0
+
+
+@pytest.mark.parametrize("mode", ["always", "auto", "never"])
+@pytest.mark.parametrize(("layout", "mla"), [("layer_first", False), ("layer_first", True),
+                                             ("page_first", False)])  # fmt: skip
+@pytest.mark.cuda
+@needs_cuda
+def test_staged_offload_and_restore_of_scattered_slots_are_byte_exact(
+    layout: str, mla: bool, mode: str, rng: np.random.Generator
+) -> None:
+    """Slots scattered by storing in a random order, each slot whole on the host; a ring of 3
+    buffers of a page and a half each, so fills cut host runs, wrap the ring many times and
+    span batches. 'never' moves the same whole-slot tier with one copy per fragment."""
+    geo = geometry(layout, mla=mla, pages=64)
+    page = geo.nbytes // geo.pages
+    staging = {
+        "staging": mode,
+        "staging_buffers": 3,
+        "staging_buffer_bytes": page * 3 // 2,
+        "staging_min_span_bytes": page,
+        "gather_min_descriptors": 1,
+        "tier_slots": "whole",
+    }
+    pool = random_pool(geo)
+    original = pool.clone()
+    n = geo.pages
+    order = rng.permutation(n)
+    with pipeline(geo, staging=staging) as p:
+        p.register_pool("kv", geo, pool)
+        torch.cuda.synchronize()
+        assert all(p.set([keys_of("k", n)[i] for i in order], token_indices(order, PAGE)))
+        pool.view(-1).view(torch.uint8).fill_(0xA5)
+        torch.cuda.synchronize()
+        assert p.get(keys_of("k", n), token_indices(np.arange(n), PAGE)) == [True] * n
+        torch.cuda.synchronize()
+        assert same(pool, original)
+        described = p.stats().transport
+    paths = described["paths"]
+    if mode != "never":
+        assert paths.get("staging:store.batches", 0) > 0
+        assert paths.get("staging:restore.batches", 0) > 0
+    assert described["staging"] == mode and described["tier_slots"] == "whole"
+    # The ring is taken when the tier registers (not in the first timed copy), only if staging
+    assert described["staging_device_bytes"] == (
+        {"cuda:0": 3 * (page * 3 // 2)} if mode != "never" else {}
+    )
 
 
 @pytest.mark.cuda

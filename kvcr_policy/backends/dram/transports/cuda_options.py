@@ -1,0 +1,102 @@
+"""Options of the cuda transport (``[transport.options]`` when ``transport.name = "cuda"``).
+
+A model of its own so the configuration loads, and its schema is written, on machines
+without torch or CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field
+
+from kvcr_policy.tunable import tunable
+from kvcr_policy.values import Size
+
+__all__ = ["CudaOptions"]
+
+
+class CudaOptions(BaseModel):
+    """Options of ``[transport.options]`` when ``transport.name = "cuda"``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gather: Literal["with_coalescing", "auto", "always", "never"] = Field(
+        "with_coalescing",
+        description=(
+            "Index kernels for batches of many small descriptors: 'auto' when a batch has at "
+            "least gather_min_descriptors whose mean is below gather_below_bytes; 'never' "
+            "issues one copy per descriptor (upstream); 'with_coalescing' is 'auto' when "
+            "coalescing.strategy is not 'none', else 'never'."
+        ),
+        json_schema_extra=tunable(choices=("auto", "always", "never")),
+    )
+    gather_below_bytes: Size = Field(
+        ByteSize(2 << 20),
+        gt=0,
+        le=1 << 40,
+        description="auto: gather when the mean descriptor is smaller (at most 1TiB).",
+        json_schema_extra=tunable(choices=("256KiB", "1MiB", "2MiB", "8MiB", "32MiB")),
+    )
+    gather_min_descriptors: int = Field(
+        64,
+        ge=1,
+        le=1 << 30,
+        description="auto: gather only batches with at least this many descriptors (at most "
+        "1073741824).",
+        json_schema_extra=tunable(choices=(8, 32, 64, 256, 1024)),
+    )
+    gather_chunk_bytes: Size = Field(
+        ByteSize(256 << 20),
+        gt=0,
+        le=1 << 40,
+        description="Most bytes one gather kernel moves (also bounds its GPU scratch memory; at "
+        "most 1TiB).",
+        json_schema_extra=tunable(choices=("32MiB", "64MiB", "256MiB", "1GiB")),
+    )
+    staging: Literal["with_coalescing", "auto", "always", "never"] = Field(
+        "with_coalescing",
+        description=(
+            "A ring of GPU staging buffers for batches between a GPU pool and the tier: each "
+            "contiguous host run (a whole tier slot) crosses PCIe as one copy and an index kernel "
+            "scatters it into the pool (stores: the reverse). 'auto' when a batch has at least "
+            "gather_min_descriptors whose mean is below gather_below_bytes and its host runs "
+            "average staging_min_span_bytes or more; 'never' (upstream) never; "
+            "'with_coalescing' is 'auto' when coalescing.strategy is not 'none', else 'never'."
+        ),
+        json_schema_extra=tunable(choices=("auto", "always", "never")),
+    )
+    staging_buffer_bytes: Size = Field(
+        ByteSize(32 << 20),
+        gt=0,
+        le=1 << 34,
+        description="Bytes of one staging buffer (at most 16GiB); the ring takes "
+        "staging_buffers of them on each GPU, once, when a tier registers with staging on.",
+        json_schema_extra=tunable(choices=("8MiB", "16MiB", "32MiB", "64MiB", "128MiB")),
+    )
+    staging_buffers: int = Field(
+        4,
+        ge=2,
+        le=64,
+        description="Buffers in the staging ring (2..64): how many copies and scatters overlap.",
+        json_schema_extra=tunable(choices=(2, 3, 4, 8)),
+    )
+    staging_min_span_bytes: Size = Field(
+        ByteSize(4 << 20),
+        gt=0,
+        le=1 << 40,
+        description="auto: stage only batches whose contiguous host runs average at least this "
+        "(at most 1TiB); shorter runs cross PCIe no faster than the fragments themselves.",
+        json_schema_extra=tunable(choices=("1MiB", "2MiB", "4MiB", "16MiB")),
+    )
+    tier_slots: Literal["with_staging", "mirror", "whole"] = Field(
+        "with_staging",
+        description=(
+            "How the dram tier lays out a slot: 'mirror' (upstream) mirrors the pool's planes, "
+            "so a prefix stored together coalesces into a few large copies; 'whole' keeps each "
+            "slot one contiguous page, so slots scattered by eviction churn still cross PCIe "
+            "whole through the staging ring; 'with_staging' is 'whole' when staging is not "
+            "'never', else 'mirror'."
+        ),
+        json_schema_extra=tunable(choices=("mirror", "whole")),
+    )

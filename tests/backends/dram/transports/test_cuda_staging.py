@@ -1,0 +1,151 @@
+"""Tests for the staging ring's plan and choice (numpy only, no GPU needed).
+
+The plan is checked by replaying it on host memory exactly as the GPU runs it: each fill's
+pieces copied into one buffer, then the buffer's rows scattered by the plan's row indices
+(or, for stores, gathered then copied out). The CUDA data path itself is tested, byte for
+byte, in test_cuda.py (skipped without a GPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcr_policy.backends.dram.transports.cuda_staging import (
+    MAX_ROW_BYTES,
+    StagingPlan,
+    host_spans,
+    plan_staging,
+    stage,
+)
+from tests.strategies import scattered_slots
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def replay_restore(plan: StagingPlan, host: np.ndarray, pool: np.ndarray) -> None:
+    """What :meth:`StagingRing.restore` enqueues, on host memory: fill by fill."""
+    rows = pool.reshape(-1, plan.unit)
+    for j in range(plan.buffers):
+        buffer = np.full(plan.capacity, 0x5A, dtype=np.uint8)
+        for offset, at, n in plan.pieces[plan.fills[j] : plan.fills[j + 1]]:
+            buffer[offset : offset + n] = host[at : at + n]
+        lo, hi = plan.fill_rows(j)
+        rows[plan.rows[lo:hi]] = buffer.reshape(-1, plan.unit)[: hi - lo]
+
+
+def replay_store(plan: StagingPlan, pool: np.ndarray, host: np.ndarray) -> None:
+    rows = pool.reshape(-1, plan.unit)
+    for j in range(plan.buffers):
+        buffer = np.full(plan.capacity, 0x5A, dtype=np.uint8)
+        lo, hi = plan.fill_rows(j)
+        buffer.reshape(-1, plan.unit)[: hi - lo] = rows[plan.rows[lo:hi]]
+        for offset, at, n in plan.pieces[plan.fills[j] : plan.fills[j + 1]]:
+            host[at : at + n] = buffer[offset : offset + n]
+
+
+def naive(src_off: np.ndarray, dst_off: np.ndarray, length: np.ndarray, src: np.ndarray,
+          dst: np.ndarray) -> None:  # fmt: skip
+    for s, d, n in zip(src_off, dst_off, length, strict=True):
+        dst[d : d + n] = src[s : s + n]
+
+
+@given(scattered_slots(), st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_a_restore_plan_moves_every_byte_once_within_the_ring(
+    slots: Arrays, buffer_fragments: int, seed: int
+) -> None:
+    host_off, device_off, length = slots
+    fragment = int(length[0])
+    buffer_bytes = max(1, buffer_fragments * fragment // 3)
+    plan = plan_staging(host_off, device_off, length, buffer_bytes=buffer_bytes, write="device")
+    assert plan is not None
+    # Bounded: every piece lies inside one buffer, no fill uses more than the buffer.
+    assert plan.capacity <= buffer_bytes and plan.capacity % plan.unit == 0
+    offset, _, n = plan.pieces.T
+    assert np.all(n > 0) and np.all(offset + n <= plan.capacity)
+    assert plan.unit <= MAX_ROW_BYTES and np.all(device_off % plan.unit == 0)
+    assert plan.nbytes == int(length.sum())
+    size = int(max(host_off.max(), device_off.max()) + fragment)
+    rng = np.random.default_rng(seed)
+    host = rng.integers(0, 256, size, dtype=np.uint8)
+    pool = np.zeros(size + plan.unit, dtype=np.uint8)
+    expected = pool.copy()
+    naive(host_off, device_off, length, host, expected)
+    replay_restore(plan, host, pool)
+    assert np.array_equal(pool, expected)
+
+
+@given(scattered_slots(), st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_a_store_plan_writes_exactly_the_described_host_bytes(
+    slots: Arrays, buffer_fragments: int, seed: int
+) -> None:
+    host_off, device_off, length = slots
+    buffer_bytes = max(1, buffer_fragments * int(length[0]) // 2)
+    plan = plan_staging(host_off, device_off, length, buffer_bytes=buffer_bytes, write="host")
+    assert plan is not None
+    size = int(max(host_off.max(), device_off.max()) + length[0])
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 256, size + plan.unit, dtype=np.uint8)
+    host = np.full(size, 0xEE, dtype=np.uint8)
+    expected = host.copy()
+    naive(device_off, host_off, length, pool, expected)
+    replay_store(plan, pool, host)
+    assert np.array_equal(host, expected)  # bytes outside the descriptors untouched
+
+
+def test_whole_slots_cross_as_one_piece_each() -> None:
+    """qwen3-32b-like: 64 fragments of 128 KiB per 8 MiB slot, slots scattered over a tier four
+    times larger; 32 MiB ring buffers take four slots per fill, one host copy per host run (a
+    run cut only where a fill ends)."""
+    pages, layers, fragment = 16, 64, 128 << 10
+    slots = np.random.default_rng(3).choice(4 * pages, pages, replace=False)  # a tier 4x larger
+    p, layer = np.divmod(np.arange(pages * layers), layers)
+    host = (slots[p] * layers + layer) * fragment
+    device = (layer * pages + p) * fragment
+    length = np.full(len(host), fragment)
+    plan = plan_staging(host, device, length, buffer_bytes=32 << 20, write="device")
+    assert plan is not None
+    spans, nbytes = host_spans(host, length)
+    assert nbytes == pages * layers * fragment and spans <= pages
+    assert plan.unit == fragment and plan.buffers == 4 and plan.spans == spans
+    assert spans <= len(plan.pieces) <= spans + plan.buffers - 1  # a run cut where a fill ends
+
+
+def test_overlapping_writes_take_another_path() -> None:
+    host = np.array([0, 100], dtype=np.int64)
+    device = np.array([0, 50], dtype=np.int64)
+    length = np.array([100, 100], dtype=np.int64)
+    assert plan_staging(host, device, length, buffer_bytes=64, write="device") is None
+    assert plan_staging(host, device, length, buffer_bytes=64, write="host") is not None
+    assert plan_staging(device, host, length, buffer_bytes=64, write="host") is None
+    empty = np.zeros(0, dtype=np.int64)
+    assert plan_staging(empty, empty, empty, buffer_bytes=64, write="device") is None
+
+
+def test_host_spans_count_contiguous_runs_in_host_order() -> None:
+    host = np.array([30, 0, 10, 50], dtype=np.int64)
+    length = np.full(4, 10, dtype=np.int64)
+    assert host_spans(host, length) == (3, 40)  # [0, 20), [30, 40), [50, 60)
+    assert host_spans(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)) == (0, 0)
+
+
+MiB = 1 << 20
+CHOICE = {"below_bytes": 2 * MiB, "min_descriptors": 64, "min_span_bytes": 4 * MiB}
+
+
+def test_auto_stages_fragmented_batches_of_whole_slots_only() -> None:
+    """Decisions from injected batch shapes (no GPU, no timing)."""
+    scattered = {"descriptors": 4096, "nbytes": 4096 * 128 << 10, "spans": 32}  # 16 MiB slots
+    assert stage("auto", **scattered, **CHOICE)
+    # The contiguous case: 128 large coalesced descriptors keep their copies.
+    coalesced = {"descriptors": 128, "nbytes": 128 * 64 * MiB, "spans": 1}
+    assert not stage("auto", **coalesced, **CHOICE)
+    # Host runs as short as the fragments (nothing to gain from whole-run copies).
+    fragments = {"descriptors": 4096, "nbytes": 4096 * 128 << 10, "spans": 4096}
+    assert not stage("auto", **fragments, **CHOICE)
+    few = {"descriptors": 8, "nbytes": 8 * 128 << 10, "spans": 1}
+    assert not stage("auto", **few, **CHOICE)
+    assert stage("always", **few, **CHOICE) and stage("always", **fragments, **CHOICE)
+    assert not stage("never", **scattered, **CHOICE)
+    assert not stage("always", descriptors=0, nbytes=0, spans=0, **CHOICE)
