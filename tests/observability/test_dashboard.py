@@ -31,7 +31,6 @@ from kvcr_policy.backends.peer.server.tiers import SLOT_COST
 from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
 from tests.support.installs import missing
 from tests.support.paths import ROOT, child_env
-from tests.support.pools import fresh_keys, geometry, pool_buffer, token_indices
 from tests.support.processes import next_line
 from tests.support.waiting import wait_until
 
@@ -239,17 +238,39 @@ def _filled(expr: str) -> str:
     return expr
 
 
+CLIENT = """
+import sys
+sys.path.insert(0, {root!r})
+from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.observability.exposition import serve_metrics
+from tests.support.pools import fresh_keys, geometry, pool_buffer, token_indices
+
+exposed = serve_metrics("127.0.0.1:{client}")
+overrides = {{"transport.name": "ucx", "transport.options.peer": {address!r}}}
+loaded = load_config({profile!r}, overrides=overrides, environ={{}})
+geo = geometry(name="kv", pages=8)
+with build_pipeline(loaded) as pipeline:
+    pipeline.register_pool("kv", geo, pool_buffer(geo))
+    print("ready", flush=True)
+    sys.stdin.readline()  # the test saw the zeros scraped
+    keys = fresh_keys(4)
+    assert pipeline.set(keys, token_indices(range(4), geo.page_size)) == [True] * 4
+    assert pipeline.exists([*keys, "absent"]) == 4
+    assert pipeline.get(keys, token_indices(range(4, 8), geo.page_size)) == [True] * 4
+    print("moved", geo.page_bytes, flush=True)
+    sys.stdin.readline()  # the test is done with this client
+exposed.close()
+"""
+
+
 @contextmanager
 def _peer_with_a_client(api: str, port: int, client: int, folder: Path) -> Iterator[int]:
-    """``kvcr-policy serve --metrics 127.0.0.1:port`` and a client pipeline of this process
-    (its /metrics on ``client``) holding pages in the server's tier (pool ``kv``, as the
-    benchmark's): the tier's capacity in bytes."""
+    """``kvcr-policy serve --metrics 127.0.0.1:port`` and a client process (its /metrics on
+    ``client``, as an engine's) holding pages in the server's tier (pool ``kv``, as the
+    benchmark's): the tier's capacity in bytes. The client runs in a process of its own, so
+    its page holds its own series only (this test process's registry holds every series the
+    tests before it made, too many to scrape within the 200 ms timeout)."""
     need_ucxx()
-    from kvcr_policy import build_pipeline, load_config
-    from kvcr_policy.observability.exposition import serve_metrics
-
-    exposed = serve_metrics(f"127.0.0.1:{client}")
-
     sets = [arg for key, val in SERVER_SETS.items() for arg in ("--set", f"{key}={val}")]
     serve = subprocess.Popen(
         [sys.executable, "-m", "kvcr_policy", "serve", "--listen", "127.0.0.1:0", "--metrics",
@@ -259,27 +280,35 @@ def _peer_with_a_client(api: str, port: int, client: int, folder: Path) -> Itera
         text=True,
         env=child_env(drop=("KVCR_POLICY_",)),
     )  # fmt: skip
+    engine: subprocess.Popen[str] | None = None
     try:
         address = json.loads(next_line(serve))["listening"]
-        overrides = {"transport.name": "ucx", "transport.options.peer": address}
-        # A profile label of its own: this process's registry may hold other tests' series.
+        # A profile label of its own, so the queries below read this client's series only.
         profile = folder / f"client{uuid.uuid4().hex[:10]}.toml"
         profile.write_text("", encoding="utf-8")
-        geo = geometry(name="kv", pages=8)
-        loaded = load_config(profile, overrides=overrides, environ={})
-        with build_pipeline(loaded) as pipeline:
-            pipeline.register_pool("kv", geo, pool_buffer(geo))
-            # A rate needs a sample before the change: Prometheus reads the zeros first.
-            zeros = f'kvcr_policy_metadata_keys_queried_total{{profile="{profile.stem}"}}'
-            wait_until(lambda: _query(api, zeros) == [0.0], "a scrape of the client", 60)
-            keys = fresh_keys(4)
-            assert pipeline.set(keys, token_indices(range(4), geo.page_size)) == [True] * 4
-            assert pipeline.exists([*keys, "absent"]) == 4
-            assert pipeline.get(keys, token_indices(range(4, 8), geo.page_size)) == [True] * 4
-            yield (256 << 20) // max(geo.page_bytes, SLOT_COST) * geo.page_bytes
+        code = CLIENT.format(root=str(ROOT), client=client, address=address, profile=str(profile))
+        engine = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=child_env(drop=("KVCR_POLICY_",)),
+        )
+        assert next_line(engine) == "ready"
+        # A rate needs a sample before the change: Prometheus reads the zeros first.
+        zeros = f'kvcr_policy_metadata_keys_queried_total{{profile="{profile.stem}"}}'
+        wait_until(lambda: _query(api, zeros) == [0.0], "a scrape of the client", 60)
+        assert engine.stdin is not None
+        engine.stdin.write("go\n")
+        engine.stdin.flush()
+        moved, page_bytes = next_line(engine).split()
+        assert moved == "moved", moved
+        yield (256 << 20) // max(int(page_bytes), SLOT_COST) * int(page_bytes)
     finally:
+        if engine is not None:
+            _stop(engine)
         _stop(serve)
-        exposed.close()
 
 
 def _series(api: str, expr: str, span: tuple[float, float]) -> list[tuple[dict[str, str], float]]:
