@@ -34,7 +34,7 @@ from .geometry import BufferInfo, PoolGeometry, check_unchanged, page_indices, v
 from .keys import check_keys, rounds
 from .loading import LoadedConfig, load_config
 from .mover import Mover
-from .observability.meter import Meters
+from .observability.meters import Meters
 from .plugins import PluginManager, make_plugin_manager
 from .schema import STRATEGY_SECTIONS, strategy_name
 from .stats import PipelineStats, StatsRecorder

@@ -14,7 +14,6 @@ measured (a property of the link, which a scrape after a benchmark still reads).
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -22,23 +21,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry
 
 from .. import tier_reports as reports
 from .direction import CallCounts, DirectionMeter, Level, miss_reason
-from .metrics import POOL_LABELS, Families, families
+from .metrics import POOL_LABELS, Families
 
 __all__ = [
     "CallCounts",
     "DirectionMeter",
     "Level",
-    "Meters",
     "PoolMeter",
     "miss_reason",
-    "open_meter",
 ]
-
-log = logging.getLogger("kvcr_policy.observability")
 
 # Open meters per (registry families, labels): the level series go when the last one closes.
 _open_lock = threading.Lock()
@@ -254,57 +248,3 @@ class PoolMeter:
             match = dict(zip(POOL_LABELS, self._labels, strict=True))
             for family in (f.capacity, f.used, f.claims, f.huge_page_bytes, f.numa_pages):
                 family.remove_by_labels(match)
-
-
-def open_meter(
-    enabled: bool,
-    backend: str,
-    profile: str,
-    pool: str,
-    registry: CollectorRegistry | None = None,
-) -> PoolMeter | None:
-    """A meter for one pool, or None when metrics are off or cannot be kept.
-
-    Metrics never stop the data path: a multiprocess folder that cannot be written (SGLang's
-    ``PROMETHEUS_MULTIPROC_DIR`` removed under a running process) logs one warning instead.
-    """
-    if not enabled:
-        return None
-    try:
-        return PoolMeter(families(registry), backend, profile, pool)
-    except (OSError, ValueError) as err:
-        log.warning("kvcr_policy metrics for pool %r are off: %s", pool, err)
-        return None
-
-
-class Meters:
-    """The meters of one pipeline's pools, by pool name (labels ``backend`` and ``profile``
-    fixed for the pipeline); every method is a no-op with metrics off."""
-
-    def __init__(
-        self, enabled: bool, backend: str, profile: str, registry: CollectorRegistry | None = None
-    ) -> None:
-        self.enabled = enabled
-        self.backend = backend
-        self.profile = profile
-        self._registry = registry
-        self._meters: dict[str, PoolMeter | None] = {}
-
-    def get(self, pool: str) -> PoolMeter | None:
-        """The meter of a pool opened before, else None."""
-        return self._meters.get(pool)
-
-    def open(self, pool: str) -> PoolMeter | None:
-        """The meter of ``pool``, made on first use (callers pass only registered or refused
-        pools: an arbitrary name must not become a label)."""
-        if pool not in self._meters:
-            self._meters[pool] = open_meter(
-                self.enabled, self.backend, self.profile, pool, self._registry
-            )
-        return self._meters[pool]
-
-    def close(self) -> None:
-        """Take back every level (the tiers are gone)."""
-        for meter in self._meters.values():
-            if meter is not None:
-                meter.close()
