@@ -32,7 +32,7 @@ from concurrent.futures import Future
 
 from kvcr_policy.errors import CapacityError
 
-__all__ = ["MAX_PENDING_PER_TENANT", "AddressChecker", "main"]
+__all__ = ["MAX_PENDING_PER_TENANT", "READY_TIMEOUT_S", "AddressChecker", "main"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.server.addrcheck")
 
@@ -40,7 +40,7 @@ _REQUEST = struct.Struct("<BI")
 _CHECK_TIMEOUT_S = 10.0
 #: How long a new helper may take to say it is ready (importing ucxx: about 0.7 s on a quiet
 #: host, many seconds on a busy one); the check's own limit starts only after that.
-_READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 120.0
 _READY = b"R"
 MAX_PENDING_PER_TENANT = 4
 FIRST_PAUSE_S = 1.0
@@ -142,11 +142,11 @@ class AddressChecker:
             return self._proc
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> bool:
-        """Whether ``proc`` said it is ready (read once per helper, within _READY_TIMEOUT_S)."""
+        """Whether ``proc`` said it is ready (read once per helper, within READY_TIMEOUT_S)."""
         if proc.pid in self._ready:
             return True
         assert proc.stdout is not None
-        timer = threading.Timer(_READY_TIMEOUT_S, proc.kill)
+        timer = threading.Timer(READY_TIMEOUT_S, proc.kill)
         timer.start()
         try:
             said = proc.stdout.read(1)
