@@ -3,8 +3,10 @@
 The mover drives it like any backend: one ``batch_is_exist`` per metadata-query batch (and one
 per get, for the leading present run it reads), and each batch of a get or set on a worker
 thread, so the delivery window bounds real store calls in flight: zero-copy batch calls
-(:mod:`.objects`) of at most ``call_pages`` pages each, as many as the transport's queue holds
-(:mod:`.client`). What each key's result code means:
+(:mod:`.objects`), or calls through the pool's staging area (:mod:`.staging`), of at most
+``call_pages`` pages each, as many as the transport's queue holds (:mod:`.client`); the calls
+themselves are :mod:`.transfer`'s, the limit probe :mod:`.probe`'s. What each key's result
+code means:
 
 - get: the page's size in bytes -> arrived; OBJECT_NOT_FOUND or not ready -> absent (the run
   ends there); master down -> a miss (the health state opens); TRANSFER_FAIL (the segment

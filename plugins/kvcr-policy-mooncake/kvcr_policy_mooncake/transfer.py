@@ -38,8 +38,9 @@ STORED = frozenset({0, Code.OBJECT_ALREADY_EXISTS})
 
 
 class Transfer:
-    """One get or set on one pool: every batch is one store call on its own, so nothing is
-    held between batches and :meth:`abort` has nothing to undo."""
+    """One get or set on one pool: each batch's store calls (and, staged, its scatters) have
+    finished when the batch's future resolves, so nothing is held between batches and
+    :meth:`abort` has nothing to undo."""
 
     def __init__(self, pool: MooncakePool, read: bool, keys: list[str], pages: np.ndarray) -> None:
         self.pool = pool
