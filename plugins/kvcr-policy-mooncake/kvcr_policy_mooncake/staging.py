@@ -80,7 +80,8 @@ class StagingArea:
         self.name = spec.name
         self.client = client
         self.planes = _pool_planes(spec)
-        self.buffer = np.zeros(self.slots * self.slot_pages * page, dtype=np.uint8)  # faulted
+        self.buffer = np.empty(self.slots * self.slot_pages * page, dtype=np.uint8)
+        self.buffer.fill(0)  # touched now, so the first calls do not pay its page faults
         self.address = int(self.buffer.ctypes.data)
         code = client.register(self.address, self.buffer.nbytes)
         if code != 0:
