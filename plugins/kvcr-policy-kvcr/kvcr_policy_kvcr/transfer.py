@@ -12,11 +12,16 @@ of them on, each batch claims its own blocks right before its ``deliver`` and re
 it completes (DRAM then holds a delivery window of them, not the whole run). KVCR also claims
 each block for the duration of its own copy. A batch in which any page failed fails as a whole,
 so the fallback strategy retries it page by page and only pages that arrived count.
+
+A staged pool (:mod:`.staging`) moves each batch on its own thread, in parts of at most its
+staging slots: a store gathers the part's pages into slots and deposits one element per page; a
+restore delivers one element per page into slots, releases the part's late claims and scatters
+the pages that arrived into the pool, then gives the slots back.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,6 +38,7 @@ from kvcr_policy.plugin_api import (
 from .keys import KeySpace
 from .layout import PageLayout
 from .runner import Entries, Runner
+from .staging import StagingArea
 
 __all__ = ["LOCAL", "PRESENT", "KvcrTransfer"]
 
@@ -49,6 +55,8 @@ class Pool(Protocol):
     layout: PageLayout
     runner: Runner
     keys: KeySpace
+    staging: StagingArea | None
+    stager: Executor | None
     _query_batch: int
 
 
@@ -158,7 +166,51 @@ class KvcrTransfer:
             return runner.start("deliver", runner.kvcr.deliver, blocks)
         return runner.start("deposit", runner.kvcr.deposit, blocks)
 
+    def _staged_call(self, part: np.ndarray) -> Entries:
+        """One KVCR call for ``part`` through the staging area (see the module docstring)."""
+        pool, area = self.pool, self.pool.staging
+        assert area is not None  # only a staged pool's batches come here
+        late = self._claim_late(part) if self.read else []
+        runner, retire = pool.runner, False
+        try:
+            slots = area.take(len(part))
+            try:
+                positions, pages = part.tolist(), self.pages[part].tolist()
+                if not self.read:
+                    area.gather(slots, pages)
+                rows = zip(positions, slots, strict=True)
+                blocks = {self.blocks[p]: [area.refs[s]] for p, s in rows}
+                if self.read:
+                    future = runner.start("deliver", runner.kvcr.deliver, blocks)
+                else:
+                    future = runner.start("deposit", runner.kvcr.deposit, blocks)
+                retire = True  # until KVCR reports the call done, it may write the slots
+                entries = future.result()
+                retire = False
+                runner.release(late)  # delivered: DRAM may take others
+                late = []
+                if self.read:
+                    rows = zip(positions, slots, pages, strict=True)
+                    arrived = [(s, pg) for p, s, pg in rows if _ok(entries, self.blocks[p])]
+                    area.scatter([s for s, _ in arrived], [pg for _, pg in arrived])
+                return entries
+            finally:
+                area.give(slots, retire=retire)
+        finally:
+            runner.release(late)
+
+    def _staged(self, positions: np.ndarray) -> np.ndarray:
+        area = self.pool.staging
+        assert area is not None
+        step = area.part()
+        for start in range(0, len(positions), step):
+            part = positions[start : start + step]
+            self._check(part, self._staged_call(part))
+        return np.ones(len(positions), dtype=bool)
+
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
+        if self.pool.stager is not None:  # staged: one element per page, no descriptors
+            return self.pool.stager.submit(self._staged, positions)
         late = self._claim_late(positions) if self.read else []
         try:
             started = self._start(positions, shape)  # the blocks are distinct: one call
@@ -197,6 +249,8 @@ class KvcrTransfer:
 
     def retry(self, position: int) -> bool:
         one = np.array([position], dtype=np.int64)
+        if self.pool.stager is not None:
+            return _ok(self._staged_call(one), self.blocks[position])
         late = self._claim_late(one) if self.read else []
         try:
             entries = self._start(one, _plain).result()
