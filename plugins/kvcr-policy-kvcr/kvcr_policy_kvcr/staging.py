@@ -94,9 +94,12 @@ class StagingArea:
         size, count = self.page_bytes, self.slots
         return RegionDescriptor(addr=address, size=size, count=count, label=self.label)
 
-    def take(self, count: int) -> list[int]:
-        """``count`` free slots (at most every usable one), waiting until that many are free."""
+    def take(self, count: int, wait: bool) -> list[int] | None:
+        """``count`` free slots (at most every usable one), waiting until that many are free;
+        None at once when they are not free and not ``wait``."""
         with self._cond:
+            if not wait and len(self._free) < count and count <= self._usable():
+                return None
             self._cond.wait_for(lambda: len(self._free) >= count or count > self._usable())
             if count > self._usable():
                 message = (

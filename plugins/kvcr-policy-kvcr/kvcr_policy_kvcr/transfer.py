@@ -35,6 +35,7 @@ from kvcr_policy.plugin_api import (
     build_descriptors,
 )
 
+from . import staged
 from .keys import KeySpace
 from .layout import PageLayout
 from .runner import Entries, Runner
@@ -142,7 +143,7 @@ class KvcrTransfer:
                 break
         return lead, held
 
-    def _claim_late(self, positions: np.ndarray) -> list[Any]:
+    def claim_late(self, positions: np.ndarray) -> list[Any]:
         """Claims for the batch's pages past the leading DRAM run (raise if any fails)."""
         late = [self.blocks[p] for p in positions.tolist() if p >= self.local]
         if not late:
@@ -166,52 +167,13 @@ class KvcrTransfer:
             return runner.start("deliver", runner.kvcr.deliver, blocks)
         return runner.start("deposit", runner.kvcr.deposit, blocks)
 
-    def _staged_call(self, part: np.ndarray) -> Entries:
-        """One KVCR call for ``part`` through the staging area (see the module docstring)."""
-        pool, area = self.pool, self.pool.staging
-        assert area is not None  # only a staged pool's batches come here
-        late = self._claim_late(part) if self.read else []
-        runner, retire = pool.runner, False
-        try:
-            slots = area.take(len(part))
-            try:
-                positions, pages = part.tolist(), self.pages[part].tolist()
-                if not self.read:
-                    area.gather(slots, pages)
-                rows = zip(positions, slots, strict=True)
-                blocks = {self.blocks[p]: [area.refs[s]] for p, s in rows}
-                if self.read:
-                    future = runner.start("deliver", runner.kvcr.deliver, blocks)
-                else:
-                    future = runner.start("deposit", runner.kvcr.deposit, blocks)
-                retire = True  # until KVCR reports the call done, it may write the slots
-                entries = future.result()
-                retire = False
-                runner.release(late)  # delivered: DRAM may take others
-                late = []
-                if self.read:
-                    rows = zip(positions, slots, pages, strict=True)
-                    arrived = [(s, pg) for p, s, pg in rows if _ok(entries, self.blocks[p])]
-                    area.scatter([s for s, _ in arrived], [pg for _, pg in arrived])
-                return entries
-            finally:
-                area.give(slots, retire=retire)
-        finally:
-            runner.release(late)
-
-    def _staged(self, positions: np.ndarray) -> np.ndarray:
-        area = self.pool.staging
-        assert area is not None
-        step = area.part()
-        for start in range(0, len(positions), step):
-            part = positions[start : start + step]
-            self._check(part, self._staged_call(part))
-        return np.ones(len(positions), dtype=bool)
+    def ok(self, entries: Entries, position: int) -> bool:
+        return _ok(entries, self.blocks[position])
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
         if self.pool.stager is not None:  # staged: one element per page, no descriptors
-            return self.pool.stager.submit(self._staged, positions)
-        late = self._claim_late(positions) if self.read else []
+            return self.pool.stager.submit(staged.move, self, positions)
+        late = self.claim_late(positions) if self.read else []
         try:
             started = self._start(positions, shape)  # the blocks are distinct: one call
         except BaseException:
@@ -222,7 +184,7 @@ class KvcrTransfer:
         def settle(future: Future[Entries]) -> None:
             self.pool.runner.release(late)  # delivered or failed: DRAM may take others
             try:
-                self._check(positions, future.result())
+                self.check(positions, future.result())
             except BaseException as err:
                 done.set_exception(err)
             else:
@@ -231,7 +193,7 @@ class KvcrTransfer:
         started.add_done_callback(settle)
         return done
 
-    def _check(self, positions: np.ndarray, entries: Entries) -> None:
+    def check(self, positions: np.ndarray, entries: Entries) -> None:
         """Raise when any page of the batch did not move (the fallback then retries them)."""
         failed = [
             _status(entries, self.blocks[p])
@@ -250,8 +212,8 @@ class KvcrTransfer:
     def retry(self, position: int) -> bool:
         one = np.array([position], dtype=np.int64)
         if self.pool.stager is not None:
-            return _ok(self._staged_call(one), self.blocks[position])
-        late = self._claim_late(one) if self.read else []
+            return staged.move_one(self, position)
+        late = self.claim_late(one) if self.read else []
         try:
             entries = self._start(one, _plain).result()
         finally:
