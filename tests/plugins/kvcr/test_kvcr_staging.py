@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,3 +176,31 @@ def test_a_staging_area_smaller_than_a_page_is_refused(kvcr_pipeline: Any) -> No
     expected = r"staging_bytes \(100 bytes\) holds no page of it \(1024 bytes\)"
     with pytest.raises(PoolError, match=expected):
         pipeline.register_pool("kv", geometry, pool_buffer(geometry))
+
+
+def test_staged_pages_of_many_fragments_can_spill_to_g3(kvcr_pipeline: Any, tmp_path: Path) -> None:
+    """A staged page is one element, so KVCR's G3 tier takes ``layer_first`` pages too (DRAM
+    holds 4 pages of 4 KiB, two G3 files 8 each)."""
+    geometry = PoolGeometry("kv", "layer_first", 4, 2, 32, "float16", 4, 4 * 48)
+    assert geometry.page_bytes == 4096 and geometry.fragments_per_page == 8
+    folder = tmp_path / "g3"
+    folder.mkdir()
+    pipeline = kvcr_pipeline(
+        placement__capacity_bytes=4 * geometry.page_bytes,
+        backend__options__g3_paths=[str(folder / "g3-a"), str(folder / "g3-b")],
+        backend__options__g3_capacity_bytes_per_file=8 * geometry.page_bytes,
+        backend__options__staging="always",
+        batching__read_batch_pages=2,
+        batching__window_batches=1,
+    )
+    buffer = pool_buffer(geometry, 5)
+    pipeline.register_pool("kv", geometry, buffer)
+    keys = fresh_keys(12)
+    for start in range(0, 12, 2):  # KVCR spills DRAM's oldest to G3 as new pages arrive
+        pages = token_indices(range(start, start + 2), 4)
+        assert pipeline.set(keys[start : start + 2], pages) == [True] * 2
+    tiers = [t for _, t in kvcr_of(pipeline).query(pool_tier(pipeline).keys.block_keys(keys))]
+    assert [t.name for t in tiers] == ["G3"] * 8 + ["LOCAL_G2"] * 4
+    expected = [page_bytes(buffer, geometry, p) for p in range(12)]
+    assert pipeline.get(keys, token_indices(range(20, 32), 4)) == [True] * 12
+    assert [page_bytes(buffer, geometry, p) for p in range(20, 32)] == expected
