@@ -13,16 +13,18 @@ it is attached and staged blocks are keyed apart (:mod:`.keys`): a reader of the
 misses them, it never reads them as fragments.
 
 Memory: ``staging_bytes`` per staged pool, taken and registered when the pool is attached, cut
-into page-sized slots. A call takes all its slots at once (at most every slot: a larger batch
-moves in parts), so calls in flight never deadlock over slots, and gives them back as soon as
-its bytes are in the pool (restore) or in KVCR (store). A slot whose KVCR call never completed
-may still be written by KVCR: it is retired, never handed out again, and reported.
+into page-sized slots (at most :data:`MAX_SLOTS`). A call takes all its slots at once (at most
+every slot: a larger batch moves in parts), so calls in flight never deadlock over slots, and
+gives them back as soon as its bytes are in the pool (restore) or in KVCR (store). A slot whose
+KVCR call never completed may still be written by KVCR: it is retired, never handed out again,
+and reported.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +33,10 @@ from kvcr.types import MemoryRef, RegionDescriptor
 
 from kvcr_policy.plugin_api import PoolError, PoolGeometry, PoolSpec, TransportError
 
-__all__ = ["StagingArea", "staged"]
+__all__ = ["MAX_SLOTS", "StagingArea", "staged"]
+
+#: The most slots of an area (tiny pages would make millions): more would only cost bookkeeping.
+MAX_SLOTS = 1 << 16
 
 
 def staged(mode: str, geometry: PoolGeometry, below_bytes: int) -> bool:
@@ -73,7 +78,7 @@ class StagingArea:
                 "backend.options.staging = 'never'"
             )
             raise PoolError(message)
-        self.slots = nbytes // page
+        self.slots = min(nbytes // page, MAX_SLOTS)
         self.page_bytes = page
         self.planes = _pool_planes(spec)
         self.buffer = np.empty(self.slots * page, dtype=np.uint8)
@@ -83,7 +88,7 @@ class StagingArea:
         self.refs = [
             MemoryRef(end_point_name=agent, label=pool, element_index=i) for i in range(self.slots)
         ]
-        self._free = list(range(self.slots))
+        self._free = deque(range(self.slots))
         self._retired: set[int] = set()
         self._cond = threading.Condition()
         self.peak_taken = 0
@@ -108,7 +113,7 @@ class StagingArea:
                     "that never completed)"
                 )
                 raise TransportError(message)
-            taken, self._free = self._free[:count], self._free[count:]
+            taken = [self._free.popleft() for _ in range(count)]
             self.peak_taken = max(self.peak_taken, self.slots - len(self._free))
             return taken
 

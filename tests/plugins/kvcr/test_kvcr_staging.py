@@ -204,3 +204,21 @@ def test_staged_pages_of_many_fragments_can_spill_to_g3(kvcr_pipeline: Any, tmp_
     expected = [page_bytes(buffer, geometry, p) for p in range(12)]
     assert pipeline.get(keys, token_indices(range(20, 32), 4)) == [True] * 12
     assert [page_bytes(buffer, geometry, p) for p in range(20, 32)] == expected
+
+
+def test_an_area_of_tiny_pages_has_at_most_max_slots(kvcr_pipeline: Any) -> None:
+    from kvcr_policy_kvcr.staging import MAX_SLOTS
+
+    geometry = PoolGeometry("kv", "page_first", 1, 1, 8, "uint8", 1, 64)  # pages of 16 bytes
+    assert geometry.fragments_per_page == 2
+    pipeline = kvcr_pipeline(backend__options__staging="always")  # 64 MiB: 4 Mi pages
+    buffer = random_pool(geometry, 1)
+    pipeline.register_pool("kv", geometry, buffer)
+    area = pipeline.stats().pools["kv"]["staging"]
+    assert area["slots"] == MAX_SLOTS
+    assert area["bytes"] == MAX_SLOTS * geometry.page_bytes
+    keys = fresh_keys(8)
+    assert pipeline.set(keys, token_indices(range(8), 1)) == [True] * 8
+    expected = [page_bytes(buffer, geometry, p) for p in range(8)]
+    assert pipeline.get(keys, token_indices(range(8, 16), 1)) == [True] * 8
+    assert [page_bytes(buffer, geometry, p) for p in range(8, 16)] == expected
