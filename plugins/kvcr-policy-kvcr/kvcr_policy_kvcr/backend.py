@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcr.config import G3Options
+from kvcr.types import RegionDescriptor
 
 from kvcr_policy.plugin_api import (
     BackendContext,
@@ -42,13 +43,19 @@ from kvcr_policy.plugin_api import (
 from .layout import PageLayout, kvcr_pool_name
 from .options import KvcrOptions
 from .policy import POLICIES
-from .pool import KvcrPool
+from .pool import KvcrPool, kept
 from .process import ProcessReport, apply_process_defaults, free_port, port_free
+from .staging import StagingArea, staged
 from .startup import Retained, Started, StartFailed, start_runner
 
 __all__ = ["KvcrBackend"]
 
 log = logging.getLogger("kvcr_policy_kvcr.backend")
+
+#: Threads of a staged pool where no window bounds the batches in flight.
+STAGING_THREADS = 4
+#: The most threads of a staged pool (each holds at most one KVCR call at a time).
+MAX_STAGING_THREADS = 16
 
 
 class KvcrBackend:
@@ -112,10 +119,11 @@ class KvcrBackend:
         size, page = layout.element_bytes, os.sysconf("SC_PAGE_SIZE")
         capacity = int(options.g3_capacity_bytes_per_file or 0)
         problem = None
-        if layout.geometry.fragments_per_page != 1:
+        if layout.elements_per_page != 1:
             problem = (
                 f"its pages are {layout.geometry.fragments_per_page} fragments, and KVCR 0.1.1's "
-                "G3 tier takes single-element blocks only (MLA page_first / page_first_direct)"
+                "G3 tier takes single-element blocks only (MLA page_first / page_first_direct, "
+                "or backend.options.staging, which stores each page as one element)"
             )
         elif size % page:
             problem = f"its pages of {size} bytes are not whole {page}-byte memory pages"
@@ -144,18 +152,27 @@ class KvcrBackend:
             )
             raise PoolError(message)
         agent_name = f"kvcr-policy-{os.getpid()}-{kvcr_pool_name(spec.name)}-{uuid.uuid4().hex[:8]}"
-        layout = PageLayout(kvcr_pool_name(spec.name), agent_name, geometry)
+        o = self.options
+        staging = staged(o.staging, geometry, int(o.staging_below_bytes))
+        layout = PageLayout(kvcr_pool_name(spec.name), agent_name, geometry, staged=staging)
         g3 = self._g3(spec.name, layout)
+        area = None
+        if staging:
+            area = StagingArea(spec, int(o.staging_bytes), layout.pool, agent_name)
         with self._lock:
             if self._closed:
                 raise ClosedError("backend 'kvcr' is closed; build a new pipeline")
             region = self.placement.open_region(f"kvcr:{spec.name}", slots * geometry.page_bytes)
             try:
-                started = self._start(spec, layout, region, g3)
+                address = spec.endpoint.address
+                framework = area.region() if area else layout.framework_region(address)
+                started = self._start(spec, layout, framework, region, g3)
             except Retained as err:
                 # KVCR kept native resources that may still touch the region: never unmap it.
                 with contextlib.suppress(RuntimeError):
                     region.close(wait=err.refuse)
+                if area is not None:
+                    kept.append(area)
                 message = (
                     f"pool {spec.name!r}: the KVCR runner failed to start and could not stop its "
                     f"native work ({err.__cause__}); its region stays mapped until the process "
@@ -174,6 +191,8 @@ class KvcrBackend:
                 started.policy,
                 self.config.batching.query_batch_keys,
                 self.options.progress_thread,
+                area,
+                min(self.config.batching.window_batches or STAGING_THREADS, MAX_STAGING_THREADS),
             )
             self._pools[spec.name] = pool
         log.info(
@@ -183,7 +202,12 @@ class KvcrBackend:
         return pool
 
     def _start(
-        self, spec: PoolSpec, layout: PageLayout, region: Region, g3: G3Options | None
+        self,
+        spec: PoolSpec,
+        layout: PageLayout,
+        framework: RegionDescriptor,
+        region: Region,
+        g3: G3Options | None,
     ) -> Started:
         """A runner for ``spec``; a port chosen free that was taken meanwhile is chosen again."""
         for attempt in range(2):
@@ -191,7 +215,7 @@ class KvcrBackend:
             try:
                 return start_runner(
                     layout,
-                    spec.endpoint.address,
+                    framework,
                     region,
                     g3,
                     port,
@@ -236,6 +260,15 @@ class KvcrBackend:
                 "listen_ports": {
                     pool: {"value": port, "source": source}
                     for pool, (port, source) in self._ports.items()
+                },
+            },
+            "staging": {
+                "value": self.options.staging,
+                "source": self._origin("staging"),
+                "pools": {
+                    name: pool.staging.describe()
+                    for name, pool in self._pools.items()
+                    if pool.staging is not None
                 },
             },
             "operation_timeout_s": {

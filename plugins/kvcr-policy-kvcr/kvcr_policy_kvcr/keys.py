@@ -3,10 +3,11 @@
 KVCR (0.1.1) cannot remove a block, so a key that is deleted or cleared must never be found
 again, and a later store of the same key must not be mistaken for the old block (KVCR answers a
 deposit of a block it holds with success, without copying). Each block key is therefore
-``b"<epoch>:<incarnation>:<key>"``: ``clear`` starts a new epoch, ``delete`` a new incarnation
-of each deleted key. The old blocks become unreachable at once and are evicted first
-(:class:`~kvcr_policy_kvcr.policy.TierPolicy`). Only deleted keys are remembered (one int
-each, until the next ``clear``).
+``b"<epoch>:<incarnation>:<key>"`` (``b"s<epoch>:..."`` for a staged pool, whose blocks are one
+element per page: the other form never finds them, see :mod:`.staging`): ``clear`` starts a new
+epoch, ``delete`` a new incarnation of each deleted key. The old blocks become unreachable at
+once and are evicted first (:class:`~kvcr_policy_kvcr.policy.TierPolicy`). Only deleted keys are
+remembered (one int each, until the next ``clear``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ __all__ = ["KeySpace"]
 class KeySpace:
     """Block keys of one pool's runner; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, staged: bool = False) -> None:
+        self._form = b"s" if staged else b""
         self._epoch = 0
         self._incarnations: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._prefix = b"0:"
-        self._first = b"0:0:"
+        self._prefix = self._form + b"0:"
+        self._first = self._prefix + b"0:"
 
     @property
     def live_prefix(self) -> bytes:
@@ -53,5 +55,5 @@ class KeySpace:
         with self._lock:
             self._epoch += 1
             self._incarnations.clear()
-            self._prefix = b"%d:" % self._epoch
+            self._prefix = self._form + b"%d:" % self._epoch
             self._first = self._prefix + b"0:"

@@ -8,18 +8,23 @@ registration of ``planes x pages`` elements of ``fragment_bytes``, and fragment 
 ``p`` is element ``f * pages + p`` (its byte offset divided by the fragment size). A page of one
 fragment is a block of one unlabelled element (what KVCR's G3 tier requires); otherwise fragment
 ``f`` is the part ``<pool>:<f>`` of the block, all parts sharing the registration ``<pool>:*``.
+A staged pool (:mod:`.staging`) is seen as pages of one element of ``page_bytes`` each, in its
+staging area. The ``MemoryRef`` of each element is made once (up to ``CACHED_REFS``) and reused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from kvcr.types import MemoryRef, RegionDescriptor
 
 from kvcr_policy.plugin_api import Descriptors, PoolGeometry, UnsupportedError
 
-__all__ = ["PageLayout", "kvcr_pool_name"]
+__all__ = ["CACHED_REFS", "PageLayout", "kvcr_pool_name"]
+
+#: The most ``MemoryRef`` a layout keeps (about 13 MB); elements past it get a new one per batch.
+CACHED_REFS = 1 << 16
 
 
 def kvcr_pool_name(name: str) -> str:
@@ -34,14 +39,20 @@ class PageLayout:
     pool: str
     agent: str
     geometry: PoolGeometry
+    staged: bool = False
+    _refs: dict[int, MemoryRef] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def element_bytes(self) -> int:
-        return self.geometry.fragment_bytes
+        return self.geometry.page_bytes if self.staged else self.geometry.fragment_bytes
+
+    @property
+    def elements_per_page(self) -> int:
+        return 1 if self.staged else self.geometry.fragments_per_page
 
     @property
     def labels(self) -> list[str]:
-        planes = self.geometry.fragments_per_page
+        planes = self.elements_per_page
         return [self.pool] if planes == 1 else [f"{self.pool}:{f}" for f in range(planes)]
 
     def framework_region(self, address: int) -> RegionDescriptor:
@@ -67,11 +78,16 @@ class PageLayout:
             )
             raise UnsupportedError(message)
         elements = (pool_side // size).reshape(planes, -1).T.tolist()
-        agent, labels = self.agent, self.labels
-        return [
-            [
-                MemoryRef(end_point_name=agent, label=label, element_index=element)
-                for label, element in zip(labels, row, strict=True)
-            ]
-            for row in elements
-        ]
+        agent, labels, cache = self.agent, self.labels, self._refs
+        refs = []
+        for row in elements:
+            page = []
+            for part, element in enumerate(row):
+                ref = cache.get(element)  # an element index names its part too
+                if ref is None:
+                    ref = MemoryRef(end_point_name=agent, label=labels[part], element_index=element)
+                    if len(cache) < CACHED_REFS:  # dict writes are atomic under the GIL
+                        cache[element] = ref
+                page.append(ref)
+            refs.append(page)
+        return refs

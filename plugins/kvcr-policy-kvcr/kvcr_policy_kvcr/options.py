@@ -11,8 +11,9 @@ needs it. Everything else the runner takes comes from the sections every backend
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
 from kvcr_policy.plugin_api import Size
 
@@ -91,6 +92,30 @@ class KvcrOptions(BaseModel):
     )
     g3_backend: str = Field(
         "POSIX", min_length=1, description="NIXL backend of the G3 file tier (POSIX on CPU)."
+    )
+
+    staging: Literal["never", "auto", "always"] = Field(
+        "never",
+        description="Pages of many fragments (layer_first: one per layer and side) through a "
+        "registered staging area: each page is gathered into one slot and stored as one KVCR "
+        "element (restores: one element delivered into a slot and scattered into the pool), "
+        "instead of one element per fragment. 'never' (upstream): one element per fragment; "
+        "'auto': pages of more than one fragment, each smaller than staging_below_bytes; "
+        "'always': every page of more than one fragment. The form is fixed per pool when it "
+        "is attached (staged blocks are keyed apart: the other form never finds them).",
+    )
+    staging_bytes: Size = Field(
+        ByteSize(64 << 20),
+        gt=0,
+        le=1 << 40,
+        description="Host memory of the staging area of each staged pool (at most 1TiB; at "
+        "least one page), taken and registered with KVCR once, when the pool is attached.",
+    )
+    staging_below_bytes: Size = Field(
+        ByteSize(1 << 20),
+        gt=0,
+        le=1 << 40,
+        description="auto: stage pages whose fragments are smaller than this (at most 1TiB).",
     )
 
     @field_validator("ucx_tls")

@@ -4,7 +4,8 @@ The mover drives it like any backend: ``contains`` is one KVCR ``query`` per met
 batch, and each get or set is a :class:`~kvcr_policy_kvcr.transfer.KvcrTransfer`. ``delete``
 and ``clear`` make keys unreachable at once (KVCR 0.1.1 cannot remove a block; see
 :mod:`~kvcr_policy_kvcr.keys`); ``probe`` is one NIXL transfer, the limit a restore is measured
-against; ``close`` frees the region only once KVCR has stopped.
+against; ``close`` frees the region only once KVCR has stopped. A staged pool (:mod:`.staging`)
+moves its batches on threads of its own (``stager``), one KVCR call per part of a batch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,11 +25,15 @@ from .keys import KeySpace
 from .layout import PageLayout
 from .policy import TierPolicy
 from .runner import Runner
+from .staging import StagingArea
 from .transfer import LOCAL, PRESENT, KvcrTransfer
 
-__all__ = ["KvcrPool"]
+__all__ = ["KvcrPool", "kept"]
 
 log = logging.getLogger("kvcr_policy_kvcr.pool")
+
+#: Staging areas of pools whose KVCR never reached quiescence: KVCR may still touch them.
+kept: list[StagingArea] = []
 
 
 class KvcrPool:
@@ -42,6 +48,8 @@ class KvcrPool:
         policy: TierPolicy,
         query_batch: int,
         progress_thread: bool,
+        staging: StagingArea | None = None,
+        threads: int = 1,
     ) -> None:
         self.name = layout.geometry.name
         self.layout = layout
@@ -49,7 +57,11 @@ class KvcrPool:
         self.region = region
         self.runner = runner
         self.policy = policy
-        self.keys = KeySpace()
+        self.staging = staging
+        self.stager = None
+        if staging is not None:
+            self.stager = ThreadPoolExecutor(threads, thread_name_prefix="kvcr-staging")
+        self.keys = KeySpace(staged=staging is not None)
         self.policy.live_prefix = self.keys.live_prefix
         self.endpoint = endpoint
         self._query_batch = query_batch
@@ -129,6 +141,7 @@ class KvcrPool:
             "agent": self.layout.agent,
             "dead_blocks": self.policy.dead(),
             "runner": self.runner.stats(),
+            "staging": None if self.staging is None else self.staging.describe(),
         }
 
     def audit(self) -> dict[str, Any] | None:
@@ -138,6 +151,10 @@ class KvcrPool:
         """Wait for KVCR's operations, release claims, close KVCR, and only then free the
         region (kept mapped, and reported leaked, if KVCR could not reach quiescence)."""
         quiescent = self.runner.close()
+        if self.stager is not None:  # its calls have all ended with the runner's
+            self.stager.shutdown(wait=True)
+            if not quiescent and self.staging is not None:
+                kept.append(self.staging)
         with self._lock:
             if self._probe is not None:
                 self._probe.close()

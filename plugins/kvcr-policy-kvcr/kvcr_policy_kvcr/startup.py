@@ -1,10 +1,11 @@
 """Starting one KVCR runner from the pipeline's configuration, and what a failed start leaves.
 
-KVCR gets: the pool buffer as its framework registration, the placed region as its local DRAM
-pool (``LocalDramOptions``), KVCR's own LRU or FIFO policy (``eviction.strategy``; the G3
-variants with a G3 tier) wrapped so that forgotten keys go first, ``transport.op_timeout_s`` as
-its operation timeout (twice that to abandon), its telemetry into running totals, and its NIXL
-agent built with the configured progress-thread setting.
+KVCR gets: the pool buffer (or a staged pool's staging area, :mod:`.staging`) as its framework
+registration, the placed region as its local DRAM pool (``LocalDramOptions``), KVCR's own LRU or
+FIFO policy (``eviction.strategy``; the G3 variants with a G3 tier) wrapped so that forgotten
+keys go first, ``transport.op_timeout_s`` as its operation timeout (twice that to abandon), its
+telemetry into running totals, and its NIXL agent built with the configured progress-thread
+setting.
 
 A start that fails raises ``KVCRStartupError`` whenever KVCR's close raised, and KVCR then keeps
 the core, because native work may still touch the memory it registered. Its own quiescence check
@@ -19,7 +20,7 @@ from typing import Any
 
 from kvcr.api import KVCR, KVCRBindings
 from kvcr.config import G3Options, KVCRBackendConfigs, KVCRConfig, LocalDramOptions
-from kvcr.types import KVCRStartupError, PinRequestId
+from kvcr.types import KVCRStartupError, PinRequestId, RegionDescriptor
 
 from kvcr_policy.plugin_api import Region
 
@@ -68,7 +69,7 @@ def _release_pin(handle: Any) -> bool:
 
 def start_runner(
     layout: PageLayout,
-    framework_address: int,
+    framework: RegionDescriptor,
     region: Region,
     g3: G3Options | None,
     port: tuple[int, str],
@@ -98,7 +99,7 @@ def start_runner(
         policy=policy,
     )
     backends = KVCRBackendConfigs(
-        framework_regions=[layout.framework_region(framework_address)],
+        framework_regions=[framework],
         local_dram=LocalDramOptions(pools=[(layout.pool, region.address, region.size)]),
         g3=g3,
     )

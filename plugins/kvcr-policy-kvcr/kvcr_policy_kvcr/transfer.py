@@ -12,11 +12,16 @@ of them on, each batch claims its own blocks right before its ``deliver`` and re
 it completes (DRAM then holds a delivery window of them, not the whole run). KVCR also claims
 each block for the duration of its own copy. A batch in which any page failed fails as a whole,
 so the fallback strategy retries it page by page and only pages that arrived count.
+
+A staged pool (:mod:`.staging`) moves each batch on its own thread, in parts of at most its
+staging slots: a store gathers the part's pages into slots and deposits one element per page; a
+restore delivers one element per page into slots, releases the part's late claims and scatters
+the pages that arrived into the pool, then gives the slots back.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,9 +35,11 @@ from kvcr_policy.plugin_api import (
     build_descriptors,
 )
 
+from . import staged
 from .keys import KeySpace
 from .layout import PageLayout
 from .runner import Entries, Runner
+from .staging import StagingArea
 
 __all__ = ["LOCAL", "PRESENT", "KvcrTransfer"]
 
@@ -49,6 +56,8 @@ class Pool(Protocol):
     layout: PageLayout
     runner: Runner
     keys: KeySpace
+    staging: StagingArea | None
+    stager: Executor | None
     _query_batch: int
 
 
@@ -134,7 +143,7 @@ class KvcrTransfer:
                 break
         return lead, held
 
-    def _claim_late(self, positions: np.ndarray) -> list[Any]:
+    def claim_late(self, positions: np.ndarray) -> list[Any]:
         """Claims for the batch's pages past the leading DRAM run (raise if any fails)."""
         late = [self.blocks[p] for p in positions.tolist() if p >= self.local]
         if not late:
@@ -158,8 +167,13 @@ class KvcrTransfer:
             return runner.start("deliver", runner.kvcr.deliver, blocks)
         return runner.start("deposit", runner.kvcr.deposit, blocks)
 
+    def ok(self, entries: Entries, position: int) -> bool:
+        return _ok(entries, self.blocks[position])
+
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
-        late = self._claim_late(positions) if self.read else []
+        if self.pool.stager is not None:  # staged: one element per page, no descriptors
+            return self.pool.stager.submit(staged.move, self, positions)
+        late = self.claim_late(positions) if self.read else []
         try:
             started = self._start(positions, shape)  # the blocks are distinct: one call
         except BaseException:
@@ -170,7 +184,7 @@ class KvcrTransfer:
         def settle(future: Future[Entries]) -> None:
             self.pool.runner.release(late)  # delivered or failed: DRAM may take others
             try:
-                self._check(positions, future.result())
+                self.check(positions, future.result())
             except BaseException as err:
                 done.set_exception(err)
             else:
@@ -179,7 +193,7 @@ class KvcrTransfer:
         started.add_done_callback(settle)
         return done
 
-    def _check(self, positions: np.ndarray, entries: Entries) -> None:
+    def check(self, positions: np.ndarray, entries: Entries) -> None:
         """Raise when any page of the batch did not move (the fallback then retries them)."""
         failed = [
             _status(entries, self.blocks[p])
@@ -197,7 +211,9 @@ class KvcrTransfer:
 
     def retry(self, position: int) -> bool:
         one = np.array([position], dtype=np.int64)
-        late = self._claim_late(one) if self.read else []
+        if self.pool.stager is not None:
+            return staged.move_one(self, position)
+        late = self.claim_late(one) if self.read else []
         try:
             entries = self._start(one, _plain).result()
         finally:

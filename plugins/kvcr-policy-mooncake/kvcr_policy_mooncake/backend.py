@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from .client import StoreClient
 from .codes import describe
 from .options import MooncakeOptions
 from .pool import MooncakePool
+from .staging import StagingArea, staged
 
 __all__ = ["MooncakeBackend"]
 
@@ -47,6 +49,13 @@ class MooncakeBackend:
         self.threads = options.threads or window or 1
         native = context.config.observability.native_logs
         self.client = StoreClient(options, context.loaded.origin, native)
+        # A pool's limit probe gets a client of its own, contributing no segment (probe.py).
+        self._connect = partial(
+            StoreClient,
+            options.model_copy(update={"segment_bytes": 0}),
+            context.loaded.origin,
+            native,
+        )
         # One call never holds more transfers than the tcp transport queues (client.py).
         self.call_buffers = min(options.call_buffers or self.client.queue, self.client.queue)
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="kvcr-mooncake")
@@ -82,15 +91,30 @@ class MooncakeBackend:
                 )
                 raise PoolError(message)
             op_timeout_s = self.loaded.config.transport.op_timeout_s
-            pool = MooncakePool(spec, self.client, self.run, self.call_buffers, op_timeout_s)
+            try:
+                area = self._staging(spec)
+            except BaseException:
+                self.client.unregister(spec.endpoint.address)
+                raise
+            pool = MooncakePool(
+                spec, self.client, self.run, self.call_buffers, op_timeout_s, self._connect, area
+            )
             self._pools.append(pool)
         return pool
+
+    def _staging(self, spec: PoolSpec) -> StagingArea | None:
+        """The pool's staging area where ``staging`` chooses one (:func:`.staging.staged`)."""
+        o = self.options
+        if not staged(o.staging, spec.geometry, int(o.staging_below_bytes)):
+            return None
+        return StagingArea(self.client, spec, int(o.staging_bytes), self.threads)
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "threads": self.threads,
             "call_buffers": self.call_buffers,
+            "staging": {pool.name: pool.stats()["staging"] for pool in self._pools},
             **self.client.describe(),
         }
 

@@ -24,14 +24,15 @@ class MooncakeBench(BenchBackend):
     process that holds the pages; the pipelines contribute no segment, so every restore reads
     another process's segment over tcp. The limit is one ``batch_get_into`` of the same bytes,
     as page-sized objects in the same segment, into contiguous pool memory
-    (``Pipeline.probe``), after an untimed first probe stored them."""
+    (``Pipeline.probe``, on a client of its own: :mod:`.probe` says why), after an untimed
+    first probe stored them."""
 
     name = "mooncake"
     # mooncake.store itself is checked by importing it (find_spec would import its package).
     needs: ClassVar[Mapping[str, str]] = {"kvcr_policy_mooncake": MOONCAKE_INSTALL}
     limit_text = (
         "one batch_get_into of the same bytes (page-sized objects) from the same segment into "
-        "contiguous pool memory (Pipeline.probe)"
+        "contiguous pool memory (Pipeline.probe), on a client of its own"
     )
     #: The segment's size in copies of the run's pages: it holds P's pages, the peer's (with
     #: --peer) and the probe's, and the master starts evicting at 90 % full.

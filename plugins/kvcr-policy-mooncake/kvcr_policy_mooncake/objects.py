@@ -8,7 +8,8 @@ the store, so the batch calls move bytes directly between pool memory and the se
   ``page_first_direct``) moves with ``batch_put_from`` / ``batch_get_into``, one buffer per key;
 - any other layout (MHA ``page_first``: K and V apart; ``layer_first``: one fragment per layer
   and side) moves with the ``*_multi_buffers`` calls, each key gathered from, or scattered to,
-  its fragments in place. No staging copy either way.
+  its fragments in place. No staging copy either way, unless ``backend.options.staging``
+  sends such pages through a staging area (:mod:`.staging`): the same bytes, one buffer.
 
 Object keys are ``<pool>@<layout digest>/<key>``: clients whose pools lay a page out differently
 never read each other's bytes (a smaller object would otherwise land partly in a larger page).

@@ -124,6 +124,29 @@ class MooncakeOptions(BaseModel):
         "answers misses at once, and service resumes within this long of it coming back.",
     )
 
+    staging: Literal["never", "auto", "always"] = Field(
+        "never",
+        description="Pages of many fragments (layer_first: one per layer and side) through a "
+        "registered host staging area: gathered into it and put as one buffer per page "
+        "(restores: read as one buffer and scattered into the pool), instead of the "
+        "multi-buffer calls that send one transfer per fragment. 'never' (upstream): the "
+        "multi-buffer calls; 'auto': pages of more than one fragment, each smaller than "
+        "staging_below_bytes; 'always': every page of more than one fragment.",
+    )
+    staging_bytes: Size = Field(
+        ByteSize(256 << 20),
+        gt=0,
+        le=1 << 40,
+        description="Host memory of the staging area of each staged pool (at most 1TiB; at "
+        "least one page), taken and registered once, when the pool is attached.",
+    )
+    staging_below_bytes: Size = Field(
+        ByteSize(1 << 20),
+        gt=0,
+        le=1 << 40,
+        description="auto: stage pages whose fragments are smaller than this (at most 1TiB).",
+    )
+
     @field_validator("master")
     @classmethod
     def _master_is_host_port(cls, value: str) -> str:

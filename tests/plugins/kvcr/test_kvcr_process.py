@@ -51,6 +51,10 @@ def test_bad_options_are_errors_naming_the_option(kvcr_profile: Any) -> None:
         load_config(kvcr_profile("[backend.options]\ng3_paths = ['/tmp/x']\n"))
     with pytest.raises(ConfigError, match="only UCX_"):
         load_config(kvcr_profile("[backend.options.env]\nNIXL_X = '1'\n"))
+    with pytest.raises(ConfigError, match=r"backend\.options\.staging.*'never', 'auto'"):
+        load_config(kvcr_profile("[backend.options]\nstaging = 'sometimes'\n"))
+    with pytest.raises(ConfigError, match=r"backend\.options\.staging_bytes"):
+        load_config(kvcr_profile("[backend.options]\nstaging_bytes = 0\n"))
 
 
 @pytest.mark.parametrize(

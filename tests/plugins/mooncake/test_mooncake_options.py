@@ -56,6 +56,9 @@ def test_every_option_is_settable_from_the_environment() -> None:
         "THREADS": "8",
         "CALL_BUFFERS": "512",
         "RECHECK_S": "0.25",
+        "STAGING": "auto",
+        "STAGING_BYTES": "64MiB",
+        "STAGING_BELOW_BYTES": "256KiB",
     }
     config = loaded(**{ENV + name: value for name, value in values.items()})
     options = config.config.backend.options
@@ -74,6 +77,9 @@ def test_every_option_is_settable_from_the_environment() -> None:
         "threads": 8,
         "call_buffers": 512,
         "recheck_s": 0.25,
+        "staging": "auto",
+        "staging_bytes": 64 << 20,
+        "staging_below_bytes": 256 << 10,
     }
     for name in values:
         path = f"backend.options.{name.lower()}"
