@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,7 @@ class KvcrPool:
         self.runner = runner
         self.policy = policy
         self.staging = staging
-        self.stager = None
+        self.stager: Executor | None = None
         if staging is not None:
             self.stager = ThreadPoolExecutor(threads, thread_name_prefix="kvcr-staging")
         self.keys = KeySpace(staged=staging is not None)
