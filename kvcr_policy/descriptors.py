@@ -261,9 +261,33 @@ def whole_slots(
     ``s * page_bytes + f * fragment_bytes``, each slot whole and contiguous, where
     :func:`build_descriptors` mirrors the pool's planes. ``slots[i]`` is the slot of the
     request's ``i``-th page; the tier holds as many bytes either way.
+
+    Descriptors come page-major (every fragment of page 0, then of page 1, ...), so each slot
+    is one run of adjacent descriptors, contiguous on the tier side, and slots stored together
+    one longer run: a transport finds the runs without sorting. (Fragment-major order puts no
+    two descriptors of a slot next to each other; coalescing merges none in either order.)
     """
     slot_array = np.asarray(slots, dtype=np.int64)
+    pages = len(slot_array)
+    if pages and len(d) == pages * geometry.fragments_per_page:
+        d = _page_major(d, pages)
     tier = slot_array[d.page] * geometry.page_bytes + d.bound * geometry.fragment_bytes
     if src:
         return replace(d, src=tier)
     return replace(d, dst=tier)
+
+
+def _page_major(d: Descriptors, pages: int) -> Descriptors:
+    """:func:`build_descriptors`' fragment-major order, transposed (strided copies, no sort)."""
+
+    def t(a: Int64Array) -> Int64Array:
+        return np.ascontiguousarray(a.reshape(-1, pages).T).reshape(-1)
+
+    return Descriptors(
+        src=t(d.src),
+        dst=t(d.dst),
+        length=t(d.length),
+        bound=t(d.bound),
+        page=t(d.page),
+        page_end=t(d.page_end),
+    )

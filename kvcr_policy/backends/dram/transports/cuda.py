@@ -44,9 +44,10 @@ from kvcr_policy.memory.locality import DeviceLocality, locate, pci_address
 from kvcr_policy.schema import PolicyConfig
 
 from .base import CopyBatch, Endpoint, Transport, check_bounds
+from .cuda_chunks import chunk_bounds, host_runs, overlapping
 from .cuda_gather import choose_kernel, plan_rows, run_rows
 from .cuda_options import CudaOptions
-from .cuda_staging import StagingRing, plan_staging, stage
+from .cuda_staging import StagingRing, host_spans, plan_staging, stage
 
 __all__ = [
     "NO_CUDA",
@@ -125,6 +126,7 @@ class CudaTransport(Transport):
         self.whole_slots = slots == "whole"
         self._rings: dict[int, StagingRing] = {}
         self._aux: dict[int, Any] = {}
+        self._aux_behind: set[int] = set()  # devices whose aux stream holds unwaited scatters
         self.timeout = config.transport.op_timeout_s
         self._cudart = torch.cuda.cudart()
         self._regions: dict[int, _Registration] = {}
@@ -279,40 +281,53 @@ class CudaTransport(Transport):
             raise TransportError(message)
         stream = self._stream(device)
         d = batch.descriptors
-        keep: list[Any] = []
+        done = stream
         with torch.cuda.stream(stream):
             path = self._path(d)
             staged = self._staged(d, src, dst, src_device, dst_device, device, stream)
             if staged is not None:
-                path, keep = staged
-            elif path == "gather":
-                plan = plan_rows(
-                    d,
-                    src_base=src["mapped"].data_ptr(),
-                    dst_base=dst["mapped"].data_ptr(),
-                    max_unit=int(self.options.gather_chunk_bytes),
-                )
-                if plan is not None:
-                    kind = choose_kernel(plan)
-                    keep = run_rows(
-                        torch,
-                        src["mapped"],
-                        dst["mapped"],
-                        plan,
-                        kind,
-                        device=torch.device("cuda", device),
-                        chunk_bytes=int(self.options.gather_chunk_bytes),
-                    )
-                    path = f"gather:{kind}"
+                path, keep, done = staged
             else:
-                _copies(src["copy"], dst["copy"], d)
+                path, keep = self._direct(d, src, dst, device, stream, path)
             event = torch.cuda.Event()
-            event.record(stream)
+            event.record(done)
         with self._cond:
             self._paths[f"{path}.batches"] += 1
             self._paths[f"{path}.descriptors"] += len(d)
             self._paths[f"{path}.bytes"] += d.nbytes
         return event, keep
+
+    def _direct(
+        self, d: Any, src: dict[str, Any], dst: dict[str, Any], device: int, stream: Any, path: str
+    ) -> tuple[str, list[Any]]:
+        """Copies (or gather kernels) on ``stream``, after a staged restore's scatters."""
+        torch = self._torch
+        if device in self._aux_behind:
+            stream.wait_stream(self._aux[device])
+            self._aux_behind.discard(device)
+        keep: list[Any] = []
+        if path == "gather":
+            plan = plan_rows(
+                d,
+                src_base=src["mapped"].data_ptr(),
+                dst_base=dst["mapped"].data_ptr(),
+                max_unit=int(self.options.gather_chunk_bytes),
+            )
+            if plan is not None:
+                kind = choose_kernel(plan)
+                keep = run_rows(
+                    torch,
+                    src["mapped"],
+                    dst["mapped"],
+                    plan,
+                    kind,
+                    device=torch.device("cuda", device),
+                    chunk_bytes=int(self.options.gather_chunk_bytes),
+                )
+                return f"gather:{kind}", keep
+            return path, keep
+        _copies(src["copy"], dst["copy"], d)
+        return path, keep
 
     def _staged(
         self,
@@ -323,8 +338,13 @@ class CudaTransport(Transport):
         dst_device: int | None,
         device: int,
         stream: Any,
-    ) -> tuple[str, list[Any]] | None:
-        """Move ``d`` through the staging ring when the policy says so; None otherwise."""
+    ) -> tuple[str, list[Any], Any] | None:
+        """Move ``d`` through the staging ring when the policy says so: its path, what to keep
+        alive, and the stream that finishes it; None otherwise.
+
+        A batch that finds ``stream`` idle is planned in growing chunks, the first copy
+        enqueued before the rest is planned (:func:`.cuda_chunks.chunk_bounds`).
+        """
         if self.staging == "never" or (src_device is None) == (dst_device is None):
             return None  # off, or not between a GPU and the host
         restore = src_device is None
@@ -340,21 +360,55 @@ class CudaTransport(Transport):
         )
         if not choose(spans=0):  # not fragmented: no need to plan
             return None
-        plan = plan_staging(
-            d.src if restore else d.dst,
-            d.dst if restore else d.src,
-            d.length,
-            buffer_bytes=int(options.staging_buffer_bytes),
-            write="device" if restore else "host",
-        )
-        if plan is None or not choose(spans=plan.spans):
-            return None
+        host, pool = (d.src, d.dst) if restore else (d.dst, d.src)
+        sorted_ = False
+        if not choose(spans=host_runs(host, d.length)):
+            # Runs in the order given fall short: host order may join them (one sort).
+            if not choose(spans=host_spans(host, d.length)[0]):
+                return None
+            if overlapping(pool if restore else host, d.length):
+                return None  # reordered writes to one byte would change the result
+            d = d.take(np.argsort(host, kind="stable"))
+            host, pool = (d.src, d.dst) if restore else (d.dst, d.src)
+            sorted_ = True
+        buffer_bytes = int(options.staging_buffer_bytes)
         ring, aux = self._ring(device)
-        if restore:
-            keep = ring.restore(plan, src["copy"], dst["copy"], stream, aux)
-            return "staging:restore", keep
-        keep = ring.store(plan, src["copy"], dst["copy"], stream, aux)
-        return "staging:store", keep
+        first = 2 * buffer_bytes if stream.query() else None  # idle: start copying early
+        write = "device" if restore else "host"
+        keep: list[Any] = []
+        if not restore:
+            aux.wait_stream(stream)  # gathers read the pool after what was enqueued before
+        chunks = 0
+        # Chunks run in the order given, each after the one before (scatters in order on aux,
+        # host writes in order on stream), so only writes within a chunk need checking.
+        for lo, hi in chunk_bounds(d.length, first):
+            plan = plan_staging(
+                host[lo:hi],
+                pool[lo:hi],
+                d.length[lo:hi],
+                buffer_bytes=buffer_bytes,
+                write=write,
+                checked=sorted_,
+            )
+            if plan is None:  # moves nothing, or writes one byte twice: copies, in order
+                self._direct(d.take(np.arange(lo, hi)), src, dst, device, stream, "copies")
+                if not restore:
+                    aux.wait_stream(stream)
+                continue
+            chunks += 1
+            if restore:
+                keep += ring.restore(plan, src["copy"], dst["copy"], stream, aux)
+                self._aux_behind.add(device)
+            else:
+                keep += ring.store(plan, src["copy"], dst["copy"], stream, aux)
+        with self._cond:
+            self._paths[f"staging:{'restore' if restore else 'store'}.chunks"] += chunks
+        if not chunks:  # every chunk took copies
+            return "copies", keep, stream
+        if restore:  # the scatters on aux finish it; later batches on stream wait for them
+            return "staging:restore", keep, aux if device in self._aux_behind else stream
+        self._aux_behind.discard(device)  # stream waited for every gather
+        return "staging:store", keep, stream
 
     def _ring(self, device: int) -> tuple[StagingRing, Any]:
         """The staging ring of ``device`` and its scatter stream, made on first need."""
