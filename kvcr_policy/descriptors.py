@@ -268,26 +268,31 @@ def whole_slots(
     two descriptors of a slot next to each other; coalescing merges none in either order.)
     """
     slot_array = np.asarray(slots, dtype=np.int64)
-    pages = len(slot_array)
-    if pages and len(d) == pages * geometry.fragments_per_page:
-        d = _page_major(d, pages)
+    pages, planes = len(slot_array), geometry.fragments_per_page
+    if pages and len(d) == pages * planes:
+        return _page_major(d, geometry, slot_array, src=src)
     tier = slot_array[d.page] * geometry.page_bytes + d.bound * geometry.fragment_bytes
     if src:
         return replace(d, src=tier)
     return replace(d, dst=tier)
 
 
-def _page_major(d: Descriptors, pages: int) -> Descriptors:
-    """:func:`build_descriptors`' fragment-major order, transposed (strided copies, no sort)."""
-
-    def t(a: Int64Array) -> Int64Array:
-        return np.ascontiguousarray(a.reshape(-1, pages).T).reshape(-1)
-
+def _page_major(
+    d: Descriptors, geometry: PoolGeometry, slots: Int64Array, *, src: bool
+) -> Descriptors:
+    """:func:`whole_slots` for :func:`build_descriptors`' fragment-major order, transposed:
+    the pool side by one strided copy, everything else built page-major directly."""
+    pages, planes = len(slots), geometry.fragments_per_page
+    kept = d.dst if src else d.src
+    pool = np.ascontiguousarray(kept.reshape(planes, pages).T).reshape(-1)
+    within = np.arange(planes, dtype=np.int64)
+    tier = (slots[:, None] * geometry.page_bytes + within * geometry.fragment_bytes).reshape(-1)
+    page = np.repeat(np.arange(pages, dtype=np.int64), planes)
     return Descriptors(
-        src=t(d.src),
-        dst=t(d.dst),
-        length=t(d.length),
-        bound=t(d.bound),
-        page=t(d.page),
-        page_end=t(d.page_end),
+        src=tier if src else pool,
+        dst=pool if src else tier,
+        length=np.ascontiguousarray(d.length.reshape(planes, pages).T).reshape(-1),
+        bound=np.tile(within + int(d.bound[0]), pages) if len(d) else within,
+        page=page,
+        page_end=page + 1,
     )

@@ -373,8 +373,8 @@ def test_staged_batches_keep_the_order_of_one_copy_at_a_time(rng: np.random.Gene
         "staging_buffers": 2,
         "staging_min_span_bytes": 1024,
     }
-    config = load_config(environ={}, overrides={"transport": {"name": "cuda", "options": options}})
-    transport = CudaTransport(config, CudaOptions(**options))
+    loaded = load_config(environ={}, overrides={"transport": {"name": "cuda", "options": options}})
+    transport = CudaTransport(loaded.config, CudaOptions(**options))
     fragment, count = 512, 64
     host_map = mmap.mmap(-1, 1 << 16)
     host = np.frombuffer(host_map, dtype=np.uint8)
