@@ -46,7 +46,7 @@ from kvcr_policy.schema import PolicyConfig
 from .base import CopyBatch, Endpoint, Transport, check_bounds
 from .cuda_chunks import chunk_bounds, host_runs, overlapping
 from .cuda_gather import choose_kernel, plan_rows, run_rows
-from .cuda_options import CudaOptions
+from .cuda_options import CudaOptions, resolved_modes
 from .cuda_staging import StagingRing, host_spans, plan_staging, stage
 
 __all__ = [
@@ -114,16 +114,9 @@ class CudaTransport(Transport):
         self.options = options
         # The default follows the coalescing control, so the default profile issues one copy
         # per fragment as upstream does, and a profile that coalesces also gathers.
-        self.gather = options.gather
-        if self.gather == "with_coalescing":
-            self.gather = "never" if config.coalescing.strategy == "none" else "auto"
-        self.staging = options.staging
-        if self.staging == "with_coalescing":
-            self.staging = "never" if config.coalescing.strategy == "none" else "auto"
-        slots = options.tier_slots
-        if slots == "with_staging":
-            slots = "mirror" if self.staging == "never" else "whole"
-        self.whole_slots = slots == "whole"
+        self.gather, self.staging, self.whole_slots = resolved_modes(
+            options, config.coalescing.strategy
+        )
         self._rings: dict[int, StagingRing] = {}
         self._aux: dict[int, Any] = {}
         self._aux_behind: set[int] = set()  # devices whose aux stream holds unwaited scatters
