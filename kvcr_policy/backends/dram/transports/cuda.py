@@ -16,7 +16,9 @@ released). Three ways to move a batch, chosen per batch and counted in :meth:`de
 - ``staging``: many small descriptors whose host side comes in long contiguous runs
   (scattered whole tier slots) cross PCIe run by run into a bounded ring of device buffers,
   and an index kernel on a second stream scatters each buffer into the pool, overlapped
-  (:mod:`.cuda_staging`); stores gather on the GPU, then copy whole runs out.
+  (:mod:`.cuda_staging`); stores gather on the GPU, then copy whole runs out. A batch that
+  finds the GPU idle is planned in growing chunks, its first copy enqueued before the rest is
+  planned (:mod:`.cuda_chunks`); a staged restore completes on the scatter stream.
 
 torch is imported when a transport is built, never at import: the options model and the
 registration work on machines without CUDA, where building the transport raises

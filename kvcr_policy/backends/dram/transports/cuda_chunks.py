@@ -5,8 +5,9 @@ A batch that finds its GPU idle is planned and enqueued in growing chunks
 and each later chunk is planned while the copies before it run, so a restore does not wait for
 its whole first batch to be planned before PCIe starts. Chunks are cut in the order the
 descriptors come in, which for a tier laid out slot by slot is slot by slot: :func:`host_runs`
-counts its contiguous host runs without a sort, and :func:`overlapping` checks the whole batch
-once (chunks are then planned without that check), linear in the common shapes.
+counts its contiguous host runs without a sort. Chunks run one after another, so each checks
+only its own writes (its plan does); a batch that must be sorted by host offset first is
+checked whole by :func:`overlapping`, linear in the common shapes.
 """
 
 from __future__ import annotations

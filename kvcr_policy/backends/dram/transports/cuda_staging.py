@@ -120,7 +120,7 @@ def plan_staging(
     None when they move nothing, or when ``write`` (``"device"`` for restores, ``"host"`` for
     stores) ranges overlap: several writes to one byte keep their order only one copy at a
     time, so such a batch takes another path. ``checked``: the caller has made sure of that
-    already (:func:`.cuda_chunks.overlapping` over the whole batch), so the plan skips it.
+    already (:func:`.cuda_chunks.overlapping`), so the plan skips it.
 
     The row size is the gcd of every device offset and length (halved while above
     :data:`MAX_ROW_BYTES`, and cut to divide ``buffer_bytes`` when larger than it), so every

@@ -1,9 +1,8 @@
 """Tests for the staging ring's whole-batch checks and chunking (numpy only, no GPU needed).
 
 A chunked restore is replayed on host memory as the GPU runs it: each chunk planned on its own
-(without the per-plan overlap check, as the transport does once :func:`overlapping` has cleared
-the batch), its fills copied and scattered in order; the pool must end as one copy per
-descriptor leaves it.
+(the batch cleared by :func:`overlapping` first, so without the per-plan check), its fills
+copied and scattered in order; the pool must end as one copy per descriptor leaves it.
 """
 
 from __future__ import annotations
