@@ -217,7 +217,7 @@ class Store:
         # than on numpy arrays, and every access here is scalar.
         self._owner: list[str | None] = [None] * capacity
         self._state = bytearray(capacity)  # SlotState values; all FREE
-        self._generation: list[int] = [0] * capacity
+        self._generation = np.zeros(capacity, dtype=np.int64)  # read and bumped per call
         self._claims = ClaimCounts(capacity)  # changed many slots per call (numpy)
         # Open reservations holding each slot's key as present: such a key is not evicted
         # before its write settles (a set cut into batches reserves each one on its own, and a
@@ -292,16 +292,20 @@ class Store:
             for slot in held:
                 self._held[slot] += 1
             out_slots = [-1] * cover
-            out_generations = [-1] * cover
-            generation, owner, state = self._generation, self._owner, self._state
+            owner, state = self._owner, self._state
             for position, slot in zip(needed, slots, strict=False):  # slots may be short
                 key = keys[position]
-                generation[slot] += 1  # a new occupant: stale tokens must stop matching
                 owner[slot] = key
                 state[slot] = _RESERVED
                 reserving[key] = slot
                 out_slots[position] = slot
-                out_generations[position] = generation[slot]
+            # A new occupant of each slot (distinct slots): stale tokens must stop matching.
+            taken = np.asarray(slots, dtype=np.int64)
+            self._generation[taken] += 1
+            out_generations = np.full(cover, -1, dtype=np.int64)
+            out_generations[np.asarray(needed[: len(slots)], dtype=np.int64)] = self._generation[
+                taken
+            ]
             self._reserved += len(slots)
             token = next(_TOKENS)
             self._open_reservations.add(token)
@@ -387,7 +391,7 @@ class Store:
             self._misses += len(keys) - len(run)
             token = next(_TOKENS)
             self._live_claims.add(token)
-            generations = np.array(list(map(self._generation.__getitem__, slots)), dtype=np.int64)
+            generations = self._generation[slots_array]
             slots_array.flags.writeable = generations.flags.writeable = False
             return Claim(
                 token=token,
@@ -412,8 +416,7 @@ class Store:
                 return
             # An entry whose slot has a newer occupant is skipped; the rest in a few array
             # operations (this runs under the lock after a read's last copy).
-            now = np.array(list(map(self._generation.__getitem__, slots.tolist())), np.int64)
-            emptied = self._claims.remove(slots[now == claim.generations])
+            emptied = self._claims.remove(slots[self._generation[slots] == claim.generations])
             if len(emptied):
                 states = np.frombuffer(self._state, dtype=np.uint8)
                 orphaned = emptied[states[emptied] == _ORPHANED]
@@ -578,11 +581,13 @@ class Store:
             self._held[slot] -= 1
         if isinstance(ok, np.ndarray):
             ok = ok.tolist()  # indexing a list is several times cheaper than an array
-        generation, state, owner = self._generation, self._state, self._owner
+        state, owner = self._state, self._owner
         index, reserving, admit = self._index, self._reserving, self._policy.admit
         touch, present = self._policy.touch, reservation.present
         touching = ok is not None and True in present  # a commit with present keys to use
-        keys, seen = reservation.keys, reservation.generations.tolist()
+        keys, taken = reservation.keys, reservation.slots
+        # Per position, whether its slot still has the occupant the reservation saw.
+        same = (self._generation[np.maximum(taken, 0)] == reservation.generations).tolist()
         freed: list[int] = []
         published = 0
         for position, slot in enumerate(reservation.slots.tolist()):
@@ -597,7 +602,7 @@ class Store:
                 continue
             # Belt and braces: an open reservation's slots cannot have changed hands, but a
             # slot whose generation moved on belongs to someone else and is left alone.
-            if generation[slot] != seen[position]:
+            if not same[position]:
                 continue
             current = state[slot]
             if current == _RESERVED:
