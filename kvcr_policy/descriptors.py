@@ -261,9 +261,38 @@ def whole_slots(
     ``s * page_bytes + f * fragment_bytes``, each slot whole and contiguous, where
     :func:`build_descriptors` mirrors the pool's planes. ``slots[i]`` is the slot of the
     request's ``i``-th page; the tier holds as many bytes either way.
+
+    Descriptors come page-major (every fragment of page 0, then of page 1, ...), so each slot
+    is one run of adjacent descriptors, contiguous on the tier side, and slots stored together
+    one longer run: a transport finds the runs without sorting. (Fragment-major order puts no
+    two descriptors of a slot next to each other; coalescing merges none in either order.)
     """
     slot_array = np.asarray(slots, dtype=np.int64)
+    pages, planes = len(slot_array), geometry.fragments_per_page
+    if pages and len(d) == pages * planes:
+        return _page_major(d, geometry, slot_array, src=src)
     tier = slot_array[d.page] * geometry.page_bytes + d.bound * geometry.fragment_bytes
     if src:
         return replace(d, src=tier)
     return replace(d, dst=tier)
+
+
+def _page_major(
+    d: Descriptors, geometry: PoolGeometry, slots: Int64Array, *, src: bool
+) -> Descriptors:
+    """:func:`whole_slots` for :func:`build_descriptors`' fragment-major order, transposed:
+    the pool side by one strided copy, everything else built page-major directly."""
+    pages, planes = len(slots), geometry.fragments_per_page
+    kept = d.dst if src else d.src
+    pool = np.ascontiguousarray(kept.reshape(planes, pages).T).reshape(-1)
+    within = np.arange(planes, dtype=np.int64)
+    tier = (slots[:, None] * geometry.page_bytes + within * geometry.fragment_bytes).reshape(-1)
+    page = np.repeat(np.arange(pages, dtype=np.int64), planes)
+    return Descriptors(
+        src=tier if src else pool,
+        dst=pool if src else tier,
+        length=np.ascontiguousarray(d.length.reshape(planes, pages).T).reshape(-1),
+        bound=np.tile(within + int(d.bound[0]), pages) if len(d) else within,
+        page=page,
+        page_end=page + 1,
+    )

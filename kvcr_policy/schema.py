@@ -134,6 +134,15 @@ class BatchingSection(Section):
         "unbounded.",
     )
     options: dict[str, Any] = _options_field()
+    first_batch_pages: int | None = Field(
+        None,
+        gt=0,
+        le=65536,
+        description="Pages in the first read or write batch of a call (1..65536; above "
+        "read_batch_pages counts as read_batch_pages), each next batch twice the last up to "
+        "read_batch_pages, so the first copy starts before a whole batch is planned; unset "
+        "means every batch is read_batch_pages.",
+    )
 
     @model_validator(mode="after")
     def _window_holds_a_batch(self) -> BatchingSection:

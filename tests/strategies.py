@@ -23,7 +23,9 @@ from kvcr_policy.integrations.sglang.prefix import ALL_PAGES, TRAILING_PAGES
 from kvcr_policy.sources import known_leaves
 
 __all__ = [
+    "ClaimScenario",
     "PageTransfer",
+    "claim_scenarios",
     "config_leaves",
     "copies",
     "descriptors",
@@ -502,6 +504,36 @@ def reshaped(draw: st.DrawFn, d: Descriptors, *, by_src: bool = False) -> Descri
     rows = np.asarray([merged[i] for i in order], dtype=np.int64).reshape(-1, 5)
     return Descriptors.from_arrays(
         rows[:, 0], rows[:, 1], rows[:, 2], page=rows[:, 3], page_end=rows[:, 4]
+    )
+
+
+@dataclass(frozen=True)
+class ClaimScenario:
+    """A store's history around one claim: keys ``stored`` one write each (in order, evicting
+    as needed), claims ``held`` before it, the claim's keys (repeats allowed), keys deleted and
+    written while it is held, then its release."""
+
+    capacity: int
+    policy: str
+    stored: list[str]
+    held: list[list[str]]
+    claimed: list[str]
+    deleted: list[str]
+    rewritten: list[str]
+
+
+@st.composite
+def claim_scenarios(draw: st.DrawFn) -> ClaimScenario:
+    """Histories around one claim of a small store (:class:`ClaimScenario`)."""
+    key = st.sampled_from([f"k{i}" for i in range(12)])
+    return ClaimScenario(
+        capacity=draw(st.integers(1, 10)),
+        policy=draw(st.sampled_from(("lru", "fifo"))),
+        stored=draw(st.lists(key, max_size=20)),
+        held=draw(st.lists(st.lists(key, max_size=6), max_size=3)),
+        claimed=draw(st.lists(key, max_size=14)),
+        deleted=draw(st.lists(key, max_size=5)),
+        rewritten=draw(st.lists(key, max_size=5)),
     )
 
 

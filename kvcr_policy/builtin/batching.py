@@ -7,7 +7,7 @@ from ..registry import NoOptions, RegisterStrategy
 from ..schema import BatchingSection
 from ..strategies import Window
 
-__all__ = ["FixedBatching", "ranges"]
+__all__ = ["FixedBatching", "ramp", "ranges"]
 
 
 def ranges(total: int, size: int) -> list[tuple[int, int]]:
@@ -15,17 +15,33 @@ def ranges(total: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, total)) for start in range(0, total, size)]
 
 
+def ramp(total: int, first: int, size: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` ranges covering ``range(total)`` in order: the first of ``first``
+    pages, each next twice the last, up to ``size``."""
+    out: list[tuple[int, int]] = []
+    start, step = 0, min(first, size)
+    while start < total:
+        stop = min(start + step, total)
+        out.append((start, stop))
+        start, step = stop, min(2 * step, size)
+    return out
+
+
 class FixedBatching:
-    """Batches of ``read_batch_pages`` pages and ``query_batch_keys`` keys (upstream: 128/128)."""
+    """Batches of ``read_batch_pages`` pages and ``query_batch_keys`` keys (upstream: 128/128);
+    with ``first_batch_pages``, a call's batches ramp up to that size from a small first one."""
 
     def __init__(self, section: BatchingSection, options: NoOptions) -> None:
         self.read_batch_pages = section.read_batch_pages
+        self.first_batch_pages = section.first_batch_pages
         self.query_batch_keys = section.query_batch_keys
         window_bytes = int(section.window_bytes) if section.window_bytes is not None else None
         self.window = Window(section.window_batches, section.window_pages, window_bytes)
 
     def read_batches(self, n_pages: int) -> list[tuple[int, int]]:
-        return ranges(n_pages, self.read_batch_pages)
+        if self.first_batch_pages is None:
+            return ranges(n_pages, self.read_batch_pages)
+        return ramp(n_pages, self.first_batch_pages, self.read_batch_pages)
 
     def query_batches(self, n_keys: int) -> list[tuple[int, int]]:
         return ranges(n_keys, self.query_batch_keys)

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..descriptors import build_descriptors, split_pieces
+from ..backends.dram.transports.cuda_options import CudaOptions, resolved_modes
+from ..descriptors import build_descriptors, split_pieces, whole_slots
 from ..errors import ArgumentError
 from ..geometry import PRESETS, PoolGeometry
 from ..loading import LoadedConfig
-from ..schema import MAX_TIER_BYTES
+from ..schema import MAX_TIER_BYTES, PolicyConfig
 from .batches import SAMPLE_PAGES, count_batches
 
 __all__ = [
@@ -260,9 +261,12 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
     # A prefix stored together sits in consecutive slots; every batch of the same size has the
     # same descriptors, so each distinct size is shaped once.
     full = replace(geo, tokens=max(batch, 1) * geo.page_size)
+    whole = _whole_slots(config)
     for size, times in counts.sizes.items():
         order = np.arange(size)
         shaped_in = build_descriptors(full, order, full, order)
+        if whole:  # the tier side slot by slot, as the run lays it out
+            shaped_in = whole_slots(shaped_in, full, order, src=True)
         shaped = coalescing.prepare(shaped_in, allowed)
         plain += times * len(shaped_in)
         sent += times * len(shaped)
@@ -278,6 +282,7 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
         "descriptors_before_coalescing": plain,
         "descriptors_after_coalescing": coalesced,
         "descriptors_after_split": sent,
+        "tier_slots": "whole" if whole else "mirror",
         "batches_in_flight": inflight,
         "windows": math.ceil(counts.total / inflight) if counts.total else 0,
     }
@@ -354,3 +359,12 @@ def make_plan(loaded: LoadedConfig, request: PlanRequest) -> Plan:
     _memory(loaded, request, geo, plan)
     _restore(loaded, request, geo, plan)
     return plan
+
+
+def _whole_slots(config: PolicyConfig) -> bool:
+    """Whether the dram tier keeps each slot whole (the cuda transport's ``tier_slots``,
+    resolved as the run resolves it); every other transport mirrors the pool's planes."""
+    if config.transport.name != "cuda":
+        return False
+    options = CudaOptions.model_validate(config.transport.options)
+    return resolved_modes(options, config.coalescing.strategy)[2]

@@ -55,6 +55,8 @@ def _rows(plan: Plan, title: dict[str, Any]) -> list[tuple[str, str]]:
         ("  descriptors", f"{r['descriptors_before_coalescing']} before coalescing, "
                           f"{r['descriptors_after_coalescing']} after, "
                           f"{r['descriptors_after_split']} after split"),
+        ("  tier slots", "whole (each slot one contiguous page)" if r["tier_slots"] == "whole"
+                         else "mirror the pool's planes"),
     ]  # fmt: skip
     if r["predicted_seconds"] is not None:
         rows.append(

@@ -94,6 +94,39 @@ def test_fixed_batching_defaults_are_upstream() -> None:
     assert not batching.window.bounded
 
 
+@given(pages=st.integers(0, 3000), read=st.integers(1, 300), first=st.integers(1, 300))
+def test_first_batch_pages_ramps_up_to_read_batch_pages(pages: int, read: int, first: int) -> None:
+    section = BatchingSection(read_batch_pages=read, first_batch_pages=first)
+    first = min(first, read)
+    reads = FixedBatching(section, NO).read_batches(pages)
+    assert _flatten(reads) == list(range(pages))
+    sizes = [stop - start for start, stop in reads]
+    # Each whole batch is twice the one before, up to read_batch_pages; only the last is cut.
+    whole = [min(first * 2**i, read) for i in range(len(sizes))]
+    assert sizes[:-1] == whole[:-1]
+    assert all(0 < size <= whole[-1] for size in sizes[-1:])
+
+
+def test_first_batch_pages_unset_keeps_fixed_batches() -> None:
+    section = BatchingSection(read_batch_pages=256)
+    assert section.first_batch_pages is None
+    assert FixedBatching(section, NO).read_batches(600) == ranges(600, 256)
+    ramped = BatchingSection(read_batch_pages=256, first_batch_pages=32)
+    assert FixedBatching(ramped, NO).read_batches(600) == [
+        (0, 32),
+        (32, 96),
+        (96, 224),
+        (224, 480),
+        (480, 600),
+    ]
+
+
+def test_first_batch_pages_above_read_batch_pages_is_read_batch_pages() -> None:
+    """A profile's first batch stays valid under a smaller read_batch_pages set over it."""
+    section = BatchingSection(read_batch_pages=16, first_batch_pages=32)
+    assert FixedBatching(section, NO).read_batches(40) == ranges(40, 16)
+
+
 def test_fixed_batching_window_comes_from_the_section() -> None:
     section = BatchingSection(window_batches=2, window_pages=256, window_bytes="1GiB")
     assert FixedBatching(section, NO).window == Window(2, 256, 1 << 30)

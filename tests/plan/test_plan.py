@@ -47,8 +47,9 @@ def test_the_qwen3_plan(cli: Run) -> None:
         "2048 per rank, 16384 per host of 2MiB",
         "2048 pages = 131072 tokens per pool per rank",
         "115968 tokens = 1812 pages, 3.54GiB per rank",
-        "8 of up to 256 pages; 4 in flight (2 windows)",
-        "231936 before coalescing, 1024 after, 1024 after split",
+        "10 of up to 256 pages; 4 in flight (3 windows)",
+        "231936 before coalescing, 1280 after, 1280 after split",
+        "mirror the pool's planes",
         "no link limit",
     ):
         assert text in out, text
@@ -182,3 +183,23 @@ def test_a_measured_link(cli: Run) -> None:
     assert restore["predicted_seconds"] == pytest.approx(
         restore["bytes"] / restore["link_gigabytes_per_s"] / 1e9
     )
+
+
+def test_the_plan_predicts_the_tier_layout_the_cuda_transport_uses(cli: Run) -> None:
+    """With the staging ring on (``throughput`` on cuda) the tier keeps slots whole, so no two
+    fragments of a page coalesce; ``tier_slots = "mirror"`` (or the cpu transport) mirrors the
+    pool's planes. The layout is resolved without a GPU, as the transport resolves it."""
+    common = ("--geometry", "small", "--tokens", "4096", "--profile", "throughput",
+              "--set", "placement.capacity_bytes=64MiB")  # fmt: skip
+    code, whole, err = _json(cli, *common, "--set", "transport.name=cuda")
+    assert code == 0, err
+    restore = whole["restore"]
+    assert restore["tier_slots"] == "whole"
+    assert restore["descriptors_after_coalescing"] == restore["descriptors_before_coalescing"]
+    mirror_set = ("--set", "transport.options.tier_slots=mirror")
+    code, mirror, err = _json(cli, *common, "--set", "transport.name=cuda", *mirror_set)
+    assert code == 0, err
+    assert mirror["restore"]["tier_slots"] == "mirror"
+    code, cpu, err = _json(cli, *common)
+    assert code == 0, err
+    assert cpu["restore"]["tier_slots"] == "mirror"

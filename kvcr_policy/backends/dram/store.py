@@ -28,6 +28,7 @@ iterators and allocate nothing per key.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import itertools
@@ -40,6 +41,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from kvcr_policy.backends.dram.claims import ClaimCounts
 from kvcr_policy.backends.dram.eviction import (
     EVICTION_POLICIES,
     EvictionPolicy,
@@ -215,8 +217,8 @@ class Store:
         # than on numpy arrays, and every access here is scalar.
         self._owner: list[str | None] = [None] * capacity
         self._state = bytearray(capacity)  # SlotState values; all FREE
-        self._generation: list[int] = [0] * capacity
-        self._claims: list[int] = [0] * capacity
+        self._generation = np.zeros(capacity, dtype=np.int64)  # read and bumped per call
+        self._claims = ClaimCounts(capacity)  # changed many slots per call (numpy)
         # Open reservations holding each slot's key as present: such a key is not evicted
         # before its write settles (a set cut into batches reserves each one on its own, and a
         # later batch must not evict a key an earlier one reported stored).
@@ -225,7 +227,6 @@ class Store:
         self._open_reservations: set[int] = set()
         self._live_claims: set[int] = set()
         self._reserved = 0
-        self._claimed = 0
         self._evictions = 0
         self._hits = 0
         self._misses = 0
@@ -291,16 +292,20 @@ class Store:
             for slot in held:
                 self._held[slot] += 1
             out_slots = [-1] * cover
-            out_generations = [-1] * cover
-            generation, owner, state = self._generation, self._owner, self._state
+            owner, state = self._owner, self._state
             for position, slot in zip(needed, slots, strict=False):  # slots may be short
                 key = keys[position]
-                generation[slot] += 1  # a new occupant: stale tokens must stop matching
                 owner[slot] = key
                 state[slot] = _RESERVED
                 reserving[key] = slot
                 out_slots[position] = slot
-                out_generations[position] = generation[slot]
+            # A new occupant of each slot (distinct slots): stale tokens must stop matching.
+            taken = np.asarray(slots, dtype=np.int64)
+            self._generation[taken] += 1
+            out_generations = np.full(cover, -1, dtype=np.int64)
+            out_generations[np.asarray(needed[: len(slots)], dtype=np.int64)] = self._generation[
+                taken
+            ]
             self._reserved += len(slots)
             token = next(_TOKENS)
             self._open_reservations.add(token)
@@ -371,24 +376,28 @@ class Store:
         with self._lock:
             self._check_open("claim")
             index = self._index
+            # C iterators and array operations, not a loop per key: this runs under the
+            # lock before a read's first copy can start.
             run = list(itertools.takewhile(index.__contains__, keys))
-            slots = [index[key] for key in run]
-            claims, touch = self._claims, self._policy.touch
-            for slot in slots:
-                if claims[slot] == 0:
-                    self._claimed += 1
-                claims[slot] += 1
-                touch(slot)
+            slots = list(map(index.__getitem__, run))
+            slots_array = np.array(slots, dtype=np.int64)
+            self._claims.add(slots_array)
+            touch_many = getattr(self._policy, "touch_many", None)
+            if touch_many is not None:
+                touch_many(slots)
+            else:
+                collections.deque(map(self._policy.touch, slots), maxlen=0)
             self._hits += len(run)
             self._misses += len(keys) - len(run)
             token = next(_TOKENS)
             self._live_claims.add(token)
-            generation = self._generation
+            generations = self._generation[slots_array]
+            slots_array.flags.writeable = generations.flags.writeable = False
             return Claim(
                 token=token,
                 keys=tuple(run),
-                slots=_frozen(slots),
-                generations=_frozen([generation[slot] for slot in slots]),
+                slots=slots_array,
+                generations=generations,
                 requested=len(keys),
                 evicted=len(run) < len(keys) and keys[len(run)] in self._evicted,
             )
@@ -402,18 +411,18 @@ class Store:
             if claim.token not in self._live_claims:
                 return
             self._live_claims.discard(claim.token)
-            claims, generation, state = self._claims, self._generation, self._state
-            freed: list[int] = []
-            for slot, seen in zip(claim.slots.tolist(), claim.generations.tolist(), strict=True):
-                if generation[slot] != seen or claims[slot] == 0:
-                    continue
-                claims[slot] -= 1
-                if claims[slot] == 0:
-                    self._claimed -= 1
-                    if state[slot] == _ORPHANED:
-                        state[slot] = _FREE
-                        freed.append(slot)
-            self._free.give(freed)
+            slots = claim.slots
+            if len(slots) == 0:
+                return
+            # An entry whose slot has a newer occupant is skipped; the rest in a few array
+            # operations (this runs under the lock after a read's last copy).
+            emptied = self._claims.remove(slots[self._generation[slots] == claim.generations])
+            if len(emptied):
+                states = np.frombuffer(self._state, dtype=np.uint8)
+                orphaned = emptied[states[emptied] == _ORPHANED]
+                if len(orphaned):
+                    states[orphaned] = _FREE
+                    self._free.give(orphaned.tolist())
 
     # ---- removal --------------------------------------------------------------------------
 
@@ -459,7 +468,7 @@ class Store:
                 capacity=self._capacity,
                 used=self._capacity - free - self._reserved,
                 reserved=self._reserved,
-                claimed=self._claimed,
+                claimed=self._claims.claimed,
                 evictions=self._evictions,
                 hits=self._hits,
                 misses=self._misses,
@@ -477,7 +486,7 @@ class Store:
                 reserving=MappingProxyType(dict(self._reserving)),
                 states=_frozen(self._state, np.uint8),
                 generations=_frozen(self._generation),
-                claims=_frozen(self._claims),
+                claims=_frozen(self._claims.counts),
                 free_runs=self._free.runs(),
             )
 
@@ -501,8 +510,8 @@ class Store:
         message = (
             f"store of pool {self._pool!r}: no slot for key {key!r}: all {self._capacity} slots "
             f"are reserved by writes in flight ({self._reserved}), claimed by reads in flight "
-            f"({self._claimed}) or hold present keys of this or another write in flight; retry "
-            "after transfers complete, or give the tier more slots"
+            f"({self._claims.claimed}) or hold present keys of this or another write in flight; "
+            "retry after transfers complete, or give the tier more slots"
         )
         raise CapacityError(message)
 
@@ -513,7 +522,7 @@ class Store:
         return self._free.take(min(count, self._free.free))
 
     def _evict(self, count: int, protect: set[int] | frozenset[int]) -> int:
-        claims, held = self._claims, self._held
+        claims, held = self._claims.counts, self._held
 
         def evictable(slot: int) -> bool:
             return claims[slot] == 0 and held[slot] == 0 and slot not in protect
@@ -538,7 +547,8 @@ class Store:
         self._policy.forget(slot)
 
     def _remove(self, keys: Sequence[str]) -> int:
-        index, reserving, state, claims = self._index, self._reserving, self._state, self._claims
+        index, reserving, state = self._index, self._reserving, self._state
+        claims = self._claims.counts
         freed: list[int] = []
         removed = 0
         evicted = self._evicted
@@ -571,11 +581,13 @@ class Store:
             self._held[slot] -= 1
         if isinstance(ok, np.ndarray):
             ok = ok.tolist()  # indexing a list is several times cheaper than an array
-        generation, state, owner = self._generation, self._state, self._owner
+        state, owner = self._state, self._owner
         index, reserving, admit = self._index, self._reserving, self._policy.admit
         touch, present = self._policy.touch, reservation.present
         touching = ok is not None and True in present  # a commit with present keys to use
-        keys, seen = reservation.keys, reservation.generations.tolist()
+        keys, taken = reservation.keys, reservation.slots
+        # Per position, whether its slot still has the occupant the reservation saw.
+        same = (self._generation[np.maximum(taken, 0)] == reservation.generations).tolist()
         freed: list[int] = []
         published = 0
         for position, slot in enumerate(reservation.slots.tolist()):
@@ -590,7 +602,7 @@ class Store:
                 continue
             # Belt and braces: an open reservation's slots cannot have changed hands, but a
             # slot whose generation moved on belongs to someone else and is left alone.
-            if generation[slot] != seen[position]:
+            if not same[position]:
                 continue
             current = state[slot]
             if current == _RESERVED:

@@ -1,26 +1,12 @@
 """The cuda transport: GPU pools, a DMA-registered (pinned) tier, copies on a dedicated stream.
 
-Pageable host memory moves to a GPU at about a tenth of the PCIe rate, so each tier region is
-registered with ``cudaHostRegister`` (portable, mapped) when its pool registers, and unregistered
-only after every copy that could touch it has completed. A batch is enqueued on the transport's
-own stream of the pool's device, one event is recorded after it, and its future completes when
-that event has (a completion thread waits on events in submission order, with the GIL
-released). Three ways to move a batch, chosen per batch and counted in :meth:`describe`:
-
-- ``copies``: one asynchronous copy per descriptor (a copy engine at the PCIe rate once
-  descriptors are large, i.e. coalesced);
-- ``gather``: many small descriptors (scattered slots, or no coalescing) become a few index
-  kernels that read or write the pinned tier through its device mapping
-  (:mod:`.cuda_gather`), since one copy call per 128 KiB fragment reaches
-  only a sixth of the PCIe rate;
-- ``staging``: many small descriptors whose host side comes in long contiguous runs
-  (scattered whole tier slots) cross PCIe run by run into a bounded ring of device buffers,
-  and an index kernel on a second stream scatters each buffer into the pool, overlapped
-  (:mod:`.cuda_staging`); stores gather on the GPU, then copy whole runs out.
-
-torch is imported when a transport is built, never at import: the options model and the
-registration work on machines without CUDA, where building the transport raises
-:class:`CudaUnavailableError` ("no CUDA device visible").
+Each tier region is registered for DMA when its pool registers (:mod:`.cuda_pinned`) and
+unregistered only after every copy that could touch it completed. A batch is enqueued on the
+transport's stream of the pool's device, by copies, gather kernels or the staging ring
+(:mod:`.cuda_paths`, counted in :meth:`describe`); one event is recorded after it, and its
+future completes with that event (a completion thread waits on events in submission order,
+with the GIL released). torch is imported when a transport is built, never at import: without
+CUDA, building one raises :class:`CudaUnavailableError` ("no CUDA device visible").
 """
 
 from __future__ import annotations
@@ -28,25 +14,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
-
-import numpy as np
 
 from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
 from kvcr_policy.memory.cuda import NO_CUDA, require_cuda
-from kvcr_policy.memory.locality import DeviceLocality, locate, pci_address
+from kvcr_policy.memory.locality import DeviceLocality
 from kvcr_policy.schema import PolicyConfig
 
 from .base import CopyBatch, Endpoint, Transport, check_bounds
-from .cuda_gather import choose_kernel, plan_rows, run_rows
-from .cuda_options import CudaOptions
-from .cuda_staging import StagingRing, plan_staging, stage
+from .cuda_options import CudaOptions, resolved_modes
+from .cuda_paths import CopyPaths
+from .cuda_pinned import Interface, Registration, cuda_locality, register, unregister
 
 __all__ = [
     "NO_CUDA",
@@ -58,46 +39,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("kvcr_policy.backends.dram.transports.cuda")
-
-# cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): usable from every
-# device, and mapped into the device address space so kernels can read it (the gather path).
-_REGISTER_FLAGS = 0x01 | 0x02
-
-
-class _Interface:
-    """Raw memory as ``__array_interface__`` / ``__cuda_array_interface__`` (no buffer export).
-
-    Views made this way hold no export of the tier's mmap, so the region can still unmap once
-    the views are dropped (memory.region.Region.close refuses while an export is alive).
-    """
-
-    def __init__(self, address: int, nbytes: int) -> None:
-        spec = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False), "version": 3}
-        self.__array_interface__ = spec
-        self.__cuda_array_interface__ = {**spec, "strides": None}
-
-
-@dataclass
-class _Registration:
-    """One tier region registered for DMA, with its host and device views."""
-
-    address: int
-    nbytes: int
-    device: int
-    seconds: float
-    pointer: str
-    host: Any = field(repr=False)  # uint8 CPU tensor over the region
-    mapped: Any = field(repr=False)  # uint8 CUDA tensor over the same bytes (device mapping)
-
-    def report(self) -> dict[str, Any]:
-        return {
-            "bytes": self.nbytes,
-            "device": f"cuda:{self.device}",
-            "seconds": round(self.seconds, 6),
-            "gigabytes_per_s": round(self.nbytes / self.seconds / 1e9, 3) if self.seconds else None,
-            "flags": "portable|mapped",
-            "device_pointer": self.pointer,
-        }
 
 
 class CudaTransport(Transport):
@@ -113,21 +54,12 @@ class CudaTransport(Transport):
         self.options = options
         # The default follows the coalescing control, so the default profile issues one copy
         # per fragment as upstream does, and a profile that coalesces also gathers.
-        self.gather = options.gather
-        if self.gather == "with_coalescing":
-            self.gather = "never" if config.coalescing.strategy == "none" else "auto"
-        self.staging = options.staging
-        if self.staging == "with_coalescing":
-            self.staging = "never" if config.coalescing.strategy == "none" else "auto"
-        slots = options.tier_slots
-        if slots == "with_staging":
-            slots = "mirror" if self.staging == "never" else "whole"
-        self.whole_slots = slots == "whole"
-        self._rings: dict[int, StagingRing] = {}
-        self._aux: dict[int, Any] = {}
+        self.gather, self.staging, self.whole_slots = resolved_modes(
+            options, config.coalescing.strategy
+        )
         self.timeout = config.transport.op_timeout_s
         self._cudart = torch.cuda.cudart()
-        self._regions: dict[int, _Registration] = {}
+        self._regions: dict[int, Registration] = {}
         self._history: list[dict[str, Any]] = []
         self._streams: dict[int, Any] = {}
         self._issue = threading.Lock()  # one batch enqueued at a time: events in queue order
@@ -138,42 +70,23 @@ class CudaTransport(Transport):
         )
         self._thread: threading.Thread | None = None
         self._paths: Counter[str] = Counter()
+        self._copy = CopyPaths(torch, options, self.gather, self.staging, self._count)
 
     # ---- regions ------------------------------------------------------------------------
 
     def attach_region(self, region: Endpoint, pool: Endpoint) -> None:
         """Register the tier region for DMA on the pool's device; the time taken is reported."""
-        torch = self._torch
         device = self._device_index(pool)
-        with torch.cuda.device(device):
-            start = time.perf_counter()
-            err = self._cudart.cudaHostRegister(region.address, region.nbytes, _REGISTER_FLAGS)
-            seconds = time.perf_counter() - start
-            if int(err) != 0:
-                message = (
-                    f"cudaHostRegister of the {region.nbytes}-byte tier region failed: "
-                    f"{self._cudart.cudaGetErrorString(err)}; lower placement.capacity_bytes or "
-                    "raise the locked-memory limit (ulimit -l)"
-                )
-                raise TransportError(message)
-            pointer, mapped_address = self._device_pointer(region.address)
-            interface = _Interface(region.address, region.nbytes)
-            host = torch.from_numpy(np.asarray(interface))
-            mapped = torch.as_tensor(
-                _Interface(mapped_address, region.nbytes), device=f"cuda:{device}"
-            )
-        registration = _Registration(
-            region.address, region.nbytes, device, seconds, pointer, host, mapped
-        )
+        registration = register(self._torch, self._cudart, region.address, region.nbytes, device)
         self._regions[region.address] = registration
         self._history.append(registration.report())
         if self.staging != "never":  # the ring's memory is taken here, not in the first copy
-            self._ring(device)
+            self._copy.ring(device)
         log.info(
             "tier registered for DMA: %d bytes on cuda:%d in %.3f s",
             region.nbytes,
             device,
-            seconds,
+            registration.seconds,
         )
 
     def detach_region(self, region: Endpoint) -> None:
@@ -191,13 +104,9 @@ class CudaTransport(Transport):
             )
             raise TransportError(message) from err
         del self._regions[region.address]
-        registration.host = registration.mapped = None
-        status = self._cudart.cudaHostUnregister(region.address)
-        if int(status) != 0:
-            log.warning(
-                "cudaHostUnregister of the tier region failed: %s",
-                self._cudart.cudaGetErrorString(status),
-            )
+        failed = unregister(self._cudart, registration)
+        if failed is not None:
+            log.warning("cudaHostUnregister of the tier region failed: %s", failed)
 
     def pinned(self, region: Endpoint) -> tuple[int, float]:
         registration = self._regions.get(region.address)
@@ -209,19 +118,6 @@ class CudaTransport(Transport):
             return None
         index = self._device_index(endpoint)
         return cuda_locality(self._torch, index)
-
-    def _device_pointer(self, address: int) -> tuple[str, int]:
-        """Where kernels see a registered address: cudaHostGetDevicePointer when cuda-python
-        is installed, else the host address itself (unified addressing, 64-bit Linux)."""
-        try:
-            from cuda.bindings import runtime
-        except ImportError:
-            return "unified", address
-        err, pointer = runtime.cudaHostGetDevicePointer(address, 0)
-        if int(err) != 0:
-            message = f"cudaHostGetDevicePointer failed for a registered tier region: {err}"
-            raise TransportError(message)
-        return "cudaHostGetDevicePointer", int(pointer)
 
     def _device_index(self, endpoint: Endpoint) -> int:
         device = self._torch.device(endpoint.device)
@@ -279,102 +175,21 @@ class CudaTransport(Transport):
             raise TransportError(message)
         stream = self._stream(device)
         d = batch.descriptors
-        keep: list[Any] = []
+        done = stream
         with torch.cuda.stream(stream):
-            path = self._path(d)
-            staged = self._staged(d, src, dst, src_device, dst_device, device, stream)
+            path = self._copy.path(d)
+            staged = self._copy.staged(d, src, dst, src_device, dst_device, device, stream)
             if staged is not None:
-                path, keep = staged
-            elif path == "gather":
-                plan = plan_rows(
-                    d,
-                    src_base=src["mapped"].data_ptr(),
-                    dst_base=dst["mapped"].data_ptr(),
-                    max_unit=int(self.options.gather_chunk_bytes),
-                )
-                if plan is not None:
-                    kind = choose_kernel(plan)
-                    keep = run_rows(
-                        torch,
-                        src["mapped"],
-                        dst["mapped"],
-                        plan,
-                        kind,
-                        device=torch.device("cuda", device),
-                        chunk_bytes=int(self.options.gather_chunk_bytes),
-                    )
-                    path = f"gather:{kind}"
+                path, keep, done = staged
             else:
-                _copies(src["copy"], dst["copy"], d)
+                path, keep = self._copy.direct(d, src, dst, device, stream, path)
             event = torch.cuda.Event()
-            event.record(stream)
+            event.record(done)
         with self._cond:
             self._paths[f"{path}.batches"] += 1
             self._paths[f"{path}.descriptors"] += len(d)
             self._paths[f"{path}.bytes"] += d.nbytes
         return event, keep
-
-    def _staged(
-        self,
-        d: Any,
-        src: dict[str, Any],
-        dst: dict[str, Any],
-        src_device: int | None,
-        dst_device: int | None,
-        device: int,
-        stream: Any,
-    ) -> tuple[str, list[Any]] | None:
-        """Move ``d`` through the staging ring when the policy says so; None otherwise."""
-        if self.staging == "never" or (src_device is None) == (dst_device is None):
-            return None  # off, or not between a GPU and the host
-        restore = src_device is None
-        options = self.options
-        choose = partial(
-            stage,
-            self.staging,
-            descriptors=len(d),
-            nbytes=d.nbytes,
-            below_bytes=int(options.gather_below_bytes),
-            min_descriptors=options.gather_min_descriptors,
-            min_span_bytes=int(options.staging_min_span_bytes),
-        )
-        if not choose(spans=0):  # not fragmented: no need to plan
-            return None
-        plan = plan_staging(
-            d.src if restore else d.dst,
-            d.dst if restore else d.src,
-            d.length,
-            buffer_bytes=int(options.staging_buffer_bytes),
-            write="device" if restore else "host",
-        )
-        if plan is None or not choose(spans=plan.spans):
-            return None
-        ring, aux = self._ring(device)
-        if restore:
-            keep = ring.restore(plan, src["copy"], dst["copy"], stream, aux)
-            return "staging:restore", keep
-        keep = ring.store(plan, src["copy"], dst["copy"], stream, aux)
-        return "staging:store", keep
-
-    def _ring(self, device: int) -> tuple[StagingRing, Any]:
-        """The staging ring of ``device`` and its scatter stream, made on first need."""
-        ring = self._rings.get(device)
-        if ring is None:
-            options = self.options
-            ring = self._rings[device] = StagingRing(
-                self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers
-            )
-            self._aux[device] = self._torch.cuda.Stream(device=device)
-        return ring, self._aux[device]
-
-    def _path(self, d: Any) -> str:
-        mode = self.gather
-        if mode == "never" or len(d) == 0:
-            return "copies"
-        if mode == "always":
-            return "gather"
-        small = d.nbytes < len(d) * int(self.options.gather_below_bytes)
-        return "gather" if small and len(d) >= self.options.gather_min_descriptors else "copies"
 
     def _side(self, endpoint: Endpoint) -> tuple[dict[str, Any], int | None]:
         """Views of one endpoint: ``copy`` (for copy_) and ``mapped`` (a CUDA tensor), device."""
@@ -386,7 +201,7 @@ class CudaTransport(Transport):
                 flat = buffer.detach().reshape(-1).view(torch.uint8)[: endpoint.nbytes]
             else:
                 flat = torch.as_tensor(
-                    _Interface(endpoint.address, endpoint.nbytes), device=f"cuda:{device}"
+                    Interface(endpoint.address, endpoint.nbytes), device=f"cuda:{device}"
                 )
             return {"copy": flat, "mapped": flat}, device
         for reg in self._regions.values():
@@ -425,6 +240,10 @@ class CudaTransport(Transport):
                 keep.clear()
                 self._settled()
 
+    def _count(self, name: str, n: int) -> None:
+        with self._cond:
+            self._paths[name] += n
+
     def _settled(self) -> None:
         with self._cond:
             self._inflight -= 1
@@ -450,7 +269,9 @@ class CudaTransport(Transport):
             "tier_slots": "whole" if self.whole_slots else "mirror",
             "staging_buffers": self.options.staging_buffers,
             "staging_buffer_bytes": int(self.options.staging_buffer_bytes),
-            "staging_device_bytes": {f"cuda:{i}": r.nbytes for i, r in sorted(self._rings.items())},
+            "staging_device_bytes": {
+                f"cuda:{i}": r.nbytes for i, r in sorted(self._copy.rings.items())
+            },
             "devices": [f"cuda:{i}" for i in sorted(self._streams)],
             "paths": paths,
             "registrations": list(self._history),
@@ -467,27 +288,10 @@ class CudaTransport(Transport):
                 return
             self._closed = True
         self._drain("close")
-        for stream in [*self._streams.values(), *self._aux.values()]:
+        for stream in self._streams.values():
             stream.synchronize()
-        self._rings.clear()  # the staging buffers go back to the allocator
+        self._copy.close()  # scatter streams too; the staging buffers go back to the allocator
         if self._thread is not None:
             self._done.put(None)
             self._thread.join()
             self._thread = None
-
-
-def cuda_locality(torch: Any, index: int) -> DeviceLocality:
-    """GPU ``index`` and its NUMA node: its PCI address from torch's device properties (the
-    same fields ``torch.numa.binding`` reads), its node from sysfs."""
-    props = torch.cuda.get_device_properties(index)
-    try:  # torch builds without these fields (older ones) leave the GPU unlocated
-        ids = [int(getattr(props, f"pci_{name}_id")) for name in ("domain", "bus", "device")]
-    except AttributeError:
-        return locate(f"cuda:{index}", None)
-    return locate(f"cuda:{index}", pci_address(*ids))
-
-
-def _copies(src: Any, dst: Any, d: Any) -> None:
-    """One asynchronous copy per descriptor on the current stream (pinned: truly async)."""
-    for s, t, n in zip(d.src.tolist(), d.dst.tolist(), d.length.tolist(), strict=True):
-        dst[t : t + n].copy_(src[s : s + n], non_blocking=True)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field
 from kvcr_policy.tunable import tunable
 from kvcr_policy.values import Size
 
-__all__ = ["CudaOptions"]
+__all__ = ["CudaOptions", "resolved_modes"]
 
 
 class CudaOptions(BaseModel):
@@ -100,3 +100,18 @@ class CudaOptions(BaseModel):
         ),
         json_schema_extra=tunable(choices=("mirror", "whole")),
     )
+
+
+def resolved_modes(options: CudaOptions, coalescing: str) -> tuple[str, str, bool]:
+    """``(gather, staging, whole_slots)`` as a transport with ``options`` runs them under
+    ``coalescing.strategy = coalescing``: each ``with_*`` default resolved (no torch needed,
+    so ``kvcr-policy plan`` predicts the tier layout a run will use)."""
+    gather, staging = options.gather, options.staging
+    if gather == "with_coalescing":
+        gather = "never" if coalescing == "none" else "auto"
+    if staging == "with_coalescing":
+        staging = "never" if coalescing == "none" else "auto"
+    slots = options.tier_slots
+    if slots == "with_staging":
+        slots = "mirror" if staging == "never" else "whole"
+    return gather, staging, slots == "whole"

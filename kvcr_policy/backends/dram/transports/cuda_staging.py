@@ -12,6 +12,9 @@ The ring holds ``buffers`` buffers of ``buffer_bytes`` each, allocated once per 
 tier registers: all the GPU memory the path takes, besides one int64 per row of indices per
 batch.
 
+A batch that finds the GPU idle is planned in growing chunks (:mod:`.cuda_chunks`), so its
+first copy starts before the rest is planned.
+
 Planning (:func:`plan_staging`) and the choice (:func:`stage`) are numpy and plain numbers,
 tested without a GPU; :class:`StagingRing` needs torch with CUDA.
 """
@@ -111,11 +114,13 @@ def plan_staging(
     *,
     buffer_bytes: int,
     write: str,
+    checked: bool = False,
 ) -> StagingPlan | None:
     """The plan for descriptors between host offsets ``host`` and device offsets ``device``;
     None when they move nothing, or when ``write`` (``"device"`` for restores, ``"host"`` for
     stores) ranges overlap: several writes to one byte keep their order only one copy at a
-    time, so such a batch takes another path.
+    time, so such a batch takes another path. ``checked``: the caller has made sure of that
+    already (:func:`.cuda_chunks.overlapping`), so the plan skips it.
 
     The row size is the gcd of every device offset and length (halved while above
     :data:`MAX_ROW_BYTES`, and cut to divide ``buffer_bytes`` when larger than it), so every
@@ -126,7 +131,7 @@ def plan_staging(
     order = np.argsort(host, kind="stable")
     h, g, n = host[order], device[order], length[order]
     joined = h[1:] == h[:-1] + n[:-1]
-    if write == "host" and np.any(h[1:] < h[:-1] + n[:-1]):
+    if write == "host" and not checked and np.any(h[1:] < h[:-1] + n[:-1]):
         return None  # sorted by start, an overlap shows between neighbours
     unit = int(np.gcd.reduce(np.concatenate((g, n))))
     if unit > buffer_bytes:
@@ -138,7 +143,8 @@ def plan_staging(
     total = int(counts.sum())
     first = np.repeat(np.cumsum(counts) - counts, counts)
     rows = np.repeat(g // unit, counts) + (np.arange(total, dtype=np.int64) - first)
-    if write == "device":  # device ranges overlap where two staging rows share a device row
+    # Device ranges overlap where two staging rows share a device row.
+    if write == "device" and not checked:
         ordered = np.sort(rows)
         if np.any(ordered[1:] == ordered[:-1]):
             return None
@@ -210,10 +216,11 @@ class StagingRing:
         self.fills += 1
         return slot
 
-    def _index(self, plan: StagingPlan, aux: Any) -> tuple[Any, Any]:
+    def _index(self, plan: StagingPlan, stream: Any) -> tuple[Any, Any]:
+        """The plan's row indices, uploaded on ``stream`` from pinned memory."""
         torch = self.torch
         host = torch.from_numpy(plan.rows).pin_memory()
-        with torch.cuda.stream(aux):
+        with torch.cuda.stream(stream):
             return host, host.to(f"cuda:{self.device}", non_blocking=True)
 
     def _views(self, plan: StagingPlan, pool: Any) -> tuple[Any, list[Any]]:
@@ -227,12 +234,14 @@ class StagingRing:
         """Enqueue host -> pool: whole runs into the ring on ``main``, scatter on ``aux``.
 
         ``host`` is a pinned uint8 CPU tensor, ``pool`` a uint8 CUDA tensor (the batch's
-        endpoints); ``main`` must be the current stream. Returns what must stay alive until
-        ``main`` passes this point.
+        endpoints); ``main`` must be the current stream. No stream waits for the other as a
+        whole: each scatter waits for its buffer's fill (recorded on ``main`` after everything
+        enqueued there before it, the index upload included), each fill for its buffer's last
+        scatter. The work is complete once ``aux`` passes this point; returns what must stay
+        alive until then.
         """
         torch = self.torch
-        aux.wait_stream(main)  # batches stay ordered as on one stream
-        index_host, index = self._index(plan, aux)
+        index_host, index = self._index(plan, main)
         pool_rows, views = self._views(plan, pool)
         pieces = plan.pieces.tolist()
         fills = plan.fills.tolist()
@@ -248,13 +257,15 @@ class StagingRing:
             with torch.cuda.stream(aux):
                 pool_rows.index_copy_(0, index[lo:hi], views[slot][: hi - lo])
             self.free[slot].record(aux)
-        main.wait_stream(aux)
         return [index_host, index]
 
     def store(self, plan: StagingPlan, pool: Any, host: Any, main: Any, aux: Any) -> list[Any]:
-        """Enqueue pool -> host: gather into the ring on ``aux``, whole runs out on ``main``."""
+        """Enqueue pool -> host: gather into the ring on ``aux``, whole runs out on ``main``.
+
+        ``aux`` must already wait for what ``main`` holds before the batch (the caller's
+        ``aux.wait_stream(main)``, once per batch); complete once ``main`` passes this point.
+        """
         torch = self.torch
-        aux.wait_stream(main)
         index_host, index = self._index(plan, aux)
         pool_rows, views = self._views(plan, pool)
         pieces = plan.pieces.tolist()

@@ -8,6 +8,7 @@ tests compare on the GPU.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
@@ -23,6 +24,7 @@ from kvcr_policy.backends.dram.transports.base import CopyBatch, Endpoint
 from kvcr_policy.backends.dram.transports.cuda import (
     NO_CUDA,
     CudaOptions,
+    CudaTransport,
     CudaUnavailableError,
     require_cuda,
 )
@@ -355,3 +357,60 @@ def test_stats_report_pinned_bytes_and_where_the_gpu_sits() -> None:
     else:
         assert audit["numa_nodes_requested"] == [gpu["numa_node"]]
         assert audit["pages_per_node"] == {str(gpu["numa_node"]): audit["numa_sampled_pages"]}
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_staged_batches_keep_the_order_of_one_copy_at_a_time(rng: np.random.Generator) -> None:
+    """Batches submitted back to back, none waited for, each writing pool bytes the one before
+    wrote: staged (planned in chunks, the stream idle), then a few copies, then a staged batch
+    whose first chunk writes one range twice (that chunk takes copies). The pool ends as one
+    copy per descriptor, in order, leaves it."""
+    options = {
+        "staging": "auto",
+        "gather": "never",
+        "staging_buffer_bytes": 4096,
+        "staging_buffers": 2,
+        "staging_min_span_bytes": 1024,
+    }
+    loaded = load_config(environ={}, overrides={"transport": {"name": "cuda", "options": options}})
+    transport = CudaTransport(loaded.config, CudaOptions(**options))
+    fragment, count = 512, 64
+    host_map = mmap.mmap(-1, 1 << 16)
+    host = np.frombuffer(host_map, dtype=np.uint8)
+    host[:] = rng.integers(0, 256, host.size, dtype=np.uint8)
+    pool = torch.zeros(1 << 16, dtype=torch.uint8, device="cuda:0")
+    host_end = Endpoint(int(host.ctypes.data), host.nbytes, "cpu", host)
+    pool_end = Endpoint(pool.data_ptr(), pool.numel(), "cuda:0", pool)
+    expected = np.zeros(1 << 16, dtype=np.uint8)
+
+    def batch(src: np.ndarray, dst: np.ndarray) -> CopyBatch:
+        n = len(src)
+        length = np.full(n, fragment, dtype=np.int64)
+        page = np.arange(n, dtype=np.int64)
+        d = Descriptors(src, dst, length, np.zeros(n, dtype=np.int64), page, page + 1)
+        for s, t in zip(src.tolist(), dst.tolist(), strict=True):
+            expected[t : t + fragment] = host[s : s + fragment]
+        return CopyBatch(host_end, pool_end, d)
+
+    slots = np.arange(count, dtype=np.int64) * fragment  # host runs: the whole batch
+    scattered = rng.permutation(count).astype(np.int64) * fragment
+    twice = scattered.copy()
+    twice[3] = twice[1]  # one range written twice inside the first chunk
+    batches = [
+        batch(slots, scattered),
+        batch(slots[:4] + 40 * fragment, scattered[:4]),  # too few to stage: copies
+        batch(slots + 64 * fragment, twice),
+    ]
+    try:
+        transport.attach_region(host_end, pool_end)
+        futures = [transport.submit(b) for b in batches]
+        for future in futures:
+            future.result(timeout=60)
+        paths = transport.describe()["paths"]
+        assert np.array_equal(pool.cpu().numpy(), expected)
+        assert paths["staging:restore.batches"] + paths["copies.batches"] == len(batches)
+        assert paths["staging:restore.chunks"] >= 3  # the first batch: planned in chunks
+    finally:
+        transport.close()
+        transport.detach_region(host_end)

@@ -1,0 +1,82 @@
+"""Cheap whole-batch checks and chunking for the staging ring (numpy only, no GPU needed).
+
+A batch that finds its GPU idle is planned and enqueued in growing chunks
+(:func:`chunk_bounds`): the first copy starts once a couple of ring buffers' worth is planned,
+and each later chunk is planned while the copies before it run, so a restore does not wait for
+its whole first batch to be planned before PCIe starts. Chunks are cut in the order the
+descriptors come in, which for a tier laid out slot by slot is slot by slot: :func:`host_runs`
+counts its contiguous host runs without a sort. Chunks run one after another, so each checks
+only its own writes (its plan does); a batch that must be sorted by host offset first is
+checked whole by :func:`overlapping`, linear in the common shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["chunk_bounds", "host_runs", "overlapping"]
+
+Int64Array = npt.NDArray[np.int64]
+
+
+def host_runs(host: Int64Array, length: Int64Array) -> int:
+    """Runs of host-contiguous descriptors in the order given: what
+    :func:`.cuda_staging.host_spans` counts, without its sort, which descriptors laid out
+    slot by slot need not pay."""
+    if len(host) == 0:
+        return 0
+    return 1 + int(np.count_nonzero(host[1:] != host[:-1] + length[:-1]))
+
+
+#: Equal aligned ranges are checked with a bitmap while it takes at most this many bytes per
+#: range (else by sorting).
+_BITMAP_PER_RANGE = 64
+
+
+def overlapping(offsets: Int64Array, length: Int64Array) -> bool:
+    """Whether two of the ranges ``[offsets[i], offsets[i] + length[i])`` share a byte.
+
+    Linear when the offsets ascend, or when every range has one length and starts at a
+    multiple of it (the fragments of a pool or of tier slots: a bitmap of starts); else
+    by sorting.
+    """
+    mask = length > 0
+    if not mask.all():
+        offsets, length = offsets[mask], length[mask]
+    if len(offsets) < 2:
+        return False
+    if not np.all(offsets[1:] >= offsets[:-1]):
+        size = int(length[0])
+        if np.all(length == size) and not np.any(offsets % size):
+            starts = offsets // size
+            low = int(starts.min())
+            span = int(starts.max()) - low + 1
+            if span <= _BITMAP_PER_RANGE * len(starts):
+                seen = np.zeros(span, dtype=bool)
+                seen[starts - low] = True
+                return int(np.count_nonzero(seen)) != len(starts)
+        order = np.argsort(offsets, kind="stable")
+        offsets, length = offsets[order], length[order]
+    return bool(np.any(offsets[1:] < offsets[:-1] + length[:-1]))
+
+
+def chunk_bounds(length: Int64Array, first_bytes: int | None) -> list[tuple[int, int]]:
+    """Descriptor ranges ``[lo, hi)`` to plan and enqueue one after another: the first about
+    ``first_bytes``, each next one twice the last, so planning a chunk takes less time than
+    copying the one before it; one range for everything when ``first_bytes`` is None."""
+    n = len(length)
+    if first_bytes is None or n == 0:
+        return [(0, n)]
+    ends = np.cumsum(length)
+    total = int(ends[-1])
+    cuts, step, target = [], first_bytes, first_bytes
+    while target < total:
+        cuts.append(target)
+        step *= 2
+        target += step
+    stops = np.searchsorted(ends, np.asarray(cuts, dtype=np.int64), side="left") + 1
+    edges = [0, *sorted({int(x) for x in stops if 0 < x < n}), n]
+    return list(itertools.pairwise(edges))

@@ -1,0 +1,199 @@
+"""How the cuda transport moves one batch on its stream: copies, gather kernels or the staging ring.
+
+- ``copies``: one asynchronous copy per descriptor (a copy engine at the PCIe rate once
+  descriptors are large, i.e. coalesced);
+- ``gather``: many small descriptors become a few index kernels that read or write the pinned
+  tier through its device mapping (:mod:`.cuda_gather`);
+- ``staging``: many small descriptors whose host side comes in long contiguous runs cross PCIe
+  run by run into a bounded ring of device buffers, scattered on a second stream
+  (:mod:`.cuda_staging`). A batch that finds the GPU idle is planned in growing chunks, its
+  first copy enqueued before the rest is planned (:mod:`.cuda_chunks`); a staged restore
+  completes on the scatter stream, and a later batch on another path waits for it first.
+
+:class:`CopyPaths` owns the rings and scatter streams of every device; the transport owns the
+main streams, the endpoints' views and completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from .cuda_chunks import chunk_bounds, host_runs, overlapping
+from .cuda_gather import choose_kernel, plan_rows, run_rows
+from .cuda_options import CudaOptions
+from .cuda_staging import StagingRing, host_spans, plan_staging, stage
+
+__all__ = ["CopyPaths", "copies"]
+
+
+class CopyPaths:
+    """The per-batch choice of path and its enqueueing, for one transport.
+
+    ``count(name, n)`` adds ``n`` to the transport's counter ``name`` (staged chunks here).
+    """
+
+    def __init__(
+        self,
+        torch: Any,
+        options: CudaOptions,
+        gather: str,
+        staging: str,
+        count: Callable[[str, int], None],
+    ) -> None:
+        self._torch = torch
+        self.options = options
+        self.gather = gather
+        self.staging = staging
+        self._count = count
+        self.rings: dict[int, StagingRing] = {}
+        self.aux: dict[int, Any] = {}
+        self._aux_behind: set[int] = set()  # devices whose aux stream holds unwaited scatters
+
+    def path(self, d: Any) -> str:
+        """``copies`` or ``gather`` for ``d`` (before staging is considered)."""
+        mode = self.gather
+        if mode == "never" or len(d) == 0:
+            return "copies"
+        if mode == "always":
+            return "gather"
+        small = d.nbytes < len(d) * int(self.options.gather_below_bytes)
+        return "gather" if small and len(d) >= self.options.gather_min_descriptors else "copies"
+
+    def ring(self, device: int) -> tuple[StagingRing, Any]:
+        """The staging ring of ``device`` and its scatter stream, made on first need."""
+        ring = self.rings.get(device)
+        if ring is None:
+            options = self.options
+            ring = self.rings[device] = StagingRing(
+                self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers
+            )
+            self.aux[device] = self._torch.cuda.Stream(device=device)
+        return ring, self.aux[device]
+
+    def direct(
+        self, d: Any, src: dict[str, Any], dst: dict[str, Any], device: int, stream: Any, path: str
+    ) -> tuple[str, list[Any]]:
+        """Copies (or gather kernels) on ``stream``, after a staged restore's scatters."""
+        torch = self._torch
+        if device in self._aux_behind:
+            stream.wait_stream(self.aux[device])
+            self._aux_behind.discard(device)
+        keep: list[Any] = []
+        if path == "gather":
+            plan = plan_rows(
+                d,
+                src_base=src["mapped"].data_ptr(),
+                dst_base=dst["mapped"].data_ptr(),
+                max_unit=int(self.options.gather_chunk_bytes),
+            )
+            if plan is not None:
+                kind = choose_kernel(plan)
+                keep = run_rows(
+                    torch,
+                    src["mapped"],
+                    dst["mapped"],
+                    plan,
+                    kind,
+                    device=torch.device("cuda", device),
+                    chunk_bytes=int(self.options.gather_chunk_bytes),
+                )
+                return f"gather:{kind}", keep
+            return path, keep
+        copies(src["copy"], dst["copy"], d)
+        return path, keep
+
+    def staged(
+        self,
+        d: Any,
+        src: dict[str, Any],
+        dst: dict[str, Any],
+        src_device: int | None,
+        dst_device: int | None,
+        device: int,
+        stream: Any,
+    ) -> tuple[str, list[Any], Any] | None:
+        """Move ``d`` through the staging ring when the policy says so: its path, what to keep
+        alive, and the stream that finishes it; None otherwise.
+
+        A batch that finds ``stream`` idle is planned in growing chunks, the first copy
+        enqueued before the rest is planned (:func:`.cuda_chunks.chunk_bounds`).
+        """
+        if self.staging == "never" or (src_device is None) == (dst_device is None):
+            return None  # off, or not between a GPU and the host
+        restore = src_device is None
+        options = self.options
+        choose = partial(
+            stage,
+            self.staging,
+            descriptors=len(d),
+            nbytes=d.nbytes,
+            below_bytes=int(options.gather_below_bytes),
+            min_descriptors=options.gather_min_descriptors,
+            min_span_bytes=int(options.staging_min_span_bytes),
+        )
+        if not choose(spans=0):  # not fragmented: no need to plan
+            return None
+        host, pool = (d.src, d.dst) if restore else (d.dst, d.src)
+        sorted_ = False
+        if not choose(spans=host_runs(host, d.length)):
+            # Runs in the order given fall short: host order may join them (one sort).
+            if not choose(spans=host_spans(host, d.length)[0]):
+                return None
+            if overlapping(pool if restore else host, d.length):
+                return None  # reordered writes to one byte would change the result
+            d = d.take(np.argsort(host, kind="stable"))
+            host, pool = (d.src, d.dst) if restore else (d.dst, d.src)
+            sorted_ = True
+        buffer_bytes = int(options.staging_buffer_bytes)
+        ring, aux = self.ring(device)
+        first = 2 * buffer_bytes if stream.query() else None  # idle: start copying early
+        write = "device" if restore else "host"
+        keep: list[Any] = []
+        if not restore:
+            aux.wait_stream(stream)  # gathers read the pool after what was enqueued before
+        chunks = 0
+        # Chunks run in the order given, each after the one before (scatters in order on aux,
+        # host writes in order on stream), so only writes within a chunk need checking.
+        for lo, hi in chunk_bounds(d.length, first):
+            plan = plan_staging(
+                host[lo:hi],
+                pool[lo:hi],
+                d.length[lo:hi],
+                buffer_bytes=buffer_bytes,
+                write=write,
+                checked=sorted_,
+            )
+            if plan is None:  # moves nothing, or writes one byte twice: copies, in order
+                self.direct(d.take(np.arange(lo, hi)), src, dst, device, stream, "copies")
+                if not restore:
+                    aux.wait_stream(stream)
+                continue
+            chunks += 1
+            if restore:
+                keep += ring.restore(plan, src["copy"], dst["copy"], stream, aux)
+                self._aux_behind.add(device)
+            else:
+                keep += ring.store(plan, src["copy"], dst["copy"], stream, aux)
+        self._count(f"staging:{'restore' if restore else 'store'}.chunks", chunks)
+        if not chunks:  # every chunk took copies
+            return "copies", keep, stream
+        if restore:  # the scatters on aux finish it; later batches on stream wait for them
+            return "staging:restore", keep, aux if device in self._aux_behind else stream
+        self._aux_behind.discard(device)  # stream waited for every gather
+        return "staging:store", keep, stream
+
+    def close(self) -> None:
+        """Wait for every scatter stream; the staging buffers go back to the allocator."""
+        for stream in self.aux.values():
+            stream.synchronize()
+        self.rings.clear()
+
+
+def copies(src: Any, dst: Any, d: Any) -> None:
+    """One asynchronous copy per descriptor on the current stream (pinned: truly async)."""
+    for s, t, n in zip(d.src.tolist(), d.dst.tolist(), d.length.tolist(), strict=True):
+        dst[t : t + n].copy_(src[s : s + n], non_blocking=True)
