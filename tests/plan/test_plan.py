@@ -47,8 +47,8 @@ def test_the_qwen3_plan(cli: Run) -> None:
         "2048 per rank, 16384 per host of 2MiB",
         "2048 pages = 131072 tokens per pool per rank",
         "115968 tokens = 1812 pages, 3.54GiB per rank",
-        "10 of up to 256 pages; 4 in flight (3 windows)",
-        "231936 before coalescing, 1280 after, 1280 after split",
+        "8 of up to 256 pages; 4 in flight (2 windows)",
+        "231936 before coalescing, 1024 after, 1024 after split",
         "mirror the pool's planes",
         "no link limit",
     ):
