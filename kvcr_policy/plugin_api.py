@@ -50,7 +50,7 @@ from .errors import (
     UnsupportedError,
     mismatch,
 )
-from .geometry import PoolGeometry, fragment_offsets
+from .geometry import PoolGeometry, fragment_offsets, fragment_planes, stages_pages
 from .hookspecs import hookimpl
 from .hosts import host_part
 from .memory import DeviceLocality, PlacementAudit, Region
@@ -159,9 +159,11 @@ __all__ = [
     "check_device",
     "coalesce",
     "fragment_offsets",
+    "fragment_planes",
     "hookimpl",
     "host_part",
     "mismatch",
+    "stages_pages",
     "strategy_name",
     "tunable",
 ]

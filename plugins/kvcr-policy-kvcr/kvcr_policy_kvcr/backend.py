@@ -37,6 +37,7 @@ from kvcr_policy.plugin_api import (
     Region,
     check_device,
     mismatch,
+    stages_pages,
     strategy_name,
 )
 
@@ -45,7 +46,7 @@ from .options import KvcrOptions
 from .policy import POLICIES
 from .pool import KvcrPool, kept
 from .process import ProcessReport, apply_process_defaults, free_port, port_free
-from .staging import StagingArea, staged
+from .staging import StagingArea
 from .startup import Retained, Started, StartFailed, start_runner
 
 __all__ = ["KvcrBackend"]
@@ -153,7 +154,7 @@ class KvcrBackend:
             raise PoolError(message)
         agent_name = f"kvcr-policy-{os.getpid()}-{kvcr_pool_name(spec.name)}-{uuid.uuid4().hex[:8]}"
         o = self.options
-        staging = staged(o.staging, geometry, int(o.staging_below_bytes))
+        staging = stages_pages(o.staging, geometry, int(o.staging_below_bytes))
         layout = PageLayout(kvcr_pool_name(spec.name), agent_name, geometry, staged=staging)
         g3 = self._g3(spec.name, layout)
         area = None

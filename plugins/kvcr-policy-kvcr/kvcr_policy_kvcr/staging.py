@@ -22,7 +22,6 @@ and reported.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -31,37 +30,17 @@ from typing import Any
 import numpy as np
 from kvcr.types import MemoryRef, RegionDescriptor
 
-from kvcr_policy.plugin_api import PoolError, PoolGeometry, PoolSpec, TransportError
+from kvcr_policy.plugin_api import (
+    PoolError,
+    PoolSpec,
+    TransportError,
+    fragment_planes,
+)
 
-__all__ = ["MAX_SLOTS", "StagingArea", "staged"]
+__all__ = ["MAX_SLOTS", "StagingArea"]
 
 #: The most slots of an area (tiny pages would make millions): more would only cost bookkeeping.
 MAX_SLOTS = 1 << 16
-
-
-def staged(mode: str, geometry: PoolGeometry, below_bytes: int) -> bool:
-    """Whether a pool's pages move through a staging area (``KvcrOptions.staging``)."""
-    if mode == "never" or geometry.fragments_per_page == 1:
-        return False  # a page of one fragment is one element already
-    return mode == "always" or geometry.fragment_bytes < below_bytes
-
-
-def _pool_planes(spec: PoolSpec) -> np.ndarray:
-    """The pool's memory as ``(fragments_per_page, pages, fragment_bytes)`` bytes, no copy:
-    fragment ``f`` of page ``p`` starts at ``f * plane_bytes + p * fragment_bytes``."""
-    g = spec.geometry
-    end = (g.fragments_per_page - 1) * g.plane_bytes + g.pages * g.fragment_bytes
-    if end > spec.endpoint.nbytes:
-        message = (
-            f"pool {spec.name!r}: its fragments reach byte {end}, past its {spec.endpoint.nbytes} "
-            "bytes; the geometry does not describe this buffer"
-        )
-        raise PoolError(message)
-    raw = (ctypes.c_uint8 * spec.endpoint.nbytes).from_address(spec.endpoint.address)
-    flat = np.frombuffer(memoryview(raw), dtype=np.uint8)
-    shape = (g.fragments_per_page, g.pages, g.fragment_bytes)
-    strides = (g.plane_bytes, g.fragment_bytes, 1)
-    return np.lib.stride_tricks.as_strided(flat, shape, strides, writeable=True)
 
 
 class StagingArea:
@@ -80,7 +59,9 @@ class StagingArea:
             raise PoolError(message)
         self.slots = min(nbytes // page, MAX_SLOTS)
         self.page_bytes = page
-        self.planes = _pool_planes(spec)
+        self.planes = fragment_planes(
+            spec.geometry, spec.endpoint.address, spec.endpoint.nbytes, spec.name
+        )
         self.buffer = np.empty(self.slots * page, dtype=np.uint8)
         self.buffer.fill(0)  # touched now, so the first calls do not pay its page faults
         self.views = self.buffer.reshape(self.slots, g.fragments_per_page, g.fragment_bytes)

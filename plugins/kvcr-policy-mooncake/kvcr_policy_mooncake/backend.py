@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.plugin_api import BackendContext, ClosedError, PoolError, PoolSpec
+from kvcr_policy.plugin_api import BackendContext, ClosedError, PoolError, PoolSpec, stages_pages
 
 from .client import StoreClient
 from .codes import describe
 from .options import MooncakeOptions
 from .pool import MooncakePool
-from .staging import StagingArea, staged
+from .staging import StagingArea
 
 __all__ = ["MooncakeBackend"]
 
@@ -105,7 +105,7 @@ class MooncakeBackend:
     def _staging(self, spec: PoolSpec) -> StagingArea | None:
         """The pool's staging area where ``staging`` chooses one (:func:`.staging.staged`)."""
         o = self.options
-        if not staged(o.staging, spec.geometry, int(o.staging_below_bytes)):
+        if not stages_pages(o.staging, spec.geometry, int(o.staging_below_bytes)):
             return None
         return StagingArea(self.client, spec, int(o.staging_bytes), self.threads)
 

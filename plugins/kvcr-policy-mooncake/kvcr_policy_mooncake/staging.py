@@ -16,7 +16,6 @@ are; a batch that already holds a slot reuses its own oldest once that one is sc
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -25,38 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.plugin_api import PoolError, PoolGeometry, PoolSpec
+from kvcr_policy.plugin_api import PoolError, PoolSpec, fragment_planes
 
 from .client import StoreClient
 from .codes import describe
 
-__all__ = ["StagedBatch", "StagingArea", "staged"]
-
-
-def staged(mode: str, geometry: PoolGeometry, below_bytes: int) -> bool:
-    """Whether a pool's pages move through a staging area (``MooncakeOptions.staging``)."""
-    if mode == "never" or geometry.fragments_per_page == 1:
-        return False  # a page that is one run of the pool moves as one buffer already
-    return mode == "always" or geometry.fragment_bytes < below_bytes
-
-
-def _pool_planes(spec: PoolSpec) -> np.ndarray:
-    """The pool's memory as ``(fragments_per_page, pages, fragment_bytes)`` bytes, no copy:
-    fragment ``f`` of page ``p`` starts at ``f * plane_bytes + p * fragment_bytes``
-    (``kvcr_policy.geometry.fragment_offsets``)."""
-    g = spec.geometry
-    end = (g.fragments_per_page - 1) * g.plane_bytes + g.pages * g.fragment_bytes
-    if end > spec.endpoint.nbytes:
-        message = (
-            f"pool {spec.name!r}: its fragments reach byte {end}, past its {spec.endpoint.nbytes} "
-            "bytes; the geometry does not describe this buffer"
-        )
-        raise PoolError(message)
-    raw = (ctypes.c_uint8 * spec.endpoint.nbytes).from_address(spec.endpoint.address)
-    flat = np.frombuffer(memoryview(raw), dtype=np.uint8)
-    shape = (g.fragments_per_page, g.pages, g.fragment_bytes)
-    strides = (g.plane_bytes, g.fragment_bytes, 1)
-    return np.lib.stride_tricks.as_strided(flat, shape, strides, writeable=True)
+__all__ = ["StagedBatch", "StagingArea"]
 
 
 class StagingArea:
@@ -79,7 +52,9 @@ class StagingArea:
         self.page_bytes = page
         self.name = spec.name
         self.client = client
-        self.planes = _pool_planes(spec)
+        self.planes = fragment_planes(
+            spec.geometry, spec.endpoint.address, spec.endpoint.nbytes, spec.name
+        )
         self.buffer = np.empty(self.slots * self.slot_pages * page, dtype=np.uint8)
         self.buffer.fill(0)  # touched now, so the first calls do not pay its page faults
         self.address = int(self.buffer.ctypes.data)

@@ -51,19 +51,6 @@ def random_pool(geometry: PoolGeometry, seed: int) -> np.ndarray:
     return buffer
 
 
-def test_staging_is_chosen_by_the_option_and_the_page() -> None:
-    from kvcr_policy_kvcr.staging import staged
-
-    @given(geometries(), st.integers(1, 1 << 12))
-    def check(geometry: PoolGeometry, below: int) -> None:
-        many = geometry.fragments_per_page > 1
-        assert not staged("never", geometry, below)
-        assert staged("always", geometry, below) == many
-        assert staged("auto", geometry, below) == (many and geometry.fragment_bytes < below)
-
-    check()
-
-
 def test_staged_keys_are_apart_from_plain_ones_in_every_epoch() -> None:
     from kvcr_policy_kvcr.keys import KeySpace
 

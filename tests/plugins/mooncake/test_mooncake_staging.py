@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from kvcr_policy.errors import PoolError
 from kvcr_policy.geometry import PoolGeometry
-from tests.plugins.mooncake.mooncake_helpers import need_mooncake, pipeline_on
+from tests.plugins.mooncake.mooncake_helpers import pipeline_on
 from tests.strategies import geometries
 from tests.support.pools import (
     fresh_keys,
@@ -63,20 +63,6 @@ def pipelines(master: Any, segment: Any) -> Iterator[dict[str, Any]]:
     finally:
         staged.close()
         plain.close()
-
-
-def test_staging_is_chosen_by_the_option_and_the_page() -> None:
-    need_mooncake()
-    from kvcr_policy_mooncake.staging import staged
-
-    @given(geometries(), st.integers(1, 1 << 12))
-    def check(geometry: PoolGeometry, below: int) -> None:
-        many = geometry.fragments_per_page > 1
-        assert not staged("never", geometry, below)
-        assert staged("always", geometry, below) == many
-        assert staged("auto", geometry, below) == (many and geometry.fragment_bytes < below)
-
-    check()
 
 
 def random_pool(geometry: PoolGeometry, seed: int) -> np.ndarray:
