@@ -18,7 +18,14 @@ from typing import Any
 
 from .options import UcxOptions
 
-__all__ = ["EnvReport", "apply_env", "cuda_present", "desired_env", "progress_mode"]
+__all__ = [
+    "EnvReport",
+    "apply_env",
+    "cuda_present",
+    "desired_env",
+    "progress_mode",
+    "same_host_tls",
+]
 
 # ucxx/__init__.py (0.52) sets these when it is imported, each only if unset.
 UCXX_IMPORT_DEFAULTS = {
@@ -69,6 +76,33 @@ def desired_env(options: UcxOptions) -> dict[str, str]:
     env["UCX_WARN_UNUSED_ENV_VARS"] = "n"
     env.update(options.env)
     return env
+
+
+# UCX transports that work between two processes of one host and connect to an interface
+# (no per-endpoint wire-up of their own); ``sm`` and ``shm`` are UCX's names for the group.
+_SAME_HOST = ("self", "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem")
+
+
+def same_host_tls(tls: str | None) -> str | None:
+    """The UCX_TLS of a same-host session's worker, from the process's ``tls`` in force.
+
+    A worker that also offers tcp gives its endpoint to a same-host peer a tcp lane beside the
+    shared-memory one, and tcp lanes are wired up by messages. UCX handles such a message
+    (``ucp_wireup_process_request``) by choosing the endpoint's lanes again from the sender's
+    address; when the sender died after sending it, its shared-memory segment can no longer be
+    opened (``/proc/<pid>/fd/<n>`` is gone), the choice comes out tcp-only, and UCX 1.21
+    aborts the process ("endpoint reconfiguration not supported yet", wireup.c): a client
+    killed while connecting took ``serve`` down. With shared-memory transports only, that
+    choice finds no lane and UCX fails the one endpoint instead. None: ``tls`` offers no
+    shared-memory transport (the process's own worker settings are used).
+    """
+    if tls is None or tls.strip() in ("", "all") or tls.strip().startswith("^"):
+        return "self,sm"
+    names = [name.strip() for name in tls.split(",") if name.strip()]
+    kept = [name for name in names if name in _SAME_HOST]
+    if not any(name != "self" for name in kept):
+        return None
+    return ",".join(kept)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import os
 import threading
 from typing import Any
 
-from .env import EnvReport, apply_env
+from .env import EnvReport, apply_env, same_host_tls
 from .link import Link, frozen_links
 from .loop import Loop
 from .options import UcxOptions
@@ -49,6 +49,7 @@ class Worker(Loop):
         self.ucx: Any = None  # ucxx._lib.libucxx, imported on this thread
         self._array: Any = None
         self._context: Any = None
+        self._same_host_context: Any = None  # made on first use (see open_link)
         self.links: set[Link] = set()
         self.links_opened = 0
         self._users = 0
@@ -74,14 +75,35 @@ class Worker(Loop):
 
     # ---- worker thread only ---------------------------------------------------------------
 
-    def open_link(self, name: str) -> Link:
-        """A new UCX worker for one connection or session (see :mod:`.link`)."""
-        link = Link(self, self.ucx, self._array, self._context, name)
+    def open_link(self, name: str, same_host: bool = False) -> Link:
+        """A new UCX worker for one connection or session (see :mod:`.link`).
+
+        ``same_host``: a session over shared memory, whose worker offers shared-memory
+        transports only (:func:`~.env.same_host_tls` says why: a peer that dies while its
+        endpoint is being wired up must never abort this process).
+        """
+        context = self._context
+        if same_host:
+            context = self._same_host()
+        link = Link(self, self.ucx, self._array, context, name)
         self.links.add(link)
         self.links_opened += 1
         if link.epoll_fd is not None:
             self.watch(link.epoll_fd, lambda mask: None, False)
         return link
+
+    def _same_host(self) -> Any:
+        if self._same_host_context is None:
+            tls = same_host_tls(os.environ.get("UCX_TLS"))
+            if tls is None:
+                self._same_host_context = self._context
+            else:
+                feature = self.ucx.Feature
+                self._same_host_context = self.ucx.UCXContext(
+                    {"TLS": tls}, feature_flags=(feature.TAG, feature.WAKEUP)
+                )
+            log.info("same-host sessions: UCX_TLS %s", tls or "as the process's")
+        return self._same_host_context
 
     def drop_link(self, link: Link) -> None:
         """Stop progressing ``link`` (it was destroyed or frozen)."""

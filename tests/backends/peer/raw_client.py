@@ -68,7 +68,12 @@ class Raw:
 
     def handshake(self, secret: bytes | None, address: bytes) -> m.Message | None:
         """HELLO, CHALLENGE, AUTH with ``secret`` (None: none); the server's last answer."""
-        opening = hello(secret)
+        return self.handshake_with(hello(secret), secret, address)
+
+    def handshake_with(
+        self, opening: m.Hello, secret: bytes | None, address: bytes
+    ) -> m.Message | None:
+        """:meth:`handshake` opened by the HELLO ``opening`` (its key id matches ``secret``)."""
         challenge = self.ask(opening)
         if not isinstance(challenge, m.Challenge):
             return challenge

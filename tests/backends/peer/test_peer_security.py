@@ -159,7 +159,15 @@ def test_before_authentication_only_the_handshake_is_heard(
     assert victim.exists(keys) == 2
 
 
-def test_the_ucx_worker_listens_only_where_the_control_socket_does(server: Any) -> None:
+def test_the_ucx_worker_listens_only_where_the_control_socket_does(
+    server: Any, client: Any, folder: Path
+) -> None:
+    # A tcp session: its UCX worker on the server listens on tcp (a same-host session's
+    # worker offers shared memory only, and listens nowhere).
+    pipeline, *_ = _stored(
+        lambda secret: client(secret, transport__options__tls="tcp"), folder / "alice", n=2
+    )
+    assert pipeline.backend.describe()["transport_used"] == "tcp"
     addresses = listening_addresses(server.proc.pid)
     assert len(addresses) >= 2, addresses  # the control socket and UCX's tcp listener
     assert set(addresses) == {"127.0.0.1"}, addresses

@@ -138,7 +138,38 @@ class PeerClient:
             return conn
 
     def _connect(self) -> Connection:
+        """Connect, shake hands and attach, within ``connect_timeout_s``.
+
+        A server whose handshake slots are full drops the handshakes that have sent nothing
+        yet (:mod:`kvcr_policy.backends.peer.server.admission`); a client starved between its
+        connect and its HELLO, on a busy host while silent sockets flood the server, is one of
+        them. A connection closed before the peer answered HELLO is therefore tried again,
+        after 50 ms and twice as long each time, until ``connect_timeout_s`` is spent.
+        """
         timeout = self.options.connect_timeout_s
+        deadline = time.monotonic() + timeout
+        pause, tries = 0.05, 1
+        while True:
+            conn = self._open(timeout)
+            try:
+                return self._shake_hands(conn, max(0.0, deadline - time.monotonic()))
+            except BackendUnavailableError as err:
+                if conn.challenged or conn.dead is None:
+                    raise
+                if time.monotonic() + pause >= deadline:
+                    message = (
+                        f"{err} ({tries} connections closed by the peer before it answered "
+                        f"HELLO within transport.options.connect_timeout_s = {timeout} s: its "
+                        "handshake slots are full, or it is shutting down)"
+                    )
+                    raise BackendUnavailableError(message) from err
+                log.info("peer %s: %s before it answered HELLO; trying again", self.address, err)
+            time.sleep(pause)
+            pause, tries = min(2 * pause, 1.0), tries + 1
+            timeout = max(0.05, deadline - time.monotonic())
+
+    def _open(self, timeout: float) -> Connection:
+        """A TCP connection to the peer, handed to the worker thread (nothing sent yet)."""
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeout)
         except OSError as err:
@@ -152,6 +183,10 @@ class PeerClient:
             self.op_timeout_s,
             self.options.dead_after_s,
         ).result()
+        return conn
+
+    def _shake_hands(self, conn: Connection, timeout: float) -> Connection:
+        """HELLO to WELCOME and every pool attached on ``conn``; closes it on failure."""
         try:
             welcome = self._wait(self._hello(conn), timeout, "handshake")
             conn.welcome = welcome
@@ -192,6 +227,7 @@ class PeerClient:
         knob = "transport.options.connect_timeout_s"
 
         def challenged(reply: Any) -> None:
+            conn.challenged = not isinstance(reply, Exception)
             error = error_of(reply, "HELLO")
             if error is None:
                 error = self._check_challenge(reply, key, nonce)

@@ -67,6 +67,7 @@ class Connection:
         self.link: Link = worker.open_link(f"peer {peer}")
         self.ep: Any = None
         self.welcome: m.Welcome | None = None
+        self.challenged = False  # the peer answered HELLO (it took this connection in)
         self.tls = ""
         self.dead: str | None = None
         self.groups = 0

@@ -240,7 +240,7 @@ class Session:
             self.channel.fail(m.Err.BAD_REQUEST, text, request)
             return
         try:
-            self.link = self.worker.open_link(f"client {self.peer}")
+            self.link = self.worker.open_link(f"client {self.peer}", self.tls == "sm")
             self.ep = self.link.connect(address, self.tls == "tcp")
         except Exception as err:
             text = f"cannot reach the client over UCX: {err}"
