@@ -10,14 +10,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +23,7 @@ import pytest
 
 from kvcr_policy import build_pipeline, load_config
 from tests.backends.peer.peer_helpers import Serve, need_ucxx
+from tests.backends.peer.proxy import Proxy
 from tests.support.paths import child_env
 from tests.support.pools import fresh_keys
 
@@ -40,57 +38,6 @@ def server() -> Iterator[Serve]:
     serve = Serve(SETS)
     yield serve
     assert serve.stop() == 0
-
-
-class Proxy:
-    """A TCP forwarder between one client and the server that logs each chunk's direction."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.rsplit(":", 1)
-        self.target = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.events: list[str] = []  # "c" (client to server) or "s", in causal order
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            for src, dst, tag in ((client, upstream, "c"), (upstream, client, "s")):
-                threading.Thread(target=self._pump, args=(src, dst, tag), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, tag: str) -> None:
-        try:
-            while chunk := src.recv(1 << 16):
-                with self.lock:  # recorded before it is forwarded: replies come after requests
-                    self.events.append(tag)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for end in (src, dst):
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
-
-    def mark(self) -> int:
-        with self.lock:
-            return len(self.events)
-
-    def round_trips(self, since: int) -> int:
-        """Requests answered since ``since``: runs of client chunks each followed by a reply."""
-        with self.lock:
-            events = "".join(self.events[since:])
-        runs = [part for part in events.split("s") if part]
-        assert events.endswith("s"), f"a request went unanswered: {events!r}"
-        return len(runs)
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.mark.parametrize(("stored", "keys", "batch"), [(10, 10, 3), (5, 10, 3), (0, 7, 2)])
