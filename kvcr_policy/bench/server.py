@@ -26,10 +26,12 @@ class PeerProcess:
         profile: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout: float = 60.0,
-        listen: str = "127.0.0.1:0",
+        listen: str | None = "127.0.0.1:0",
         args: Sequence[str] = (),
     ) -> None:
-        command = [sys.executable, "-m", "kvcr_policy", "serve", "--listen", listen, *args]
+        command = [*self.launcher(), "serve", *args]
+        if listen is not None:  # None: transport.options.listen decides
+            command += ["--listen", listen]
         if profile is not None:
             command += ["--profile", profile]
         for key, value in sets.items():
@@ -51,6 +53,14 @@ class PeerProcess:
         # and a process writing to it then blocks (UCX logs to stdout unless told otherwise).
         self._stdout = threading.Thread(target=self._drain_stdout, daemon=True)
         self._stdout.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def launcher(self) -> list[str]:
+        """The command line before ``serve``: this Python running kvcr_policy's CLI."""
+        return [sys.executable, "-m", "kvcr_policy"]
 
     def _drain_stdout(self) -> None:
         assert self.proc.stdout is not None
@@ -83,7 +93,9 @@ class PeerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            code = self.proc.wait()
+        self._drainer.join(10.0)  # so that the log holds the child's last lines
+        return code

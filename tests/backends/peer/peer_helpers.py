@@ -5,20 +5,15 @@ Small pools, their pages and fresh keys come from :mod:`tests.support.pools`.
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 
-import pytest
-
 from kvcr_policy import load_config
+from kvcr_policy.bench.server import PeerProcess
+from kvcr_policy.errors import BenchError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.schema import PolicyConfig
 from tests.support.installs import missing
-from tests.support.processes import next_line
 
 SERVER_SETS = {
     "transport.name": "ucx",
@@ -63,9 +58,10 @@ def big_geometry(name: str) -> PoolGeometry:
     )
 
 
-class Serve:
+class Serve(PeerProcess):
     """``kvcr-policy serve`` as a child process, driven only through its command line: the one
-    JSON line it prints on start, its log on stderr, and SIGTERM."""
+    JSON line it prints on start, its log on stderr, and SIGTERM. ``python``: the arguments of
+    this Python that start the CLI (``-c`` and a script, to run serve with something changed)."""
 
     def __init__(
         self,
@@ -76,50 +72,11 @@ class Serve:
         python: Sequence[str] = ("-m", "kvcr_policy"),
         timeout: float = 60.0,
     ) -> None:
-        command = [sys.executable, *python, "serve", *args]
-        if listen is not None:
-            command += ["--listen", listen]
-        for key, value in sets.items():
-            command += ["--set", f"{key}={value}"]
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self.log: list[str] = []
-        self._drainer = threading.Thread(target=self._drain, daemon=True)
-        self._drainer.start()
+        self._python = tuple(python)
         try:
-            first = next_line(self.proc, timeout=timeout)
-        except pytest.fail.Exception as err:
-            self.proc.kill()
-            self.proc.wait()
-            self._drainer.join(5.0)  # the child's last words explain why it did not start
-            tail = "\n".join(self.log[-20:])
-            raise AssertionError(f"kvcr-policy serve did not start: {err}\n{tail}") from None
-        self.info: dict[str, object] = json.loads(first)
-        self.address = str(self.info["listening"])
-        self.port = int(self.address.rsplit(":", 1)[1])
-        # The rest of stdout is drained too, so the child never blocks on a full pipe.
-        self._stdout = threading.Thread(target=self._drain_stdout, daemon=True)
-        self._stdout.start()
+            super().__init__(sets, listen=listen, args=args, timeout=timeout)
+        except BenchError as err:
+            raise AssertionError(str(err)) from None
 
-    def _drain_stdout(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append("stdout: " + line.rstrip())
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line.rstrip())
-
-    def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM, then the exit code (SIGKILL if it overstays ``timeout``)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self._drainer.join(10)
-        return code
+    def launcher(self) -> list[str]:
+        return [sys.executable, *self._python]
