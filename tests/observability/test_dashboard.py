@@ -249,8 +249,13 @@ exposed = serve_metrics("127.0.0.1:{client}")
 overrides = {{"transport.name": "ucx", "transport.options.peer": {address!r}}}
 loaded = load_config({profile!r}, overrides=overrides, environ={{}})
 geo = geometry(name="kv", pages=8)
-with build_pipeline(loaded) as pipeline:
+# A tier of its own beside (the engine's host cache), audited when it registers: the placement
+# panels read it for as long as this process lives, where the benchmark's tiers are gone as
+# soon as its run ends, maybe before a scrape saw them.
+own = load_config({local!r}, overrides={{"observability.audit_placement": True}}, environ={{}})
+with build_pipeline(loaded) as pipeline, build_pipeline(own) as local:
     pipeline.register_pool("kv", geo, pool_buffer(geo))
+    local.register_pool("local", geo, pool_buffer(geo))
     print("ready", flush=True)
     sys.stdin.readline()  # the test saw the zeros scraped
     keys = fresh_keys(4)
@@ -286,7 +291,11 @@ def _peer_with_a_client(api: str, port: int, client: int, folder: Path) -> Itera
         # A profile label of its own, so the queries below read this client's series only.
         profile = folder / f"client{uuid.uuid4().hex[:10]}.toml"
         profile.write_text("", encoding="utf-8")
-        code = CLIENT.format(root=str(ROOT), client=client, address=address, profile=str(profile))
+        local = folder / f"local{uuid.uuid4().hex[:10]}.toml"  # the client's own tier's label
+        local.write_text("", encoding="utf-8")
+        code = CLIENT.format(
+            root=str(ROOT), client=client, address=address, profile=str(profile), local=str(local)
+        )
         engine = subprocess.Popen(
             [sys.executable, "-c", code],
             stdin=subprocess.PIPE,
