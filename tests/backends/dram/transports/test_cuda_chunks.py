@@ -8,6 +8,8 @@ copied and scattered in order; the pool must end as one copy per descriptor leav
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from hypothesis import given
@@ -76,6 +78,22 @@ def test_host_runs_need_no_sort_when_slots_come_page_major() -> None:
     assert host_runs(host[fragment_major], length) == pages * layers
 
 
+def chunk_plans(slots: Arrays, buffer_bytes: int, first_bytes: int, write: str) -> Iterator[Any]:
+    """The staging plan of each chunk of ``slots``, in order, as the transport makes them."""
+    host_off, device_off, length = slots
+    for lo, hi in chunk_bounds(length, first_bytes):
+        plan = plan_staging(
+            host_off[lo:hi],
+            device_off[lo:hi],
+            length[lo:hi],
+            buffer_bytes=buffer_bytes,
+            write=write,
+            checked=True,
+        )
+        assert plan is not None
+        yield plan
+
+
 @given(scattered_slots(), st.integers(1, 12), st.integers(1, 5), st.integers(0, 2**32 - 1))
 def test_a_chunked_restore_moves_every_byte_once(
     slots: Arrays, buffer_fragments: int, first_fragments: int, seed: int
@@ -90,16 +108,7 @@ def test_a_chunked_restore_moves_every_byte_once(
     pool = np.zeros(size + fragment, dtype=np.uint8)
     expected = pool.copy()
     naive(host_off, device_off, length, host, expected)
-    for lo, hi in chunk_bounds(length, first_fragments * fragment):
-        plan = plan_staging(
-            host_off[lo:hi],
-            device_off[lo:hi],
-            length[lo:hi],
-            buffer_bytes=buffer_bytes,
-            write="device",
-            checked=True,
-        )
-        assert plan is not None
+    for plan in chunk_plans(slots, buffer_bytes, first_fragments * fragment, "device"):
         replay_restore(plan, host, pool)
     assert np.array_equal(pool, expected)
 
@@ -117,15 +126,6 @@ def test_a_chunked_store_writes_exactly_the_described_host_bytes(
     host = np.full(size, 0xEE, dtype=np.uint8)
     expected = host.copy()
     naive(device_off, host_off, length, pool, expected)
-    for lo, hi in chunk_bounds(length, first_fragments * fragment):
-        plan = plan_staging(
-            host_off[lo:hi],
-            device_off[lo:hi],
-            length[lo:hi],
-            buffer_bytes=buffer_fragments * fragment,
-            write="host",
-            checked=True,
-        )
-        assert plan is not None
+    for plan in chunk_plans(slots, buffer_fragments * fragment, first_fragments * fragment, "host"):
         replay_store(plan, pool, host)
     assert np.array_equal(host, expected)
