@@ -32,6 +32,7 @@ __all__ = [
     "Descriptors",
     "build_descriptors",
     "coalesce",
+    "slot_descriptors",
     "split",
     "split_pieces",
     "whole_slots",
@@ -146,6 +147,30 @@ def build_descriptors(
     consecutive on both sides are adjacent descriptors that :func:`coalesce` merges. Fragment
     ``f`` gets bound ``bound_base + f``; ``page`` is the page's position in the request.
     """
+    src_array, dst_array = _paired_pages(src_geometry, src_pages, dst_geometry, dst_pages)
+    n = len(src_array)
+    planes = src_geometry.fragments_per_page
+    # ravel() of the (planes, n) offset matrices is the fragment-major order.
+    src = fragment_offsets(src_geometry, src_array).ravel()
+    dst = fragment_offsets(dst_geometry, dst_array).ravel()
+    page = np.tile(np.arange(n, dtype=np.int64), planes)
+    return Descriptors(
+        src=src,
+        dst=dst,
+        length=np.full(planes * n, src_geometry.fragment_bytes, dtype=np.int64),
+        bound=np.repeat(np.arange(planes, dtype=np.int64) + bound_base, n),
+        page=page,
+        page_end=page + 1,
+    )
+
+
+def _paired_pages(
+    src_geometry: PoolGeometry,
+    src_pages: npt.ArrayLike,
+    dst_geometry: PoolGeometry,
+    dst_pages: npt.ArrayLike,
+) -> tuple[Int64Array, Int64Array]:
+    """Both page lists, checked: equal page layouts, pages in range, as many on each side."""
     mismatched = [
         f"{name} {getattr(src_geometry, name)!r} vs {getattr(dst_geometry, name)!r}"
         for name in _LAYOUT_FIELDS
@@ -165,18 +190,35 @@ def build_descriptors(
             f"pages as source pages ({len(src_array)}), got {len(dst_array)}"
         )
         raise PoolError(message)
+    return src_array, dst_array
 
-    n = len(src_array)
-    planes = src_geometry.fragments_per_page
-    # ravel() of the (planes, n) offset matrices is the fragment-major order.
-    src = fragment_offsets(src_geometry, src_array).ravel()
-    dst = fragment_offsets(dst_geometry, dst_array).ravel()
-    page = np.tile(np.arange(n, dtype=np.int64), planes)
+
+def slot_descriptors(
+    pool: PoolGeometry,
+    pages: npt.ArrayLike,
+    tier: PoolGeometry,
+    slots: npt.ArrayLike,
+    *,
+    read: bool,
+) -> Descriptors:
+    """``whole_slots(build_descriptors(...), tier, slots, src=read)`` built page-major directly:
+    page ``pages[i]`` of ``pool`` and slot ``slots[i]`` of a whole-slot ``tier``, tier to pool
+    when ``read``, else pool to tier. The same descriptors in the same order, without planning
+    the mirrored tier side first and transposing (this runs before each batch's first copy)."""
+    if read:
+        slot_array, page_array = _paired_pages(tier, slots, pool, pages)
+    else:
+        page_array, slot_array = _paired_pages(pool, pages, tier, slots)
+    n, planes = len(page_array), pool.fragments_per_page
+    within = np.arange(planes, dtype=np.int64)
+    pool_side = np.add.outer(page_array * pool.fragment_bytes, within * pool.plane_bytes)
+    tier_side = np.add.outer(slot_array * tier.page_bytes, within * tier.fragment_bytes)
+    page = np.repeat(np.arange(n, dtype=np.int64), planes)
     return Descriptors(
-        src=src,
-        dst=dst,
-        length=np.full(planes * n, src_geometry.fragment_bytes, dtype=np.int64),
-        bound=np.repeat(np.arange(planes, dtype=np.int64) + bound_base, n),
+        src=(tier_side if read else pool_side).reshape(-1),
+        dst=(pool_side if read else tier_side).reshape(-1),
+        length=np.full(n * planes, pool.fragment_bytes, dtype=np.int64),
+        bound=np.tile(within, n),
         page=page,
         page_end=page + 1,
     )

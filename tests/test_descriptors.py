@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.descriptors import Descriptors, build_descriptors, coalesce, split, whole_slots
+from kvcr_policy.descriptors import (
+    Descriptors,
+    build_descriptors,
+    coalesce,
+    slot_descriptors,
+    split,
+    whole_slots,
+)
 from kvcr_policy.errors import IndicesError, PoolError
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, Layout, PoolGeometry
 from tests.strategies import PageTransfer, descriptors, page_transfers
@@ -291,3 +298,29 @@ def test_whole_slots_move_the_same_pool_bytes_into_each_slot_whole(
         assert np.array_equal(mine, starts)  # the slot tiled whole, in order
     # Fragment f of each page keeps its place in the page: f * fragment_bytes into the slot.
     assert np.array_equal(tier_side - slots[d.page] * page_bytes, d.bound * t.dst.fragment_bytes)
+
+
+@given(page_transfers(), st.booleans())
+def test_slot_descriptors_are_whole_slots_of_the_built_descriptors(
+    t: PageTransfer, read: bool
+) -> None:
+    """The direct page-major build equals building fragment-major then laying the tier side
+    out slot by slot, array for array, in both directions."""
+    pool, tier = t.src, t.dst
+    pages = np.asarray(t.src_pages, dtype=np.int64)
+    slots = np.asarray(t.dst_pages, dtype=np.int64)
+    if read:
+        expected = whole_slots(build_descriptors(tier, slots, pool, pages), tier, slots, src=True)
+    else:
+        expected = whole_slots(build_descriptors(pool, pages, tier, slots), tier, slots, src=False)
+    got = slot_descriptors(pool, pages, tier, slots, read=read)
+    for name in ("src", "dst", "length", "bound", "page", "page_end"):
+        assert getattr(got, name).tolist() == getattr(expected, name).tolist(), name
+
+
+def test_slot_descriptors_refuse_as_build_descriptors_does() -> None:
+    g = PoolGeometry("kv", "layer_first", 2, 1, 4, "float32", 2, 8)
+    with pytest.raises(PoolError, match="expected as many destination pages as source pages"):
+        slot_descriptors(g, [0, 1], g, [0], read=True)
+    with pytest.raises(IndicesError):
+        slot_descriptors(g, [0, 9], g, [0, 1], read=False)

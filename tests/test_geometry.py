@@ -400,6 +400,28 @@ def test_page_indices_round_trip(g: PoolGeometry, data: st.DataObject) -> None:
     assert page_indices(g, tokens).tolist() == pages.tolist()
 
 
+@given(
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.lists(st.integers(-3, 18), max_size=12),
+)
+def test_page_indices_accepts_exactly_whole_pages(size: int, pages: int, values: list[int]) -> None:
+    """The fast acceptance and the explaining refusal agree with the rule, element by element:
+    accepted iff every page is ``size`` consecutive tokens from an aligned first, all in range."""
+    tokens = pages * size
+    g = make(page_size=size, tokens=tokens)
+    rows = [values[i : i + size] for i in range(0, len(values), size)]
+    valid = len(values) % size == 0 and all(
+        row == list(range(row[0], row[0] + size)) and row[0] % size == 0 and 0 <= row[0] < tokens
+        for row in rows
+    )
+    if valid:
+        assert page_indices(g, values).tolist() == [row[0] // size for row in rows]
+    else:
+        with pytest.raises(IndicesError):
+            page_indices(g, values)
+
+
 @pytest.mark.parametrize(
     ("indices", "pattern"),
     [

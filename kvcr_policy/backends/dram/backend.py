@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...descriptors import Descriptors, build_descriptors, whole_slots
+from ...descriptors import Descriptors, build_descriptors, slot_descriptors
 from ...errors import ClosedError, IndicesError, PoolError, mismatch
 from ...geometry import PoolGeometry
 from ...memory.locality import DeviceLocality
@@ -75,9 +75,10 @@ class _Transfer:
             src, dst, src_idx, dst_idx = tier, pool, slots, pages
         else:
             src, dst, src_idx, dst_idx = pool, tier, pages, slots
-        plain = build_descriptors(src.geometry, src_idx, dst.geometry, dst_idx)
         if self.pool.transport.whole_slots:  # the tier side slot by slot
-            plain = whole_slots(plain, tier.geometry, slots, src=self.read)
+            plain = slot_descriptors(pool.geometry, pages, tier.geometry, slots, read=self.read)
+        else:
+            plain = build_descriptors(src.geometry, src_idx, dst.geometry, dst_idx)
         shaped = plain if shape is None else shape(plain)
         return CopyBatch(src.endpoint, dst.endpoint, shaped)
 

@@ -40,6 +40,9 @@ __all__ = [
 
 log = logging.getLogger("kvcr_policy.backends.dram.transports.cuda")
 
+#: Endpoints whose views are kept (a pipeline has two per pool).
+_KNOWN_ENDPOINTS = 64
+
 
 class CudaTransport(Transport):
     """Moves pages between GPU pools and their pinned tier regions on one stream per device."""
@@ -70,6 +73,9 @@ class CudaTransport(Transport):
         )
         self._thread: threading.Thread | None = None
         self._paths: Counter[str] = Counter()
+        # Views of the endpoints batches name, by identity (a pool's endpoints live as long as
+        # the pool): made once, not per batch; dropped when a region detaches.
+        self._sides: dict[int, tuple[Endpoint, dict[str, Any], int | None]] = {}
         self._copy = CopyPaths(torch, options, self.gather, self.staging, self._count)
 
     # ---- regions ------------------------------------------------------------------------
@@ -104,6 +110,7 @@ class CudaTransport(Transport):
             )
             raise TransportError(message) from err
         del self._regions[region.address]
+        self._sides.clear()
         failed = unregister(self._cudart, registration)
         if failed is not None:
             log.warning("cudaHostUnregister of the tier region failed: %s", failed)
@@ -193,6 +200,15 @@ class CudaTransport(Transport):
 
     def _side(self, endpoint: Endpoint) -> tuple[dict[str, Any], int | None]:
         """Views of one endpoint: ``copy`` (for copy_) and ``mapped`` (a CUDA tensor), device."""
+        known = self._sides.get(id(endpoint))
+        if known is not None and known[0] is endpoint:
+            return known[1], known[2]
+        views, device = self._views(endpoint)
+        if len(self._sides) < _KNOWN_ENDPOINTS:
+            self._sides[id(endpoint)] = (endpoint, views, device)
+        return views, device
+
+    def _views(self, endpoint: Endpoint) -> tuple[dict[str, Any], int | None]:
         torch = self._torch
         if endpoint.device.startswith("cuda"):
             device = self._device_index(endpoint)
@@ -291,6 +307,7 @@ class CudaTransport(Transport):
         for stream in self._streams.values():
             stream.synchronize()
         self._copy.close()  # scatter streams too; the staging buffers go back to the allocator
+        self._sides.clear()
         if self._thread is not None:
             self._done.put(None)
             self._thread.join()

@@ -133,7 +133,7 @@ def plan_staging(
     joined = h[1:] == h[:-1] + n[:-1]
     if write == "host" and not checked and np.any(h[1:] < h[:-1] + n[:-1]):
         return None  # sorted by start, an overlap shows between neighbours
-    unit = int(np.gcd.reduce(np.concatenate((g, n))))
+    unit = int(np.gcd(np.gcd.reduce(g), np.gcd.reduce(n)))
     if unit > buffer_bytes:
         unit = int(np.gcd(unit, buffer_bytes))
     while unit > MAX_ROW_BYTES and unit % 2 == 0:
@@ -236,13 +236,12 @@ class StagingRing:
         ``host`` is a pinned uint8 CPU tensor, ``pool`` a uint8 CUDA tensor (the batch's
         endpoints); ``main`` must be the current stream. No stream waits for the other as a
         whole: each scatter waits for its buffer's fill (recorded on ``main`` after everything
-        enqueued there before it, the index upload included), each fill for its buffer's last
+        enqueued there before it, the index upload included: it follows the first fill's
+        copies, so PCIe starts before the indices are ready), each fill for its buffer's last
         scatter. The work is complete once ``aux`` passes this point; returns what must stay
         alive until then.
         """
         torch = self.torch
-        index_host, index = self._index(plan, main)
-        pool_rows, views = self._views(plan, pool)
         pieces = plan.pieces.tolist()
         fills = plan.fills.tolist()
         for j in range(plan.buffers):
@@ -251,6 +250,9 @@ class StagingRing:
             main.wait_event(self.free[slot])
             for offset, at, n in pieces[fills[j] : fills[j + 1]]:  # main is current
                 buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
+            if j == 0:  # PCIe starts before the indices are made and uploaded
+                index_host, index = self._index(plan, main)
+                pool_rows, views = self._views(plan, pool)
             self.filled[slot].record(main)
             aux.wait_event(self.filled[slot])
             lo, hi = plan.fill_rows(j)
