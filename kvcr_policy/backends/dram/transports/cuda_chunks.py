@@ -1,13 +1,13 @@
 """Cheap whole-batch checks and chunking for the staging ring (numpy only, no GPU needed).
 
-A batch that finds its GPU idle is planned and enqueued in growing chunks
-(:func:`chunk_bounds`): the first copy starts once a couple of ring buffers' worth is planned,
-and each later chunk is planned while the copies before it run, so a restore does not wait for
-its whole first batch to be planned before PCIe starts. Chunks are cut in the order the
-descriptors come in, which for a tier laid out slot by slot is slot by slot: :func:`host_runs`
-counts its contiguous host runs without a sort. Chunks run one after another, so each checks
-only its own writes (its plan does); a batch that must be sorted by host offset first is
-checked whole by :func:`overlapping`, linear in the common shapes.
+A batch is planned and enqueued in growing chunks (:func:`chunk_bounds`): on an idle GPU the
+first copy starts once a couple of ring buffers' worth is planned, and each later chunk is
+planned while the copies before it run, so a restore does not wait for its whole first batch
+to be planned before PCIe starts, nor a later batch for its whole plan. Chunks are cut in the
+order the descriptors come in, which for a tier laid out slot by slot is slot by slot:
+:func:`host_runs` counts its contiguous host runs without a sort. Chunks run one after
+another, so each checks only its own writes (its plan does); a batch that must be sorted by
+host offset first is checked whole by :func:`overlapping`, linear in the common shapes.
 """
 
 from __future__ import annotations
@@ -64,9 +64,11 @@ def overlapping(offsets: Int64Array, length: Int64Array) -> bool:
 
 
 def chunk_bounds(length: Int64Array, first_bytes: int | None) -> list[tuple[int, int]]:
-    """Descriptor ranges ``[lo, hi)`` to plan and enqueue one after another: the first about
-    ``first_bytes``, each next one twice the last, so planning a chunk takes less time than
-    copying the one before it; one range for everything when ``first_bytes`` is None."""
+    """Descriptor ranges ``[lo, hi)`` to plan and enqueue one after another: the first two
+    about ``first_bytes`` each, each next one twice the last, so planning a chunk takes less
+    time than copying the one before it (a plan's cost is mostly fixed, so the second chunk,
+    planned while the first copies, is no larger than it); one range for everything when
+    ``first_bytes`` is None."""
     n = len(length)
     if first_bytes is None or n == 0:
         return [(0, n)]
@@ -75,8 +77,8 @@ def chunk_bounds(length: Int64Array, first_bytes: int | None) -> list[tuple[int,
     cuts, step, target = [], first_bytes, first_bytes
     while target < total:
         cuts.append(target)
-        step *= 2
         target += step
+        step *= 2
     stops = np.searchsorted(ends, np.asarray(cuts, dtype=np.int64), side="left") + 1
     edges = [0, *sorted({int(x) for x in stops if 0 < x < n}), n]
     return list(itertools.pairwise(edges))

@@ -6,8 +6,8 @@
   tier through its device mapping (:mod:`.cuda_gather`);
 - ``staging``: many small descriptors whose host side comes in long contiguous runs cross PCIe
   run by run into a bounded ring of device buffers, scattered on a second stream
-  (:mod:`.cuda_staging`). A batch that finds the GPU idle is planned in growing chunks, its
-  first copy enqueued before the rest is planned (:mod:`.cuda_chunks`); a staged restore
+  (:mod:`.cuda_staging`). A batch is planned in growing chunks, its first copies
+  enqueued before the rest is planned (:mod:`.cuda_chunks`); a staged restore
   completes on the scatter stream, and a later batch on another path waits for it first.
 
 :class:`CopyPaths` owns the rings and scatter streams of every device; the transport owns the
@@ -119,8 +119,9 @@ class CopyPaths:
         """Move ``d`` through the staging ring when the policy says so: its path, what to keep
         alive, and the stream that finishes it; None otherwise.
 
-        A batch that finds ``stream`` idle is planned in growing chunks, the first copy
-        enqueued before the rest is planned (:func:`.cuda_chunks.chunk_bounds`).
+        A batch is planned in growing chunks, each enqueued before the next is planned
+        (:func:`.cuda_chunks.chunk_bounds`): from two ring buffers' worth when it finds
+        ``stream`` idle, from the ring's worth when copies are ahead of it.
         """
         if self.staging == "never" or (src_device is None) == (dst_device is None):
             return None  # off, or not between a GPU and the host
@@ -150,7 +151,10 @@ class CopyPaths:
             sorted_ = True
         buffer_bytes = int(options.staging_buffer_bytes)
         ring, aux = self.ring(device)
-        first = 2 * buffer_bytes if stream.query() else None  # idle: start copying early
+        # Idle: copying starts once two ring buffers' worth is planned. Busy: the batch is
+        # still planned in chunks (the ring's worth first), so its first copies are enqueued
+        # well before the copies ahead of it end, however long the whole batch takes to plan.
+        first = buffer_bytes * (2 if stream.query() else ring.count)
         write = "device" if restore else "host"
         keep: list[Any] = []
         if not restore:

@@ -12,8 +12,8 @@ The ring holds ``buffers`` buffers of ``buffer_bytes`` each, allocated once per 
 tier registers: all the GPU memory the path takes, besides one int64 per row of indices per
 batch.
 
-A batch that finds the GPU idle is planned in growing chunks (:mod:`.cuda_chunks`), so its
-first copy starts before the rest is planned.
+A batch is planned in growing chunks (:mod:`.cuda_chunks`), so its first copies start
+before the rest is planned.
 
 Planning (:func:`plan_staging`) and the choice (:func:`stage`) are numpy and plain numbers,
 tested without a GPU; :class:`StagingRing` needs torch with CUDA.

@@ -55,11 +55,11 @@ def test_chunks_cover_every_descriptor_once_in_order_and_grow(sizes: list[int], 
     assert bounds[0][0] == 0 and bounds[-1][1] == len(length)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     assert all(lo < hi for lo, hi in bounds) or len(length) == 0
-    # Every chunk but the last reaches its share: first, 2 * first, 4 * first, ...
+    # Every chunk but the last reaches its share: first, first, 2 * first, 4 * first, ...
     ends = np.cumsum(length) if len(length) else np.zeros(0, dtype=np.int64)
     target = 0
     for k, (_, hi) in enumerate(bounds[:-1]):
-        target += first << k
+        target += first << max(k - 1, 0)
         assert int(ends[hi - 1]) >= target
     assert chunk_bounds(length, None) == [(0, len(length))]
 
