@@ -42,7 +42,7 @@ from kvcr_policy.plugin_api import (
 )
 
 from .layout import PageLayout, kvcr_pool_name
-from .options import KvcrOptions
+from .options import KvcrOptions, resolved_staging
 from .policy import POLICIES
 from .pool import KvcrPool, kept
 from .process import ProcessReport, apply_process_defaults, free_port, port_free
@@ -79,6 +79,16 @@ class KvcrBackend:
             )
             raise mismatch("eviction.strategy", self.loaded.origin("eviction.strategy"), message)
         self.process: ProcessReport = apply_process_defaults(options, self.loaded.origins)
+        # The default follows the coalescing control: the default profile stores one element
+        # per fragment as upstream does, a profile that coalesces stages small fragments.
+        coalescing = strategy_name(self.config, "coalescing")
+        self.staging = resolved_staging(options, coalescing)
+        self.staging_source = self._origin("staging")
+        if options.staging == "with_coalescing":
+            self.staging_source += (
+                f": with_coalescing -> {self.staging} (coalescing.strategy = {coalescing!r}, "
+                f"from {self.loaded.origin('coalescing.strategy')})"
+            )
         self._pools: dict[str, KvcrPool] = {}
         self._ports: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()
@@ -154,7 +164,7 @@ class KvcrBackend:
             raise PoolError(message)
         agent_name = f"kvcr-policy-{os.getpid()}-{kvcr_pool_name(spec.name)}-{uuid.uuid4().hex[:8]}"
         o = self.options
-        staging = stages_pages(o.staging, geometry, int(o.staging_below_bytes))
+        staging = stages_pages(self.staging, geometry, int(o.staging_below_bytes))
         layout = PageLayout(kvcr_pool_name(spec.name), agent_name, geometry, staged=staging)
         g3 = self._g3(spec.name, layout)
         area = None
@@ -264,8 +274,8 @@ class KvcrBackend:
                 },
             },
             "staging": {
-                "value": self.options.staging,
-                "source": self._origin("staging"),
+                "value": self.staging,
+                "source": self.staging_source,
                 "pools": {
                     name: pool.staging.describe()
                     for name, pool in self._pools.items()
