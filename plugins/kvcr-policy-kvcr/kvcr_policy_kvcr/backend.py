@@ -79,9 +79,7 @@ class KvcrBackend:
             )
             raise mismatch("eviction.strategy", self.loaded.origin("eviction.strategy"), message)
         self.process: ProcessReport = apply_process_defaults(options, self.loaded.origins)
-        # The default follows the coalescing control: the default profile stores one element
-        # per fragment as upstream does, a profile that coalesces stages small fragments.
-        coalescing = strategy_name(self.config, "coalescing")
+        coalescing = strategy_name(self.config, "coalescing")  # what with_coalescing follows
         self.staging = resolved_staging(options, coalescing)
         self.staging_source = self._origin("staging")
         if options.staging == "with_coalescing":
@@ -105,20 +103,17 @@ class KvcrBackend:
         if port is None:
             return free_port(), "chosen free (backend.options.listen_port unset)"
         taken = [pool for pool, (p, _) in self._ports.items() if p == port]
-        if not taken and not port_free(port):
-            message = (
-                f"pool {name!r}: backend.options.listen_port = {port} (from "
-                f"{self.loaded.origins.get('backend.options.listen_port', 'default')}) is in use "
-                "on this host (NIXL's listener binds every interface); choose a free port, or "
-                "unset listen_port to choose one per pool"
+        if taken or not port_free(port):
+            problem = (
+                f"already serves pool {taken[0]!r}, and each pool's KVCR runner needs its own "
+                "listener; unset listen_port to choose a free port per pool"
+                if taken
+                else "is in use on this host (NIXL's listener binds every interface); choose a "
+                "free port, or unset listen_port to choose one per pool"
             )
-            raise PoolError(message)
-        if taken:
             message = (
                 f"pool {name!r}: backend.options.listen_port = {port} (from "
-                f"{self.loaded.origins.get('backend.options.listen_port', 'default')}) already "
-                f"serves pool {taken[0]!r}, and each pool's KVCR runner needs its own listener; "
-                "unset listen_port to choose a free port per pool"
+                f"{self.loaded.origins.get('backend.options.listen_port', 'default')}) {problem}"
             )
             raise PoolError(message)
         return port, self._origin("listen_port")
