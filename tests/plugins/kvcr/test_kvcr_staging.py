@@ -4,8 +4,10 @@ Staged pages are one KVCR element each: a page stored through the staging area r
 byte-exact for any layout of many fragments and any page list, through a staging area smaller
 than a batch (so a batch moves in parts and reuses slots). The element layout differs from the
 unstaged form, so staged blocks are keyed apart: a reader of the other form on the same KVCR
-misses them and leaves the pool untouched. The area is bounded and reported; one smaller than
-a page is refused with the option to change. No speed is asserted (``kvcr-policy bench``).
+misses them and leaves the pool untouched, which is what switching between the bundled profiles
+does (the default ``with_coalescing`` stages under throughput, not under default; explicit
+options win). The area is bounded and reported; one smaller than a page is refused with the
+option to change. No speed is asserted (``kvcr-policy bench``).
 """
 
 from __future__ import annotations
