@@ -85,3 +85,7 @@ def test_the_command_runs_the_kvcr_backend(
     assert code in (None, 0)
     data = json.loads(capsys.readouterr().out)
     assert data["backend"] == "kvcr" and data["verified"] is True
+    # The plain command stages these small layer_first pages under throughput (P), and says so.
+    staging = data["transport"]["staging"]
+    assert staging["value"] == "auto" and list(staging["pools"]) == ["kv"]
+    assert "with_coalescing -> auto (coalescing.strategy = 'contiguous'" in staging["source"]

@@ -42,7 +42,7 @@ from kvcr_policy.plugin_api import (
 )
 
 from .layout import PageLayout, kvcr_pool_name
-from .options import KvcrOptions
+from .options import KvcrOptions, resolved_staging
 from .policy import POLICIES
 from .pool import KvcrPool, kept
 from .process import ProcessReport, apply_process_defaults, free_port, port_free
@@ -79,6 +79,14 @@ class KvcrBackend:
             )
             raise mismatch("eviction.strategy", self.loaded.origin("eviction.strategy"), message)
         self.process: ProcessReport = apply_process_defaults(options, self.loaded.origins)
+        coalescing = strategy_name(self.config, "coalescing")  # what with_coalescing follows
+        self.staging = resolved_staging(options, coalescing)
+        self.staging_source = self._origin("staging")
+        if options.staging == "with_coalescing":
+            self.staging_source += (
+                f": with_coalescing -> {self.staging} (coalescing.strategy = {coalescing!r}, "
+                f"from {self.loaded.origin('coalescing.strategy')})"
+            )
         self._pools: dict[str, KvcrPool] = {}
         self._ports: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()
@@ -95,20 +103,17 @@ class KvcrBackend:
         if port is None:
             return free_port(), "chosen free (backend.options.listen_port unset)"
         taken = [pool for pool, (p, _) in self._ports.items() if p == port]
-        if not taken and not port_free(port):
-            message = (
-                f"pool {name!r}: backend.options.listen_port = {port} (from "
-                f"{self.loaded.origins.get('backend.options.listen_port', 'default')}) is in use "
-                "on this host (NIXL's listener binds every interface); choose a free port, or "
-                "unset listen_port to choose one per pool"
+        if taken or not port_free(port):
+            problem = (
+                f"already serves pool {taken[0]!r}, and each pool's KVCR runner needs its own "
+                "listener; unset listen_port to choose a free port per pool"
+                if taken
+                else "is in use on this host (NIXL's listener binds every interface); choose a "
+                "free port, or unset listen_port to choose one per pool"
             )
-            raise PoolError(message)
-        if taken:
             message = (
                 f"pool {name!r}: backend.options.listen_port = {port} (from "
-                f"{self.loaded.origins.get('backend.options.listen_port', 'default')}) already "
-                f"serves pool {taken[0]!r}, and each pool's KVCR runner needs its own listener; "
-                "unset listen_port to choose a free port per pool"
+                f"{self.loaded.origins.get('backend.options.listen_port', 'default')}) {problem}"
             )
             raise PoolError(message)
         return port, self._origin("listen_port")
@@ -154,7 +159,7 @@ class KvcrBackend:
             raise PoolError(message)
         agent_name = f"kvcr-policy-{os.getpid()}-{kvcr_pool_name(spec.name)}-{uuid.uuid4().hex[:8]}"
         o = self.options
-        staging = stages_pages(o.staging, geometry, int(o.staging_below_bytes))
+        staging = stages_pages(self.staging, geometry, int(o.staging_below_bytes))
         layout = PageLayout(kvcr_pool_name(spec.name), agent_name, geometry, staged=staging)
         g3 = self._g3(spec.name, layout)
         area = None
@@ -264,8 +269,8 @@ class KvcrBackend:
                 },
             },
             "staging": {
-                "value": self.options.staging,
-                "source": self._origin("staging"),
+                "value": self.staging,
+                "source": self.staging_source,
                 "pools": {
                     name: pool.staging.describe()
                     for name, pool in self._pools.items()

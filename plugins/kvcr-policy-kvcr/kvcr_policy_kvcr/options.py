@@ -17,7 +17,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, mo
 
 from kvcr_policy.plugin_api import Size
 
-__all__ = ["KvcrOptions", "tls_keeps_tcp"]
+__all__ = ["KvcrOptions", "resolved_staging", "tls_keeps_tcp"]
 
 
 def tls_keeps_tcp(value: str) -> bool:
@@ -94,15 +94,17 @@ class KvcrOptions(BaseModel):
         "POSIX", min_length=1, description="NIXL backend of the G3 file tier (POSIX on CPU)."
     )
 
-    staging: Literal["never", "auto", "always"] = Field(
-        "never",
+    staging: Literal["with_coalescing", "never", "auto", "always"] = Field(
+        "with_coalescing",
         description="Pages of many fragments (layer_first: one per layer and side) through a "
         "registered staging area: each page is gathered into one slot and stored as one KVCR "
         "element (restores: one element delivered into a slot and scattered into the pool), "
         "instead of one element per fragment. 'never' (upstream): one element per fragment; "
         "'auto': pages of more than one fragment, each smaller than staging_below_bytes; "
-        "'always': every page of more than one fragment. The form is fixed per pool when it "
-        "is attached (staged blocks are keyed apart: the other form never finds them).",
+        "'always': every page of more than one fragment; 'with_coalescing' (the default) is "
+        "'auto' when coalescing.strategy is not 'none', else 'never'. The form is fixed per "
+        "pool when it is attached (staged blocks are keyed apart: the other form never finds "
+        "them).",
     )
     staging_bytes: Size = Field(
         ByteSize(64 << 20),
@@ -112,10 +114,12 @@ class KvcrOptions(BaseModel):
         "least one page), taken and registered with KVCR once, when the pool is attached.",
     )
     staging_below_bytes: Size = Field(
-        ByteSize(1 << 20),
+        ByteSize(64 << 10),
         gt=0,
         le=1 << 40,
-        description="auto: stage pages whose fragments are smaller than this (at most 1TiB).",
+        description="auto: stage pages whose fragments are smaller than this (at most 1TiB); "
+        "the default stages the 16 KiB and 32 KiB fragments of small layer_first pages, where "
+        "one element per page pays, not the 64 KiB and larger ones, where it costs.",
     )
 
     @field_validator("ucx_tls")
@@ -152,3 +156,12 @@ class KvcrOptions(BaseModel):
             message = "g3_capacity_bytes_per_file is set but g3_paths is empty; name the files"
             raise ValueError(message)
         return self
+
+
+def resolved_staging(options: KvcrOptions, coalescing: str) -> str:
+    """The staging mode (``never``, ``auto`` or ``always``) a backend with ``options`` runs
+    under ``coalescing.strategy = coalescing``: ``with_coalescing`` is ``never`` (upstream: one
+    element per fragment) under ``none``, the default profile's, else ``auto``."""
+    if options.staging != "with_coalescing":
+        return options.staging
+    return "never" if coalescing == "none" else "auto"

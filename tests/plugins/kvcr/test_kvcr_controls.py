@@ -98,7 +98,8 @@ def test_coalescing_is_unsupported_and_on_unsupported_decides(
     with pytest.raises(UnsupportedError, match=r"which coalescing\.split_bytes 1048576 \(from"):
         kvcr_pipeline(coalescing__split_bytes="1MiB", coalescing__on_unsupported="error")
     with caplog.at_level(logging.WARNING, logger="kvcr_policy.pipeline"):
-        pipeline = kvcr_pipeline(profile="throughput")
+        # Unstaged (the profile alone stages these small fragments: one element per page).
+        pipeline = kvcr_pipeline(profile="throughput", backend__options__staging="never")
     assert "sending plain descriptors (coalescing.on_unsupported)" in caplog.text
     geo, buffer, keys = stored(pipeline, n=8)
     view = pages_of(buffer, geo)

@@ -4,8 +4,10 @@ Staged pages are one KVCR element each: a page stored through the staging area r
 byte-exact for any layout of many fragments and any page list, through a staging area smaller
 than a batch (so a batch moves in parts and reuses slots). The element layout differs from the
 unstaged form, so staged blocks are keyed apart: a reader of the other form on the same KVCR
-misses them and leaves the pool untouched. The area is bounded and reported; one smaller than
-a page is refused with the option to change. No speed is asserted (``kvcr-policy bench``).
+misses them and leaves the pool untouched, which is what switching between the bundled profiles
+does (the default ``with_coalescing`` stages under throughput, not under default; explicit
+options win). The area is bounded and reported; one smaller than a page is refused with the
+option to change. No speed is asserted (``kvcr-policy bench``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcr_policy.errors import PoolError
-from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.geometry import PoolGeometry, stages_pages
 from tests.plugins.kvcr.kvcr_helpers import kvcr_of, pool_tier, spy
 from tests.strategies import geometries
 from tests.support.pools import (
@@ -121,38 +123,91 @@ def test_a_page_is_one_element_and_a_batch_moves_in_parts(kvcr_pipeline: Any) ->
     assert stats.transport["staging"]["value"] == "always"
 
 
-def test_the_other_form_misses_staged_pages_and_writes_nothing(kvcr_pipeline: Any) -> None:
-    """The same KVCR asked with plain block keys (a reader of the other form) misses."""
-    from kvcr_policy_kvcr.keys import KeySpace
-
+@pytest.mark.parametrize(
+    ("writer", "reader"), [("throughput", "default"), ("default", "throughput")]
+)
+def test_a_tier_written_under_one_profile_misses_under_the_other(
+    kvcr_pipeline: Any, writer: str, reader: str
+) -> None:
+    """Switching between the bundled profiles switches the form of a pool of small
+    ``layer_first`` fragments (staged under throughput, not under default): the writer's KVCR,
+    asked with the reader's block keys (the reader pool's own key space), misses every page and
+    leaves the pool untouched, in both directions."""
     geometry = PoolGeometry("kv", "layer_first", 4, 2, 8, "float16", 4, 64)
-    pipeline = kvcr_pipeline(**STAGED)
+    written, read = kvcr_pipeline(profile=writer), kvcr_pipeline(profile=reader)
     buffer = pool_buffer(geometry)
-    pipeline.register_pool("kv", geometry, buffer)
+    written.register_pool("kv", geometry, buffer)
+    read.register_pool("kv", geometry, pool_buffer(geometry))
+    tier, other = pool_tier(written), pool_tier(read)
+    assert (tier.staging is None) == (writer == "default") != (other.staging is None)
     keys = fresh_keys(6)
-    assert pipeline.set(keys, token_indices(range(6), 4)) == [True] * 6
-    tier = pool_tier(pipeline)
-    staged_keys, tier.keys = tier.keys, KeySpace()
+    assert written.set(keys, token_indices(range(6), 4)) == [True] * 6
     raw = raw_bytes(buffer)
     before = raw.copy()
+    own, tier.keys = tier.keys, other.keys
     try:
-        assert pipeline.exists(keys) == 0
-        assert pipeline.get(keys, token_indices(range(10, 16), 4)) == [False] * 6
+        assert written.exists(keys) == 0
+        assert written.get(keys, token_indices(range(10, 16), 4)) == [False] * 6
         assert np.array_equal(raw, before)
     finally:
-        tier.keys = staged_keys
-    assert pipeline.exists(keys) == 6
+        tier.keys = own
+    assert written.exists(keys) == 6
 
 
-def test_unstaged_by_default_and_for_pages_of_one_fragment(kvcr_pipeline: Any) -> None:
-    plain = kvcr_pipeline()
-    geometry = PoolGeometry("kv", "layer_first", 4, 2, 8, "float16", 4, 64)
-    plain.register_pool("kv", geometry, pool_buffer(geometry))
-    assert plain.stats().pools["kv"]["staging"] is None
-    one = PoolGeometry("kv", "page_first", 4, 1, 8, "float16", 4, 64, mla=True)
-    staged = kvcr_pipeline(backend__options__staging="always")
-    staged.register_pool("kv", one, pool_buffer(one))
-    assert staged.stats().pools["kv"]["staging"] is None
+@pytest.mark.parametrize(
+    ("profile", "option", "mode", "staged"),
+    [
+        ("default", None, "never", False),  # upstream: one element per fragment
+        ("throughput", None, "auto", True),  # the profile coalesces: small fragments stage
+        ("throughput", "never", "never", False),  # an explicit option wins, both ways
+        ("default", "always", "always", True),
+        ("default", "auto", "auto", True),
+    ],
+)
+def test_staging_follows_the_coalescing_control_unless_set(
+    kvcr_pipeline: Any, profile: str, option: str | None, mode: str, staged: bool
+) -> None:
+    """``with_coalescing`` (the default) resolves from ``coalescing.strategy``, and the stats
+    say how; a page of one fragment never stages, whatever the mode."""
+    overrides = {} if option is None else {"backend__options__staging": option}
+    pipeline = kvcr_pipeline(profile=profile, **overrides)
+    many = PoolGeometry("kv", "layer_first", 4, 2, 8, "float16", 4, 64)
+    one = PoolGeometry("one", "page_first", 4, 1, 8, "float16", 4, 64, mla=True)
+    for geometry in (many, one):
+        pipeline.register_pool(geometry.name, geometry, pool_buffer(geometry))
+    stats = pipeline.stats()
+    assert (stats.pools["kv"]["staging"] is not None) == staged
+    assert stats.pools["one"]["staging"] is None
+    report = stats.transport["staging"]
+    assert report["value"] == mode
+    assert sorted(report["pools"]) == (["kv"] if staged else [])
+    if option is None:
+        strategy = "none" if profile == "default" else "contiguous"
+        expected = f"(from default): with_coalescing -> {mode} (coalescing.strategy = '{strategy}'"
+        assert expected in report["source"]
+    else:
+        assert report["source"] == "backend.options.staging (from override)"
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=50)
+@given(
+    staging=st.sampled_from(["with_coalescing", "never", "auto", "always"]),
+    coalescing=st.just("none") | st.text(min_size=1),  # any other strategy coalesces
+    geometry=geometries(max_pages=4),
+)
+def test_the_resolved_mode_is_the_option_or_follows_coalescing(
+    staging: str, coalescing: str, geometry: PoolGeometry
+) -> None:
+    from kvcr_policy_kvcr.options import KvcrOptions, resolved_staging
+
+    options = KvcrOptions(staging=staging)  # type: ignore[arg-type]
+    mode = resolved_staging(options, coalescing)
+    if staging != "with_coalescing":
+        assert mode == staging
+    else:
+        assert mode == ("never" if coalescing == "none" else "auto")
+    if geometry.fragments_per_page == 1 or mode == "never":
+        assert not stages_pages(mode, geometry, int(options.staging_below_bytes))
 
 
 def test_a_staging_area_smaller_than_a_page_is_refused(kvcr_pipeline: Any) -> None:
