@@ -288,6 +288,9 @@ class CudaTransport(Transport):
             "staging_device_bytes": {
                 f"cuda:{i}": r.nbytes for i, r in sorted(self._copy.rings.items())
             },
+            "staging_warm_s": {
+                f"cuda:{i}": round(s, 6) for i, s in sorted(self._copy.warmed.items())
+            },
             "devices": [f"cuda:{i}" for i in sorted(self._streams)],
             "paths": paths,
             "registrations": list(self._history),

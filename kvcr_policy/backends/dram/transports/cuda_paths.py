@@ -51,6 +51,7 @@ class CopyPaths:
         self._count = count
         self.rings: dict[int, StagingRing] = {}
         self.aux: dict[int, Any] = {}
+        self.warmed: dict[int, float] = {}  # seconds each ring's warm-up took
         self._aux_behind: set[int] = set()  # devices whose aux stream holds unwaited scatters
 
     def path(self, d: Any) -> str:
@@ -64,14 +65,17 @@ class CopyPaths:
         return "gather" if small and len(d) >= self.options.gather_min_descriptors else "copies"
 
     def ring(self, device: int) -> tuple[StagingRing, Any]:
-        """The staging ring of ``device`` and its scatter stream, made on first need."""
+        """The staging ring of ``device`` and its scatter stream, made (and warmed:
+        :meth:`.StagingRing.warm`) on first need."""
         ring = self.rings.get(device)
         if ring is None:
             options = self.options
-            ring = self.rings[device] = StagingRing(
+            ring = StagingRing(
                 self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers
             )
-            self.aux[device] = self._torch.cuda.Stream(device=device)
+            aux = self._torch.cuda.Stream(device=device)
+            self.warmed[device] = ring.warm(aux)
+            self.rings[device], self.aux[device] = ring, aux
         return ring, self.aux[device]
 
     def direct(

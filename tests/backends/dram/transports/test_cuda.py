@@ -268,6 +268,10 @@ def test_staged_offload_and_restore_of_scattered_slots_are_byte_exact(
     assert described["staging_device_bytes"] == (
         {"cuda:0": 3 * (page * 3 // 2)} if mode != "never" else {}
     )
+    # ... and warmed then too: its kernels loaded before the first copy of a pool.
+    warmed = described["staging_warm_s"]
+    assert set(warmed) == ({"cuda:0"} if mode != "never" else set())
+    assert all(seconds > 0 for seconds in warmed.values())
 
 
 @pytest.mark.cuda
