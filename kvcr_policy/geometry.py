@@ -439,7 +439,12 @@ def _well_formed(rows: Int64Array, firsts: Int64Array, tokens: int) -> bool:
         return True
     if np.any(firsts % size) or int(firsts.min()) < 0 or int(firsts.max()) > tokens - size:
         return False
-    return size == 1 or bool(np.all(rows[:, 1:] - rows[:, :-1] == 1))
+    if size == 1:
+        return True
+    flat = rows.reshape(-1)
+    steps = flat[1:] - flat[:-1] == 1  # contiguous passes: twice as fast as by rows
+    steps[size - 1 :: size] = True  # from one page's last token to the next page's first
+    return bool(steps.all())
 
 
 def _explain_indices(geometry: PoolGeometry, flat: Int64Array) -> None:
