@@ -78,6 +78,7 @@ from .strategies import (
     PlacementStrategy,
     ThreadTuningStrategy,
     Window,
+    follow_coalescing,
 )
 from .tunable import tunable
 from .values import Size
@@ -158,6 +159,7 @@ __all__ = [
     "build_descriptors",
     "check_device",
     "coalesce",
+    "follow_coalescing",
     "fragment_offsets",
     "fragment_planes",
     "hookimpl",

@@ -28,7 +28,18 @@ __all__ = [
     "PlacementStrategy",
     "ThreadTuningStrategy",
     "Window",
+    "follow_coalescing",
 ]
+
+
+def follow_coalescing(mode: str, coalescing: str) -> str:
+    """A control's ``mode`` with its ``with_coalescing`` default resolved against
+    ``coalescing.strategy = coalescing``: ``never`` under ``none`` (the default profile's:
+    upstream behaviour), ``auto`` under any strategy that coalesces; other modes as given.
+    The cuda transport's gather and staging and a backend plugin's staging follow this rule."""
+    if mode != "with_coalescing":
+        return mode
+    return "never" if coalescing == "none" else "auto"
 
 
 @dataclass(frozen=True, slots=True)

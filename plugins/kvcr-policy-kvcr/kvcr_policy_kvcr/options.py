@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
-from kvcr_policy.plugin_api import Size
+from kvcr_policy.plugin_api import Size, follow_coalescing
 
 __all__ = ["KvcrOptions", "resolved_staging", "tls_keeps_tcp"]
 
@@ -161,7 +161,6 @@ class KvcrOptions(BaseModel):
 def resolved_staging(options: KvcrOptions, coalescing: str) -> str:
     """The staging mode (``never``, ``auto`` or ``always``) a backend with ``options`` runs
     under ``coalescing.strategy = coalescing``: ``with_coalescing`` is ``never`` (upstream: one
-    element per fragment) under ``none``, the default profile's, else ``auto``."""
-    if options.staging != "with_coalescing":
-        return options.staging
-    return "never" if coalescing == "none" else "auto"
+    element per fragment) under ``none``, the default profile's, else ``auto`` (the core's
+    rule, :func:`kvcr_policy.plugin_api.follow_coalescing`)."""
+    return follow_coalescing(options.staging, coalescing)

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
+from kvcr_policy.strategies import follow_coalescing
 from kvcr_policy.tunable import tunable
 from kvcr_policy.values import Size
 
@@ -106,11 +107,8 @@ def resolved_modes(options: CudaOptions, coalescing: str) -> tuple[str, str, boo
     """``(gather, staging, whole_slots)`` as a transport with ``options`` runs them under
     ``coalescing.strategy = coalescing``: each ``with_*`` default resolved (no torch needed,
     so ``kvcr-policy plan`` predicts the tier layout a run will use)."""
-    gather, staging = options.gather, options.staging
-    if gather == "with_coalescing":
-        gather = "never" if coalescing == "none" else "auto"
-    if staging == "with_coalescing":
-        staging = "never" if coalescing == "none" else "auto"
+    gather = follow_coalescing(options.gather, coalescing)
+    staging = follow_coalescing(options.staging, coalescing)
     slots = options.tier_slots
     if slots == "with_staging":
         slots = "mirror" if staging == "never" else "whole"

@@ -29,12 +29,14 @@ from kvcr_policy.backends.dram.transports.cuda import (
     require_cuda,
 )
 from kvcr_policy.backends.dram.transports.cuda_gather import choose_kernel, plan_rows
+from kvcr_policy.backends.dram.transports.cuda_options import resolved_modes
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, PoolError, TransportError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
+from kvcr_policy.strategies import follow_coalescing
 from tests.strategies import descriptors
 from tests.support import pools
 from tests.support.pools import keys_of, token_indices
@@ -62,6 +64,18 @@ def test_options_model_needs_no_cuda() -> None:
         CudaOptions(gather="sometimes")
     with pytest.raises(ValidationError, match="extra"):
         CudaOptions(stream_count=2)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("coalescing", ["none", "contiguous"])
+def test_with_coalescing_defaults_follow_the_coalescing_control(coalescing: str) -> None:
+    """The defaults resolve by the core's one rule: upstream's modes under the default
+    profile's ``none``, ``auto`` (and whole tier slots) under a strategy that coalesces."""
+    follows = "never" if coalescing == "none" else "auto"
+    assert follow_coalescing("with_coalescing", coalescing) == follows
+    assert follow_coalescing("always", coalescing) == "always"
+    assert resolved_modes(CudaOptions(), coalescing) == (follows, follows, follows == "auto")
+    explicit = CudaOptions(gather="never", staging="always", tier_slots="mirror")
+    assert resolved_modes(explicit, coalescing) == ("never", "always", False)
 
 
 def test_cuda_is_a_registered_transport_with_its_options() -> None:
