@@ -20,7 +20,7 @@ Each descriptor also carries:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +35,6 @@ __all__ = [
     "slot_descriptors",
     "split",
     "split_pieces",
-    "whole_slots",
 ]
 
 Int64Array = npt.NDArray[np.int64]
@@ -201,10 +200,19 @@ def slot_descriptors(
     *,
     read: bool,
 ) -> Descriptors:
-    """``whole_slots(build_descriptors(...), tier, slots, src=read)`` built page-major directly:
-    page ``pages[i]`` of ``pool`` and slot ``slots[i]`` of a whole-slot ``tier``, tier to pool
-    when ``read``, else pool to tier. The same descriptors in the same order, without planning
-    the mirrored tier side first and transposing (this runs before each batch's first copy)."""
+    """One descriptor per fragment copying page ``pages[i]`` of ``pool`` and slot ``slots[i]``
+    of ``tier``, tier to pool when ``read``, else pool to tier, where the tier keeps each slot
+    whole: fragment ``f`` of slot ``s`` at ``s * page_bytes + f * fragment_bytes`` (not
+    mirroring the pool's planes as :func:`build_descriptors` does; the tier holds as many
+    bytes either way). Checked as :func:`build_descriptors` checks; fragment ``f`` gets bound
+    ``f``.
+
+    Descriptors come page-major (every fragment of page 0, then of page 1, ...), so each slot
+    is one run of adjacent descriptors, contiguous on the tier side, and slots stored together
+    one longer run: a transport finds the runs without sorting. (Fragment-major order puts no
+    two descriptors of a slot next to each other; coalescing merges none in either order.)
+    Built directly in that order: this runs before each batch's first copy.
+    """
     if read:
         slot_array, page_array = _paired_pages(tier, slots, pool, pages)
     else:
@@ -293,48 +301,3 @@ def split_pieces(d: Descriptors) -> int:
         & (d.page_end[1:] == d.page_end[:-1])
     )
     return int(np.count_nonzero(follows))
-
-
-def whole_slots(
-    d: Descriptors, geometry: PoolGeometry, slots: npt.ArrayLike, *, src: bool
-) -> Descriptors:
-    """``d`` (from :func:`build_descriptors`, bound base 0) with its tier side (``src`` or
-    dst) laid out slot by slot: fragment ``f`` of slot ``s`` at
-    ``s * page_bytes + f * fragment_bytes``, each slot whole and contiguous, where
-    :func:`build_descriptors` mirrors the pool's planes. ``slots[i]`` is the slot of the
-    request's ``i``-th page; the tier holds as many bytes either way.
-
-    Descriptors come page-major (every fragment of page 0, then of page 1, ...), so each slot
-    is one run of adjacent descriptors, contiguous on the tier side, and slots stored together
-    one longer run: a transport finds the runs without sorting. (Fragment-major order puts no
-    two descriptors of a slot next to each other; coalescing merges none in either order.)
-    """
-    slot_array = np.asarray(slots, dtype=np.int64)
-    pages, planes = len(slot_array), geometry.fragments_per_page
-    if pages and len(d) == pages * planes:
-        return _page_major(d, geometry, slot_array, src=src)
-    tier = slot_array[d.page] * geometry.page_bytes + d.bound * geometry.fragment_bytes
-    if src:
-        return replace(d, src=tier)
-    return replace(d, dst=tier)
-
-
-def _page_major(
-    d: Descriptors, geometry: PoolGeometry, slots: Int64Array, *, src: bool
-) -> Descriptors:
-    """:func:`whole_slots` for :func:`build_descriptors`' fragment-major order, transposed:
-    the pool side by one strided copy, everything else built page-major directly."""
-    pages, planes = len(slots), geometry.fragments_per_page
-    kept = d.dst if src else d.src
-    pool = np.ascontiguousarray(kept.reshape(planes, pages).T).reshape(-1)
-    within = np.arange(planes, dtype=np.int64)
-    tier = (slots[:, None] * geometry.page_bytes + within * geometry.fragment_bytes).reshape(-1)
-    page = np.repeat(np.arange(pages, dtype=np.int64), planes)
-    return Descriptors(
-        src=tier if src else pool,
-        dst=pool if src else tier,
-        length=np.ascontiguousarray(d.length.reshape(planes, pages).T).reshape(-1),
-        bound=np.tile(within + int(d.bound[0]), pages) if len(d) else within,
-        page=page,
-        page_end=page + 1,
-    )

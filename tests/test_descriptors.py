@@ -15,7 +15,6 @@ from kvcr_policy.descriptors import (
     coalesce,
     slot_descriptors,
     split,
-    whole_slots,
 )
 from kvcr_policy.errors import IndicesError, PoolError
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, Layout, PoolGeometry
@@ -265,21 +264,21 @@ def test_coalesce_example() -> None:
 
 
 @given(page_transfers(), st.booleans())
-def test_whole_slots_move_the_same_pool_bytes_into_each_slot_whole(
+def test_slot_descriptors_move_the_same_pool_bytes_into_each_slot_whole(
     t: PageTransfer, read: bool
 ) -> None:
-    """Pool -> tier (or tier -> pool when ``read``): the pool side is untouched, and the tier
-    side covers exactly slot ``s``'s ``page_bytes`` for every page, fragment by fragment in
-    fragment order, so each slot is one contiguous page of the tier."""
+    """Pool -> tier (or tier -> pool when ``read``): the pool side is the one
+    :func:`build_descriptors` plans, and the tier side covers exactly slot ``s``'s
+    ``page_bytes`` for every page, fragment by fragment in fragment order, so each slot is one
+    contiguous page of the tier."""
     pool, slots = (t.src, np.asarray(t.dst_pages, dtype=np.int64))
     pages = np.asarray(t.src_pages, dtype=np.int64)
+    d = slot_descriptors(pool, pages, t.dst, slots, read=read)
     if read:
         plain = build_descriptors(t.dst, slots, pool, pages)
-        d = whole_slots(plain, t.dst, slots, src=True)
         pool_side, tier_side, kept = d.dst, d.src, plain.dst
     else:
         plain = build_descriptors(pool, pages, t.dst, slots)
-        d = whole_slots(plain, t.dst, slots, src=False)
         pool_side, tier_side, kept = d.src, d.dst, plain.src
 
     # The same fragments (page, fragment, pool offset, length), now page-major: each slot's
@@ -290,6 +289,9 @@ def test_whole_slots_move_the_same_pool_bytes_into_each_slot_whole(
 
     assert fragments(d, pool_side) == fragments(plain, kept)
     assert np.all(np.diff(d.page) >= 0)
+    planes = pool.fragments_per_page
+    assert d.bound.tolist() == list(range(planes)) * len(pages)  # in fragment order
+    assert np.array_equal(d.page_end, d.page + 1)
     page_bytes = t.dst.page_bytes
     assert np.all(tier_side + d.length <= t.dst.nbytes)
     for i, slot in enumerate(slots):
@@ -298,24 +300,6 @@ def test_whole_slots_move_the_same_pool_bytes_into_each_slot_whole(
         assert np.array_equal(mine, starts)  # the slot tiled whole, in order
     # Fragment f of each page keeps its place in the page: f * fragment_bytes into the slot.
     assert np.array_equal(tier_side - slots[d.page] * page_bytes, d.bound * t.dst.fragment_bytes)
-
-
-@given(page_transfers(), st.booleans())
-def test_slot_descriptors_are_whole_slots_of_the_built_descriptors(
-    t: PageTransfer, read: bool
-) -> None:
-    """The direct page-major build equals building fragment-major then laying the tier side
-    out slot by slot, array for array, in both directions."""
-    pool, tier = t.src, t.dst
-    pages = np.asarray(t.src_pages, dtype=np.int64)
-    slots = np.asarray(t.dst_pages, dtype=np.int64)
-    if read:
-        expected = whole_slots(build_descriptors(tier, slots, pool, pages), tier, slots, src=True)
-    else:
-        expected = whole_slots(build_descriptors(pool, pages, tier, slots), tier, slots, src=False)
-    got = slot_descriptors(pool, pages, tier, slots, read=read)
-    for name in ("src", "dst", "length", "bound", "page", "page_end"):
-        assert getattr(got, name).tolist() == getattr(expected, name).tolist(), name
 
 
 def test_slot_descriptors_refuse_as_build_descriptors_does() -> None:

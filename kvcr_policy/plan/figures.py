@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.dram.transports.cuda_options import CudaOptions, resolved_modes
-from ..descriptors import build_descriptors, split_pieces, whole_slots
+from ..descriptors import build_descriptors, slot_descriptors, split_pieces
 from ..errors import ArgumentError
 from ..geometry import PRESETS, PoolGeometry
 from ..loading import LoadedConfig
@@ -264,9 +264,10 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
     whole = _whole_slots(config)
     for size, times in counts.sizes.items():
         order = np.arange(size)
-        shaped_in = build_descriptors(full, order, full, order)
         if whole:  # the tier side slot by slot, as the run lays it out
-            shaped_in = whole_slots(shaped_in, full, order, src=True)
+            shaped_in = slot_descriptors(full, order, full, order, read=True)
+        else:
+            shaped_in = build_descriptors(full, order, full, order)
         shaped = coalescing.prepare(shaped_in, allowed)
         plain += times * len(shaped_in)
         sent += times * len(shaped)
