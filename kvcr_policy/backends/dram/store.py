@@ -363,8 +363,11 @@ class Store:
         """Slot of every key (int64), -1 where the key is not published."""
         with self._lock:
             self._check_open("lookup")
-            values = map(self._index.get, keys, itertools.repeat(-1))
-            return np.fromiter(values, dtype=np.int64, count=len(keys))
+            return self._slots_of(keys)
+
+    def _slots_of(self, keys: Sequence[str]) -> np.ndarray:
+        values = map(self._index.get, keys, itertools.repeat(-1))
+        return np.fromiter(values, dtype=np.int64, count=len(keys))
 
     @_changes
     def claim(self, keys: Sequence[str]) -> Claim:
@@ -375,12 +378,13 @@ class Store:
         """
         with self._lock:
             self._check_open("claim")
-            index = self._index
             # C iterators and array operations, not a loop per key: this runs under the
             # lock before a read's first copy can start.
-            run = list(itertools.takewhile(index.__contains__, keys))
-            slots = list(map(index.__getitem__, run))
-            slots_array = np.array(slots, dtype=np.int64)
+            found = self._slots_of(keys)
+            absent = np.flatnonzero(found < 0)
+            slots_array = found[: absent[0]] if len(absent) else found
+            run = keys[: len(slots_array)]
+            slots = slots_array.tolist()
             self._claims.add(slots_array)
             touch_many = getattr(self._policy, "touch_many", None)
             if touch_many is not None:

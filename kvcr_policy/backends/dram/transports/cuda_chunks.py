@@ -72,13 +72,17 @@ def chunk_bounds(length: Int64Array, first_bytes: int | None) -> list[tuple[int,
     n = len(length)
     if first_bytes is None or n == 0:
         return [(0, n)]
-    ends = np.cumsum(length)
-    total = int(ends[-1])
+    size = int(length[0])
+    uniform = size > 0 and not np.any(length != size)  # a pool's fragments: no prefix sums
+    ends = None if uniform else np.cumsum(length)
+    total = size * n if ends is None else int(ends[-1])
     cuts, step, target = [], first_bytes, first_bytes
     while target < total:
         cuts.append(target)
         target += step
         step *= 2
-    stops = np.searchsorted(ends, np.asarray(cuts, dtype=np.int64), side="left") + 1
-    edges = [0, *sorted({int(x) for x in stops if 0 < x < n}), n]
+    wanted = np.asarray(cuts, dtype=np.int64)
+    # The descriptor that reaches each cut: ceil(cut / size) when they are all one size.
+    reach = -(-wanted // size) if ends is None else np.searchsorted(ends, wanted, side="left") + 1
+    edges = [0, *sorted({int(x) for x in reach if 0 < x < n}), n]
     return list(itertools.pairwise(edges))

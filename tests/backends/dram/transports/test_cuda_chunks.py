@@ -48,7 +48,14 @@ def test_overlapping_agrees_with_a_byte_by_byte_check(
     assert overlapping(aligned, equal) == naive_overlap(aligned, equal)
 
 
-@given(st.lists(st.integers(0, 1 << 20), max_size=40), st.integers(1, 1 << 21))
+@given(
+    st.one_of(
+        st.lists(st.integers(0, 1 << 20), max_size=40),
+        # A pool's fragments: one length (chunked without prefix sums).
+        st.builds(lambda n, size: [size] * n, st.integers(0, 40), st.integers(0, 1 << 20)),
+    ),
+    st.integers(1, 1 << 21),
+)
 def test_chunks_cover_every_descriptor_once_in_order_and_grow(sizes: list[int], first: int) -> None:
     length = np.asarray(sizes, dtype=np.int64)
     bounds = chunk_bounds(length, first)
@@ -62,6 +69,20 @@ def test_chunks_cover_every_descriptor_once_in_order_and_grow(sizes: list[int], 
         target += first << max(k - 1, 0)
         assert int(ends[hi - 1]) >= target
     assert chunk_bounds(length, None) == [(0, len(length))]
+    assert bounds == naive_bounds(sizes, first)
+
+
+def naive_bounds(sizes: list[int], first: int) -> list[tuple[int, int]]:
+    """Chunks cut after the first descriptor that reaches each of first, 2 first, 4 first,
+    8 first, ... bytes, found one descriptor at a time."""
+    edges, total, target, step = [0], 0, first, first
+    for i, size in enumerate(sizes[:-1]):
+        total += size
+        if total >= target:
+            edges.append(i + 1)
+            while target <= total:
+                target, step = target + step, step * 2
+    return list(itertools.pairwise([*edges, len(sizes)])) if sizes else [(0, 0)]
 
 
 def test_host_runs_need_no_sort_when_slots_come_page_major() -> None:
