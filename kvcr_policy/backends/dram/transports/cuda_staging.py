@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .cuda_chunks import any_remainder, repeats
+
 __all__ = ["StagingPlan", "StagingRing", "host_spans", "plan_staging", "stage"]
 
 Int64Array = npt.NDArray[np.int64]
@@ -139,7 +141,7 @@ def plan_staging(
         return None  # sorted by start, an overlap shows between neighbours
     size = int(n[0])
     # One length that divides every device offset (a pool's fragments): that is the gcd.
-    uniform = size > 0 and not np.any(n != size) and not _any_remainder(g, size)
+    uniform = size > 0 and not np.any(n != size) and not any_remainder(g, size)
     unit = size if uniform else int(np.gcd(np.gcd.reduce(g), np.gcd.reduce(n)))
     if unit > buffer_bytes:
         unit = int(np.gcd(unit, buffer_bytes))
@@ -156,7 +158,7 @@ def plan_staging(
         rows = np.repeat(g // unit, counts) + (np.arange(total, dtype=np.int64) - first)
         linear = np.cumsum(n) - n
     # Device ranges overlap where two staging rows share a device row.
-    if write == "device" and not checked and _repeats(rows):
+    if write == "device" and not checked and repeats(rows):
         return None
     # Host runs: consecutive descriptors (in host order) that continue each other.
     starts = np.flatnonzero(np.concatenate(([True], ~joined)))
@@ -178,30 +180,6 @@ def plan_staging(
     buffers = int(fill[-1]) + 1
     fills = np.searchsorted(fill, np.arange(buffers + 1), side="left").astype(np.int64)
     return StagingPlan(unit, capacity, rows, pieces, fills, len(starts))
-
-
-def _any_remainder(values: Int64Array, divisor: int) -> bool:
-    """Whether some value is not a multiple of ``divisor`` (a mask for a power of two:
-    several times faster than ``%``)."""
-    if divisor & (divisor - 1) == 0:
-        return bool(np.any(values & (divisor - 1)))
-    return bool(np.any(values % divisor))
-
-
-#: Rows are checked for repeats with a bitmap while it takes at most this many bytes per row.
-_BITMAP_PER_ROW = 64
-
-
-def _repeats(rows: Int64Array) -> bool:
-    """Whether some row appears twice: a bitmap over the rows' range when it is at most
-    :data:`_BITMAP_PER_ROW` times their count (a pool's fragments), else a sort."""
-    low, high = int(rows.min()), int(rows.max())
-    if high - low < _BITMAP_PER_ROW * len(rows):
-        seen = np.zeros(high - low + 1, dtype=bool)
-        seen[rows - low] = True
-        return int(np.count_nonzero(seen)) != len(rows)
-    ordered = np.sort(rows)
-    return bool(np.any(ordered[1:] == ordered[:-1]))
 
 
 def _itemsize(unit: int, address: int) -> int:

@@ -15,7 +15,13 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.backends.dram.transports.cuda_chunks import chunk_bounds, host_runs, overlapping
+from kvcr_policy.backends.dram.transports.cuda_chunks import (
+    any_remainder,
+    chunk_bounds,
+    host_runs,
+    overlapping,
+    repeats,
+)
 from kvcr_policy.backends.dram.transports.cuda_staging import host_spans, plan_staging
 from tests.backends.dram.transports.test_cuda_staging import naive, replay_restore, replay_store
 from tests.strategies import scattered_slots
@@ -46,6 +52,17 @@ def test_overlapping_agrees_with_a_byte_by_byte_check(
     equal = np.full(len(offsets), 4 * scale, dtype=np.int64)  # the bitmap's shape
     aligned = offsets - offsets % (4 * scale)
     assert overlapping(aligned, equal) == naive_overlap(aligned, equal)
+
+
+@given(st.lists(st.integers(-(1 << 40), 1 << 40), max_size=30), st.integers(1, 1 << 12))
+def test_repeats_and_remainders_agree_with_plain_python(values: list[int], scale: int) -> None:
+    """Values near each other take the bitmap, values far apart the sort."""
+    for spread in (values, [v % (4 * scale) for v in values]):
+        array = np.asarray(spread, dtype=np.int64)
+        assert repeats(array) == (len(set(spread)) != len(spread))
+    array = np.asarray(values, dtype=np.int64)
+    for divisor in (scale, 1 << (scale % 20)):  # any, then a power of two (a mask)
+        assert any_remainder(array, divisor) == any(v % divisor for v in values)
 
 
 @given(
