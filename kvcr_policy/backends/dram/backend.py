@@ -55,18 +55,43 @@ class _Transfer:
         self.pages = pages
         self.claim: Claim | None = None
         self.reservation: Reservation | None = None
+        self.ticket: object = None
         if read:
             self.claim = pool.store.claim(keys)
             self.slots = self.claim.slots
             self.limit = len(self.slots)
             self.needs: np.ndarray | None = None
             self.miss = "evicted" if self.claim.evicted else "absent"
+            if pool.transport.whole_slots and self.limit:
+                self._read_ahead()
         else:
             self.reservation = pool.store.reserve(keys)
             self.slots = self.reservation.slots
             self.limit = len(self.reservation.keys)
             self.needs = self.slots >= 0
             self.miss = "claimed"  # keys past limit: every slot held by transfers in flight
+
+    def _read_ahead(self) -> None:
+        """Let the transport start on the claimed slots before the first batch is planned
+        (:meth:`.Transport.read_ahead`): the claim keeps them unchanged until finish. It only
+        hastens the copies, so a failure is logged and the batches move the pages as ever; the
+        claim never outlives an interrupted start."""
+        pool, geometry = self.pool, self.pool.geometry
+        try:
+            self.ticket = pool.transport.read_ahead(
+                pool.tier_side.endpoint,
+                pool.pool_side.endpoint,
+                self.slots * geometry.page_bytes,
+                geometry.page_bytes,
+                geometry.fragments_per_page,
+            )
+        except Exception as err:
+            log.warning(
+                "pool %r: reading ahead failed (%s); the batches move every page", pool.name, err
+            )
+        except BaseException:
+            self.abort()
+            raise
 
     def _batch(self, positions: np.ndarray, shape: Shape | None) -> CopyBatch:
         pool, tier = self.pool.pool_side, self.pool.tier_side
@@ -80,7 +105,7 @@ class _Transfer:
         else:
             plain = build_descriptors(src.geometry, src_idx, dst.geometry, dst_idx)
         shaped = plain if shape is None else shape(plain)
-        return CopyBatch(src.endpoint, dst.endpoint, shaped)
+        return CopyBatch(src.endpoint, dst.endpoint, shaped, self.ticket)
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
         batch = self._batch(positions, shape)
@@ -102,10 +127,17 @@ class _Transfer:
         self.pool.transport.copy(self._batch(np.array([position]), None))
         return True
 
+    def _forget(self) -> None:
+        """Before the claim ends: nothing read ahead of it may be used after."""
+        if self.ticket is not None:
+            self.pool.transport.forget(self.ticket)
+            self.ticket = None
+
     def finish(self, moved: np.ndarray) -> list[bool]:
         store, keys = self.pool.store, self.keys
         result = [False] * len(keys)
         if self.claim is not None:
+            self._forget()
             store.release(self.claim)
             result[: self.limit] = moved.tolist()
             return result
@@ -119,6 +151,7 @@ class _Transfer:
 
     def abort(self) -> None:
         if self.claim is not None:
+            self._forget()
             self.pool.store.release(self.claim)
         elif self.reservation is not None:
             self.pool.store.abort(self.reservation)

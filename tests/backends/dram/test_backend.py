@@ -5,6 +5,9 @@ ones."""
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -61,3 +64,107 @@ def test_whole_slot_tier_round_trips_scattered_pages(build: Build, layout: str, 
     assert pipeline.get(keys, token_indices(restored, P)) == [True] * len(restored)
     assert np.array_equal(view[:, restored], expected)
     assert np.array_equal(view[:, stored], expected)  # the stored pages were only read
+
+
+class ReadsAhead(WholeSlots):
+    """Whole slots, and a transport that reads ahead: records each read-ahead, the tickets
+    batches carry, and what is forgotten, with the claim at each of those moments."""
+
+    def __init__(self, pipeline: list[Any]) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.events: list[tuple[str, object, int]] = []
+
+    def _claims(self) -> int:
+        return int(self.pipeline[0].backend._pools[0].store.stats().claimed)
+
+    def read_ahead(self, tier: Any, pool: Any, starts: Any, page_bytes: int,
+                   fragments: int) -> object:  # fmt: skip
+        ticket = object()
+        self.starts, self.page_bytes, self.fragments = starts.copy(), page_bytes, fragments
+        self.events.append(("read_ahead", ticket, self._claims()))
+        return ticket
+
+    def copy(self, batch: CopyBatch) -> None:
+        self.events.append(("batch", batch.ticket, -1))
+        super().copy(batch)
+
+    def forget(self, ticket: object) -> None:
+        self.events.append(("forget", ticket, self._claims()))
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_read_reads_ahead_only_while_it_holds_its_claim(build: Build, fails: bool) -> None:
+    """The read-ahead names the claimed slots in order, after the claim is taken; every batch
+    of the read carries its ticket; the ticket is forgotten before the claim ends, on success
+    and when a batch fails (then each page is retried). Writes read nothing ahead."""
+    geo = geometry("layer_first")
+    buffer = random_buffer(geo, np.random.default_rng(3), "numpy-float16")
+    holder: list[Any] = []
+    transport = ReadsAhead(holder)
+    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
+    holder.append(pipeline)
+    pipeline.register_pool("kv", geo, buffer)
+    keys = keys_of("k", 7)
+    assert pipeline.set(keys, token_indices(range(7), P)) == [True] * 7
+    assert [t for _, t, _ in transport.events] == [None] * 3  # a write reads nothing ahead
+    transport.events.clear()
+    slots = pipeline.backend._pools[0].store.lookup(keys)
+    if fails:
+        original, calls = transport.copy, itertools.count()
+
+        def fail_first(batch: CopyBatch) -> None:
+            if next(calls) == 0:
+                raise OSError("injected: the first batch to run fails")
+            original(batch)
+
+        transport.copy = fail_first  # type: ignore[method-assign]
+    assert pipeline.get(keys, token_indices(range(8, 15), P)) == [True] * 7
+    kinds = [kind for kind, _, _ in transport.events]
+    # Failing, one of three batches is retried page by page: two batches, 3 retries.
+    assert kinds.count("batch") == (5 if fails else 3)
+    assert kinds[0] == "read_ahead" and kinds[-1] == "forget" and kinds.count("forget") == 1
+    ticket = transport.events[0][1]
+    assert all(t is ticket for _, t, _ in transport.events)
+    assert transport.events[0][2] == 7 and transport.events[-1][2] == 7  # claimed throughout
+    assert np.array_equal(transport.starts, slots * geo.page_bytes)
+    assert (transport.page_bytes, transport.fragments) == (geo.page_bytes,
+                                                           geo.fragments_per_page)  # fmt: skip
+    assert transport._claims() == 0
+
+
+class Interrupted(BaseException):
+    """Not an Exception: as a KeyboardInterrupt would arrive."""
+
+
+@pytest.mark.parametrize("error", [OSError("injected: no ring"), Interrupted()])
+def test_a_failed_read_ahead_costs_nothing_but_time(
+    build: Build, error: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error while reading ahead is logged and the batches move every page; an interrupt
+    propagates, and the claim taken before it is released."""
+    geo = geometry("layer_first")
+    buffer = random_buffer(geo, np.random.default_rng(5), "numpy-float16")
+    holder: list[Any] = []
+    transport = ReadsAhead(holder)
+
+    def fail(*args: Any) -> object:
+        raise error
+
+    transport.read_ahead = fail  # type: ignore[method-assign]
+    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
+    holder.append(pipeline)
+    pipeline.register_pool("kv", geo, buffer)
+    keys = keys_of("k", 5)
+    assert pipeline.set(keys, token_indices(range(5), P)) == [True] * 5
+    view = pages_of(buffer, geo)
+    expected = view[:, :5].copy()
+    if isinstance(error, Interrupted):
+        with pytest.raises(Interrupted):
+            pipeline.get(keys, token_indices(range(8, 13), P))
+    else:
+        assert pipeline.get(keys, token_indices(range(8, 13), P)) == [True] * 5
+        assert np.array_equal(view[:, 8:13], expected)
+        assert "reading ahead failed (injected: no ring)" in caplog.text
+    assert transport._claims() == 0
+    assert pipeline.exists(keys) == 5

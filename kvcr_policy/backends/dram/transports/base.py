@@ -30,6 +30,8 @@ class CopyBatch:
     src: Endpoint
     dst: Endpoint
     descriptors: Descriptors
+    #: From :meth:`Transport.read_ahead` for the read this batch belongs to, if it gave one.
+    ticket: object = None
 
 
 def check_bounds(batch: CopyBatch) -> None:
@@ -86,6 +88,20 @@ class Transport:
                     self._workers, thread_name_prefix=f"kvcr-{self.name}"
                 )
             return self._pool.submit(self.copy, batch)
+
+    def read_ahead(
+        self, tier: Endpoint, pool: Endpoint, starts: Any, page_bytes: int, fragments: int
+    ) -> object | None:
+        """Optionally start moving a read's first pages before its first batch is planned: the
+        tier slots at host offsets ``starts`` (int64, in the read's order; each slot one
+        contiguous page of ``page_bytes``, ``fragments`` fragments in the pool) into
+        transport-owned memory, never into ``pool``. Returns a ticket for the read's batches
+        to carry (:attr:`CopyBatch.ticket`), or None. The caller keeps those slots unchanged
+        until it calls :meth:`forget`. The base transport reads nothing ahead."""
+        return None
+
+    def forget(self, ticket: object) -> None:
+        """Discard anything read ahead for ``ticket``."""
 
     def attach_region(self, region: Endpoint, pool: Endpoint) -> None:
         """Prepare a tier region for copies to and from ``pool`` (e.g. pin it for DMA).

@@ -169,6 +169,36 @@ class CudaTransport(Transport):
             raise TransportError(f"cuda copy could not be issued: {err}") from err
         return future
 
+    def read_ahead(
+        self, tier: Endpoint, pool: Endpoint, starts: Any, page_bytes: int, fragments: int
+    ) -> object | None:
+        """Start filling the staging ring from the tier slots at ``starts`` (a read's claimed
+        pages, in order) before the read's first batch is planned (:meth:`.CopyPaths.read_ahead`);
+        returns the ticket that batch carries to adopt the fills, or None when nothing was read.
+
+        The caller keeps those slots unchanged until it calls :meth:`forget` with the ticket.
+        """
+        if self.staging == "never" or not pool.device.startswith("cuda"):
+            return None
+        with self._cond:
+            if self._closed:
+                return None
+        ticket = object()
+        with self._issue:
+            src, _ = self._side(tier)
+            device = self._device_index(pool)
+            stream = self._stream(device)
+            with self._torch.cuda.stream(stream):
+                read = self._copy.read_ahead(
+                    ticket, src["copy"], starts, page_bytes, fragments, device, stream
+                )
+        return ticket if read else None
+
+    def forget(self, ticket: object) -> None:
+        """Discard what was read ahead for ``ticket``."""
+        with self._issue:
+            self._copy.forget(ticket)
+
     def _enqueue(self, batch: CopyBatch) -> tuple[Any, list[Any]]:
         torch = self._torch
         src, src_device = self._side(batch.src)
@@ -185,7 +215,9 @@ class CudaTransport(Transport):
         done = stream
         with torch.cuda.stream(stream):
             path = self._copy.path(d)
-            staged = self._copy.staged(d, src, dst, src_device, dst_device, device, stream)
+            staged = self._copy.staged(
+                d, src, dst, src_device, dst_device, device, stream, batch.ticket
+            )
             if staged is not None:
                 path, keep, done = staged
             else:

@@ -119,9 +119,11 @@ class CopyPaths:
         dst_device: int | None,
         device: int,
         stream: Any,
+        ticket: object = None,
     ) -> tuple[str, list[Any], Any] | None:
         """Move ``d`` through the staging ring when the policy says so: its path, what to keep
-        alive, and the stream that finishes it; None otherwise.
+        alive, and the stream that finishes it; None otherwise. A restore adopts the fills read
+        ahead for ``ticket`` (:meth:`read_ahead`) that hold exactly its first fills.
 
         A batch is planned in growing chunks, each enqueued before the next is planned
         (:func:`.cuda_chunks.chunk_bounds`): from two ring buffers' worth when it finds
@@ -182,7 +184,10 @@ class CopyPaths:
                 continue
             chunks += 1
             if restore:
-                keep += ring.restore(plan, src["copy"], dst["copy"], stream, aux)
+                adopted = ring.adopted
+                keep += ring.restore(plan, src["copy"], dst["copy"], stream, aux, ticket)
+                if ring.adopted != adopted:
+                    self._count("staging:read_ahead.adopted", ring.adopted - adopted)
                 self._aux_behind.add(device)
             else:
                 keep += ring.store(plan, src["copy"], dst["copy"], stream, aux)
@@ -193,6 +198,49 @@ class CopyPaths:
             return "staging:restore", keep, aux if device in self._aux_behind else stream
         self._aux_behind.discard(device)  # stream waited for every gather
         return "staging:store", keep, stream
+
+    def read_ahead(
+        self, ticket: object, host: Any, starts: Any, page_bytes: int, fragments: int,
+        device: int, stream: Any,
+    ) -> int:  # fmt: skip
+        """Start filling the ring of ``device`` on ``stream`` (current) from the tier slots at
+        host offsets ``starts`` (the pages a read claimed, in order), before their batch is
+        planned; returns the fills started.
+
+        Only when the batch's first fills will be exactly those bytes (:meth:`staged`): the
+        pages the ring holds come from consecutive slots in order (so planning in host order
+        keeps them in that order), a fragment divides a ring buffer (so fills end where
+        buffers do), and a batch of those pages would be staged. Then whole buffers of them
+        are read, at most the ring's worth."""
+        options = self.options
+        buffer_bytes = int(options.staging_buffer_bytes)
+        if self.staging == "never" or len(starts) == 0 or buffer_bytes % (page_bytes // fragments):
+            return 0
+        ring, _ = self.ring(device)
+        head = starts[: -(-ring.nbytes // page_bytes)]  # the pages the ring's fills hold
+        if np.any(head[1:] != head[:-1] + page_bytes):
+            return 0  # planned in host order, the first fills would be other slots
+        fills = min(ring.count, len(head) * page_bytes // buffer_bytes)
+        pages = -(-fills * buffer_bytes // page_bytes)
+        wanted = fills > 0 and stage(
+            self.staging,
+            descriptors=pages * fragments,
+            nbytes=pages * page_bytes,
+            spans=1,
+            below_bytes=int(options.gather_below_bytes),
+            min_descriptors=options.gather_min_descriptors,
+            min_span_bytes=int(options.staging_min_span_bytes),
+        )
+        if not wanted:
+            return 0
+        ring.read_ahead(ticket, host, int(starts[0]), fills, stream)
+        self._count("staging:read_ahead.fills", fills)
+        return fills
+
+    def forget(self, ticket: object) -> None:
+        """Discard what was read ahead for ``ticket`` on every ring."""
+        for ring in self.rings.values():
+            ring.forget(ticket)
 
     def close(self) -> None:
         """Wait for every scatter stream; the staging buffers go back to the allocator."""

@@ -207,6 +207,11 @@ class StagingRing:
     free: list[Any] = field(default_factory=list, repr=False)
     next: int = 0
     fills: int = 0
+    #: Fills read ahead of their batch (:meth:`read_ahead`): the ticket that may adopt them,
+    #: then ``(slot, host offset, bytes)`` in the order their batch will fill.
+    ahead: tuple[object, list[tuple[int, int, int]]] | None = field(default=None, repr=False)
+    #: Fills adopted from a read-ahead so far.
+    adopted: int = 0
 
     def __post_init__(self) -> None:
         torch = self.torch
@@ -256,6 +261,49 @@ class StagingRing:
         slot = self.next
         self.next = (slot + 1) % self.count
         self.fills += 1
+        if self.ahead is not None and any(slot == held for held, _, _ in self.ahead[1]):
+            self.ahead = None  # a fill read ahead is about to be overwritten: none is adopted
+        return slot
+
+    def read_ahead(self, ticket: object, host: Any, start: int, fills: int, main: Any) -> None:
+        """Copy ``fills`` buffers' worth of host bytes from ``start`` into the next buffers on
+        ``main`` (the current stream), before the batch that moves them is planned; that
+        batch's restore adopts them (:meth:`restore` with ``ticket``) where its fills are
+        exactly these bytes, and fills the rest itself. Only the latest read-ahead is kept;
+        any other use of one of its buffers discards it.
+
+        The caller holds the host bytes unchanged until it forgets ``ticket`` (a read's
+        claim), so an adopted buffer holds what a fill made then would.
+        """
+        self.ahead = None
+        held = []
+        for j in range(fills):
+            slot = self._take()
+            at = start + j * self.buffer_bytes
+            main.wait_event(self.free[slot])
+            self.buffers[slot].copy_(host[at : at + self.buffer_bytes], non_blocking=True)
+            held.append((slot, at, self.buffer_bytes))
+        self.ahead = (ticket, held)
+
+    def forget(self, ticket: object) -> None:
+        """Discard what was read ahead for ``ticket`` (its holder no longer holds the bytes)."""
+        if self.ahead is not None and self.ahead[0] is ticket:
+            self.ahead = None
+
+    def _adopt(self, ticket: object, plan: StagingPlan, j: int) -> int | None:
+        """The buffer read ahead for ``ticket`` that holds exactly fill ``j`` of ``plan``
+        (taken from :attr:`ahead`), or None (and nothing is adopted after a miss)."""
+        if self.ahead is None or self.ahead[0] is not ticket:
+            return None
+        slot, at, nbytes = self.ahead[1][0]
+        pieces = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
+        whole = len(pieces) == 1 and nbytes == plan.capacity
+        if not (whole and pieces[0].tolist() == [0, at, nbytes]):
+            self.ahead = None
+            return None
+        rest = self.ahead[1][1:]
+        self.ahead = (ticket, rest) if rest else None
+        self.adopted += 1
         return slot
 
     def _index(self, plan: StagingPlan, stream: Any) -> tuple[Any, Any]:
@@ -272,7 +320,9 @@ class StagingRing:
         views = [_rows(torch, b[: plan.capacity], plan.unit, itemsize) for b in self.buffers]
         return _rows(torch, pool, plan.unit, itemsize), views
 
-    def restore(self, plan: StagingPlan, host: Any, pool: Any, main: Any, aux: Any) -> list[Any]:
+    def restore(
+        self, plan: StagingPlan, host: Any, pool: Any, main: Any, aux: Any, ticket: object = None
+    ) -> list[Any]:
         """Enqueue host -> pool: whole runs into the ring on ``main``, scatter on ``aux``.
 
         ``host`` is a pinned uint8 CPU tensor, ``pool`` a uint8 CUDA tensor (the batch's
@@ -287,11 +337,15 @@ class StagingRing:
         pieces = plan.pieces.tolist()
         fills = plan.fills.tolist()
         for j in range(plan.buffers):
-            slot = self._take()
-            buffer = self.buffers[slot]
-            main.wait_event(self.free[slot])
-            for offset, at, n in pieces[fills[j] : fills[j + 1]]:  # main is current
-                buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
+            adopted = None if ticket is None else self._adopt(ticket, plan, j)
+            if adopted is not None:  # read ahead on main: its copies precede what follows
+                slot = adopted
+            else:
+                slot = self._take()
+                buffer = self.buffers[slot]
+                main.wait_event(self.free[slot])
+                for offset, at, n in pieces[fills[j] : fills[j + 1]]:  # main is current
+                    buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
             if j == 0:  # PCIe starts before the indices are made and uploaded
                 index_host, index = self._index(plan, main)
                 pool_rows, views = self._views(plan, pool)

@@ -432,3 +432,113 @@ def test_staged_batches_keep_the_order_of_one_copy_at_a_time(rng: np.random.Gene
     finally:
         transport.close()
         transport.detach_region(host_end)
+
+
+@pytest.mark.parametrize("mla", [False, True])
+@pytest.mark.parametrize("scatter", [False, True])
+@pytest.mark.cuda
+@needs_cuda
+def test_a_read_ahead_is_adopted_where_it_fits_and_restores_are_byte_exact(
+    mla: bool, scatter: bool, rng: np.random.Generator
+) -> None:
+    """A read starts filling the ring from its claimed slots before its first batch is
+    planned; with slots stored in order the first batch adopts those fills, scattered ones
+    read nothing ahead (or discard it); the pool ends byte for byte as stored either way."""
+    geo = geometry("layer_first", mla=mla, pages=64)
+    page = geo.nbytes // geo.pages
+    staging = {
+        "staging": "auto",
+        "staging_buffers": 3,
+        "staging_buffer_bytes": page * 2,
+        "staging_min_span_bytes": page,
+        "gather_min_descriptors": 1,
+        "tier_slots": "whole",
+    }
+    pool = random_pool(geo)
+    original = pool.clone()
+    n = geo.pages
+    order = rng.permutation(n) if scatter else np.arange(n)
+    with pipeline(geo, staging=staging, **{"batching.read_batch_pages": 16}) as p:
+        p.register_pool("kv", geo, pool)
+        torch.cuda.synchronize()
+        assert all(p.set([keys_of("k", n)[i] for i in order], token_indices(order, PAGE)))
+        for _ in range(2):  # the second read finds the ring's buffers used by the first
+            pool.view(-1).view(torch.uint8).fill_(0xA5)
+            torch.cuda.synchronize()
+            assert p.get(keys_of("k", n), token_indices(np.arange(n), PAGE)) == [True] * n
+            torch.cuda.synchronize()
+            assert same(pool, original)
+        paths = p.stats().transport["paths"]
+    if not scatter:
+        assert paths["staging:read_ahead.fills"] == 2 * 3
+        assert paths["staging:read_ahead.adopted"] == 2 * 3
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_fills_read_ahead_are_adopted_only_by_their_ticket_and_only_while_kept(
+    rng: np.random.Generator,
+) -> None:
+    """Straight on the transport: a restore batch adopts the fills read ahead for its ticket;
+    not after the ticket is forgotten (the host bytes changed since: the new ones arrive),
+    not with another ticket, and not once a store took one of those buffers."""
+    options = {"staging": "auto", "gather": "never", "staging_buffer_bytes": 8192,
+               "staging_buffers": 2, "staging_min_span_bytes": 1024,
+               "gather_min_descriptors": 1}  # fmt: skip
+    loaded = load_config(environ={}, overrides={"transport": {"name": "cuda", "options": options}})
+    transport = CudaTransport(loaded.config, CudaOptions(**options))
+    fragment, fragments, pages = 512, 8, 8  # pages of 4 KiB: a buffer holds two
+    page_bytes = fragment * fragments
+    host_map = mmap.mmap(-1, 1 << 16)
+    host = np.frombuffer(host_map, dtype=np.uint8)
+    pool = torch.zeros(1 << 16, dtype=torch.uint8, device="cuda:0")
+    host_end = Endpoint(int(host.ctypes.data), host.nbytes, "cpu", host)
+    pool_end = Endpoint(pool.data_ptr(), pool.numel(), "cuda:0", pool)
+    # Page p, fragment f: host slot p (whole), pool plane f (layer_first).
+    p, f = np.divmod(np.arange(pages * fragments, dtype=np.int64), fragments)
+    length = np.full(len(p), fragment, dtype=np.int64)
+    d = Descriptors(p * page_bytes + f * fragment, (f * pages + p) * fragment, length,
+                    f, p, p + 1)  # fmt: skip
+    starts = np.arange(pages, dtype=np.int64) * page_bytes
+
+    def restore(ticket: object) -> np.ndarray:
+        pool.fill_(0)
+        transport.submit(CopyBatch(host_end, pool_end, d, ticket)).result(timeout=60)
+        expected = np.zeros(pool.numel(), dtype=np.uint8)
+        for s, t in zip(d.src.tolist(), d.dst.tolist(), strict=True):
+            expected[t : t + fragment] = host[s : s + fragment]
+        assert np.array_equal(pool.cpu().numpy(), expected)
+        return expected
+
+    def adopted() -> int:
+        return int(transport.describe()["paths"].get("staging:read_ahead.adopted", 0))
+
+    try:
+        transport.attach_region(host_end, pool_end)
+        host[:] = rng.integers(0, 256, host.size, dtype=np.uint8)
+        ticket = transport.read_ahead(host_end, pool_end, starts, page_bytes, fragments)
+        assert ticket is not None
+        restore(ticket)
+        assert adopted() == 2  # both buffers of the ring
+        # Forgotten, then the host changes (its claim ended, a writer came): not adopted.
+        ticket = transport.read_ahead(host_end, pool_end, starts, page_bytes, fragments)
+        torch.cuda.synchronize()
+        transport.forget(ticket)
+        host[:] = rng.integers(0, 256, host.size, dtype=np.uint8)
+        restore(ticket)
+        # Another read's ticket: not adopted.
+        transport.read_ahead(host_end, pool_end, starts, page_bytes, fragments)
+        restore(object())
+        # A store takes a buffer read ahead: nothing of it is adopted after.
+        ticket = transport.read_ahead(host_end, pool_end, starts, page_bytes, fragments)
+        back = CopyBatch(pool_end, host_end, Descriptors(d.dst, d.src + (1 << 15), length,
+                                                         f, p, p + 1))  # fmt: skip
+        transport.submit(back).result(timeout=60)
+        restore(ticket)
+        assert adopted() == 2
+        # Scattered slots: nothing is read ahead.
+        assert transport.read_ahead(host_end, pool_end, starts[::-1].copy(), page_bytes,
+                                    fragments) is None  # fmt: skip
+    finally:
+        transport.close()
+        transport.detach_region(host_end)

@@ -91,14 +91,18 @@ def test_chunks_cover_every_descriptor_once_in_order_and_grow(sizes: list[int], 
 
 def naive_bounds(sizes: list[int], first: int) -> list[tuple[int, int]]:
     """Chunks cut after the first descriptor that reaches each of first, 2 first, 4 first,
-    8 first, ... bytes, found one descriptor at a time."""
-    edges, total, target, step = [0], 0, first, first
+    8 first, ... bytes (those below the total), found one descriptor at a time."""
+    targets, target, step = [], first, first
+    while target < sum(sizes):
+        targets.append(target)
+        target, step = target + step, step * 2
+    edges, total = [0], 0
     for i, size in enumerate(sizes[:-1]):
         total += size
-        if total >= target:
-            edges.append(i + 1)
-            while target <= total:
-                target, step = target + step, step * 2
+        while targets and total >= targets[0]:
+            targets.pop(0)
+            if edges[-1] != i + 1:
+                edges.append(i + 1)
     return list(itertools.pairwise([*edges, len(sizes)])) if sizes else [(0, 0)]
 
 
