@@ -79,12 +79,14 @@ def overlapping(offsets: Int64Array, length: Int64Array) -> bool:
     return bool(np.any(offsets[1:] < offsets[:-1] + length[:-1]))
 
 
-def chunk_bounds(length: Int64Array, first_bytes: int | None) -> list[tuple[int, int]]:
-    """Descriptor ranges ``[lo, hi)`` to plan and enqueue one after another: the first two
-    about ``first_bytes`` each, each next one twice the last, so planning a chunk takes less
-    time than copying the one before it (a plan's cost is mostly fixed, so the second chunk,
-    planned while the first copies, is no larger than it); one range for everything when
-    ``first_bytes`` is None."""
+def chunk_bounds(
+    length: Int64Array, first_bytes: int | None, next_bytes: int | None = None
+) -> list[tuple[int, int]]:
+    """Descriptor ranges ``[lo, hi)`` to plan and enqueue one after another: the first about
+    ``first_bytes``, the second about ``next_bytes`` (``first_bytes`` when None), each next one
+    twice the last, so planning a chunk takes less time than copying the one before it (a
+    plan's cost is mostly fixed, so the second chunk, planned while the first copies, is no
+    larger than it); one range for everything when ``first_bytes`` is None."""
     n = len(length)
     if first_bytes is None or n == 0:
         return [(0, n)]
@@ -92,7 +94,7 @@ def chunk_bounds(length: Int64Array, first_bytes: int | None) -> list[tuple[int,
     uniform = size > 0 and not np.any(length != size)  # a pool's fragments: no prefix sums
     ends = None if uniform else np.cumsum(length)
     total = size * n if ends is None else int(ends[-1])
-    cuts, step, target = [], first_bytes, first_bytes
+    cuts, step, target = [], next_bytes or first_bytes, first_bytes
     while target < total:
         cuts.append(target)
         target += step

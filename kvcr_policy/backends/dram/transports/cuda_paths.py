@@ -161,6 +161,11 @@ class CopyPaths:
         # still planned in chunks (the ring's worth first), so its first copies are enqueued
         # well before the copies ahead of it end, however long the whole batch takes to plan.
         first = buffer_bytes * (2 if stream.query() else ring.count)
+        then = None
+        if restore and ticket is not None and ring.ahead is not None and ring.ahead[0] is ticket:
+            # Fills read ahead for this read are copying: the first chunk is exactly them, the
+            # next one buffer, so new copies are enqueued soon after the read-ahead's.
+            first, then = len(ring.ahead[1]) * buffer_bytes, buffer_bytes
         write = "device" if restore else "host"
         keep: list[Any] = []
         if not restore:
@@ -168,7 +173,7 @@ class CopyPaths:
         chunks = 0
         # Chunks run in the order given, each after the one before (scatters in order on aux,
         # host writes in order on stream), so only writes within a chunk need checking.
-        for lo, hi in chunk_bounds(d.length, first):
+        for lo, hi in chunk_bounds(d.length, first, then):
             plan = plan_staging(
                 host[lo:hi],
                 pool[lo:hi],

@@ -72,27 +72,31 @@ def test_repeats_and_remainders_agree_with_plain_python(values: list[int], scale
         st.builds(lambda n, size: [size] * n, st.integers(0, 40), st.integers(0, 1 << 20)),
     ),
     st.integers(1, 1 << 21),
+    st.one_of(st.none(), st.integers(1, 1 << 21)),
 )
-def test_chunks_cover_every_descriptor_once_in_order_and_grow(sizes: list[int], first: int) -> None:
+def test_chunks_cover_every_descriptor_once_in_order_and_grow(
+    sizes: list[int], first: int, then: int | None
+) -> None:
     length = np.asarray(sizes, dtype=np.int64)
-    bounds = chunk_bounds(length, first)
+    bounds = chunk_bounds(length, first, then)
     assert bounds[0][0] == 0 and bounds[-1][1] == len(length)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     assert all(lo < hi for lo, hi in bounds) or len(length) == 0
-    # Every chunk but the last reaches its share: first, first, 2 * first, 4 * first, ...
+    # Every chunk but the last reaches its share: first, then, 2 * then, 4 * then, ...
     ends = np.cumsum(length) if len(length) else np.zeros(0, dtype=np.int64)
-    target = 0
+    target, step = 0, then or first
     for k, (_, hi) in enumerate(bounds[:-1]):
-        target += first << max(k - 1, 0)
+        target += first if k == 0 else step << (k - 1)
         assert int(ends[hi - 1]) >= target
     assert chunk_bounds(length, None) == [(0, len(length))]
-    assert bounds == naive_bounds(sizes, first)
+    assert bounds == naive_bounds(sizes, first, then)
 
 
-def naive_bounds(sizes: list[int], first: int) -> list[tuple[int, int]]:
-    """Chunks cut after the first descriptor that reaches each of first, 2 first, 4 first,
-    8 first, ... bytes (those below the total), found one descriptor at a time."""
-    targets, target, step = [], first, first
+def naive_bounds(sizes: list[int], first: int, then: int | None = None) -> list[tuple[int, int]]:
+    """Chunks cut after the first descriptor that reaches each of first, first + then,
+    first + 3 then, first + 7 then, ... bytes (those below the total; ``then`` is ``first``
+    when None), found one descriptor at a time."""
+    targets, target, step = [], first, then or first
     while target < sum(sizes):
         targets.append(target)
         target, step = target + step, step * 2
