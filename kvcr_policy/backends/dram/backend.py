@@ -57,13 +57,19 @@ class _Transfer:
         self.reservation: Reservation | None = None
         self.ticket: object = None
         if read:
-            self.claim = pool.store.claim(keys)
+            # Reading ahead starts before the eviction policy hears of the use (no slot of a
+            # live claim is evicted either way).
+            ahead = pool.transport.whole_slots
+            later = ahead and pool.touch_later
+            self.claim = pool.store.claim(keys, touch=False) if later else pool.store.claim(keys)
             self.slots = self.claim.slots
             self.limit = len(self.slots)
             self.needs: np.ndarray | None = None
             self.miss = "evicted" if self.claim.evicted else "absent"
-            if pool.transport.whole_slots and self.limit:
+            if ahead and self.limit:
                 self._read_ahead()
+            if later:
+                pool.store.touch(self.claim)
         else:
             self.reservation = pool.store.reserve(keys)
             self.slots = self.reservation.slots
@@ -174,6 +180,9 @@ class DramPool:
         self.region = region
         self.store = store
         self.transport = transport
+        #: The store can count a claim's use after it is made (a placement's own store may
+        #: predate that).
+        self.touch_later = takes(store.claim, "touch") and hasattr(store, "touch")
         self.pool_side = _Side(spec.endpoint, spec.geometry)
         self.tier_side = _Side(Endpoint(region.address, tier_geometry.nbytes, "cpu", region),
                                tier_geometry)  # fmt: skip
