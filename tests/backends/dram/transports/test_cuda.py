@@ -166,6 +166,19 @@ def pipeline(
     return build_pipeline(load_config(environ={}, overrides=overrides))
 
 
+def ring_of(mode: str, buffer_bytes: int, page: int) -> dict[str, Any]:
+    """Staging options for a ring of 3 buffers of ``buffer_bytes`` over a whole-slot tier,
+    staging any batch whose host runs average a ``page``."""
+    return {
+        "staging": mode,
+        "staging_buffers": 3,
+        "staging_buffer_bytes": buffer_bytes,
+        "staging_min_span_bytes": page,
+        "gather_min_descriptors": 1,
+        "tier_slots": "whole",
+    }
+
+
 def random_pool(geo: PoolGeometry) -> Any:
     pool = torch.empty(geo.shape, dtype=torch.bfloat16, device=geo.device)
     pool.view(-1).view(torch.int16).random_(-(2**15), 2**15)
@@ -251,14 +264,7 @@ def test_staged_offload_and_restore_of_scattered_slots_are_byte_exact(
     span batches. 'never' moves the same whole-slot tier with one copy per fragment."""
     geo = geometry(layout, mla=mla, pages=64)
     page = geo.nbytes // geo.pages
-    staging = {
-        "staging": mode,
-        "staging_buffers": 3,
-        "staging_buffer_bytes": page * 3 // 2,
-        "staging_min_span_bytes": page,
-        "gather_min_descriptors": 1,
-        "tier_slots": "whole",
-    }
+    staging = ring_of(mode, page * 3 // 2, page)
     pool = random_pool(geo)
     original = pool.clone()
     n = geo.pages
@@ -446,14 +452,7 @@ def test_a_read_ahead_is_adopted_where_it_fits_and_restores_are_byte_exact(
     read nothing ahead (or discard it); the pool ends byte for byte as stored either way."""
     geo = geometry("layer_first", mla=mla, pages=64)
     page = geo.nbytes // geo.pages
-    staging = {
-        "staging": "auto",
-        "staging_buffers": 3,
-        "staging_buffer_bytes": page * 2,
-        "staging_min_span_bytes": page,
-        "gather_min_descriptors": 1,
-        "tier_slots": "whole",
-    }
+    staging = ring_of("auto", page * 2, page)
     pool = random_pool(geo)
     original = pool.clone()
     n = geo.pages

@@ -51,6 +51,20 @@ def naive(src_off: np.ndarray, dst_off: np.ndarray, length: np.ndarray, src: np.
         dst[d : d + n] = src[s : s + n]
 
 
+def restored(plan: StagingPlan, descriptors: Arrays, seed: int) -> np.ndarray:
+    """A pool restored by replaying ``plan`` from random host bytes, checked against one copy
+    per descriptor; returns it."""
+    host_off, device_off, length = descriptors
+    size = int(max((host_off + length).max(), (device_off + length).max()))
+    host = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    pool = np.zeros(size + plan.unit, dtype=np.uint8)
+    expected = pool.copy()
+    naive(host_off, device_off, length, host, expected)
+    replay_restore(plan, host, pool)
+    assert np.array_equal(pool, expected)
+    return pool
+
+
 @given(scattered_slots(), st.integers(1, 40), st.integers(0, 2**32 - 1))
 def test_a_restore_plan_moves_every_byte_once_within_the_ring(
     slots: Arrays, buffer_fragments: int, seed: int
@@ -66,14 +80,7 @@ def test_a_restore_plan_moves_every_byte_once_within_the_ring(
     assert np.all(n > 0) and np.all(offset + n <= plan.capacity)
     assert plan.unit <= MAX_ROW_BYTES and np.all(device_off % plan.unit == 0)
     assert plan.nbytes == int(length.sum())
-    size = int(max(host_off.max(), device_off.max()) + fragment)
-    rng = np.random.default_rng(seed)
-    host = rng.integers(0, 256, size, dtype=np.uint8)
-    pool = np.zeros(size + plan.unit, dtype=np.uint8)
-    expected = pool.copy()
-    naive(host_off, device_off, length, host, expected)
-    replay_restore(plan, host, pool)
-    assert np.array_equal(pool, expected)
+    restored(plan, (host_off, device_off, length), seed)
 
 
 @given(scattered_slots(), st.integers(1, 40), st.integers(0, 2**32 - 1))
@@ -133,14 +140,8 @@ def test_plans_of_mixed_lengths_move_the_described_bytes(
         assert plan is None
         return
     assert plan is not None and plan.nbytes == int(length.sum())
-    size = int(max((host_off + length).max(), (device_off + length).max()))
-    rng = np.random.default_rng(seed)
-    host = rng.integers(0, 256, size, dtype=np.uint8)
-    pool = np.zeros(size + plan.unit, dtype=np.uint8)
-    expected = pool.copy()
-    naive(host_off, device_off, length, host, expected)
-    replay_restore(plan, host, pool)
-    assert np.array_equal(pool, expected)
+    pool = restored(plan, (host_off, device_off, length), seed)
+    size = len(pool) - plan.unit
     store = plan_staging(host_off, device_off, length, buffer_bytes=buffer_rows * unit,
                          write="host")  # fmt: skip
     assert store is not None
