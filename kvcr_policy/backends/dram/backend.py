@@ -87,7 +87,7 @@ class _Transfer:
             self.ticket = pool.transport.read_ahead(
                 pool.tier_side.endpoint,
                 pool.pool_side.endpoint,
-                self.slots * geometry.page_bytes,
+                self.slots[: pool.ahead_pages] * geometry.page_bytes,
                 geometry.page_bytes,
                 geometry.fragments_per_page,
             )
@@ -174,8 +174,11 @@ class DramPool:
         store: Store,
         transport: Transport,
         device: DeviceLocality | None = None,
+        ahead_pages: int | None = None,
     ) -> None:
         self.name = spec.name
+        #: The most pages of a read its transport may read ahead: its first batch's.
+        self.ahead_pages = ahead_pages
         self.geometry = spec.geometry
         self.region = region
         self.store = store
@@ -312,7 +315,10 @@ class DramBackend:
                 self.transport.detach_region(tier)
                 region.close()
                 raise
-            pool = DramPool(spec, tier_geometry, region, store, self.transport, device)
+            batching = self.loaded.config.batching
+            first = min(batching.first_batch_pages or batching.read_batch_pages,
+                        batching.read_batch_pages)  # fmt: skip
+            pool = DramPool(spec, tier_geometry, region, store, self.transport, device, first)
             self._pools.append(pool)
         return pool
 

@@ -95,9 +95,9 @@ class ReadsAhead(WholeSlots):
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_read_reads_ahead_only_while_it_holds_its_claim(build: Build, fails: bool) -> None:
-    """The read-ahead names the claimed slots in order, after the claim is taken; every batch
-    of the read carries its ticket; the ticket is forgotten before the claim ends, on success
-    and when a batch fails (then each page is retried). Writes read nothing ahead."""
+    """The read-ahead names the first batch's claimed slots in order, after the claim is taken;
+    every batch of the read carries its ticket; the ticket is forgotten before the claim ends,
+    on success and when a batch fails (then each page is retried). Writes read nothing ahead."""
     geo = geometry("layer_first")
     buffer = random_buffer(geo, np.random.default_rng(3), "numpy-float16")
     holder: list[Any] = []
@@ -136,7 +136,8 @@ def test_a_read_reads_ahead_only_while_it_holds_its_claim(build: Build, fails: b
     ticket = transport.events[0][1]
     assert all(t is ticket for _, t, _ in transport.events)
     assert transport.events[0][2] == 7 and transport.events[-1][2] == 7  # claimed throughout
-    assert np.array_equal(transport.starts, slots * geo.page_bytes)
+    # At most the first batch's pages: a later batch never adopts a fill.
+    assert np.array_equal(transport.starts, slots[:3] * geo.page_bytes)
     assert (transport.page_bytes, transport.fragments) == (geo.page_bytes,
                                                            geo.fragments_per_page)  # fmt: skip
     assert transport._claims() == 0
