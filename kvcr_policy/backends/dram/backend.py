@@ -6,28 +6,28 @@ the transport asks for ``whole_slots``, each slot one contiguous page) and a
 :class:`~.store.Store` maps keys to slots. Bytes move with the configured copy transport
 (``cpu`` threads, ``cuda`` streams, ``memory`` for tests). A read claims the slots of its
 leading present run for the whole call; a write reserves slots and publishes exactly the pages
-that arrived. Close order: the transport finishes every copy, then each store closes, each
-region is detached (unpinned) and only then unmapped.
+that arrived (:mod:`.transfer`). Close order: the transport finishes every copy, then each
+store closes, each region is detached (unpinned) and only then unmapped.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ...descriptors import Descriptors, build_descriptors, slot_descriptors
+from ...descriptors import Descriptors
 from ...errors import ClosedError, IndicesError, PoolError, mismatch
 from ...geometry import PoolGeometry
 from ...memory.locality import DeviceLocality
 from ...memory.region import Region
-from ..base import BackendContext, Endpoint, PoolSpec, Shape, TierUsage, check_device
-from .store import Claim, Reservation, Store
+from ..base import BackendContext, Endpoint, PoolSpec, TierUsage, check_device
+from .store import Store
 from .stores import new_store, takes
+from .transfer import DramTransfer, Side
 from .transports.base import CopyBatch, Transport
 
 log = logging.getLogger("kvcr_policy.backends.dram")
@@ -37,130 +37,6 @@ __all__ = ["DramBackend", "DramPool"]
 
 def _asdict(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__dataclass_fields__}
-
-
-@dataclass(frozen=True, slots=True)
-class _Side:
-    endpoint: Endpoint
-    geometry: PoolGeometry
-
-
-class _Transfer:
-    """One get or set on one DRAM pool: the claim or reservation it holds, and its batches."""
-
-    def __init__(self, pool: DramPool, read: bool, keys: list[str], pages: np.ndarray) -> None:
-        self.pool = pool
-        self.read = read
-        self.keys = keys
-        self.pages = pages
-        self.claim: Claim | None = None
-        self.reservation: Reservation | None = None
-        self.ticket: object = None
-        if read:
-            # Reading ahead starts before the eviction policy hears of the use (no slot of a
-            # live claim is evicted either way).
-            ahead = pool.transport.whole_slots
-            later = ahead and pool.touch_later
-            self.claim = pool.store.claim(keys, touch=False) if later else pool.store.claim(keys)
-            self.slots = self.claim.slots
-            self.limit = len(self.slots)
-            self.needs: np.ndarray | None = None
-            self.miss = "evicted" if self.claim.evicted else "absent"
-            if ahead and self.limit:
-                self._read_ahead()
-            if later:
-                pool.store.touch(self.claim)
-        else:
-            self.reservation = pool.store.reserve(keys)
-            self.slots = self.reservation.slots
-            self.limit = len(self.reservation.keys)
-            self.needs = self.slots >= 0
-            self.miss = "claimed"  # keys past limit: every slot held by transfers in flight
-
-    def _read_ahead(self) -> None:
-        """Let the transport start on the claimed slots before the first batch is planned
-        (:meth:`.Transport.read_ahead`): the claim keeps them unchanged until finish. It only
-        hastens the copies, so a failure is logged and the batches move the pages as ever; the
-        claim never outlives an interrupted start."""
-        pool, geometry = self.pool, self.pool.geometry
-        try:
-            self.ticket = pool.transport.read_ahead(
-                pool.tier_side.endpoint,
-                pool.pool_side.endpoint,
-                self.slots[: pool.ahead_pages] * geometry.page_bytes,
-                geometry.page_bytes,
-                geometry.fragments_per_page,
-            )
-        except Exception as err:
-            log.warning(
-                "pool %r: reading ahead failed (%s); the batches move every page", pool.name, err
-            )
-        except BaseException:
-            self.abort()
-            raise
-
-    def _batch(self, positions: np.ndarray, shape: Shape | None) -> CopyBatch:
-        pool, tier = self.pool.pool_side, self.pool.tier_side
-        slots, pages = self.slots[positions], self.pages[positions]
-        if self.read:
-            src, dst, src_idx, dst_idx = tier, pool, slots, pages
-        else:
-            src, dst, src_idx, dst_idx = pool, tier, pages, slots
-        if self.pool.transport.whole_slots:  # the tier side slot by slot
-            plain = slot_descriptors(pool.geometry, pages, tier.geometry, slots, read=self.read)
-        else:
-            plain = build_descriptors(src.geometry, src_idx, dst.geometry, dst_idx)
-        shaped = plain if shape is None else shape(plain)
-        return CopyBatch(src.endpoint, dst.endpoint, shaped, self.ticket)
-
-    def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
-        batch = self._batch(positions, shape)
-        moved = self.pool.transport.submit(batch)
-        done: Future[np.ndarray] = Future()
-        count = len(positions)
-
-        def settle(future: Future[None]) -> None:
-            error = future.exception()
-            if error is not None:
-                done.set_exception(error)
-            else:
-                done.set_result(np.ones(count, dtype=bool))
-
-        moved.add_done_callback(settle)
-        return done
-
-    def retry(self, position: int) -> bool:
-        self.pool.transport.copy(self._batch(np.array([position]), None))
-        return True
-
-    def _forget(self) -> None:
-        """Before the claim ends: nothing read ahead of it may be used after."""
-        if self.ticket is not None:
-            self.pool.transport.forget(self.ticket)
-            self.ticket = None
-
-    def finish(self, moved: np.ndarray) -> list[bool]:
-        store, keys = self.pool.store, self.keys
-        result = [False] * len(keys)
-        if self.claim is not None:
-            self._forget()
-            store.release(self.claim)
-            result[: self.limit] = moved.tolist()
-            return result
-        reservation = self.reservation
-        assert reservation is not None
-        ok = moved & (self.slots >= 0)
-        store.commit(reservation, ok.tolist())
-        for i in range(self.limit):  # the keys are distinct (backends.base)
-            result[i] = bool(ok[i]) or reservation.present[i]
-        return result
-
-    def abort(self) -> None:
-        if self.claim is not None:
-            self._forget()
-            self.pool.store.release(self.claim)
-        elif self.reservation is not None:
-            self.pool.store.abort(self.reservation)
 
 
 class DramPool:
@@ -186,8 +62,8 @@ class DramPool:
         #: The store can count a claim's use after it is made (a placement's own store may
         #: predate that).
         self.touch_later = takes(store.claim, "touch") and hasattr(store, "touch")
-        self.pool_side = _Side(spec.endpoint, spec.geometry)
-        self.tier_side = _Side(Endpoint(region.address, tier_geometry.nbytes, "cpu", region),
+        self.pool_side = Side(spec.endpoint, spec.geometry)
+        self.tier_side = Side(Endpoint(region.address, tier_geometry.nbytes, "cpu", region),
                                tier_geometry)  # fmt: skip
         # What this pool holds on the host, read once: registrations end with the pool.
         self.pinned_bytes, self.registration_s = transport.pinned(self.tier_side.endpoint)
@@ -196,8 +72,8 @@ class DramPool:
     def contains(self, keys: Any) -> int:
         return self.store.contains_prefix(keys)
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> _Transfer:
-        return _Transfer(self, read, keys, pages)
+    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> DramTransfer:
+        return DramTransfer(self, read, keys, pages)
 
     def delete(self, keys: Any) -> int:
         return self.store.delete(keys)

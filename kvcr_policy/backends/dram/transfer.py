@@ -1,0 +1,166 @@
+"""One get or set on one pool of the ``dram`` backend: the claim or reservation it holds, the
+batches it submits to the copy transport, and what it reads ahead.
+
+A read claims the slots of its leading present run for the whole call, lets the transport read
+ahead of its first batch while the claim holds them (:meth:`.Transport.read_ahead`), and
+forgets that before it releases the claim; a write reserves slots and publishes exactly the
+pages that arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ...descriptors import build_descriptors, slot_descriptors
+from ...geometry import PoolGeometry
+from ..base import Endpoint, Shape
+from .store import Claim, Reservation, Store
+from .transports.base import CopyBatch, Transport
+
+log = logging.getLogger("kvcr_policy.backends.dram")
+
+__all__ = ["DramTransfer", "Side"]
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of a pool's copies: its endpoint and layout."""
+
+    endpoint: Endpoint
+    geometry: PoolGeometry
+
+
+class Pool(Protocol):
+    """What a transfer uses of its pool (:class:`.backend.DramPool`)."""
+
+    name: str
+    geometry: PoolGeometry
+    store: Store
+    transport: Transport
+    pool_side: Side
+    tier_side: Side
+    ahead_pages: int | None
+    touch_later: bool
+
+
+class DramTransfer:
+    """One get or set on one DRAM pool: the claim or reservation it holds, and its batches."""
+
+    def __init__(self, pool: Pool, read: bool, keys: list[str], pages: np.ndarray) -> None:
+        self.pool = pool
+        self.read = read
+        self.keys = keys
+        self.pages = pages
+        self.claim: Claim | None = None
+        self.reservation: Reservation | None = None
+        self.ticket: object = None
+        if read:
+            # Reading ahead starts before the eviction policy hears of the use (no slot of a
+            # live claim is evicted either way).
+            ahead = pool.transport.whole_slots
+            later = ahead and pool.touch_later
+            self.claim = pool.store.claim(keys, touch=False) if later else pool.store.claim(keys)
+            self.slots = self.claim.slots
+            self.limit = len(self.slots)
+            self.needs: np.ndarray | None = None
+            self.miss = "evicted" if self.claim.evicted else "absent"
+            if ahead and self.limit:
+                self._read_ahead()
+            if later:
+                pool.store.touch(self.claim)
+        else:
+            self.reservation = pool.store.reserve(keys)
+            self.slots = self.reservation.slots
+            self.limit = len(self.reservation.keys)
+            self.needs = self.slots >= 0
+            self.miss = "claimed"  # keys past limit: every slot held by transfers in flight
+
+    def _read_ahead(self) -> None:
+        """Let the transport start on the claimed slots before the first batch is planned
+        (:meth:`.Transport.read_ahead`): the claim keeps them unchanged until finish. It only
+        hastens the copies, so a failure is logged and the batches move the pages as ever; the
+        claim never outlives an interrupted start."""
+        pool, geometry = self.pool, self.pool.geometry
+        try:
+            self.ticket = pool.transport.read_ahead(
+                pool.tier_side.endpoint,
+                pool.pool_side.endpoint,
+                self.slots[: pool.ahead_pages] * geometry.page_bytes,
+                geometry.page_bytes,
+                geometry.fragments_per_page,
+            )
+        except Exception as err:
+            log.warning(
+                "pool %r: reading ahead failed (%s); the batches move every page", pool.name, err
+            )
+        except BaseException:
+            self.abort()
+            raise
+
+    def _batch(self, positions: np.ndarray, shape: Shape | None) -> CopyBatch:
+        pool, tier = self.pool.pool_side, self.pool.tier_side
+        slots, pages = self.slots[positions], self.pages[positions]
+        if self.read:
+            src, dst, src_idx, dst_idx = tier, pool, slots, pages
+        else:
+            src, dst, src_idx, dst_idx = pool, tier, pages, slots
+        if self.pool.transport.whole_slots:  # the tier side slot by slot
+            plain = slot_descriptors(pool.geometry, pages, tier.geometry, slots, read=self.read)
+        else:
+            plain = build_descriptors(src.geometry, src_idx, dst.geometry, dst_idx)
+        shaped = plain if shape is None else shape(plain)
+        return CopyBatch(src.endpoint, dst.endpoint, shaped, self.ticket)
+
+    def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
+        batch = self._batch(positions, shape)
+        moved = self.pool.transport.submit(batch)
+        done: Future[np.ndarray] = Future()
+        count = len(positions)
+
+        def settle(future: Future[None]) -> None:
+            error = future.exception()
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(np.ones(count, dtype=bool))
+
+        moved.add_done_callback(settle)
+        return done
+
+    def retry(self, position: int) -> bool:
+        self.pool.transport.copy(self._batch(np.array([position]), None))
+        return True
+
+    def _forget(self) -> None:
+        """Before the claim ends: nothing read ahead of it may be used after."""
+        if self.ticket is not None:
+            self.pool.transport.forget(self.ticket)
+            self.ticket = None
+
+    def finish(self, moved: np.ndarray) -> list[bool]:
+        store, keys = self.pool.store, self.keys
+        result = [False] * len(keys)
+        if self.claim is not None:
+            self._forget()
+            store.release(self.claim)
+            result[: self.limit] = moved.tolist()
+            return result
+        reservation = self.reservation
+        assert reservation is not None
+        ok = moved & (self.slots >= 0)
+        store.commit(reservation, ok.tolist())
+        for i in range(self.limit):  # the keys are distinct (backends.base)
+            result[i] = bool(ok[i]) or reservation.present[i]
+        return result
+
+    def abort(self) -> None:
+        if self.claim is not None:
+            self._forget()
+            self.pool.store.release(self.claim)
+        elif self.reservation is not None:
+            self.pool.store.abort(self.reservation)
