@@ -59,9 +59,6 @@ class DramPool:
         self.region = region
         self.store = store
         self.transport = transport
-        #: The store can count a claim's use after it is made (a placement's own store may
-        #: predate that).
-        self.touch_later = takes(store.claim, "touch") and hasattr(store, "touch")
         self.pool_side = Side(spec.endpoint, spec.geometry)
         self.tier_side = Side(Endpoint(region.address, tier_geometry.nbytes, "cpu", region),
                                tier_geometry)  # fmt: skip

@@ -370,13 +370,11 @@ class Store:
         return np.fromiter(values, dtype=np.int64, count=len(keys))
 
     @_changes
-    def claim(self, keys: Sequence[str], *, touch: bool = True) -> Claim:
+    def claim(self, keys: Sequence[str]) -> Claim:
         """Claim the slots of the leading run of published keys for a read.
 
         Claimed slots are not evicted, overwritten or freed until :meth:`release`. The claim
-        counts as a use for the eviction policy (``touch=False``: once the caller passes it to
-        :meth:`touch`, so a read can start its copies first), and its keys as hits, the rest
-        as misses.
+        counts as a use for the eviction policy, and its keys as hits, the rest as misses.
         """
         with self._lock:
             self._check_open("claim")
@@ -386,9 +384,13 @@ class Store:
             absent = np.flatnonzero(found < 0)
             slots_array = found[: absent[0]] if len(absent) else found
             run = keys[: len(slots_array)]
+            slots = slots_array.tolist()
             self._claims.add(slots_array)
-            if touch:
-                self._use(slots_array.tolist())
+            touch_many = getattr(self._policy, "touch_many", None)
+            if touch_many is not None:
+                touch_many(slots)
+            else:
+                collections.deque(map(self._policy.touch, slots), maxlen=0)
             self._hits += len(run)
             self._misses += len(keys) - len(run)
             token = next(_TOKENS)
@@ -403,21 +405,6 @@ class Store:
                 requested=len(keys),
                 evicted=len(run) < len(keys) and keys[len(run)] in self._evicted,
             )
-
-    def touch(self, claim: Claim) -> None:
-        """Count a claim made with ``touch=False`` as a use for the eviction policy, as
-        :meth:`claim` would have; nothing once the claim is released."""
-        with self._lock:
-            self._check_open("touch")
-            if claim.token in self._live_claims:
-                self._use(claim.slots.tolist())
-
-    def _use(self, slots: list[int]) -> None:
-        touch_many = getattr(self._policy, "touch_many", None)
-        if touch_many is not None:
-            touch_many(slots)
-        else:
-            collections.deque(map(self._policy.touch, slots), maxlen=0)
 
     @_changes
     def release(self, claim: Claim) -> None:

@@ -45,7 +45,6 @@ class Pool(Protocol):
     pool_side: Side
     tier_side: Side
     ahead_pages: int | None
-    touch_later: bool
 
 
 class DramTransfer:
@@ -60,19 +59,13 @@ class DramTransfer:
         self.reservation: Reservation | None = None
         self.ticket: object = None
         if read:
-            # Reading ahead starts before the eviction policy hears of the use (no slot of a
-            # live claim is evicted either way).
-            ahead = pool.transport.whole_slots
-            later = ahead and pool.touch_later
-            self.claim = pool.store.claim(keys, touch=False) if later else pool.store.claim(keys)
+            self.claim = pool.store.claim(keys)
             self.slots = self.claim.slots
             self.limit = len(self.slots)
             self.needs: np.ndarray | None = None
             self.miss = "evicted" if self.claim.evicted else "absent"
-            if ahead and self.limit:
+            if pool.transport.whole_slots and self.limit:
                 self._read_ahead()
-            if later:
-                pool.store.touch(self.claim)
         else:
             self.reservation = pool.store.reserve(keys)
             self.slots = self.reservation.slots

@@ -261,27 +261,6 @@ def test_lru_evicts_the_least_recently_used() -> None:
     assert store.stats().evictions == 1
 
 
-@pytest.mark.parametrize("later", [False, True])
-def test_a_claim_touched_later_is_the_same_use(later: bool) -> None:
-    """``claim(touch=False)`` then ``touch``: the same eviction order as ``claim``; touching
-    a released claim uses nothing (a read that ended before it counted its use)."""
-    store = Store(3)
-    for key in "abc":
-        put(store, [key])
-    claim = store.claim(["a"], touch=not later)
-    if later:
-        store.touch(claim)
-    store.release(claim)
-    store.touch(claim)  # released: no use
-    stale = store.claim(["b"], touch=False)
-    store.release(stale)
-    store.touch(stale)  # b was never used
-    put(store, ["d"])  # evicts b, the least recently used
-    assert store.lookup(["a", "b", "c", "d"]).tolist()[1] == -1
-    assert store.contains_prefix(["a"]) == 1 and store.stats().evictions == 1
-    assert store.stats().hits == 2
-
-
 def test_a_commit_uses_its_keys_in_their_order() -> None:
     store = Store(3)
     put(store, ["a"])

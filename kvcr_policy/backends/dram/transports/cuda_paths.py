@@ -162,10 +162,11 @@ class CopyPaths:
         # well before the copies ahead of it end, however long the whole batch takes to plan.
         first = buffer_bytes * (2 if stream.query() else ring.count)
         then = None
-        if restore and ticket is not None and ring.ahead is not None and ring.ahead[0] is ticket:
+        held = ring.held(ticket) if restore else 0
+        if held:
             # Fills read ahead for this read are copying: the first chunk is exactly them, the
             # next one buffer, so new copies are enqueued soon after the read-ahead's.
-            first, then = len(ring.ahead[1]) * buffer_bytes, buffer_bytes
+            first, then = held * buffer_bytes, buffer_bytes
         write = "device" if restore else "host"
         keep: list[Any] = []
         if not restore:

@@ -285,6 +285,10 @@ class StagingRing:
             held.append((slot, at, self.buffer_bytes))
         self.ahead = (ticket, held)
 
+    def held(self, ticket: object) -> int:
+        """How many fills read ahead for ``ticket`` wait to be adopted."""
+        return len(self.ahead[1]) if self.ahead is not None and self.ahead[0] is ticket else 0
+
     def forget(self, ticket: object) -> None:
         """Discard what was read ahead for ``ticket`` (its holder no longer holds the bytes)."""
         if self.ahead is not None and self.ahead[0] is ticket:
