@@ -33,22 +33,36 @@ class ClaimCounts:
     def __getitem__(self, slot: int) -> int:
         return int(self.counts[slot])
 
-    def add(self, slots: Int64Array) -> None:
-        """One more claim on each entry of ``slots`` (an entry named twice counts twice)."""
+    def add(self, slots: Int64Array, distinct: bool = False) -> None:
+        """One more claim on each entry of ``slots`` (an entry named twice counts twice).
+        ``distinct``: the caller knows no slot is named twice (a read's claim: one slot per
+        key, the keys distinct), so no sort is needed."""
         if len(slots) == 0:
             return
         counts = self.counts
+        if distinct:
+            held = counts[slots]
+            self.claimed += int(np.count_nonzero(held == 0))
+            counts[slots] = held + 1
+            return
         unique, repeats = np.unique(slots, return_counts=True)
         held = counts[unique]
         self.claimed += int(np.count_nonzero(held == 0))
         counts[unique] = held + repeats
 
-    def remove(self, slots: Int64Array) -> Int64Array:
+    def remove(self, slots: Int64Array, distinct: bool = False) -> Int64Array:
         """One claim fewer on each entry of ``slots``, none below zero (an entry whose slot
-        holds no claim any more is skipped); returns the slots left with none, ascending."""
+        holds no claim any more is skipped); returns the slots left with none, ascending.
+        ``distinct`` as for :meth:`add`."""
         if len(slots) == 0:
             return slots
         counts = self.counts
+        if distinct:
+            held = counts[slots]
+            counts[slots] = np.maximum(held - 1, 0)
+            freed: Int64Array = np.sort(slots[held == 1])
+            self.claimed -= len(freed)
+            return freed
         unique, repeats = np.unique(slots, return_counts=True)
         held = counts[unique]
         counts[unique] = np.maximum(held - repeats, 0)

@@ -145,6 +145,8 @@ class Claim:
     requested: int
     #: Whether the first requested key past the run was evicted (not absent): for metrics.
     evicted: bool = False
+    #: Claimed for keys known distinct (:meth:`Store.claim`): its slots are too.
+    distinct: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,11 +384,13 @@ class Store:
         return np.fromiter(values, dtype=np.int64, count=len(keys))
 
     @_changes
-    def claim(self, keys: Sequence[str]) -> Claim:
+    def claim(self, keys: Sequence[str], distinct: bool = False) -> Claim:
         """Claim the slots of the leading run of published keys for a read.
 
         Claimed slots are not evicted, overwritten or freed until :meth:`release`. The claim
         counts as a use for the eviction policy, and its keys as hits, the rest as misses.
+        ``distinct``: the caller guarantees no key twice (a backend's call, see
+        :mod:`kvcr_policy.backends.base`), so the claim counts skip a sort both ways.
         """
         with self._lock:
             self._check_open("claim")
@@ -397,7 +401,7 @@ class Store:
             slots_array = found[: absent[0]] if len(absent) else found
             run = keys[: len(slots_array)]
             slots = slots_array.tolist()
-            self._claims.add(slots_array)
+            self._claims.add(slots_array, distinct)
             touch_many = getattr(self._policy, "touch_many", None)
             if touch_many is not None:
                 touch_many(slots)
@@ -416,6 +420,7 @@ class Store:
                 generations=generations,
                 requested=len(keys),
                 evicted=len(run) < len(keys) and keys[len(run)] in self._evicted,
+                distinct=distinct,
             )
 
     @_changes
@@ -432,7 +437,8 @@ class Store:
                 return
             # An entry whose slot has a newer occupant is skipped; the rest in a few array
             # operations (this runs under the lock after a read's last copy).
-            emptied = self._claims.remove(slots[self._generation[slots] == claim.generations])
+            current = slots[self._generation[slots] == claim.generations]
+            emptied = self._claims.remove(current, claim.distinct)
             if len(emptied):
                 states = np.frombuffer(self._state, dtype=np.uint8)
                 orphaned = emptied[states[emptied] == _ORPHANED]

@@ -130,7 +130,7 @@ class DramTransfer:
         self.reservation: Reservation | None = None
         self.ticket: object = None
         if read:
-            self.claim = pool.store.claim(keys)
+            self.claim = pool.store.claim(keys, distinct=True)  # distinct (backends.base)
             self.slots = self.claim.slots
             self.limit = len(self.slots)
             self.needs: np.ndarray | None = None

@@ -113,3 +113,36 @@ def test_claim_counts_match_a_count_per_slot(scenario: ClaimScenario) -> None:
     assert counts.counts.tolist() == model
     assert emptied.tolist() == sorted(expected)
     assert counts.claimed == sum(1 for c in model if c)
+
+
+@given(claim_scenarios())
+def test_claim_counts_of_distinct_slots_skip_the_sort_and_match(scenario: ClaimScenario) -> None:
+    """add/remove with ``distinct`` (a read's claim) give what the general path gives, from
+    any earlier counts: the same counts, claimed slots and emptied slots, ascending."""
+    capacity = scenario.capacity
+    earlier = np.array([int(key[1:]) % capacity for key in scenario.stored], dtype=np.int64)
+    named = [int(key[1:]) % capacity for key in scenario.claimed + scenario.deleted]
+    slots = np.array(list(dict.fromkeys(named)), dtype=np.int64)  # distinct, in order
+    fast, general = ClaimCounts(capacity), ClaimCounts(capacity)
+    for counts in (fast, general):
+        counts.add(earlier)
+    fast.add(slots, distinct=True)
+    general.add(slots)
+    assert fast.counts.tolist() == general.counts.tolist()
+    assert fast.claimed == general.claimed
+    once = slots[::2].copy()
+    assert fast.remove(once, distinct=True).tolist() == general.remove(once).tolist()
+    assert fast.remove(slots, distinct=True).tolist() == general.remove(slots).tolist()
+    assert fast.counts.tolist() == general.counts.tolist()
+    assert fast.claimed == general.claimed
+
+
+def test_a_read_claims_its_keys_as_distinct_and_releases_them_all() -> None:
+    """The claim a read takes says its keys are distinct; releasing it frees every count."""
+    store = Store(8)
+    keys = [f"k{i}" for i in range(5)]
+    store.commit(store.reserve(keys), [True] * 5)
+    claim = store.claim(keys, distinct=True)
+    assert claim.distinct and store.stats().claimed == 5
+    store.release(claim)
+    assert store.stats().claimed == 0 and store.snapshot().claims.tolist() == [0] * 8
