@@ -24,7 +24,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from .backends.base import PoolTier, Shape, Transfer
+from .backends.base import EarlyRead, PoolTier, Shape, Transfer
 from .descriptors import Descriptors, split_pieces
 from .errors import CapacityError, ClosedError
 from .observability.meter import CallCounts, DirectionMeter, PoolMeter, miss_reason
@@ -99,15 +99,19 @@ class Mover:
         page_bytes: int,
         on_ready: Callable[[int], None] | None = None,
         meter: PoolMeter | None = None,
+        early: EarlyRead | None = None,
     ) -> list[bool]:
         """One get (``read``) or set call on ``tier``: begin, :meth:`move`, finish (abort on
-        an exception); True per key that arrived (read) or is now present (write).
+        an exception); True per key that arrived (read) or is now present (write). ``early``
+        (a read the tier started for these keys, :class:`~.backends.base.PoolReadsEarly`)
+        begins the call in place of ``tier``.
 
         With ``meter``, the call's totals, latency and misses by reason are recorded once,
         and a read's claimed pages count as outstanding claims while it runs.
         """
+        begin = tier.begin if early is None else early.begin
         if meter is None:
-            transfer = tier.begin(read, keys, pages)
+            transfer = begin(read, keys, pages)
             try:
                 moved = self.move(transfer, read, page_bytes, on_ready)
             except BaseException:
@@ -118,7 +122,7 @@ class Mover:
         start = time.perf_counter()
         claimed = 0
         try:
-            transfer = tier.begin(read, keys, pages)
+            transfer = begin(read, keys, pages)
             if read:
                 claimed = transfer.limit
                 meter.claims.inc(claimed)

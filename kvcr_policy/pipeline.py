@@ -17,12 +17,20 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from . import tier_reports as reports
-from .backends.base import BackendContext, Endpoint, PoolSpec, PoolTier, TierBackend
+from .backends.base import (
+    BackendContext,
+    EarlyRead,
+    Endpoint,
+    PoolReadsEarly,
+    PoolSpec,
+    PoolTier,
+    TierBackend,
+)
 from .errors import (
     ClosedError,
     IndicesError,
@@ -301,18 +309,47 @@ class Pipeline:
         on_ready: Callable[[int], None] | None,
     ) -> list[bool]:
         name = pool
+        early: EarlyRead | None = None
         try:
-            geometry, tier = self._pool(pool, touch=True)
-            name = geometry.name
-            pages = self._pages(geometry, keys, indices)
-        except PoolError:
-            if name is not None and (name in self._pools or name in self.refused):
-                self.count_misses(name, read, "pool_refused", len(keys))
-            raise
+            try:
+                geometry, tier = self._pool(pool, touch=True)
+                name = geometry.name
+                if read:
+                    early = self._read_early(tier, keys)
+                pages = self._pages(geometry, keys, indices)
+            except PoolError:
+                if name is not None and (name in self._pools or name in self.refused):
+                    self.count_misses(name, read, "pool_refused", len(keys))
+                raise
+            return self._rounds(geometry, tier, read, keys, pages, on_ready, early)
+        finally:
+            if early is not None:
+                early.cancel()  # a no-op once the call's transfer used it and finished
+
+    @staticmethod
+    def _read_early(tier: PoolTier, keys: list[str]) -> EarlyRead | None:
+        """The read's first copies, started while the call is checked (:class:`PoolReadsEarly`):
+        for a read of pages stored together, the copies begin before the indices are validated
+        and the keys claimed. Kept only where the claim finds the same bytes."""
+        start = getattr(tier, "read_early", None)
+        return None if start is None else cast(PoolReadsEarly, tier).read_early(keys)
+
+    def _rounds(
+        self,
+        geometry: PoolGeometry,
+        tier: PoolTier,
+        read: bool,
+        keys: list[str],
+        pages: np.ndarray,
+        on_ready: Callable[[int], None] | None,
+        early: EarlyRead | None,
+    ) -> list[bool]:
         meter = self.meters.get(geometry.name)
         repeats = rounds(keys)
         if repeats is None:
-            return self._mover.run(tier, read, keys, pages, geometry.page_bytes, on_ready, meter)
+            return self._mover.run(
+                tier, read, keys, pages, geometry.page_bytes, on_ready, meter, early
+            )
         # A backend sees each key once per call (kvcr_policy.keys): a set stores the first
         # occurrence's page and every occurrence reports it; a get reads round after round.
         results = np.zeros(len(keys), dtype=bool)

@@ -27,6 +27,14 @@ batch at a time and never loops over a call's pages itself::
       PoolTier.audit() -> dict | None   where its memory landed (backends that place memory)
       PoolTier.usage() -> TierUsage     capacity, bytes used, evictions (metrics)
 
+    Reading early, optional (:class:`PoolReadsEarly`; the pipeline asks where it exists)
+      PoolTier.read_early(keys)         -> EarlyRead | None: a read's first copies, started
+                                        before the call is validated and claimed
+      EarlyRead.begin(read, keys, pages) in place of PoolTier.begin for that call: keeps the
+                                        copies only where its claim finds the same bytes
+      EarlyRead.cancel()                nothing of it is used after (idempotent); the pipeline
+                                        calls it once the call ends, however it ends
+
     Transfer                            the keys of one call, in order
       .limit                            keys it covers from the start (a read: the claimed run)
       .needs                            bool mask over those keys: pages to move (None: all)
@@ -71,7 +79,9 @@ __all__ = [
     "BackendContext",
     "BackendReporting",
     "ConfiguredTransport",
+    "EarlyRead",
     "Endpoint",
+    "PoolReadsEarly",
     "PoolReporting",
     "PoolSpec",
     "PoolTier",
@@ -199,6 +209,21 @@ class PoolTier(Protocol):
     def clear(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class EarlyRead(Protocol):
+    """A read's first copies, started early (:class:`PoolReadsEarly`)."""
+
+    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> Transfer: ...
+
+    def cancel(self) -> None: ...
+
+
+class PoolReadsEarly(Protocol):
+    """A pool tier that starts a read's first copies before the call is validated (optional;
+    see the module docstring)."""
+
+    def read_early(self, keys: list[str]) -> EarlyRead | None: ...
 
 
 class PoolReporting(Protocol):

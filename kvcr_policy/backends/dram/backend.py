@@ -5,9 +5,11 @@ of pages, so a prefix stored together restores as a few large copies once coales
 the transport asks for ``whole_slots``, each slot one contiguous page) and a
 :class:`~.store.Store` maps keys to slots. Bytes move with the configured copy transport
 (``cpu`` threads, ``cuda`` streams, ``memory`` for tests). A read claims the slots of its
-leading present run for the whole call; a write reserves slots and publishes exactly the pages
-that arrived (:mod:`.transfer`). Close order: the transport finishes every copy, then each
-store closes, each region is detached (unpinned) and only then unmapped.
+leading present run for the whole call (its first copies may start before, from the slots the
+keys had, and are kept only where the claim found the same ones); a write reserves slots and
+publishes exactly the pages that arrived (:mod:`.transfer`). Close order: the transport
+finishes every copy, then each store closes, each region is detached (unpinned) and only then
+unmapped.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ...memory.region import Region
 from ..base import BackendContext, Endpoint, PoolSpec, TierUsage, check_device
 from .store import Store
 from .stores import new_store, takes
-from .transfer import DramTransfer, Side
+from .transfer import DramTransfer, EarlyRead, Side, read_early
 from .transports.base import CopyBatch, Transport
 
 log = logging.getLogger("kvcr_policy.backends.dram")
@@ -71,6 +73,10 @@ class DramPool:
 
     def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> DramTransfer:
         return DramTransfer(self, read, keys, pages)
+
+    def read_early(self, keys: list[str]) -> EarlyRead | None:
+        """A read's first copies, started before the call is validated (:func:`.read_early`)."""
+        return read_early(self, keys)
 
     def delete(self, keys: Any) -> int:
         return self.store.delete(keys)

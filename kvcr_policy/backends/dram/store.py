@@ -367,6 +367,18 @@ class Store:
             self._check_open("lookup")
             return self._slots_of(keys)
 
+    def peek(self, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Slots and generations of the leading run of published ``keys``, claiming, counting
+        and touching nothing: what a read may start copying before its claim. A claim that
+        later finds the same slots with the same generations finds the same bytes (a slot is
+        written only after a reservation, which moves its generation on)."""
+        with self._lock:
+            self._check_open("peek")
+            found = self._slots_of(keys)
+            absent = np.flatnonzero(found < 0)
+            slots = found[: absent[0]] if len(absent) else found
+            return slots, self._generation[slots]
+
     def _slots_of(self, keys: Sequence[str]) -> np.ndarray:
         values = map(self._index.get, keys, itertools.repeat(-1))
         return np.fromiter(values, dtype=np.int64, count=len(keys))

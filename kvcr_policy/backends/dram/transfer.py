@@ -2,9 +2,13 @@
 batches it submits to the copy transport, and what it reads ahead.
 
 A read claims the slots of its leading present run for the whole call, lets the transport read
-ahead of its first batch while the claim holds them (:meth:`.Transport.read_ahead`), and
-forgets that before it releases the claim; a write reserves slots and publishes exactly the
-pages that arrived.
+ahead of its first batch (:meth:`.Transport.read_ahead`), and forgets that before it releases
+the claim; a write reserves slots and publishes exactly the pages that arrived.
+
+The read-ahead may start before the call is validated and claimed (:class:`EarlyRead`, from
+:meth:`.backend.DramPool.read_early`): it reads the slots the keys had then, and the claim
+adopts it only where it found the same slots with the same generations, so the same bytes;
+otherwise the read reads ahead anew.
 """
 
 from __future__ import annotations
@@ -18,13 +22,13 @@ import numpy as np
 
 from ...descriptors import build_descriptors, slot_descriptors
 from ...geometry import PoolGeometry
-from ..base import Endpoint, Shape
+from ..base import Endpoint, Shape, Transfer
 from .store import Claim, Reservation, Store
 from .transports.base import CopyBatch, Transport
 
 log = logging.getLogger("kvcr_policy.backends.dram")
 
-__all__ = ["DramTransfer", "Side"]
+__all__ = ["DramTransfer", "EarlyRead", "Side", "read_early"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +51,77 @@ class Pool(Protocol):
     ahead_pages: int | None
 
 
+def _read_ahead(pool: Pool, slots: np.ndarray) -> object | None:
+    """The transport's read-ahead of the leading ``slots`` (at most the first batch's), or
+    None. It only hastens the copies, so a failure is logged and the batches move the pages
+    as ever."""
+    geometry = pool.geometry
+    try:
+        return pool.transport.read_ahead(
+            pool.tier_side.endpoint,
+            pool.pool_side.endpoint,
+            slots[: pool.ahead_pages] * geometry.page_bytes,
+            geometry.page_bytes,
+            geometry.fragments_per_page,
+        )
+    except Exception as err:
+        message = "pool %r: reading ahead failed (%s); the batches move every page"
+        log.warning(message, pool.name, err)
+        return None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EarlyRead:
+    """A read's first copies, started from the slots its keys had before the call was
+    validated and claimed (:func:`read_early`); :meth:`begin` takes the place of the pool's."""
+
+    pool: Pool
+    ticket: object
+    slots: np.ndarray
+    generations: np.ndarray
+
+    def holds(self, claim: Claim) -> bool:
+        """Whether ``claim`` begins with exactly these slots, none written since (a slot is
+        written only after a reservation, which moves its generation on)."""
+        n = len(self.slots)
+        return (
+            len(claim.slots) >= n
+            and np.array_equal(claim.slots[:n], self.slots)
+            and np.array_equal(claim.generations[:n], self.generations)
+        )
+
+    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> Transfer:
+        return DramTransfer(self.pool, read, keys, pages, self if read else None)
+
+    def cancel(self) -> None:
+        """Nothing read early is used after (idempotent; a no-op once its read finished)."""
+        self.pool.transport.forget(self.ticket)
+
+
+def read_early(pool: Pool, keys: list[str]) -> EarlyRead | None:
+    """Start a read of ``keys`` on ``pool`` before the call is validated and claimed: the
+    transport reads ahead from the slots of the leading published keys (at most the first
+    batch's), looked up without claiming or counting them. None when nothing was started."""
+    if not pool.transport.whole_slots:
+        return None
+    slots, generations = pool.store.peek(keys[: pool.ahead_pages])
+    if not len(slots):
+        return None
+    ticket = _read_ahead(pool, slots)
+    return None if ticket is None else EarlyRead(pool, ticket, slots, generations)
+
+
 class DramTransfer:
     """One get or set on one DRAM pool: the claim or reservation it holds, and its batches."""
 
-    def __init__(self, pool: Pool, read: bool, keys: list[str], pages: np.ndarray) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        read: bool,
+        keys: list[str],
+        pages: np.ndarray,
+        early: EarlyRead | None = None,
+    ) -> None:
         self.pool = pool
         self.read = read
         self.keys = keys
@@ -64,7 +135,12 @@ class DramTransfer:
             self.limit = len(self.slots)
             self.needs: np.ndarray | None = None
             self.miss = "evicted" if self.claim.evicted else "absent"
-            if pool.transport.whole_slots and self.limit:
+            if early is not None and not early.holds(self.claim):
+                early.cancel()  # read from slots that changed since: never used
+                early = None
+            if early is not None:
+                self.ticket = early.ticket  # read from these very bytes: adopted
+            elif pool.transport.whole_slots and self.limit:
                 self._read_ahead()
         else:
             self.reservation = pool.store.reserve(keys)
@@ -75,22 +151,10 @@ class DramTransfer:
 
     def _read_ahead(self) -> None:
         """Let the transport start on the claimed slots before the first batch is planned
-        (:meth:`.Transport.read_ahead`): the claim keeps them unchanged until finish. It only
-        hastens the copies, so a failure is logged and the batches move the pages as ever; the
+        (:meth:`.Transport.read_ahead`): the claim keeps them unchanged until finish. The
         claim never outlives an interrupted start."""
-        pool, geometry = self.pool, self.pool.geometry
         try:
-            self.ticket = pool.transport.read_ahead(
-                pool.tier_side.endpoint,
-                pool.pool_side.endpoint,
-                self.slots[: pool.ahead_pages] * geometry.page_bytes,
-                geometry.page_bytes,
-                geometry.fragments_per_page,
-            )
-        except Exception as err:
-            log.warning(
-                "pool %r: reading ahead failed (%s); the batches move every page", pool.name, err
-            )
+            self.ticket = _read_ahead(self.pool, self.slots)
         except BaseException:
             self.abort()
             raise

@@ -13,6 +13,7 @@ import pytest
 
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
+from kvcr_policy.errors import IndicesError
 from tests.support.pipelines import (
     LAYOUT_CASES,
     LAYOUT_IDS,
@@ -94,10 +95,13 @@ class ReadsAhead(WholeSlots):
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_a_read_reads_ahead_only_while_it_holds_its_claim(build: Build, fails: bool) -> None:
-    """The read-ahead names the first batch's claimed slots in order, after the claim is taken;
-    every batch of the read carries its ticket; the ticket is forgotten before the claim ends,
-    on success and when a batch fails (then each page is retried). Writes read nothing ahead."""
+def test_a_read_reads_ahead_before_its_claim_and_uses_it_only_under_it(
+    build: Build, fails: bool
+) -> None:
+    """The read-ahead starts before the call is validated and claimed (nothing claimed yet),
+    from the first batch's slots in order; the claim finds them unchanged and adopts it, so
+    every batch of the read carries its ticket; it is forgotten before the claim ends, on
+    success and when a batch fails (then each page is retried). Writes read nothing ahead."""
     geo = geometry("layer_first")
     buffer = random_buffer(geo, np.random.default_rng(3), "numpy-float16")
     holder: list[Any] = []
@@ -123,14 +127,87 @@ def test_a_read_reads_ahead_only_while_it_holds_its_claim(build: Build, fails: b
     kinds = [kind for kind, _, _ in transport.events]
     # Failing, one of three batches is retried page by page: two batches, 3 retries.
     assert kinds.count("batch") == (5 if fails else 3)
-    assert kinds[0] == "read_ahead" and kinds[-1] == "forget" and kinds.count("forget") == 1
+    assert kinds[0] == "read_ahead" and kinds.count("read_ahead") == 1
     ticket = transport.events[0][1]
     assert all(t is ticket for _, t, _ in transport.events)
-    assert transport.events[0][2] == 7 and transport.events[-1][2] == 7  # claimed throughout
+    assert transport.events[0][2] == 0  # started before the claim
+    # The transfer forgets it while its claim holds (the pipeline's cancel after is a no-op).
+    forgets = [claimed for kind, _, claimed in transport.events if kind == "forget"]
+    assert forgets[0] == 7 and kinds.index("forget") > max(
+        i for i, kind in enumerate(kinds) if kind == "batch"
+    )
     # At most the first batch's pages: a later batch never adopts a fill.
     assert np.array_equal(transport.starts, slots[:3] * geo.page_bytes)
     assert (transport.page_bytes, transport.fragments) == (geo.page_bytes,
                                                            geo.fragments_per_page)  # fmt: skip
+    assert transport._claims() == 0
+
+
+def test_a_refused_read_forgets_what_it_read_early_and_counts_nothing(build: Build) -> None:
+    """Indices refused after the read-ahead started: it is forgotten, no batch runs, and the
+    store counts no hit or miss and holds no claim (the read-ahead only looked the keys up)."""
+    geo = geometry("layer_first")
+    buffer = random_buffer(geo, np.random.default_rng(4), "numpy-float16")
+    holder: list[Any] = []
+    transport = ReadsAhead(holder)
+    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
+    holder.append(pipeline)
+    pipeline.register_pool("kv", geo, buffer)
+    keys = keys_of("k", 5)
+    assert pipeline.set(keys, token_indices(range(5), P)) == [True] * 5
+    transport.events.clear()
+    store = pipeline.backend._pools[0].store
+    before = store.stats()
+    with pytest.raises(IndicesError, match="4 pages"):
+        pipeline.get(keys, token_indices(range(8, 12), P))  # indices of 4 pages for 5 keys
+    kinds = [kind for kind, _, _ in transport.events]
+    assert kinds == ["read_ahead", "forget"]
+    assert transport.events[0][1] is transport.events[1][1]
+    after = store.stats()
+    assert (after.hits, after.misses, after.claimed) == (before.hits, before.misses, 0)
+
+
+def test_a_read_ahead_of_slots_rewritten_before_the_claim_is_never_used(build: Build) -> None:
+    """Between the read-ahead and the claim, another call rewrites the first key (delete, then
+    set new bytes): the claim finds its slot with a new generation, forgets the read-ahead and
+    reads ahead anew under the claim; the batches carry only the new ticket and the page
+    restored is the new one."""
+    geo = geometry("layer_first")
+    buffer = random_buffer(geo, np.random.default_rng(6), "numpy-float16")
+    holder: list[Any] = []
+    transport = ReadsAhead(holder)
+    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
+    holder.append(pipeline)
+    pipeline.register_pool("kv", geo, buffer)
+    keys = keys_of("k", 4)
+    assert pipeline.set(keys, token_indices(range(4), P)) == [True] * 4
+    view = pages_of(buffer, geo)
+    rewritten = view[:, 14].copy()
+    assert not np.array_equal(rewritten, view[:, 0])
+    expected = view[:, :4].copy()
+    expected[:, 0] = rewritten
+    early = transport.read_ahead
+
+    def rewrite_first(*args: Any) -> object:
+        ticket = early(*args)
+        if len(transport.events) == 1:  # the read-ahead before the claim
+            assert pipeline.delete(keys[:1]) == 1
+            assert pipeline.set(keys[:1], token_indices([14], P)) == [True]
+        return ticket
+
+    transport.read_ahead = rewrite_first  # type: ignore[method-assign]
+    transport.events.clear()
+    assert pipeline.get(keys, token_indices(range(8, 12), P)) == [True] * 4
+    assert np.array_equal(view[:, 8:12], expected)
+    read = [(kind, t, claimed) for kind, t, claimed in transport.events if t is not None]
+    first, second = read[0][1], read[2][1]
+    assert [(kind, claimed) for kind, _, claimed in read[:3]] == [
+        ("read_ahead", 0),
+        ("forget", 4),
+        ("read_ahead", 4),
+    ]
+    assert read[1][1] is first and second is not first
+    assert all(t is second for kind, t, _ in read if kind == "batch")
     assert transport._claims() == 0
 
 

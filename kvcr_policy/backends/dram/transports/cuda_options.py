@@ -76,10 +76,11 @@ class CudaOptions(BaseModel):
         json_schema_extra=tunable(choices=("8MiB", "16MiB", "32MiB", "64MiB", "128MiB")),
     )
     staging_buffers: int = Field(
-        4,
+        8,
         ge=2,
         le=64,
-        description="Buffers in the staging ring (2..64): how many copies and scatters overlap.",
+        description="Buffers in the staging ring (2..64): how many copies and scatters overlap, "
+        "and how much of a read is copied ahead while its first batch is planned.",
         json_schema_extra=tunable(choices=(2, 3, 4, 8)),
     )
     staging_min_span_bytes: Size = Field(

@@ -8,6 +8,7 @@ tests compare on the GPU.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 from collections.abc import Iterator
 from dataclasses import replace
@@ -471,6 +472,62 @@ def test_a_read_ahead_is_adopted_where_it_fits_and_restores_are_byte_exact(
     if not scatter:
         assert paths["staging:read_ahead.fills"] == 2 * 3
         assert paths["staging:read_ahead.adopted"] == 2 * 3
+
+
+@pytest.mark.parametrize("mla", [False, True])
+@pytest.mark.cuda
+@needs_cuda
+def test_a_read_ahead_of_a_slot_rewritten_before_the_claim_restores_the_new_bytes(
+    mla: bool,
+) -> None:
+    """A get starts reading ahead before its claim (:class:`PoolReadsEarly`); a writer
+    rewrites the first key between the two (delete, reserve, new host bytes, commit), after
+    the early fills copied the old bytes: the claim finds that slot rewritten, the early fills
+    are never adopted, and every page restored is the one stored last, byte for byte."""
+    geo = geometry("layer_first", mla=mla, pages=64)
+    page_bytes = geo.page_bytes
+    pool = random_pool(geo)
+    original = pool.clone()
+    axis = 1 if mla else 2  # the token axis of layer_first
+
+    def pages(t: Any, start: int, count: int) -> Any:
+        return t.narrow(axis, start * PAGE, count * PAGE)
+
+    n = 32
+    keys = keys_of("k", n)
+    staging = ring_of("auto", page_bytes * 2, page_bytes)
+    with pipeline(geo, staging=staging, **{"batching.read_batch_pages": 16}) as p:
+        p.register_pool("kv", geo, pool)
+        torch.cuda.synchronize()
+        assert all(p.set(keys, token_indices(np.arange(n), PAGE)))
+        tier = p.backend._pools[0]
+        store, base = tier.store, tier.tier_side.endpoint.address
+        early = tier.read_early
+        started: list[Any] = []
+
+        def rewrite_first(asked: list[str]) -> Any:
+            read = early(asked)
+            started.append(read)
+            torch.cuda.synchronize()  # the early fills hold the old bytes
+            last = int(store.lookup(keys[-1:])[0])
+            assert store.delete(keys[:1]) == 1
+            reservation = store.reserve(keys[:1])
+            slot = int(reservation.slots[0])
+            ctypes.memmove(base + slot * page_bytes, base + last * page_bytes, page_bytes)
+            store.commit(reservation, [True])
+            return read
+
+        tier.read_early = rewrite_first
+        pages(pool, n, n).fill_(1.0)
+        torch.cuda.synchronize()
+        assert p.get(keys, token_indices(np.arange(n, 2 * n), PAGE)) == [True] * n
+        torch.cuda.synchronize()
+        assert started[0] is not None  # the early fills were copying
+        assert same(pages(pool, n, 1), pages(original, n - 1, 1))  # the new first page
+        assert same(pages(pool, n + 1, n - 1), pages(original, 1, n - 1))
+        paths = p.stats().transport["paths"]
+    assert paths["staging:read_ahead.fills"] >= 3  # the ring's three, read early
+    assert paths["staging:read_ahead.adopted"] <= paths["staging:read_ahead.fills"] - 3
 
 
 @pytest.mark.cuda
