@@ -14,6 +14,7 @@ import pytest
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.errors import IndicesError
+from kvcr_policy.geometry import PoolGeometry
 from tests.support.pipelines import (
     LAYOUT_CASES,
     LAYOUT_IDS,
@@ -94,6 +95,23 @@ class ReadsAhead(WholeSlots):
         self.events.append(("forget", ticket, self._claims()))
 
 
+def reading_ahead(
+    build: Build, seed: int, count: int
+) -> tuple[Any, ReadsAhead, np.ndarray, PoolGeometry, list[str]]:
+    """A pipeline over a transport that reads ahead (batches of 3 pages), with ``count`` keys
+    stored from its first pages: pipeline, transport, pool buffer, geometry, keys."""
+    geo = geometry("layer_first")
+    buffer = random_buffer(geo, np.random.default_rng(seed), "numpy-float16")
+    holder: list[Any] = []
+    transport = ReadsAhead(holder)
+    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
+    holder.append(pipeline)
+    pipeline.register_pool("kv", geo, buffer)
+    keys = keys_of("k", count)
+    assert pipeline.set(keys, token_indices(range(count), P)) == [True] * count
+    return pipeline, transport, buffer, geo, keys
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_read_reads_ahead_before_its_claim_and_uses_it_only_under_it(
     build: Build, fails: bool
@@ -102,15 +120,7 @@ def test_a_read_reads_ahead_before_its_claim_and_uses_it_only_under_it(
     from the first batch's slots in order; the claim finds them unchanged and adopts it, so
     every batch of the read carries its ticket; it is forgotten before the claim ends, on
     success and when a batch fails (then each page is retried). Writes read nothing ahead."""
-    geo = geometry("layer_first")
-    buffer = random_buffer(geo, np.random.default_rng(3), "numpy-float16")
-    holder: list[Any] = []
-    transport = ReadsAhead(holder)
-    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
-    holder.append(pipeline)
-    pipeline.register_pool("kv", geo, buffer)
-    keys = keys_of("k", 7)
-    assert pipeline.set(keys, token_indices(range(7), P)) == [True] * 7
+    pipeline, transport, _, geo, keys = reading_ahead(build, 3, 7)
     assert [t for _, t, _ in transport.events] == [None] * 3  # a write reads nothing ahead
     transport.events.clear()
     slots = pipeline.backend._pools[0].store.lookup(keys)
@@ -146,15 +156,7 @@ def test_a_read_reads_ahead_before_its_claim_and_uses_it_only_under_it(
 def test_a_refused_read_forgets_what_it_read_early_and_counts_nothing(build: Build) -> None:
     """Indices refused after the read-ahead started: it is forgotten, no batch runs, and the
     store counts no hit or miss and holds no claim (the read-ahead only looked the keys up)."""
-    geo = geometry("layer_first")
-    buffer = random_buffer(geo, np.random.default_rng(4), "numpy-float16")
-    holder: list[Any] = []
-    transport = ReadsAhead(holder)
-    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
-    holder.append(pipeline)
-    pipeline.register_pool("kv", geo, buffer)
-    keys = keys_of("k", 5)
-    assert pipeline.set(keys, token_indices(range(5), P)) == [True] * 5
+    pipeline, transport, _, _, keys = reading_ahead(build, 4, 5)
     transport.events.clear()
     store = pipeline.backend._pools[0].store
     before = store.stats()
@@ -172,15 +174,7 @@ def test_a_read_ahead_of_slots_rewritten_before_the_claim_is_never_used(build: B
     set new bytes): the claim finds its slot with a new generation, forgets the read-ahead and
     reads ahead anew under the claim; the batches carry only the new ticket and the page
     restored is the new one."""
-    geo = geometry("layer_first")
-    buffer = random_buffer(geo, np.random.default_rng(6), "numpy-float16")
-    holder: list[Any] = []
-    transport = ReadsAhead(holder)
-    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
-    holder.append(pipeline)
-    pipeline.register_pool("kv", geo, buffer)
-    keys = keys_of("k", 4)
-    assert pipeline.set(keys, token_indices(range(4), P)) == [True] * 4
+    pipeline, transport, buffer, geo, keys = reading_ahead(build, 6, 4)
     view = pages_of(buffer, geo)
     rewritten = view[:, 14].copy()
     assert not np.array_equal(rewritten, view[:, 0])
@@ -221,20 +215,12 @@ def test_a_failed_read_ahead_costs_nothing_but_time(
 ) -> None:
     """An error while reading ahead is logged and the batches move every page; an interrupt
     propagates, and the claim taken before it is released."""
-    geo = geometry("layer_first")
-    buffer = random_buffer(geo, np.random.default_rng(5), "numpy-float16")
-    holder: list[Any] = []
-    transport = ReadsAhead(holder)
+    pipeline, transport, buffer, geo, keys = reading_ahead(build, 5, 5)
 
     def fail(*args: Any) -> object:
         raise error
 
     transport.read_ahead = fail  # type: ignore[method-assign]
-    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
-    holder.append(pipeline)
-    pipeline.register_pool("kv", geo, buffer)
-    keys = keys_of("k", 5)
-    assert pipeline.set(keys, token_indices(range(5), P)) == [True] * 5
     view = pages_of(buffer, geo)
     expected = view[:, :5].copy()
     if isinstance(error, Interrupted):
