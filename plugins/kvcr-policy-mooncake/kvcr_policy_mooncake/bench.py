@@ -73,7 +73,7 @@ class MooncakeBench(BenchBackend):
 
         with MasterProcess() as master:
             size = max(64 << 20, self.copies * geometry.nbytes + (64 << 20))
-            holder = SegmentProcess(master.address, size)
+            holder = SegmentProcess(master.address, size, prefault=True)
             try:
                 yield {
                     "backend.name": "mooncake",
@@ -85,6 +85,8 @@ class MooncakeBench(BenchBackend):
                     "master": master.address,
                     "segment": holder.segment,
                     "segment_bytes": size,
+                    "prefaulted_bytes": holder.info.get("prefaulted_bytes"),
+                    "prefault_s": holder.info.get("prefault_s"),
                     "segment_exit_code": holder.stop(),
                 }
 

@@ -4,6 +4,14 @@
 store with a segment of that size, prints one JSON line (``{"segment": "HOST:PORT", ...}``:
 its segment's name, usable as ``backend.options.preferred_segment``), then holds the segment
 until SIGTERM or SIGINT. :class:`SegmentProcess` runs it as a child, stopped by PID.
+
+``--prefault`` touches the whole segment before the JSON line: the holder stores objects into
+its own segment until it is full, then removes them. Mooncake maps a segment without touching
+it, so otherwise the first put into each part of it pays that memory's page faults: on a
+2-core machine, puts into a fresh 2 GiB segment ran at 0.33 to 1.3 GB/s and puts into the same
+memory once reused at 2.5 GB/s. A benchmark's stores measure the store path only once the
+segment is warm, as a long-running holder's is; the JSON line says how long it took
+(``prefault_s``) and how many bytes it touched (``prefaulted_bytes``).
 """
 
 from __future__ import annotations
@@ -14,8 +22,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ByteSize, TypeAdapter
 
@@ -23,13 +32,22 @@ from kvcr_policy.plugin_api import TransportError
 
 from .master import child_setup
 
+if TYPE_CHECKING:
+    from .client import StoreClient
+
 __all__ = ["SegmentProcess", "main"]
+
+#: Size of each object of a prefault: large enough to be few calls, small enough that the
+#: last ones fill what remains of the segment.
+_FILL_BYTES = 16 << 20
 
 
 class SegmentProcess:
     """``python -m kvcr_policy_mooncake.segment`` as a child; ``segment`` once it holds one."""
 
-    def __init__(self, master: str, segment_bytes: int, *, timeout: float = 60.0) -> None:
+    def __init__(
+        self, master: str, segment_bytes: int, *, timeout: float = 60.0, prefault: bool = False
+    ) -> None:
         command = [
             sys.executable,
             "-m",
@@ -38,6 +56,7 @@ class SegmentProcess:
             master,
             "--segment-bytes",
             str(segment_bytes),
+            *(["--prefault"] if prefault else []),
         ]
         self.proc = subprocess.Popen(
             command,
@@ -89,12 +108,39 @@ class SegmentProcess:
             return self.proc.wait()
 
 
+def prefault(client: StoreClient, segment_bytes: int) -> int:
+    """Store objects into the client's own segment until it holds no more, then remove them:
+    every byte the master can place there has been written once. Returns the bytes stored."""
+    import numpy as np
+
+    size = min(_FILL_BYTES, segment_bytes)
+    source = np.zeros(size, dtype=np.uint8)
+    address = int(source.ctypes.data)
+    if client.register(address, size) != 0:
+        return 0
+    keys: list[str] = []
+    try:
+        while len(keys) * size < segment_bytes:
+            key = f"kvcr-policy/segment-prefault/{client.hostname}/{len(keys)}"
+            if client.put([key], [address], [size], multi=False) != [0]:
+                break  # full (or refused): what was stored has been touched
+            keys.append(key)
+    finally:
+        if keys:
+            client.remove(keys, force=True)
+        client.unregister(address)
+    return len(keys) * size
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--master", required=True, help="HOST:PORT of mooncake_master")
     parser.add_argument("--segment-bytes", required=True, help="segment size, e.g. 2GiB")
     parser.add_argument("--local-hostname", default="auto", help="address others reach it at")
     parser.add_argument("--connect-timeout-s", type=float, default=10.0)
+    parser.add_argument(
+        "--prefault", action="store_true", help="touch the whole segment before announcing it"
+    )
     args = parser.parse_args(argv)
     size = int(TypeAdapter(ByteSize).validate_python(args.segment_bytes))
     # Signals first: a SIGTERM that arrives during setup still ends the process cleanly.
@@ -107,10 +153,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         segment_bytes=ByteSize(size),
         local_hostname=args.local_hostname,
         connect_timeout_s=args.connect_timeout_s,
+        preferred_segment="local",  # a prefault's objects go into this segment
     )
     client = StoreClient(options, lambda path: "the command line")
     try:
-        print(json.dumps({"segment": client.hostname, "segment_bytes": size}), flush=True)
+        info: dict[str, Any] = {"segment": client.hostname, "segment_bytes": size}
+        if args.prefault:
+            start = time.monotonic()
+            info["prefaulted_bytes"] = prefault(client, size)
+            info["prefault_s"] = round(time.monotonic() - start, 3)
+        print(json.dumps(info), flush=True)
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
     finally:
         client.close()
