@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from pydantic import ByteSize, TypeAdapter
 
 from kvcr_policy.plugin_api import TransportError
@@ -111,8 +112,6 @@ class SegmentProcess:
 def prefault(client: StoreClient, segment_bytes: int) -> int:
     """Store objects into the client's own segment until it holds no more, then remove them:
     every byte the master can place there has been written once. Returns the bytes stored."""
-    import numpy as np
-
     size = min(_FILL_BYTES, segment_bytes)
     source = np.zeros(size, dtype=np.uint8)
     address = int(source.ctypes.data)
@@ -153,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         segment_bytes=ByteSize(size),
         local_hostname=args.local_hostname,
         connect_timeout_s=args.connect_timeout_s,
-        preferred_segment="local",  # a prefault's objects go into this segment
+        preferred_segment="local" if args.prefault else None,  # the prefault's objects
     )
     client = StoreClient(options, lambda path: "the command line")
     try:

@@ -7,6 +7,10 @@ joins, as Mooncake's own clients do.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -22,41 +26,40 @@ SEGMENT = 32 << 20
 GEO = PoolGeometry("kv", "page_first", 2, 4, 64, "float16", 16, 16 * 768)
 
 
-def test_a_prefaulted_segment_was_written_whole_and_keeps_all_its_room() -> None:
+@contextmanager
+def holding(prefault: bool) -> Iterator[tuple[Any, Any]]:
+    """A master and one segment holder of ``SEGMENT`` bytes on it."""
     need_mooncake()
     from kvcr_policy_mooncake.master import MasterProcess
     from kvcr_policy_mooncake.segment import SegmentProcess
 
     with MasterProcess() as master:
-        holder = SegmentProcess(master.address, SEGMENT, prefault=True)
+        holder = SegmentProcess(master.address, SEGMENT, prefault=prefault)
         try:
-            assert holder.info["prefaulted_bytes"] == SEGMENT, holder.info
-            assert holder.info["prefault_s"] >= 0
-            buffer = pool_buffer(GEO)
-            pages = pages_of(buffer, GEO)
-            count = pages.shape[1]
-            keys = [f"room-{i}" for i in range(count)]
-            with pipeline_on(master) as pipeline:
-                pipeline.register_pool("kv", GEO, buffer)
-                indices = token_indices(range(count), GEO.page_size)
-                assert pipeline.set(keys, indices) == [True] * count
-                expected = pages.copy()
-                pages[:] = 0
-                assert pipeline.get(keys, indices) == [True] * count
-                assert np.array_equal(pages, expected)
+            yield master, holder
         finally:
             holder.stop()
+
+
+def test_a_prefaulted_segment_was_written_whole_and_keeps_all_its_room() -> None:
+    with holding(prefault=True) as (master, holder):
+        assert holder.info["prefaulted_bytes"] == SEGMENT, holder.info
+        assert holder.info["prefault_s"] >= 0
+        buffer = pool_buffer(GEO)
+        pages = pages_of(buffer, GEO)
+        count = pages.shape[1]
+        keys = [f"room-{i}" for i in range(count)]
+        with pipeline_on(master) as pipeline:
+            pipeline.register_pool("kv", GEO, buffer)
+            indices = token_indices(range(count), GEO.page_size)
+            assert pipeline.set(keys, indices) == [True] * count
+            expected = pages.copy()
+            pages[:] = 0
+            assert pipeline.get(keys, indices) == [True] * count
+            assert np.array_equal(pages, expected)
 
 
 def test_without_prefault_the_holder_only_joins() -> None:
-    need_mooncake()
-    from kvcr_policy_mooncake.master import MasterProcess
-    from kvcr_policy_mooncake.segment import SegmentProcess
-
-    with MasterProcess() as master:
-        holder = SegmentProcess(master.address, SEGMENT)
-        try:
-            assert set(holder.info) == {"segment", "segment_bytes"}
-            assert holder.info["segment_bytes"] == SEGMENT
-        finally:
-            holder.stop()
+    with holding(prefault=False) as (_, holder):
+        assert set(holder.info) == {"segment", "segment_bytes"}
+        assert holder.info["segment_bytes"] == SEGMENT
