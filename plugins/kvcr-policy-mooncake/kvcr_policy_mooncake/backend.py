@@ -7,8 +7,9 @@ strategy sizes each batch, the delivery window bounds the batches in flight (``t
 worker threads, one batch each, cut into calls of at most ``call_buffers`` buffers; calls in
 flight together never hold more transfers than the tcp transport queues per peer), the
 fallback strategy retries a failed batch page by page (not the pages of a segment that did not
-answer: :mod:`.pool`), every call ends within ``transport.op_timeout_s``, and ``replicas`` /
-``preferred_segment`` go with every put. Close order: every call finishes, each pool
+answer: :mod:`.pool`), every call ends within ``transport.op_timeout_s``, ``replicas`` /
+``preferred_segment`` go with every put, and the store calls run at the priority
+``call_priority`` chooses (:mod:`.priority`). Close order: every call finishes, each pool
 unregisters its memory, then the client closes (its segment leaves the store).
 """
 
@@ -21,12 +22,20 @@ from typing import Any
 
 import numpy as np
 
-from kvcr_policy.plugin_api import BackendContext, ClosedError, PoolError, PoolSpec, stages_pages
+from kvcr_policy.plugin_api import (
+    BackendContext,
+    ClosedError,
+    PoolError,
+    PoolSpec,
+    stages_pages,
+    strategy_name,
+)
 
 from .client import StoreClient
 from .codes import describe
-from .options import MooncakeOptions
+from .options import MooncakeOptions, resolved_call_priority
 from .pool import MooncakePool
+from .priority import CallThreads
 from .staging import StagingArea
 
 __all__ = ["MooncakeBackend"]
@@ -48,13 +57,24 @@ class MooncakeBackend:
         window = context.config.batching.window_batches
         self.threads = options.threads or window or 1
         native = context.config.observability.native_logs
-        self.client = StoreClient(options, context.loaded.origin, native)
+        origin = context.loaded.origin
+        coalescing = strategy_name(context.config, "coalescing")  # what with_coalescing follows
+        where = origin("backend.options.call_priority")  # only 'idle' can fail, never a default
+        mode = resolved_call_priority(options, coalescing)
+        # Every store call runs where call_priority says, the limit probe's too (priority.py).
+        self.calls = CallThreads(mode, self.threads + 1, where)  # + 1: the limit probe
+        try:
+            self.client = StoreClient(options, origin, native, self.calls)
+        except BaseException:
+            self.calls.close()
+            raise
         # A pool's limit probe gets a client of its own, contributing no segment (probe.py).
         self._connect = partial(
             StoreClient,
             options.model_copy(update={"segment_bytes": 0}),
-            context.loaded.origin,
+            origin,
             native,
+            self.calls,
         )
         # One call never holds more transfers than the tcp transport queues (client.py).
         self.call_buffers = min(options.call_buffers or self.client.queue, self.client.queue)
@@ -115,6 +135,7 @@ class MooncakeBackend:
             "threads": self.threads,
             "call_buffers": self.call_buffers,
             "staging": {pool.name: pool.stats()["staging"] for pool in self._pools},
+            "call_priority": self.calls.describe(),
             **self.client.describe(),
         }
 
@@ -129,4 +150,7 @@ class MooncakeBackend:
             for pool in self._pools:
                 pool.close()
         finally:
-            self.client.close()
+            try:
+                self.client.close()
+            finally:
+                self.calls.close()

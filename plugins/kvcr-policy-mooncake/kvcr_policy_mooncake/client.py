@@ -24,6 +24,7 @@ from kvcr_policy.plugin_api import PluginError, TransportError
 from .codes import describe, is_master_down
 from .health import Health
 from .options import MooncakeOptions, split_address
+from .priority import CallThreads
 
 __all__ = ["INSTALL", "TCP_QUEUE_ENV", "StoreClient", "import_store"]
 
@@ -96,10 +97,16 @@ class StoreClient:
     """See the module docstring. ``origin(path)`` says where a config value came from."""
 
     def __init__(
-        self, options: MooncakeOptions, origin: Callable[[str], str], native_logs: bool = False
+        self,
+        options: MooncakeOptions,
+        origin: Callable[[str], str],
+        native_logs: bool = False,
+        calls: CallThreads | None = None,
     ) -> None:
         store_cls, replicate_cls = import_store(native_logs)
         self.options = options
+        #: Where the batch calls run (:mod:`.priority`); unset: on the caller's thread.
+        self.calls = calls or CallThreads("normal", 1)
         host, port = split_address(options.master)
         self.master = (host, port)
         timeout = options.connect_timeout_s
@@ -206,19 +213,17 @@ class StoreClient:
                 self._room.notify_all()
 
     def put(self, keys: list[str], ptrs: list[Any], sizes: list[Any], multi: bool) -> list[int]:
+        store = self.store
+        call = store.batch_put_from_multi_buffers if multi else store.batch_put_from
         with self._admitted(ptrs, multi):
-            if multi:
-                codes = self.store.batch_put_from_multi_buffers(keys, ptrs, sizes, self.replicate)
-            else:
-                codes = self.store.batch_put_from(keys, ptrs, sizes, self.replicate)
+            codes = self.calls.call(call, keys, ptrs, sizes, self.replicate)
         return self._checked(codes)
 
     def get(self, keys: list[str], ptrs: list[Any], sizes: list[Any], multi: bool) -> list[int]:
+        store = self.store
+        call = store.batch_get_into_multi_buffers if multi else store.batch_get_into
         with self._admitted(ptrs, multi):
-            if multi:
-                codes = self.store.batch_get_into_multi_buffers(keys, ptrs, sizes)
-            else:
-                codes = self.store.batch_get_into(keys, ptrs, sizes)
+            codes = self.calls.call(call, keys, ptrs, sizes)
         return self._checked(codes)
 
     def remove(self, keys: list[str], force: bool = False) -> list[int]:

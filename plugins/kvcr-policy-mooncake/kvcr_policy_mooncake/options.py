@@ -14,7 +14,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
 from kvcr_policy.plugin_api import Size, host_part
 
-__all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "split_address"]
+__all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "resolved_call_priority", "split_address"]
 
 #: Mooncake refuses a smaller segment ("Total size must be at least 16777216",
 #: mooncake-store client_buffer_allocation.cpp); 0 contributes no segment at all.
@@ -147,6 +147,18 @@ class MooncakeOptions(BaseModel):
         description="auto: stage pages whose fragments are smaller than this (at most 1TiB).",
     )
 
+    call_priority: Literal["with_coalescing", "normal", "idle", "auto"] = Field(
+        "with_coalescing",
+        description="Scheduling of the threads that make the store calls, each of which "
+        "polls a core until its transfers complete (Mooncake's PyPI builds). 'normal' "
+        "(upstream): the batch's worker thread; 'idle': threads of the SCHED_IDLE policy, "
+        "which poll only on a core nothing else wants, so the threads moving the bytes get "
+        "the cores (but notice a finished call late on a host whose cores are all busy); "
+        "'auto': idle while the host's running tasks leave one of this process's cores free, "
+        "else normal, decided before each call; 'with_coalescing' (the default) is 'auto' "
+        "when coalescing.strategy is not 'none', else 'normal'.",
+    )
+
     @field_validator("master")
     @classmethod
     def _master_is_host_port(cls, value: str) -> str:
@@ -163,3 +175,15 @@ class MooncakeOptions(BaseModel):
             )
             raise ValueError(message)
         return value
+
+
+def resolved_call_priority(
+    options: MooncakeOptions, coalescing: str
+) -> Literal["normal", "idle", "auto"]:
+    """The call priority (``normal``, ``idle`` or ``auto``) a backend with ``options`` runs
+    under ``coalescing.strategy = coalescing``: ``with_coalescing`` is ``normal`` (upstream)
+    under ``none``, the default profile's, else ``auto``."""
+    mode = options.call_priority
+    if mode == "with_coalescing":
+        return "normal" if coalescing == "none" else "auto"
+    return mode

@@ -23,3 +23,16 @@ def master() -> Iterator[Any]:
 
     with MasterProcess() as process:
         yield process
+
+
+@pytest.fixture(scope="module")
+def segment(master: Any) -> Iterator[Any]:
+    """A segment process of 64 MiB on the module's master: where the pipelines' pages live
+    (they contribute no segment of their own)."""
+    from kvcr_policy_mooncake.segment import SegmentProcess
+
+    holder = SegmentProcess(master.address, 64 << 20)
+    try:
+        yield holder
+    finally:
+        holder.stop()

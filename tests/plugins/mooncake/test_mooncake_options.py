@@ -59,6 +59,7 @@ def test_every_option_is_settable_from_the_environment() -> None:
         "STAGING": "auto",
         "STAGING_BYTES": "64MiB",
         "STAGING_BELOW_BYTES": "256KiB",
+        "CALL_PRIORITY": "idle",
     }
     config = loaded(**{ENV + name: value for name, value in values.items()})
     options = config.config.backend.options
@@ -80,6 +81,7 @@ def test_every_option_is_settable_from_the_environment() -> None:
         "staging": "auto",
         "staging_bytes": 64 << 20,
         "staging_below_bytes": 256 << 10,
+        "call_priority": "idle",
     }
     for name in values:
         path = f"backend.options.{name.lower()}"
@@ -114,6 +116,7 @@ def test_defaults_need_only_the_master_and_a_profile_table_works(
         ({ENV + "SEGMENT_BYTES": "1MiB"}, "backend.options.segment_bytes", "at least 16MiB"),
         ({ENV + "PROTOCOL": "udp"}, "backend.options.protocol", "'tcp' or 'rdma'"),
         ({ENV + "REPLICAS": "0"}, "backend.options.replicas", "greater than or equal to 1"),
+        ({ENV + "CALL_PRIORITY": "low"}, "backend.options.call_priority", "'idle' or 'auto'"),
         ({ENV + "SEGMNT_BYTES": "1GiB"}, "backend.options.segmnt_bytes", "'segment_bytes'"),
     ],
 )

@@ -41,17 +41,6 @@ _names = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def segment(master: Any) -> Iterator[Any]:
-    from kvcr_policy_mooncake.segment import SegmentProcess
-
-    holder = SegmentProcess(master.address, 64 << 20)
-    try:
-        yield holder
-    finally:
-        holder.stop()
-
-
-@pytest.fixture(scope="module")
 def pipelines(master: Any, segment: Any) -> Iterator[dict[str, Any]]:
     """A staged pipeline (``always``, a small area) and an unstaged one on the same store."""
     staged = pipeline_on(
