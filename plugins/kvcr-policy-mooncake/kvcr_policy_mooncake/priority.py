@@ -134,7 +134,11 @@ def choose_idle(now: Load | None, in_flight: int) -> bool:
 
 
 def _idle_thread() -> None:
-    """Thread initializer: the SCHED_IDLE policy for the calling thread (Linux: pid 0)."""
+    """Thread initializer: the SCHED_IDLE policy for the calling thread (Linux: pid 0).
+
+    A thread started from inside a call would inherit it (Linux resets only real-time policies
+    on fork); Mooncake 0.3.13 starts none there (its threads start with the client and its
+    connections), which the plugin's tests check after real calls."""
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
@@ -179,6 +183,7 @@ class CallThreads:
         self.counts: Counter[str] = Counter()
         self.last: Load | None = None
         self.refused: str | None = None  # why this host refused the idle policy, if it did
+        self.idle_threads: set[int] = set()  # native ids of the idle threads started
         self._lock = threading.Lock()
         self._in_flight = 0
         self._idle: ThreadPoolExecutor | None = None
@@ -186,7 +191,7 @@ class CallThreads:
             return
         self.refused = idle_refused(set_idle)
         if self.refused is None:
-            self._idle = ThreadPoolExecutor(threads, "kvcr-mooncake-idle", set_idle)
+            self._idle = ThreadPoolExecutor(threads, "kvcr-mooncake-idle", self._start, (set_idle,))
         elif mode == "idle":
             message = (
                 f"backend.options.call_priority = 'idle' (from {origin}) needs threads of the "
@@ -217,6 +222,11 @@ class CallThreads:
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    def _start(self, set_idle: Callable[[], None]) -> None:
+        set_idle()
+        with self._lock:
+            self.idle_threads.add(threading.get_native_id())
 
     def _count(self, how: str) -> None:
         with self._lock:

@@ -48,7 +48,20 @@ def _plugin() -> None:
 
 
 def _policy() -> int:
-    return os.sched_getscheduler(0)
+    """The calling thread's scheduling policy, without the reset-on-fork flag."""
+    return os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+
+
+def _idle_policy_threads() -> set[int]:
+    """Native ids of this process's threads whose policy is SCHED_IDLE."""
+    found = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            if os.sched_getscheduler(int(task)) & ~os.SCHED_RESET_ON_FORK == os.SCHED_IDLE:
+                found.add(int(task))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return found
 
 
 def _refuse() -> None:
@@ -280,6 +293,8 @@ def test_pages_move_byte_exact_under_every_priority(
         assert [page_bytes(buffer, geometry, p) for p in (2, 3)] == expected
         pipeline.probe(geometry.page_bytes)
         described = pipeline.stats().transport["call_priority"]
+        # Mooncake started no thread from inside a call (it would have inherited the policy)
+        assert _idle_policy_threads() <= pipeline.backend.calls.idle_threads
     want = os.SCHED_OTHER if mode == "normal" else os.SCHED_IDLE
     assert policies and set(policies) == {want}
     assert described["mode"] == mode
