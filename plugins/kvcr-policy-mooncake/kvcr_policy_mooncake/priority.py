@@ -14,7 +14,7 @@ wake-up. ``backend.options.call_priority`` chooses where the calls run:
   a host whose every core is busy with other work, the poller runs only in a sliver of time and
   notices a finished call late: with two busy-looping processes on those 2 cores, 0.06x.
 - ``auto``: before each call, :func:`choose_idle` decides from the host's load (:func:`load`,
-  read from ``/proc/stat`` and the cgroup's CPU quota): ``idle`` while at least one of the
+  read from ``/proc/loadavg`` and the cgroup's CPU quota): ``idle`` while at least one of the
   cores this process may use is left over by the tasks running now (the transfer thread and
   the poller take turns on it), else ``normal``. Measured with one busy loop on the 2 cores,
   ``idle`` still read 1.6x ``normal``; with two, ``auto`` kept every call ``normal``.
@@ -45,7 +45,7 @@ __all__ = [
     "cpu_quota",
     "idle_refused",
     "load",
-    "procs_running",
+    "running_tasks",
 ]
 
 log = logging.getLogger("kvcr_policy_mooncake.priority")
@@ -66,13 +66,13 @@ class Load:
     cpus: int
 
 
-def procs_running(stat: str) -> int | None:
-    """``procs_running`` of a ``/proc/stat`` text, None where it has none."""
-    for line in stat.splitlines():
-        name, _, value = line.partition(" ")
-        if name == "procs_running" and value.strip().isdigit():
-            return int(value)
-    return None
+def running_tasks(loadavg: str) -> int | None:
+    """The tasks running or ready to run now, of a ``/proc/loadavg`` text (its fourth field,
+    ``running/total``: the count ``/proc/stat`` calls ``procs_running``, in 30 bytes where
+    ``/proc/stat`` grows with the host's CPUs and interrupts); None where it has none."""
+    fields = loadavg.split()
+    running, slash, _ = fields[3].partition("/") if len(fields) > 3 else ("", "", "")
+    return int(running) if slash and running.isdigit() else None
 
 
 def cpu_quota(cpu_max: str) -> float | None:
@@ -101,15 +101,15 @@ def _cgroup_cpu_max(root: Path, membership: Path) -> str | None:
 
 
 def load(
-    stat: Path = Path("/proc/stat"),
+    loadavg: Path = Path("/proc/loadavg"),
     cgroup_root: Path = Path("/sys/fs/cgroup"),
     membership: Path = Path("/proc/self/cgroup"),
 ) -> Load | None:
-    """The host's :class:`Load` now: ``procs_running`` of ``stat``, and the CPUs this process
-    may run on, fewer where its cgroup's CPU quota allows fewer. None where ``stat`` does not
-    say (then ``auto`` keeps the upstream priority)."""
+    """The host's :class:`Load` now: the running tasks of ``loadavg``, and the CPUs this
+    process may run on, fewer where its cgroup's CPU quota allows fewer. None where ``loadavg``
+    does not say (then ``auto`` keeps the upstream priority)."""
     try:
-        running = procs_running(stat.read_text())
+        running = running_tasks(loadavg.read_text())
     except OSError:
         return None
     if running is None:

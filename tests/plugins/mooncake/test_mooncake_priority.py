@@ -35,7 +35,7 @@ try:
         cpu_quota,
         idle_refused,
         load,
-        procs_running,
+        running_tasks,
     )
 except ImportError:  # the plugin is not installed: every test here skips (or fails under CI)
     CallThreads = None  # type: ignore[assignment,misc]
@@ -71,11 +71,12 @@ def _refuse() -> None:
 # ---- reading the load --------------------------------------------------------------------
 
 
-def test_procs_running_is_read_from_proc_stat_text() -> None:
-    stat = "cpu  1 2 3 4\nctxt 99\nprocs_running 3\nprocs_blocked 0\n"
-    assert procs_running(stat) == 3
-    assert procs_running("cpu  1 2 3 4\nprocs_blocked 0\n") is None
-    assert procs_running("procs_running many\n") is None
+def test_running_tasks_are_read_from_proc_loadavg_text() -> None:
+    assert running_tasks("1.21 2.28 2.48 3/115 29576\n") == 3
+    assert running_tasks("1.21 2.28 2.48\n") is None
+    assert running_tasks("1.21 2.28 2.48 many/115 29576\n") is None
+    assert running_tasks("1.21 2.28 2.48 3 29576\n") is None
+    assert running_tasks("") is None
 
 
 @pytest.mark.parametrize(
@@ -96,7 +97,7 @@ def test_the_load_of_this_host_is_read(tmp_path: Path) -> None:
 
 def test_a_cgroup_quota_bounds_the_cores_and_a_missing_count_is_unknown(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
-    stat.write_text("cpu  1 2 3\nprocs_running 5\n")
+    stat.write_text("0.50 0.40 0.30 5/200 4242\n")
     membership = tmp_path / "cgroup"
     membership.write_text("0::/team/kv\n")
     (tmp_path / "fs" / "team" / "kv").mkdir(parents=True)
@@ -104,7 +105,7 @@ def test_a_cgroup_quota_bounds_the_cores_and_a_missing_count_is_unknown(tmp_path
     assert load(stat, tmp_path / "fs", membership) == Load(5, min(2, len(os.sched_getaffinity(0))))
     (tmp_path / "fs" / "team" / "kv" / "cpu.max").write_text("max 100000\n")
     assert load(stat, tmp_path / "fs", membership) == Load(5, len(os.sched_getaffinity(0)))
-    stat.write_text("cpu  1 2 3\n")
+    stat.write_text("0.50 0.40 0.30\n")
     assert load(stat, tmp_path / "fs", membership) is None
     assert load(tmp_path / "absent", tmp_path / "fs", membership) is None
 
