@@ -32,14 +32,16 @@ __all__ = [
 ]
 
 
-def follow_coalescing(mode: str, coalescing: str) -> str:
+def follow_coalescing(mode: str, coalescing: str, off: str = "never") -> str:
     """A control's ``mode`` with its ``with_coalescing`` default resolved against
-    ``coalescing.strategy = coalescing``: ``never`` under ``none`` (the default profile's:
-    upstream behaviour), ``auto`` under any strategy that coalesces; other modes as given.
-    The cuda transport's gather and staging and a backend plugin's staging follow this rule."""
+    ``coalescing.strategy = coalescing``: ``off`` (the control's upstream value, ``never``
+    unless it names another) under ``none`` (the default profile's: upstream behaviour),
+    ``auto`` under any strategy that coalesces; other modes as given. The cuda transport's
+    gather and staging, a backend plugin's staging and the mooncake plugin's call priority
+    follow this rule."""
     if mode != "with_coalescing":
         return mode
-    return "never" if coalescing == "none" else "auto"
+    return off if coalescing == "none" else "auto"
 
 
 @dataclass(frozen=True, slots=True)

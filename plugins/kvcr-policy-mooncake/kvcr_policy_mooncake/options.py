@@ -8,11 +8,11 @@ backend needs it. Each option is also settable from the environment as
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
-from kvcr_policy.plugin_api import Size, host_part
+from kvcr_policy.plugin_api import Size, follow_coalescing, host_part
 
 __all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "resolved_call_priority", "split_address"]
 
@@ -182,8 +182,7 @@ def resolved_call_priority(
 ) -> Literal["normal", "idle", "auto"]:
     """The call priority (``normal``, ``idle`` or ``auto``) a backend with ``options`` runs
     under ``coalescing.strategy = coalescing``: ``with_coalescing`` is ``normal`` (upstream)
-    under ``none``, the default profile's, else ``auto``."""
-    mode = options.call_priority
-    if mode == "with_coalescing":
-        return "normal" if coalescing == "none" else "auto"
-    return mode
+    under ``none``, the default profile's, else ``auto`` (the core's rule,
+    :func:`kvcr_policy.plugin_api.follow_coalescing`)."""
+    mode = follow_coalescing(options.call_priority, coalescing, off="normal")
+    return cast('Literal["normal", "idle", "auto"]', mode)

@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -43,6 +44,7 @@ __all__ = [
     "Load",
     "choose_idle",
     "cpu_quota",
+    "cpus_available",
     "idle_refused",
     "load",
     "running_tasks",
@@ -100,26 +102,31 @@ def _cgroup_cpu_max(root: Path, membership: Path) -> str | None:
         return None
 
 
-def load(
-    loadavg: Path = Path("/proc/loadavg"),
-    cgroup_root: Path = Path("/sys/fs/cgroup"),
-    membership: Path = Path("/proc/self/cgroup"),
-) -> Load | None:
-    """The host's :class:`Load` now: the running tasks of ``loadavg``, and the CPUs this
-    process may run on, fewer where its cgroup's CPU quota allows fewer. None where ``loadavg``
-    does not say (then ``auto`` keeps the upstream priority)."""
+def cpus_available(
+    cgroup_root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> int:
+    """The CPUs this process may run on, fewer where its cgroup's CPU quota allows fewer.
+    Read once per :class:`CallThreads`, not per call (measured: 23 us of the 34 a whole
+    :func:`load` took on the 2-core machine)."""
+    cpus = len(os.sched_getaffinity(0))
+    cpu_max = _cgroup_cpu_max(cgroup_root, membership)
+    quota = None if cpu_max is None else cpu_quota(cpu_max)
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return cpus
+
+
+def load(loadavg: Path = Path("/proc/loadavg"), cpus: int | None = None) -> Load | None:
+    """The host's :class:`Load` now: the running tasks of ``loadavg``, against ``cpus``
+    (:func:`cpus_available` unless given). None where ``loadavg`` does not say (then ``auto``
+    keeps the upstream priority)."""
     try:
         running = running_tasks(loadavg.read_text())
     except OSError:
         return None
     if running is None:
         return None
-    cpus = len(os.sched_getaffinity(0))
-    cpu_max = _cgroup_cpu_max(cgroup_root, membership)
-    quota = None if cpu_max is None else cpu_quota(cpu_max)
-    if quota is not None:
-        cpus = min(cpus, max(1, math.ceil(quota)))
-    return Load(running, cpus)
+    return Load(running, cpus_available() if cpus is None else cpus)
 
 
 def choose_idle(now: Load | None, in_flight: int) -> bool:
@@ -177,6 +184,8 @@ class CallThreads:
         set_idle: Callable[[], None] | None = None,
     ) -> None:
         self.mode = mode
+        if measure is None and mode == "auto":  # the CPUs once; the running tasks per call
+            measure = partial(load, cpus=cpus_available())
         self.measure = measure or load
         self.decide = decide or choose_idle
         set_idle = set_idle or _idle_thread

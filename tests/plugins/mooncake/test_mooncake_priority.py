@@ -33,6 +33,7 @@ try:
         Load,
         choose_idle,
         cpu_quota,
+        cpus_available,
         idle_refused,
         load,
         running_tasks,
@@ -48,8 +49,8 @@ def _plugin() -> None:
 
 
 def _policy() -> int:
-    """The calling thread's scheduling policy, without the reset-on-fork flag."""
-    return os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+    """The calling thread's scheduling policy."""
+    return os.sched_getscheduler(0)
 
 
 def _idle_policy_threads() -> set[int]:
@@ -57,7 +58,7 @@ def _idle_policy_threads() -> set[int]:
     found = set()
     for task in os.listdir("/proc/self/task"):
         try:
-            if os.sched_getscheduler(int(task)) & ~os.SCHED_RESET_ON_FORK == os.SCHED_IDLE:
+            if os.sched_getscheduler(int(task)) == os.SCHED_IDLE:
                 found.add(int(task))
         except OSError:  # the thread ended meanwhile
             continue
@@ -102,12 +103,13 @@ def test_a_cgroup_quota_bounds_the_cores_and_a_missing_count_is_unknown(tmp_path
     membership.write_text("0::/team/kv\n")
     (tmp_path / "fs" / "team" / "kv").mkdir(parents=True)
     (tmp_path / "fs" / "team" / "kv" / "cpu.max").write_text("150000 100000\n")
-    assert load(stat, tmp_path / "fs", membership) == Load(5, min(2, len(os.sched_getaffinity(0))))
+    affinity = len(os.sched_getaffinity(0))
+    assert load(stat, cpus_available(tmp_path / "fs", membership)) == Load(5, min(2, affinity))
     (tmp_path / "fs" / "team" / "kv" / "cpu.max").write_text("max 100000\n")
-    assert load(stat, tmp_path / "fs", membership) == Load(5, len(os.sched_getaffinity(0)))
+    assert load(stat, cpus_available(tmp_path / "fs", membership)) == Load(5, affinity)
     stat.write_text("0.50 0.40 0.30\n")
-    assert load(stat, tmp_path / "fs", membership) is None
-    assert load(tmp_path / "absent", tmp_path / "fs", membership) is None
+    assert load(stat) is None
+    assert load(tmp_path / "absent") is None
 
 
 # ---- the decision of auto ----------------------------------------------------------------
@@ -275,7 +277,7 @@ def test_pages_move_byte_exact_under_every_priority(
 
     monkeypatch.setattr(priority.CallThreads, "call", spy)
     if mode == "auto":  # a quiet host, injected: the load of the moment decides nothing here
-        monkeypatch.setattr(priority, "load", lambda: Load(1, 2))
+        monkeypatch.setattr(priority, "load", lambda **_: Load(1, 2))
     geometry = PoolGeometry(f"kv-{mode}", "layer_first", 4, 2, 8, "float16", 4, 64)
     buffer = pool_buffer(geometry)
     raw = raw_bytes(buffer)
