@@ -106,6 +106,9 @@ class PlacementStrategy(Protocol):
         ``device`` is where the pool it backs lives (a GPU and its NUMA node), None for host
         memory. It is optional for strategies: the ``dram`` backend passes it only to an
         ``open_region`` that names it, so strategies written for ``(name, size)`` still work.
+        Likewise ``shared`` (a bool): ``kvcr-policy serve`` asks for a region it can hand to
+        same-host clients (:meth:`~kvcr_policy.memory.Region.share`) only from a strategy whose
+        ``open_region`` names it; with another strategy those clients move pages over UCX.
         """
         ...
 

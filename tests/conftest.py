@@ -76,6 +76,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # clients (and the processes they start) share a private folder instead of the user's own.
 _CONFIG_HOME = tempfile.mkdtemp(prefix="kvcr-policy-tests-")
 os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
+# Host tiers (backend 'host', which SGLang's 'auto' picks at TP > 1) that tests start without
+# naming a folder live here, not in the user's runtime folder; each worker stops its own.
+_RUNTIME_DIR = tempfile.mkdtemp(prefix="kvcr-policy-run-")
+os.environ["XDG_RUNTIME_DIR"] = _RUNTIME_DIR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_host_tiers() -> Iterator[None]:
+    """Every host tier a test started in the suite's runtime folder is stopped at the end."""
+    yield
+    from tests.support.host_tiers import stop_host_tiers
+
+    stop_host_tiers(Path(_RUNTIME_DIR))
+
 
 EXAMPLE_DIST = "kvcr-policy-example"
 EXAMPLE_MISSING = (

@@ -378,7 +378,7 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
     st.builds(
         m.Hello,
         _u32,
-        st.integers(0, 2),
+        st.integers(0, 3),
         _u32,
         _u32,
         _text,
@@ -394,7 +394,9 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
     ),
     st.builds(m.Challenge, st.just(True), st.binary(min_size=32, max_size=32), st.just(b"")),
     st.builds(m.Auth, st.sampled_from([b"", b"p" * 32]), st.binary(max_size=64)),
-    st.builds(m.Welcome, _u32, st.integers(1, 2), _u64, _text, st.binary(max_size=64), _text),
+    st.builds(
+        m.Welcome, _u32, st.integers(1, 3), _u64, _text, st.binary(max_size=64), _text, _text
+    ),
     st.builds(m.Error, _u16, _text),
     st.builds(
         m.Attach,
@@ -409,7 +411,7 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
         st.booleans(),
         st.integers(0, m.ALIGN_BYTES - 1),
     ),
-    st.builds(m.Attached, _u32, _u64),
+    st.builds(m.Attached, _u32, _u64, _u64, _u64),
     st.builds(m.Exists, _u32, _keys),
     st.builds(m.Delete, _u32, _keys),
     st.builds(m.Clear, _u32),
@@ -426,6 +428,7 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
     st.builds(m.Written, _u64, _flags),
     st.builds(m.Sent, _u64, st.booleans()),
     st.builds(m.Release, _u64),
+    st.builds(m.Copied, _u64),
     st.builds(m.StatsReply, _text),
     st.builds(m.Probe, _u32, _u64, _u64),
     st.just(m.Ping()),

@@ -1,4 +1,5 @@
-"""Built-in tier backends: ``dram`` (the default) and ``peer`` (a ``kvcr-policy serve`` tier)."""
+"""Built-in tier backends: ``dram`` (the default), ``peer`` (a ``kvcr-policy serve`` tier) and
+``host`` (one tier per host for every process, shared memory)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def _transport_capabilities(config: Any, registry: Registry) -> frozenset[str]:
     return frozenset(getattr(factory, "capabilities", ()))
 
 
+def _host_capabilities(config: Any, registry: Registry) -> frozenset[str]:
+    return frozenset({"coalesce", "split"})  # PeerBackend.capabilities
+
+
 def _ucx_capabilities(config: Any, registry: Registry) -> frozenset[str]:
     return frozenset({"coalesce", "split"})  # PeerBackend.capabilities; the peer may narrow
 
@@ -52,4 +57,12 @@ def kvcr_register_backends(register: RegisterBackend) -> None:
         "peer",
         _Lazy("..backends.peer.backend", "PeerBackend", _ucx_capabilities),
         description="another process's DRAM tier over UCX (serve)",
+    )
+    from ..backends.peer.host_options import HostOptions
+
+    register(
+        "host",
+        _Lazy("..backends.peer.host_tier", "HostBackend", _host_capabilities),
+        options=HostOptions,
+        description="one tier per host for every process and rank, through shared memory",
     )

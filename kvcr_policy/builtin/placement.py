@@ -26,7 +26,13 @@ class AnonymousPlacement:
     def __init__(self, section: PlacementSection, options: NoOptions) -> None:
         self.section = section
 
-    def open_region(self, name: str, size: int, device: DeviceLocality | None = None) -> Region:
+    def open_region(
+        self,
+        name: str,
+        size: int,
+        device: DeviceLocality | None = None,
+        shared: bool = False,
+    ) -> Region:
         from ..memory.locality import near_placement
         from ..memory.region import open_region
 
@@ -44,6 +50,7 @@ class AnonymousPlacement:
             numa_nodes=nodes,
             numa_mode=s.numa_mode,
             near=near,
+            shared=shared,
         )
 
 

@@ -49,7 +49,8 @@ __all__ = [
     "limit_heap_retention", "madvise", "mapping_address", "mbind", "mem_total", "memory_available",
     "move_pages_query", "online_nodes", "page_size", "parse_node_list", "pci_numa_node",
     "proc_root",
-    "smaps_anon_huge_bytes", "smaps_entries", "smaps_vm_flags", "sys_root", "thp_mode",
+    "shmem_thp_mode", "smaps_anon_huge_bytes", "smaps_entries", "smaps_vm_flags", "sys_root",
+    "thp_mode",
     "use_roots", "writable_range",
 ]  # fmt: skip
 
@@ -201,6 +202,14 @@ def mem_total() -> int | None:
 def thp_mode() -> str | None:
     """The bracketed transparent huge page mode (always, madvise, never), None without THP."""
     text = _read_text(sys_root() / "kernel/mm/transparent_hugepage/enabled")
+    match = re.search(r"\[(\w+)\]", text or "")
+    return match.group(1) if match else None
+
+
+def shmem_thp_mode() -> str | None:
+    """The bracketed shmem THP mode (always, within_size, advise, never, deny, force), None
+    without it: whether a shared region (memfd) can get huge pages."""
+    text = _read_text(sys_root() / "kernel/mm/transparent_hugepage/shmem_enabled")
     match = re.search(r"\[(\w+)\]", text or "")
     return match.group(1) if match else None
 
@@ -450,12 +459,16 @@ def _overlapping(address: int, length: int) -> Iterator[tuple[SmapsEntry, int]]:
 
 
 def smaps_anon_huge_bytes(address: int, length: int) -> int:
-    """Bytes of AnonHugePages in the mappings overlapping ``[address, +length)``.
+    """Bytes of huge pages (AnonHugePages; ShmemPmdMapped for a shared region) in the mappings
+    overlapping ``[address, +length)``.
 
     smaps reports per mapping, not per range; a mapping that the kernel merged with a neighbour
     may count more, so each mapping's share is capped at its overlap with the range.
     """
-    return sum(min(e.fields.get("AnonHugePages", 0), o) for e, o in _overlapping(address, length))
+    return sum(
+        min(e.fields.get("AnonHugePages", 0) + e.fields.get("ShmemPmdMapped", 0), o)
+        for e, o in _overlapping(address, length)
+    )
 
 
 def smaps_vm_flags(address: int, length: int) -> frozenset[str]:

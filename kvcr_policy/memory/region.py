@@ -2,7 +2,12 @@
 
 ``open_region`` maps anonymous private memory (freed with the process), keeps it out of forked
 children (``MADV_DONTFORK``), and applies the placement asked for, in this order: huge-page
-advice, NUMA policy (``mbind``), pre-fault, audit. Placement is audited, not assumed: the audit
+advice, NUMA policy (``mbind``), pre-fault, audit. ``shared=True`` maps a memfd instead
+(``memfd_create(2)``, ``MAP_SHARED``): the same placement, and :meth:`Region.share` hands its
+file descriptor to another process of the host (``kvcr-policy serve`` gives same-host clients
+their tier this way), whose own mapping keeps the memory alive after this one is gone. Huge
+pages in a shared region need shmem THP (``/sys/kernel/mm/transparent_hugepage/shmem_enabled``
+``advise`` or ``always``). Placement is audited, not assumed: the audit
 reads back AnonHugePages from ``/proc/self/smaps`` and the node of a sample of pages from
 ``move_pages(2)``.
 
@@ -112,18 +117,22 @@ class _Request:
     numa_nodes: tuple[int, ...]
     numa_mode: NumaMode
     near: str = ""
+    shared: bool = False
 
 
 class Region:
     """An anonymous mmap owned by this process; built by :func:`open_region`, not directly."""
 
     __slots__ = (
-        "_array", "_fallbacks", "_huge_advised", "_last", "_leaked", "_lock", "_mapped", "_mm",
-        "_name", "_numa_nodes", "_offset", "_prefault_method", "_req", "_state", "_warnings",
+        "_array", "_fallbacks", "_fd", "_huge_advised", "_last", "_leaked", "_lock", "_mapped",
+        "_mm", "_name", "_numa_nodes", "_offset", "_prefault_method", "_req", "_state",
+        "_warnings",
     )  # fmt: skip
 
-    def __init__(self, name: str, req: _Request, mm: mmap.mmap, offset: int, mapped: int):
-        self._name, self._req, self._mm = name, req, mm
+    def __init__(
+        self, name: str, req: _Request, mm: mmap.mmap, offset: int, mapped: int, fd: int = -1
+    ):
+        self._name, self._req, self._mm, self._fd = name, req, mm, fd
         self._offset, self._mapped = offset, mapped
         self._array: npt.NDArray[np.uint8] | None = np.frombuffer(
             mm, dtype=np.uint8, count=req.size, offset=offset
@@ -171,6 +180,15 @@ class Region:
         """The base pointer of the usable bytes."""
         return int(self.array.ctypes.data)
 
+    def share(self) -> tuple[int, int]:
+        """``(fd, offset)``: the memfd of a shared region and where its usable bytes start in
+        it, for another process to map (send the fd over a Unix socket; it stays owned by the
+        region, closed with it). ClosedError once closed; ArgumentError for a private region."""
+        self.array  # noqa: B018 (raises ClosedError once closing)
+        if self._fd < 0:
+            raise ArgumentError(f"tier region {self._name!r} is private: open it with shared=True")
+        return self._fd, self._offset
+
     def audit(self) -> PlacementAudit:
         """Read placement back now; after close, the last audit with the final state."""
         if self._state != "open":
@@ -200,6 +218,9 @@ class Region:
                 self._mm.close()
             except BufferError:
                 leak_reason = "a view of it (numpy array, memoryview) is still alive"
+        if self._fd >= 0:  # a mapping (ours if leaked, or another process's) keeps the memory
+            os.close(self._fd)
+            self._fd = -1
         if leak_reason is not None:
             self._leaked = True
             _LEAKED.append(self._mm)
@@ -230,14 +251,16 @@ def open_region(
     numa_nodes: Sequence[int] = (),
     numa_mode: NumaMode = "prefer",
     near: str = "",
+    shared: bool = False,
 ) -> Region:
     """Map ``size`` bytes, apply the placement asked for, pre-fault if asked, and audit it.
 
     ``near`` says which device the NUMA policy was chosen for (placement's ``"gpu"``); it is
-    reported by the audit as ``numa_near``.
+    reported by the audit as ``numa_near``. ``shared``: a memfd another process can map (see
+    the module docstring and :meth:`Region.share`).
     """
     req = _validate(size, prefault, huge_pages, numa_policy, numa_nodes, numa_mode)
-    req = dataclasses.replace(req, near=near)
+    req = dataclasses.replace(req, near=near, shared=bool(shared))
     region = _map(name, req)
     try:
         try:
@@ -292,20 +315,39 @@ def _validate(
 def _map(name: str, req: _Request) -> Region:
     huge = _os.huge_page_size()
     mapped = -(-req.size // huge) * huge
-    mm = _anonymous(name, mapped)
-    if req.huge_pages != "off" and _base(mm) % huge:
-        # THP needs huge-page-aligned virtual addresses; over-map one huge page and start the
-        # region at the first aligned byte (the slack is never touched, so never backed).
-        mm.close()
-        mm = _anonymous(name, mapped + huge)
-        return Region(name, req, mm, -_base(mm) % huge, mapped)
-    return Region(name, req, mm, 0, mapped)
-
-
-def _anonymous(name: str, size: int) -> mmap.mmap:
-    """An anonymous private mapping; the kernel's refusal (overcommit) as a CapacityError."""
+    fd = _memfd(name) if req.shared else -1
     try:
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mm = _mapping(name, mapped, fd)
+        if req.huge_pages != "off" and _base(mm) % huge:
+            # THP needs huge-page-aligned virtual addresses; over-map one huge page and start
+            # the region at the first aligned byte (the slack is never touched, so never backed).
+            mm.close()
+            mm = _mapping(name, mapped + huge, fd)
+            return Region(name, req, mm, -_base(mm) % huge, mapped, fd)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return Region(name, req, mm, 0, mapped, fd)
+
+
+def _memfd(name: str) -> int:
+    """A new memfd for a shared region (its name shows in /proc/PID/maps as ``memfd:NAME``)."""
+    try:
+        return os.memfd_create(f"kvcr-policy:{name}"[:249], os.MFD_CLOEXEC)
+    except (AttributeError, OSError) as err:
+        message = f"tier {name!r}: cannot create shared memory (memfd_create: {err})"
+        raise CapacityError(message) from None
+
+
+def _mapping(name: str, size: int, fd: int) -> mmap.mmap:
+    """An anonymous private mapping (``fd`` -1), or ``fd`` sized and mapped shared; the kernel's
+    refusal (overcommit) as a CapacityError."""
+    try:
+        if fd < 0:
+            return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
     except OSError as err:
         message = (
             f"tier {name!r}: the kernel refused to map {size} bytes ({os.strerror(err.errno or 0)}"
@@ -335,6 +377,14 @@ def _advise_huge(region: Region) -> None:
     fix = f"enable THP: echo madvise > {_os.sys_root()}/kernel/mm/transparent_hugepage/enabled"
     if not _os.has_thp():
         got = f"no huge pages (THP mode is {_os.thp_mode() or 'unavailable'})"
+        _refuse_or_record(region, "huge_pages", "transparent huge pages", got, fix, require)
+        return
+    if region._req.shared and _os.shmem_thp_mode() not in ("advise", "always", "within_size"):
+        got = f"no huge pages for shared memory (shmem THP is {_os.shmem_thp_mode() or 'off'})"
+        fix = (
+            f"echo advise > {_os.sys_root()}/kernel/mm/transparent_hugepage/shmem_enabled, or "
+            "use a process-private tier"
+        )
         _refuse_or_record(region, "huge_pages", "transparent huge pages", got, fix, require)
         return
     try:

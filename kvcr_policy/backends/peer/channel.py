@@ -14,12 +14,20 @@ budget refuses (or preempts) is dropped as it arrives and answered ERROR ``CAPAC
 connection goes on. ``last_frame`` is when the last whole frame arrived: what a
 peer's silence is measured from. ``waiting_since`` is when the first frame left after the last
 bytes came in (None while nothing is awaited): how long the peer has left this side waiting.
+
+On a Unix socket a frame may carry file descriptors (``send(..., fds=...)``: ``SCM_RIGHTS``
+with the frame's first bytes; a server hands a same-host client its tier's memfd this way). A
+channel built with ``accept_fds`` receives them into :attr:`Channel.fds`, in order, at most
+:data:`MAX_HELD_FDS` waiting; any other channel reads with ``recv``, so the kernel discards
+(and closes) whatever a peer tries to pass it.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import logging
+import os
 import socket
 import time
 from collections import deque
@@ -40,6 +48,10 @@ log = logging.getLogger("kvcr_policy.backends.peer.channel")
 #: Queued outbound bytes beyond which a peer that does not read is dropped.
 MAX_OUTBOX = 64 << 20
 _RECV_CHUNK = 1 << 20
+#: Descriptors received and not yet taken beyond which the peer is dropped (one per attached
+#: pool; a session attaches at most 64).
+MAX_HELD_FDS = 64
+_FD_SPACE = socket.CMSG_SPACE(MAX_HELD_FDS * array.array("i").itemsize)
 
 
 class Budget(Protocol):
@@ -69,6 +81,7 @@ class Channel:
         budget: Budget | None = None,
         free_payload: int = 0,
         tenant: Callable[[], str | None] = lambda: None,
+        accept_fds: bool = False,
     ) -> None:
         self.loop = loop
         self.sock = sock
@@ -88,7 +101,9 @@ class Channel:
         self._frame_timer: Timer | None = None
         self.closed = False
         self.lingering = False
-        self._out: deque[memoryview] = deque()
+        self._out: deque[tuple[memoryview, tuple[int, ...]]] = deque()
+        self.accept_fds = accept_fds
+        self.fds: deque[int] = deque()  # received with frames, oldest first (accept_fds)
         self._out_bytes = 0
         self._linger_timer: Timer | None = None
         sock.setblocking(False)
@@ -96,11 +111,15 @@ class Channel:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         loop.watch(sock, self._on_event, write=False)
 
-    def send(self, message: Message, request: int = 0) -> None:
+    def send(self, message: Message, request: int = 0, fds: tuple[int, ...] = ()) -> None:
+        """Queue ``message``; ``fds`` travel with its first bytes (a Unix socket only; they
+        stay the caller's: the kernel passes duplicates)."""
         if self.closed or self.lingering:
             return
         frame = encode(message, request)
-        self._out.append(memoryview(frame))
+        if fds:  # duplicated now: the caller may close its own before the frame leaves
+            fds = tuple(os.dup(fd) for fd in fds)
+        self._out.append((memoryview(frame), fds))
         self._out_bytes += len(frame)
         if self._out_bytes > MAX_OUTBOX:
             self.close(f"peer does not read its replies ({self._out_bytes} bytes queued)")
@@ -109,9 +128,15 @@ class Channel:
 
     def _flush(self) -> None:
         while self._out:
-            head = self._out[0]
+            head, fds = self._out[0]
             try:
-                sent = self.sock.send(head)
+                if fds:
+                    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    sent = self.sock.sendmsg([head], rights)
+                    _close_all(fds)
+                    fds = ()
+                else:
+                    sent = self.sock.send(head)
             except BlockingIOError:
                 break
             except OSError as err:
@@ -122,7 +147,7 @@ class Channel:
             if self.waiting_since is None:
                 self.waiting_since = self.last_sent
             if sent < len(head):
-                self._out[0] = head[sent:]
+                self._out[0] = (head[sent:], ())
                 break
             self._out.popleft()
         self.loop.watch(self.sock, self._on_event, write=bool(self._out))
@@ -139,7 +164,7 @@ class Channel:
             return
         size, charged = self._next_read()
         try:
-            data = self.sock.recv(size)
+            data = self._receive(size)
         except BlockingIOError:
             self._uncharge(charged)
             return
@@ -169,6 +194,23 @@ class Channel:
             self.fail(Err.PROTOCOL, f"protocol error: {err}")
             return
         self._frame_started()
+
+    def _receive(self, size: int) -> bytes:
+        if not self.accept_fds:
+            return self.sock.recv(size)
+        data, ancillary, flags, _ = self.sock.recvmsg(size, _FD_SPACE, socket.MSG_CMSG_CLOEXEC)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                self.fds.extend(fds)
+        if flags & socket.MSG_CTRUNC or len(self.fds) > MAX_HELD_FDS:
+            raise OSError(f"the peer passed more file descriptors than {MAX_HELD_FDS}")
+        return data
+
+    def take_fd(self) -> int | None:
+        """The oldest descriptor received and not yet taken (now the caller's), or None."""
+        return self.fds.popleft() if self.fds else None
 
     def _next_read(self) -> tuple[int, int]:
         """How many bytes to read now, and how many of them are charged to the budget."""
@@ -273,6 +315,16 @@ class Channel:
         self.loop.unwatch(self.sock)
         with contextlib.suppress(OSError):
             self.sock.close()
+        for _, fds in self._out:
+            _close_all(fds)
         self._out.clear()
+        _close_all(self.fds)
+        self.fds.clear()
         self._frame_done()
         self.on_closed(reason)
+
+
+def _close_all(fds: Any) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -14,16 +14,38 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, mo
 from kvcr_policy.hosts import host_part
 from kvcr_policy.values import Size, shorten
 
-__all__ = ["Capability", "Tls", "UcxOptions", "parse_address"]
+__all__ = ["Capability", "SharedMemory", "Tls", "UcxOptions", "parse_address", "unix_address"]
 
 #: Shortest heartbeat (0 is off): clients may not ask for faster ones, servers raise them to it.
 MIN_HEARTBEAT_S = 0.05
 
 Tls = Literal["auto", "sm", "tcp"]
+SharedMemory = Literal["auto", "off", "require"]
+#: ``unix:PATH`` names a Unix socket in the file system; ``unix:@NAME`` one in the abstract
+#: namespace (unix(7)). Longest usable path: sun_path holds 108 bytes with its NUL.
+UNIX_PREFIX = "unix:"
+_UNIX_PATH_MAX = 107
 Capability = Literal["coalesce", "split"]
 ProgressMode = Literal["blocking", "polling", "thread"]
 #: How long a peer may answer nothing before it is dead, unless configured (see dead_after_s).
 DEAD_AFTER_S = 30.0
+
+
+def unix_address(text: str, *, where: str = "address") -> str | None:
+    """The socket address of ``unix:PATH`` (a path) or ``unix:@NAME`` (``"\\0NAME"``, the
+    abstract namespace); None for any other text; ValueError for a bad one."""
+    text = text.strip()
+    if not text.startswith(UNIX_PREFIX):
+        return None
+    rest = text[len(UNIX_PREFIX) :]
+    address = "\0" + rest[1:] if rest.startswith("@") else rest
+    if not rest or rest == "@" or "\0" in rest or len(address.encode()) > _UNIX_PATH_MAX:
+        message = (
+            f"{where}: expected unix:PATH or unix:@NAME (at most {_UNIX_PATH_MAX} bytes, no NUL), "
+            f"got {shorten(text)}"
+        )
+        raise ValueError(message)
+    return address
 
 
 def parse_address(text: str, *, where: str = "address") -> tuple[str, int]:
@@ -68,11 +90,14 @@ class UcxOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     peer: str | None = Field(
-        None, description="HOST:PORT of the `kvcr-policy serve` peer that holds the tier."
+        None,
+        description="HOST:PORT of the `kvcr-policy serve` peer that holds the tier, or "
+        "unix:PATH (unix:@NAME) of one on this host.",
     )
     listen: str = Field(
         "127.0.0.1:0",
-        description="Where `kvcr-policy serve` listens when --listen is not given (port 0: any).",
+        description="Where `kvcr-policy serve` listens when --listen is not given (port 0: any); "
+        "unix:PATH: a Unix socket only, same-host clients only, no UCX.",
     )
     tls: Tls = Field(
         "auto",
@@ -159,6 +184,14 @@ class UcxOptions(BaseModel):
         "pinging client sent nothing for this long (or security.idle_timeout_s if shorter).",
     )
 
+    shared_memory: SharedMemory = Field(
+        "auto",
+        description="Same-host pages through the tier's shared memory: auto (a client uses the "
+        "Unix socket a same-host server offers, unless tls is 'tcp'; memory speed, no UCX "
+        "transfer), off (UCX always), require (fail unless pages move through shared memory). "
+        "On `serve`: off opens no Unix socket beside a TCP listener.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _dead_after_default(cls, data: Any) -> Any:
@@ -196,7 +229,7 @@ class UcxOptions(BaseModel):
     @field_validator("peer", "listen")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
-        if value is not None:
+        if value is not None and unix_address(value) is None:
             parse_address(value)
         return value
 

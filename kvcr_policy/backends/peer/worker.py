@@ -15,6 +15,9 @@ does).
 
 ``polling`` never sleeps (lowest latency, one core busy); ``thread`` lets ucxx's own progress
 thread drive each link's worker and checks completions every 0.2 ms.
+
+A worker built with ``ucx=False`` is the same loop without UCX (ucxx is never imported): what a
+Unix-socket server and its shared-memory clients need, where pages never travel in messages.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import logging
 import os
 import threading
 from typing import Any
+
+from kvcr_policy.errors import UnsupportedError
 
 from .env import EnvReport, apply_env, same_host_tls
 from .link import Link, frozen_links
@@ -41,9 +46,10 @@ class Worker(Loop):
 
     name = "kvcr-ucx-worker"
 
-    def __init__(self, options: UcxOptions) -> None:
+    def __init__(self, options: UcxOptions, ucx: bool = True) -> None:
         super().__init__()
         self.options = options
+        self.uses_ucx = ucx
         self.env: EnvReport = apply_env(options)
         self.progress_mode = self.env.progress_mode[0]
         self.ucx: Any = None  # ucxx._lib.libucxx, imported on this thread
@@ -56,13 +62,12 @@ class Worker(Loop):
 
     def release(self) -> None:
         """Drop one user; the last one stops the thread and frees the worker."""
-        global _shared
         with _registry_lock:
             self._users -= 1
             if self._users > 0:
                 return
-            if _shared is self:
-                _shared = None
+            if _shared.get(self.uses_ucx) is self:
+                del _shared[self.uses_ucx]
         self.stop()
 
     def describe(self) -> dict[str, Any]:
@@ -82,6 +87,8 @@ class Worker(Loop):
         transports only (:func:`~.env.same_host_tls` says why: a peer that dies while its
         endpoint is being wired up must never abort this process).
         """
+        if self.ucx is None:
+            raise UnsupportedError(f"{name}: this process's worker runs without UCX")
         context = self._context
         if same_host:
             context = self._same_host()
@@ -114,6 +121,8 @@ class Worker(Loop):
     # ---- the loop's hooks -----------------------------------------------------------------
 
     def _setup(self) -> None:
+        if not self.uses_ucx:
+            return
         import ucxx._lib.libucxx as ucx_api
         from ucxx._lib.arr import Array
 
@@ -142,22 +151,23 @@ class Worker(Loop):
         for link in list(self.links):
             link.stop()
         self.links.clear()
-        log.info("UCX worker stopped")
+        if self.uses_ucx:
+            log.info("UCX worker stopped")
 
 
 _registry_lock = threading.Lock()
-_shared: Worker | None = None
+_shared: dict[bool, Worker] = {}  # by uses_ucx
 
 
-def acquire_worker(options: UcxOptions) -> Worker:
-    """The process's UCX worker thread (started on first use), with one more user counted."""
-    global _shared
+def acquire_worker(options: UcxOptions, ucx: bool = True) -> Worker:
+    """The process's UCX worker thread (started on first use), with one more user counted;
+    ``ucx=False``: the process's worker loop without UCX (see the module docstring)."""
     with _registry_lock:
-        worker = _shared
+        worker = _shared.get(ucx)
         if worker is None or worker._stopping:
-            worker = Worker(options)
+            worker = Worker(options, ucx)
             worker.start()
-            _shared = worker
+            _shared[ucx] = worker
         elif options != worker.options:
             log.info(
                 "a UCX worker already runs in this process (pid %d); its environment and progress "

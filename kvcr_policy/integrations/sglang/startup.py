@@ -1,6 +1,15 @@
 """The backend's configuration at start: loaded with origins that name SGLang's own flag, and
 logged once.
 
+**One tier per host at TP > 1.** SGLang writes MLA pages from TP rank 0 only
+(``is_storage_writer``) and uses the minimum of the ranks' hit counts
+(``_sync_prefetch_hit_query``, ``ReduceOp.MIN``), so a tier private to each rank's process
+would never serve a hit. With ``backend.name = "auto"`` (the default) and more than one rank
+(TP, PP or attention-CP size above 1), the backend is therefore ``host``: one tier on the host
+for every rank, through shared memory (:mod:`kvcr_policy.backends.peer.host_tier`); its origin
+says why. A per-process ``dram`` tier named explicitly for an MLA model at TP > 1 is refused
+with the fix.
+
 The loader labels every caller override ``override``; here each one is relabelled with the
 ``extra_config`` key it came from (``SGLang --hicache-storage-backend-extra-config
 ['overrides']['placement.capacity_bytes']``), in the effective origins and in the errors of a
@@ -44,12 +53,67 @@ def _relabel(origin: str, path: str, named: dict[str, str], fallback: str) -> st
     return named.get(path) or fallback
 
 
-def load(options: BackendOptions) -> LoadedConfig:
-    """:func:`load_config` of the options, each override's origin naming its extra_config key."""
+def ranks_of(storage_config: Any) -> int:
+    """Processes of one engine that may share a host: TP x PP x attention-CP ranks."""
+    c = storage_config
+    return int(c.tp_size) * int(c.pp_size) * int(getattr(c, "attn_cp_size", 1) or 1)
+
+
+def load(options: BackendOptions, storage_config: Any = None) -> LoadedConfig:
+    """:func:`load_config` of the options, each override's origin naming its extra_config key;
+    at more than one rank, ``auto`` means the host tier (see the module docstring)."""
+    if storage_config is None:
+        return _load(options, {}, {})
+    ranks = ranks_of(storage_config)
+    if ranks > 1 and _auto_is_dram(options):
+        why = (
+            f"SGLang tp {storage_config.tp_size}, pp {storage_config.pp_size}: backend.name "
+            "'auto' is 'host' at more than one rank (one tier per host for every rank)"
+        )
+        return _load(options, {"backend.name": "host"}, {"backend.name": why})
+    loaded = _load(options, {}, {})
+    config = loaded.config
+    mla = bool(getattr(storage_config, "is_mla_model", False))
+    if mla and int(storage_config.tp_size) > 1 and config.backend.name == "dram":
+        origin = loaded.origin("backend.name")
+        message = (
+            f"a tier private to each rank's process cannot serve an MLA model at tp "
+            f"{storage_config.tp_size}: SGLang writes MLA pages from TP rank 0 only and counts "
+            "the fewest hits of any rank, so no rank would ever hit; use backend.name = 'host' "
+            "(one tier per host, what 'auto' chooses at TP > 1) or 'peer'"
+        )
+        raise ConfigError([ConfigIssue("backend.name", origin, message)])
+    return loaded
+
+
+def _auto_is_dram(options: BackendOptions) -> bool:
+    """Whether the configuration leaves ``backend.name`` at ``auto`` on a copy transport (the
+    private ``dram`` tier). Read without ``backend.options``: those are the host tier's when it
+    is chosen, and the private tier would refuse them."""
+    try:
+        probe = load_config(options.profile, None, _without_backend_options(options.overrides))
+    except ConfigError:
+        return False  # the full load reports what is wrong
+    return probe.config.backend.name == "auto" and probe.config.transport.name != "ucx"
+
+
+def _without_backend_options(overrides: Any) -> dict[str, Any]:
+    kept: dict[str, Any] = {}
+    for key, value in dict(overrides).items():
+        if str(key).startswith("backend.options"):
+            continue
+        if key == "backend" and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k != "options"}
+        kept[key] = value
+    return kept
+
+
+def _load(options: BackendOptions, extra: dict[str, Any], origins: dict[str, str]) -> LoadedConfig:
     named = override_origins(options) if options.overrides else {}
+    named.update(origins)
     fallback = options.overrides_origin
     try:
-        loaded = load_config(options.profile, None, options.overrides)
+        loaded = load_config(options.profile, None, {**options.overrides, **extra})
     except ConfigError as err:
         issues = [
             ConfigIssue(i.path, _relabel(i.origin, i.path, named, fallback), i.message)

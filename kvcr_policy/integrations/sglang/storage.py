@@ -73,7 +73,7 @@ class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
         self.options: BackendOptions = parse_extra_config(
             storage_config.extra_config, kwargs, origin=flag_origin()
         )
-        self.loaded: LoadedConfig = load(self.options)
+        self.loaded: LoadedConfig = load(self.options, storage_config)
         self.pipeline: Pipeline = build_pipeline(self.loaded)
         self._pools = HostPools(self.pipeline, storage_config)
         self._samples = CallSamples(enabled=bool(storage_config.enable_storage_metrics))

@@ -51,7 +51,9 @@ def worker() -> Iterator[Any]:
 
 @pytest.fixture
 def connect(peer: Any) -> Iterator[Callable[..., Any]]:
-    """``connect(profile, address, **overrides)``: a pipeline on the peer, closed after."""
+    """``connect(profile, address, **overrides)``: a pipeline on the peer, closed after. Pages
+    move over UCX (``transport.options.shared_memory`` off) unless the test asks otherwise:
+    the shared-memory path has its own tests (test_peer_shared_memory.py)."""
     from kvcr_policy import build_pipeline, load_config
 
     opened: list[Any] = []
@@ -61,6 +63,7 @@ def connect(peer: Any) -> Iterator[Callable[..., Any]]:
             "transport.name": "ucx",
             "transport.options.peer": address or peer.address,
             "transport.options.heartbeat_s": 0.5,
+            "transport.options.shared_memory": "off",
             **{key.replace("__", "."): value for key, value in overrides.items()},
         }
         pipeline = build_pipeline(load_config(profile=profile, overrides=values))

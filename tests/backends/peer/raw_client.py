@@ -6,6 +6,7 @@ proof, frames cut short or trickled.
 
 from __future__ import annotations
 
+import os
 import socket
 
 from kvcr_policy.backends.peer import auth
@@ -15,7 +16,14 @@ from kvcr_policy.backends.peer.wire.framing import FrameReader
 
 
 def open_socket(address: str, timeout: float = 5.0) -> socket.socket:
-    """A plain TCP connection to a server's ``HOST:PORT`` (nothing sent yet)."""
+    """A plain TCP connection to a server's ``HOST:PORT``, or a Unix one to ``unix:PATH`` /
+    ``unix:@NAME`` (nothing sent yet)."""
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect("\0" + path[1:] if path.startswith("@") else path)
+        return sock
     host, port = address.rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=timeout)
 
@@ -25,10 +33,10 @@ def default_secret() -> bytes:
     return default_secret_file().read_text(encoding="utf-8").strip().encode()
 
 
-def hello(secret: bytes | None, nonce: bytes | None = None) -> m.Hello:
+def hello(secret: bytes | None, nonce: bytes | None = None, tls: int = 0) -> m.Hello:
     key = auth.key_id(secret) if secret is not None else b""
     caps = m.capability_mask(m.CAPABILITIES)
-    return m.Hello(caps, 0, 0, 10_000, "raw", "raw", key, nonce or auth.new_nonce())
+    return m.Hello(caps, tls, 0, 10_000, "raw", "raw", key, nonce or auth.new_nonce())
 
 
 class Raw:
@@ -36,6 +44,8 @@ class Raw:
 
     def __init__(self, address: str, timeout: float = 5.0) -> None:
         self.sock = open_socket(address, timeout)
+        self.unix = self.sock.family == socket.AF_UNIX
+        self.fds: list[int] = []  # passed with frames on a Unix socket, oldest first
         self.reader = FrameReader(m.KINDS)
         self.pending: list[tuple[int, m.Message]] = []
         self.ids = iter(range(1, 1 << 30))
@@ -54,7 +64,11 @@ class Raw:
         the connection (a frame that does not decode raises ProtocolError)."""
         while not self.pending:
             try:
-                data = self.sock.recv(1 << 16)
+                if self.unix:
+                    data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 16)
+                    self.fds.extend(fds)
+                else:
+                    data = self.sock.recv(1 << 16)
             except ConnectionResetError:
                 return None
             if not data:
@@ -90,6 +104,9 @@ class Raw:
 
     def close(self) -> None:
         self.sock.close()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
 
     def __enter__(self) -> Raw:
         return self

@@ -50,6 +50,7 @@ def test_exists_takes_one_round_trip_per_query_batch(
     overrides = {
         "transport.name": "ucx",
         "transport.options.peer": proxy.address,
+        "transport.options.shared_memory": "off",  # every frame through the proxy
         "transport.options.heartbeat_s": 600,  # no ping while the test counts
         "batching.query_batch_keys": batch,
     }
@@ -92,7 +93,7 @@ RECEIVES = textwrap.dedent(
 
     address, profile, layout = sys.argv[1:4]
     overrides = {"transport.name": "ucx", "transport.options.peer": address,
-                 "coalescing.split_bytes": 1000}
+                 "transport.options.shared_memory": "off", "coalescing.split_bytes": 1000}
     geo = geometry(layout, pages=16)
     buffer = pool_buffer(geo, 5)
     with build_pipeline(load_config(profile, overrides=overrides)) as pipeline:

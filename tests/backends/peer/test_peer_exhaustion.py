@@ -80,6 +80,7 @@ class Service:
         overrides = {
             "transport.name": "ucx",
             "transport.options.peer": address,
+            "transport.options.shared_memory": "off",
             "transport.op_timeout_s": 5,
             "security.secret_file": str(secret_file),
         }
@@ -313,6 +314,7 @@ from kvcr_policy.geometry import PoolGeometry
 geo = PoolGeometry("kv", "layer_first", 8, 4, 128, "float16", 64, 64 * 64)
 loaded = load_config("throughput", overrides={{"transport.name": "ucx",
     "transport.options.peer": {address!r}, "transport.options.tls": {tls!r},
+    "transport.options.shared_memory": "off",
     "security.secret_file": {secret!r}, "transport.op_timeout_s": 30}})
 with build_pipeline(loaded) as p:
     p.register_pool("kv", geo, np.ones(geo.shape, dtype=np.float16))

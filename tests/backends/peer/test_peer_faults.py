@@ -43,7 +43,7 @@ from tests.support.pools import fresh_keys, pool_buffer, token_indices
 from tests.backends.peer.peer_helpers import big_geometry
 from kvcr_policy import build_pipeline, load_config
 p = build_pipeline(load_config(overrides={{"transport.name": "ucx",
-    "transport.options.peer": {address!r}}}))
+    "transport.options.peer": {address!r}, "transport.options.shared_memory": "off"}}))
 geo = big_geometry("victim")
 buf = pool_buffer(geo, 3)
 p.register_pool("victim", geo, buf)

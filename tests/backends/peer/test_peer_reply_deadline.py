@@ -23,6 +23,10 @@ class Stand:
         self._pending: dict[int, _Pending] = {}
         self.worker = SimpleNamespace(later=self._later)
 
+    @property
+    def completions(self) -> int:
+        return int(self.link.completions)
+
     def _later(self, delay: float, fn: Any) -> Any:
         self.timers.append((delay, fn))
         return SimpleNamespace(cancel=lambda: None)

@@ -113,6 +113,7 @@ def rig() -> Iterator[Rig]:
     overrides = {
         "transport.name": "ucx",
         "transport.options.peer": rig.server.address,
+        "transport.options.shared_memory": "off",
         "transport.options.heartbeat_s": 0.5,
         "transport.op_timeout_s": 5,
     }

@@ -16,6 +16,13 @@ included (see :mod:`kvcr_policy.backends.peer.server.addrcheck`) and every descr
 holds its secret (it unpacks that peer's worker address as UCX does, without a checker
 process). A peer that runs without authentication (``serve --insecure``) is refused unless
 ``security.insecure`` is set here too.
+
+On one host pages move through shared memory: a peer named ``unix:PATH`` is reached on that
+socket, and a TCP peer that offers its Unix socket in WELCOME (a server on this host) is left
+for it unless ``transport.options.shared_memory`` is ``off``; the session there authenticates
+again, and each pool attached on it maps its tier (:mod:`.shared`, :mod:`.copies`). ``require``
+refuses a peer that cannot. ``start``, when given, is called once when a ``unix:`` peer cannot
+be reached (nothing listens), to start it (the host tier's first rank: :mod:`..host`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from typing import Any, Protocol
 
 from kvcr_policy.errors import (
@@ -41,13 +49,19 @@ from kvcr_policy.errors import (
 from .. import auth
 from ..credentials import ClientCredentials
 from ..host import host_id
-from ..options import UcxOptions, parse_address
+from ..options import UcxOptions, parse_address, unix_address
 from ..wire import messages as m
 from ..worker import Worker
 from .connection import Connection
 from .ops import Target, error_of
+from .shared import map_tier
 
 __all__ = ["PeerClient"]
+
+
+def _shown(unix: str) -> str:
+    return "unix:" + ("@" + unix[1:] if unix.startswith("\0") else unix)
+
 
 log = logging.getLogger("kvcr_policy.backends.peer.client")
 
@@ -60,7 +74,9 @@ class Attachable(Protocol):
 
     def attach_message(self, capabilities: frozenset[str]) -> m.Attach: ...
 
-    def target(self, number: int, slots: int, capabilities: frozenset[str]) -> Target: ...
+    def target(
+        self, number: int, slots: int, capabilities: frozenset[str], tier_view: Any = None
+    ) -> Target: ...
 
 
 class PeerClient:
@@ -73,6 +89,9 @@ class PeerClient:
         op_timeout_s: float,
         name: str,
         credentials: ClientCredentials | None = None,
+        *,
+        copier: Any = None,
+        start: Callable[[], None] | None = None,
     ) -> None:
         if options.peer is None:
             message = (
@@ -83,7 +102,11 @@ class PeerClient:
         self.worker = worker
         self.options = options
         self.address = options.peer
-        self.host, self.port = parse_address(options.peer, where="transport.options.peer")
+        self.unix = unix_address(options.peer, where="transport.options.peer")
+        if self.unix is None:
+            self.host, self.port = parse_address(options.peer, where="transport.options.peer")
+        self.copier = copier  # copies pages on a shared-memory connection
+        self._start = start
         self.op_timeout_s = op_timeout_s
         self.retry_after_s = min(1.0, op_timeout_s)
         self.name = name
@@ -150,7 +173,7 @@ class PeerClient:
         deadline = time.monotonic() + timeout
         pause, tries = 0.05, 1
         while True:
-            conn = self._open(timeout)
+            conn = self._open_first(timeout)
             try:
                 return self._shake_hands(conn, max(0.0, deadline - time.monotonic()))
             except BackendUnavailableError as err:
@@ -168,34 +191,72 @@ class PeerClient:
             pause, tries = min(2 * pause, 1.0), tries + 1
             timeout = max(0.05, deadline - time.monotonic())
 
-    def _open(self, timeout: float) -> Connection:
-        """A TCP connection to the peer, handed to the worker thread (nothing sent yet)."""
+    def _open_first(self, timeout: float) -> Connection:
+        """:meth:`_open` of the configured peer; a ``unix:`` peer that nobody serves is
+        started first when this client was given ``start``."""
+        if self.unix is None:
+            return self._open(timeout)
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            return self._open(timeout, self.unix)
+        except BackendUnavailableError as err:
+            cause = err.__cause__
+            absent = isinstance(cause, (FileNotFoundError, ConnectionRefusedError))
+            if self._start is None or not absent:
+                raise
+        self._start()
+        return self._open(timeout, self.unix)
+
+    def _open(self, timeout: float, unix: str | None = None) -> Connection:
+        """A TCP connection to the peer, or one on the Unix socket ``unix`` (a shared-memory
+        session), handed to the worker thread (nothing sent yet)."""
+        shown = self.address if unix is None else _shown(unix)
+        try:
+            if unix is None:
+                sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            else:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(timeout)
+                    sock.connect(unix)
+                except BaseException:
+                    sock.close()
+                    raise
         except OSError as err:
-            message = f"cannot connect to peer {self.address}: {err}"
+            message = f"cannot connect to peer {shown}: {err}"
             raise BackendUnavailableError(message) from err
         conn: Connection = self.worker.submit(
-            Connection,
-            self.worker,
-            sock,
-            self.address,
-            self.op_timeout_s,
-            self.options.dead_after_s,
+            partial(
+                Connection,
+                self.worker,
+                sock,
+                shown,
+                self.op_timeout_s,
+                self.options.dead_after_s,
+                local=unix is not None,
+                copier=self.copier,
+            )
         ).result()
         return conn
 
     def _shake_hands(self, conn: Connection, timeout: float) -> Connection:
-        """HELLO to WELCOME and every pool attached on ``conn``; closes it on failure."""
+        """HELLO to WELCOME (moving to the peer's shared memory when it offers it) and every
+        pool attached on the connection kept; closes what fails."""
+        started = time.monotonic()
         try:
             welcome = self._wait(self._hello(conn), timeout, "handshake")
             conn.welcome = welcome
+        except BaseException:
+            self.worker.call(conn.fail, "handshake failed")
+            raise
+        if not conn.local:
+            conn = self._share(conn, welcome, max(0.05, timeout - (time.monotonic() - started)))
+        try:
             targets = {}
             for key, pool in list(self._pools.items()):
                 targets[key] = self._attach(conn, pool)
             self._targets = targets
         except BaseException:
-            self.worker.call(conn.fail, "handshake or attach failed")
+            self.worker.call(conn.fail, "attach failed")
             raise
         log.info(
             "connected to peer %s over %s as tenant %s (capabilities %s)",
@@ -205,6 +266,42 @@ class PeerClient:
             ", ".join(sorted(conn.capabilities)) or "none",
         )
         return conn
+
+    def _share(self, conn: Connection, welcome: Any, timeout: float) -> Connection:
+        """The connection to use after a TCP WELCOME: a shared-memory one on the Unix socket
+        the peer offered (this host's), or ``conn`` itself (see the module docstring)."""
+        mode = self.options.shared_memory
+        if mode == "off" or (mode == "auto" and self.options.tls == "tcp"):
+            return conn
+        if not welcome.local:
+            if mode == "require":
+                self.worker.call(conn.fail, "no shared memory")
+                message = (
+                    f"peer {self.address} offers no shared memory (another host, or it runs "
+                    "with transport.options.shared_memory = 'off') and this client requires it"
+                )
+                raise UnsupportedError(message)
+            return conn
+        try:
+            local = self._open(timeout, unix_address(welcome.local))
+            try:
+                local.welcome = self._wait(self._hello(local), timeout, "handshake")
+            except BaseException:
+                self.worker.call(local.fail, "handshake failed")
+                raise
+        except (TransportError, ValueError) as err:
+            if mode == "require":
+                self.worker.call(conn.fail, "no shared memory")
+                raise
+            log.warning(
+                "peer %s: its shared memory (%s) could not be used, pages move over UCX: %s",
+                self.address,
+                welcome.local,
+                err,
+            )
+            return conn
+        self.worker.call(partial(conn.fail, "moved to shared memory", expected=True))
+        return local
 
     def _hello(self, conn: Connection) -> Future[Any]:
         """HELLO, CHALLENGE (the peer's proof, checked), AUTH (ours), WELCOME: a future of
@@ -216,7 +313,7 @@ class PeerClient:
         nonce = auth.new_nonce()
         hello = m.Hello(
             m.capability_mask(m.CAPABILITIES),
-            _TLS_CODE[options.tls],
+            3 if conn.local else _TLS_CODE[options.tls],
             int(options.heartbeat_s * 1000),
             int(min(self.op_timeout_s, 3600) * 1000),
             host_id(),
@@ -237,7 +334,7 @@ class PeerClient:
             proof = b""
             if secret is not None and not reply.insecure:
                 proof = auth.proof(secret, "client", key, nonce, reply.nonce)
-            message = m.Auth(proof, conn.link.address)
+            message = m.Auth(proof, b"" if conn.local else conn.link.address)
             conn.request(message, welcomed, options.connect_timeout_s, knob)
 
         def welcomed(reply: Any) -> None:
@@ -249,15 +346,19 @@ class PeerClient:
                     f"peer {self.address} does not accept shaped descriptor lists; run the "
                     "same kvcr_policy version on both peers"
                 )
+            if error is None and (reply.tls == 3) != conn.local:
+                error = TransportError(f"the peer answered tls {reply.tls} on this connection")
             if error is not None:
                 future.set_exception(error)
                 return
-            conn.tls = "sm" if reply.tls == 1 else "tcp"
-            try:
-                conn.ep = conn.link.connect(reply.address, conn.tls == "tcp")
-            except Exception as err:
-                future.set_exception(TransportError(f"cannot reach the peer over UCX: {err}"))
-                return
+            conn.tls = {1: "sm", 2: "tcp", 3: "shm"}[reply.tls]
+            if not conn.local:
+                try:
+                    conn.ep = conn.link.connect(reply.address, conn.tls == "tcp")
+                except Exception as err:
+                    message = f"cannot reach the peer over UCX: {err}"
+                    future.set_exception(TransportError(message))
+                    return
             conn.start_heartbeat(options.heartbeat_s)
             self.tenant = reply.tenant
             future.set_result(reply)
@@ -299,15 +400,19 @@ class PeerClient:
             error = error_of(reply, "ATTACH")
             if error is not None:
                 future.set_exception(error)
-            else:
-                future.set_result(reply)
+            else:  # the tier's memfd came with this frame on a shared-memory connection
+                future.set_result((reply, conn.channel.take_fd() if conn.local else None))
 
         # A new tier may be pre-faulted first (seconds per GiB on a slow host); heartbeats show
         # the peer is alive meanwhile, so the wait is longer than one operation's.
         timeout = max(self.op_timeout_s, ATTACH_TIMEOUT_S)
         self.worker.call(conn.request, message, attached, timeout)
-        reply = self._wait(future, timeout, "attach")
-        return pool.target(reply.pool, reply.slots, caps)
+        reply, fd = self._wait(future, timeout, "attach")
+        tier_view = None
+        if conn.local:
+            expected = pool.target(reply.pool, reply.slots, caps).tier.nbytes
+            tier_view = map_tier(fd, reply.shm_offset, reply.shm_bytes, expected, conn.peer)
+        return pool.target(reply.pool, reply.slots, caps, tier_view)
 
     def _wait(self, future: Future[Any], timeout: float, what: str) -> Any:
         try:
@@ -345,7 +450,7 @@ class PeerClient:
 
         For :func:`~.ops.read` and :func:`~.ops.write`, ``args`` are ``(keys, pages, shape)``:
         the descriptor shaping travels with each op."""
-        result = self.wait(self.start(pool, op, *args), timeout, op.__name__)
+        result = self.wait(self.start(pool, op, *args), timeout, op.__name__.strip("_"))
         if isinstance(result, Exception):
             raise result
         return result
@@ -391,11 +496,11 @@ class PeerClient:
 
     def progress(self) -> int:
         """A count that grows while the peer answers or bytes move (frames received and UCX
-        messages completed on the current connection, and each new connection)."""
+        messages or copies completed on the current connection, and each new connection)."""
         conn = self._conn
         if conn is None:
             return self.connects
-        return self.connects + conn.channel.frames_in + conn.link.completions
+        return self.connects + conn.channel.frames_in + conn.completions
 
     def describe(self) -> dict[str, Any]:
         conn = self._conn
@@ -403,6 +508,7 @@ class PeerClient:
             "peer": self.address,
             "tenant": self.tenant or None,
             "transport_used": conn.tls if conn is not None and conn.dead is None else None,
+            "shared_memory": bool(conn is not None and conn.dead is None and conn.local),
             "connected": conn is not None and conn.dead is None,
             "connecting": self.connecting,
             "connects": self.connects,

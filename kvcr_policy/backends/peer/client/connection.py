@@ -9,7 +9,10 @@ socket close knows this side no longer reads its memory. Every waiting callback 
 :class:`~kvcr_policy.errors.TransportError`.
 
 Each connection has a UCX worker of its own (a :class:`~..link.Link`), retired with it: what a
-peer that died mid-transfer left in that worker never reaches the next connection.
+peer that died mid-transfer left in that worker never reaches the next connection. A
+connection on the server's Unix socket (``local``) has none: its pages move by memory copy
+through the tiers the server passes it (:attr:`Connection.channel` takes their memfds), and
+``copier`` (a host copy engine of this process) does the copying.
 
 Liveness: while the connection waits for the peer (anything sent since the peer's last frame),
 it pings every ``heartbeat_s``; the peer is dead only when nothing at all came back for
@@ -58,13 +61,25 @@ class Connection:
     """See the module docstring; built by :class:`~.client.PeerClient`."""
 
     def __init__(
-        self, worker: Worker, sock: Any, peer: str, op_timeout_s: float, dead_after_s: float
+        self,
+        worker: Worker,
+        sock: Any,
+        peer: str,
+        op_timeout_s: float,
+        dead_after_s: float,
+        *,
+        local: bool = False,
+        copier: Any = None,
     ) -> None:
         self.worker = worker
         self.peer = peer
         self.op_timeout_s = op_timeout_s
         self.dead_after_s = dead_after_s
-        self.link: Link = worker.open_link(f"peer {peer}")
+        self.local = local
+        self.copier = copier  # a host copy transport (submit(CopyBatch)): local connections
+        self.copies = 0  # copies finished on a local connection (a late reply waits on them)
+        link = None if local else worker.open_link(f"peer {peer}")
+        self.link: Link = link  # type: ignore[assignment]  # None on a local connection
         self.ep: Any = None
         self.welcome: m.Welcome | None = None
         self.challenged = False  # the peer answered HELLO (it took this connection in)
@@ -82,6 +97,7 @@ class Connection:
             name=f"peer {peer}",
             on_message=self._on_message,
             on_closed=self._on_closed,
+            accept_fds=local,
         )
 
     @property
@@ -104,7 +120,7 @@ class Connection:
         number = next(self._ids)
         limit = self.op_timeout_s if timeout is None else timeout
         kind = message.KIND.name
-        moved = self.link.completions
+        moved = self.completions
         timer = self.worker.later(limit, lambda: self._no_reply(number, moved, limit, knob))
         self._pending[number] = _Pending(kind, callback, timer)
         self.channel.send(message, number)
@@ -117,13 +133,18 @@ class Connection:
         pending = self._pending.get(number)
         if pending is None:
             return
-        now = self.link.completions
+        now = self.completions
         if now != moved:
             pending.timer = self.worker.later(
                 limit, lambda: self._no_reply(number, now, limit, knob)
             )
             return
         self.fail(f"{pending.kind} got no reply within {limit} s ({knob})")
+
+    @property
+    def completions(self) -> int:
+        """UCX messages completed on this connection (copies finished, on a local one)."""
+        return self.link.completions if self.link is not None else self.copies
 
     def notify(self, message: m.Message) -> None:
         """Send a message that has no reply (RELEASE)."""
@@ -217,11 +238,12 @@ class Connection:
         if self.ep is not None:
             ep, self.ep = self.ep, None
             self.link.close_endpoint(ep, self.tls == "tcp")  # cancels the receives posted on it
-        for group in list(self._sending):
-            self.link.abandon(group)  # sends only read our memory; COMMIT never follows
-        # Receives still pending after the grace are abandoned and the link frozen: their
-        # memory is then never written again (see ..link), and the reads report misses.
-        self.link.retire(_RETIRE_GRACE_S)
+        if self.link is not None:
+            for group in list(self._sending):
+                self.link.abandon(group)  # sends only read our memory; COMMIT never follows
+            # Receives still pending after the grace are abandoned and the link frozen: their
+            # memory is then never written again (see ..link), and the reads report misses.
+            self.link.retire(_RETIRE_GRACE_S)
         pending, self._pending = self._pending, {}
         error = BackendUnavailableError(f"peer {self.peer}: {reason}")
         for entry in pending.values():

@@ -34,14 +34,14 @@ from kvcr_policy.errors import (
 )
 from kvcr_policy.geometry import PoolGeometry
 
-from ...base import Shape
+from ...base import Endpoint, Shape
 from ..requests import message_limit
 from ..wire import messages as m
 from ..wire.coverage import Cover
 from ..wire.payload import MAX_DESCRIPTORS
 from .connection import Connection
 
-__all__ = ["Target", "error_of", "probe", "read", "write"]
+__all__ = ["Target", "check_slots", "error_of", "guard", "probe", "read", "shaped", "write"]
 
 #: ``done(result)``: a bool array per requested page, or an exception.
 Done = Callable[[Any], None]
@@ -57,13 +57,36 @@ class Target:
     geometry: PoolGeometry  # the client pool
     tier: PoolGeometry  # the server tier (same layout, its slot count)
     view: np.ndarray  # uint8 view of the client pool
+    #: The tier itself, mapped here, on a shared-memory connection (see .shared); else None.
+    tier_view: np.ndarray | None = None
 
     @classmethod
-    def make(cls, number: int, geometry: PoolGeometry, slots: int, view: np.ndarray) -> Target:
+    def make(
+        cls,
+        number: int,
+        geometry: PoolGeometry,
+        slots: int,
+        view: np.ndarray,
+        tier_view: np.ndarray | None = None,
+    ) -> Target:
         tier = replace(
             geometry, name=f"{geometry.name}.peer", tokens=slots * geometry.page_size, device="cpu"
         )
-        return cls(number, geometry, tier, view)
+        return cls(number, geometry, tier, view, tier_view)
+
+    @property
+    def shared(self) -> bool:
+        return self.tier_view is not None
+
+    def endpoints(self) -> tuple[Endpoint, Endpoint]:
+        """(tier, pool) as copy endpoints (shared-memory connections only)."""
+        tier = self.tier_view
+        assert tier is not None
+        return _endpoint(tier), _endpoint(self.view)
+
+
+def _endpoint(view: np.ndarray) -> Endpoint:
+    return Endpoint(int(view.ctypes.data), len(view), "cpu", view)
 
 
 def error_of(reply: Any, what: str) -> Exception | None:
@@ -84,7 +107,7 @@ def error_of(reply: Any, what: str) -> Exception | None:
     return None
 
 
-def _slots(target: Target, slots: np.ndarray, limit: int) -> np.ndarray:
+def check_slots(target: Target, slots: np.ndarray, limit: int) -> np.ndarray:
     """Server-sent slots, refused (connection failed) unless they fit what we asked for."""
     bad = len(slots) > limit or (
         len(slots) and (slots.min() < 0 or slots.max() >= target.tier.pages)
@@ -94,7 +117,7 @@ def _slots(target: Target, slots: np.ndarray, limit: int) -> np.ndarray:
     return slots
 
 
-def _guard(
+def guard(
     conn: Connection, done: Done, what: str, fn: Callable[[Any], None]
 ) -> Callable[[Any], None]:
     """``fn`` as a reply callback; if it raises before posting, the op fails and so does the
@@ -110,7 +133,7 @@ def _guard(
     return run
 
 
-def _shaped(shape: Shape, plain: Descriptors, cover: Cover, what: str) -> Descriptors:
+def shaped(shape: Shape, plain: Descriptors, cover: Cover, what: str) -> Descriptors:
     """What ``shape`` makes of ``plain``, checked against ``cover`` (TransportError: nothing
     moves; a strategy's bug fails the batch, never the connection)."""
     for array in (plain.src, plain.dst, plain.length):
@@ -176,7 +199,7 @@ def read(
         if error is not None:
             done(error)
             return
-        slots = _slots(target, reply.slots, n)
+        slots = check_slots(target, reply.slots, n)
         count = len(slots)
         if count == 0:
             done(np.zeros(n, dtype=bool))
@@ -185,7 +208,7 @@ def read(
             plain = build_descriptors(target.tier, slots, target.geometry, pages[:count])
             pool = Cover.of_moves(target.tier, slots, target.geometry, pages[:count])
             what = f"reading {count} pages into pool {target.geometry.name!r}"
-            d = _shaped(shape, plain, pool, what)
+            d = shaped(shape, plain, pool, what)
         except KVCRPolicyError as err:
             conn.notify(m.Release(reply.claim))
             done(err)
@@ -206,7 +229,7 @@ def read(
 
         conn.request(m.Send(reply.claim, tag_base, d.src, d.length), sent)
 
-    conn.request(m.Claim(target.number, keys, pages), _guard(conn, done, "CLAIMED", claimed))
+    conn.request(m.Claim(target.number, keys, pages), guard(conn, done, "CLAIMED", claimed))
 
 
 def write(
@@ -240,7 +263,7 @@ def write(
         if covered > n:
             raise TransportError(f"the peer reserved {covered} slots for {n} keys")
         todo = np.flatnonzero(slots >= 0)
-        _slots(target, slots[todo], n)
+        check_slots(target, slots[todo], n)
         flags = np.zeros(covered, dtype=bool)
         if len(todo) == 0:
             conn.request(m.Commit(reply.reservation, flags), written)
@@ -250,7 +273,7 @@ def write(
             plain = build_descriptors(target.geometry, sources, target.tier, slots[todo])
             tier = Cover.of_moves(target.geometry, sources, target.tier, slots[todo])
             what = f"writing {len(todo)} pages of pool {target.geometry.name!r}"
-            d = _shaped(shape, plain, tier, what)
+            d = shaped(shape, plain, tier, what)
         except KVCRPolicyError as err:
             conn.notify(m.Release(reply.reservation))
             done(err)
@@ -270,10 +293,10 @@ def write(
             _post(conn, d.src, d.length, target.view, True, answer.tag_base, sent)
 
         conn.request(
-            m.Post(reply.reservation, d.dst, d.length), _guard(conn, done, "POSTED", posted)
+            m.Post(reply.reservation, d.dst, d.length), guard(conn, done, "POSTED", posted)
         )
 
-    conn.request(m.Reserve(target.number, keys, pages), _guard(conn, done, "RESERVED", reserved))
+    conn.request(m.Reserve(target.number, keys, pages), guard(conn, done, "RESERVED", reserved))
 
 
 def probe(conn: Connection, target: Target, nbytes: int, done: Done) -> None:

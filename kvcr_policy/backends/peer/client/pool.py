@@ -1,7 +1,8 @@
 """PeerPool: a pool whose tier lives on a peer; the :class:`~...base.PoolTier` of ``peer``.
 
 The mover drives it like any backend: one EXISTS round trip per metadata-query batch, and per
-batch one claimed read (CLAIM, SEND) or reserved write (RESERVE, POST, COMMIT) on the peer,
+batch one claimed read (CLAIM, SEND; on a shared-memory connection CLAIM, a copy, COPIED: see
+:mod:`.copies`) or reserved write (RESERVE, POST, COMMIT; RESERVE, a copy, COMMIT) on the peer,
 its descriptors shaped by the mover's coalescing strategy within what both the pipeline and
 the peer accept (negotiated on each connect). A peer that went away turns into misses (logged
 and counted), never into an exception on the data path; a full tier raises CapacityError, as
@@ -36,7 +37,7 @@ from ...base import Endpoint, Shape
 from ..requests import memory_view, message_limit
 from ..wire import messages as m
 from ..wire.payload import MAX_DESCRIPTORS, MAX_KEYS
-from . import ops
+from . import copies, ops
 from .client import PeerClient
 
 __all__ = ["PeerPool"]
@@ -120,9 +121,15 @@ class PeerPool:
             self.align,
         )
 
-    def target(self, number: int, slots: int, capabilities: frozenset[str]) -> ops.Target:
+    def target(
+        self,
+        number: int,
+        slots: int,
+        capabilities: frozenset[str],
+        tier_view: np.ndarray | None = None,
+    ) -> ops.Target:
         self._negotiate(capabilities)
-        return ops.Target.make(number, self.geometry, slots, self.view)
+        return ops.Target.make(number, self.geometry, slots, self.view, tier_view)
 
     # ---- RemotePool -----------------------------------------------------------------------
 
@@ -176,7 +183,7 @@ class PeerPool:
             message = f"pool {self.name!r}: probe of {nbytes} bytes; expected 1..{len(self.view)}"
             raise IndicesError(message)
         limit = message_limit(self.timeout, nbytes)
-        if not self.client.run(self, ops.probe, nbytes, timeout=limit + ANSWER_GRACE_S):
+        if not self.client.run(self, _probe, nbytes, timeout=limit + ANSWER_GRACE_S):
             raise TransportError(f"pool {self.name!r}: the probe of {nbytes} bytes failed")
 
     def stats(self) -> dict[str, Any]:
@@ -209,7 +216,7 @@ class _Transfer:
 
     def __init__(self, pool: PeerPool, read: bool, keys: list[str], pages: np.ndarray) -> None:
         self.pool = pool
-        self.op = ops.read if read else ops.write
+        self.op = _read if read else _write
         self.keys = keys
         self.pages = pages
         self.limit = len(keys)
@@ -259,6 +266,18 @@ class _Transfer:
 
     def abort(self) -> None:
         """Nothing to undo: each batch released its claim or reservation on the peer."""
+
+
+def _read(conn: Any, target: ops.Target, *args: Any) -> None:
+    (copies.read if target.shared else ops.read)(conn, target, *args)
+
+
+def _write(conn: Any, target: ops.Target, *args: Any) -> None:
+    (copies.write if target.shared else ops.write)(conn, target, *args)
+
+
+def _probe(conn: Any, target: ops.Target, *args: Any) -> None:
+    (copies.probe if target.shared else ops.probe)(conn, target, *args)
 
 
 def _plain(descriptors: Descriptors) -> Descriptors:

@@ -2,8 +2,10 @@
 
 ``HELLO`` (key id, nonce) -> ``CHALLENGE`` (nonce, the server's proof) -> ``AUTH`` (the
 client's proof, its UCX address) -> the address check -> ``WELCOME``; the proofs are
-:mod:`..auth`'s. Until the client's proof is checked, frames are small (:data:`HELLO_LIMIT`,
-then :data:`AUTH_LIMIT`), the connection holds only a handshake slot (see
+:mod:`..auth`'s. A shared-memory session (the server's Unix socket) sends no UCX address and
+has none to check: WELCOME follows the proof. Until the client's proof is checked, frames are
+small (:data:`HELLO_LIMIT`, then :data:`AUTH_LIMIT`), the connection holds only a handshake
+slot (see
 :mod:`.admission`), and nothing but these two messages is accepted: no tier, no address check,
 no UCX endpoint is reachable from a connection that has not authenticated. A failed proof
 and an unknown key id get the same answer (ERROR ``AUTH``, then a closed connection).
@@ -38,7 +40,7 @@ class _Server(Protocol):
     keyring: Keyring
     admission: Admission
 
-    def choose_tls(self, hello: m.Hello) -> str: ...
+    def choose_tls(self, hello: m.Hello, local: bool) -> str: ...
 
     def check_address(
         self,
@@ -58,6 +60,8 @@ class Opening(Protocol):
     peer: str
     heartbeat_s: float
     channel: Channel
+    client_host: str
+    local: Any
 
     @property
     def server(self) -> _Server: ...
@@ -97,11 +101,12 @@ class Handshake:
         session = self.session
         server = session.server
         try:
-            session.tls = server.choose_tls(hello)
+            session.tls = server.choose_tls(hello, session.local is not None)
         except UnsupportedError as err:
             self._fail(m.Err.UNSUPPORTED, str(err))
             return
         keyring = server.keyring
+        session.client_host = hello.host_id
         self.hello = hello
         self.nonce = auth.new_nonce()
         if keyring.insecure:
@@ -153,6 +158,12 @@ class Handshake:
         if heartbeat > 0:
             heartbeat = min(max(heartbeat, MIN_HEARTBEAT_S), MAX_HEARTBEAT_S)
         session.heartbeat_s = heartbeat
+        if session.tls == "shm":
+            if msg.address:
+                self._fail(m.Err.PROTOCOL, "AUTH: a shared-memory session sends no UCX address")
+                return
+            session.welcome(True, b"", hello.name, request)
+            return
         channel = session.channel
         server.check_address(
             msg.address,

@@ -10,6 +10,14 @@ on the same host (endpoints created from exchanged worker addresses, without end
 handling, so liveness is the control socket, heartbeats and operation deadlines), tcp with
 error handling otherwise; ``transport.options.tls`` can force either.
 
+**Same host, shared memory.** Beside its TCP socket the server listens on a Unix socket of the
+abstract namespace (``transport.options.shared_memory``, on unless ``off``), whose name it
+tells a client on the same host in WELCOME; ``--listen unix:PATH`` makes it listen there only
+(no TCP, no UCX: the host tier of :mod:`kvcr_policy.backends.peer.host`). A session on that
+socket authenticates as any other, then maps each tier it attaches (the server passes the
+tier's memfd) and moves pages by memory copy, keeping claims and reservations here
+(:mod:`.transfers`); its client's process is named by ``SO_PEERCRED``.
+
 :meth:`stop` (SIGTERM in ``serve``) stops accepting, lets in-flight transfers finish for up to
 ``op_timeout_s``, ends the remaining sessions (releasing every claim and aborting every
 reservation once UCX lets go of the slots), then closes the tiers.
@@ -17,11 +25,14 @@ reservation once UCX lets go of the slots), then closes the tiers.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import secrets
 import socket
+import stat
+import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,14 +54,15 @@ from kvcr_policy.schema import strategy_name
 
 from ..credentials import Keyring, server_keyring
 from ..host import host_id, interface_of
-from ..options import UcxOptions, is_loopback, parse_address
+from ..options import UcxOptions, is_loopback, parse_address, unix_address
 from ..wire import messages as m
 from ..worker import Worker, acquire_worker
 from .addrcheck import READY_TIMEOUT_S, AddressChecker
 from .admission import Admission
 from .labels import tenant_labels
 from .meter import ServerMeter, open_server_meter
-from .session import CHECK_TIMEOUT_S, REQUEST_KINDS, Session
+from .quarantine import Held, Quarantine, open_pidfd
+from .session import CHECK_TIMEOUT_S, REQUEST_KINDS, LocalPeer, Session
 from .tiers import Tiers
 
 __all__ = ["PeerServer", "server_options"]
@@ -76,6 +88,58 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _bind_unix(address: str) -> socket.socket:
+    """A Unix socket bound to ``address`` (a path, or ``"\\0NAME"``), closed to other users
+    (mode 0600; an abstract one has no mode: the handshake is its only guard). A stale socket
+    file that nobody listens on is replaced; a live one is EADDRINUSE."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if not address.startswith("\0"):
+            _remove_stale(address)
+        old = os.umask(0o177)
+        try:
+            sock.bind(address)
+        finally:
+            os.umask(old)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _remove_stale(path: str) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        os.unlink(path)  # a socket file left by a server that is gone
+        return
+    except OSError:
+        return
+    finally:
+        probe.close()
+    raise OSError(errno.EADDRINUSE, f"a server listens on {path}")
+
+
+def _shown(address: str) -> str:
+    """``unix:PATH`` or ``unix:@NAME`` of a Unix socket address."""
+    return "unix:" + ("@" + address[1:] if address.startswith("\0") else address)
+
+
+def _peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket (unix(7) SO_PEERCRED:
+    struct ucred is pid, uid, gid as three ints)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return pid, uid
 
 
 def server_options(loaded: LoadedConfig) -> UcxOptions:
@@ -108,7 +172,12 @@ class PeerServer:
         security = config.security
         options = options or server_options(self.loaded)
         try:
-            self.host, self.port = parse_address(listen or options.listen, where="--listen")
+            text = listen or options.listen
+            self.unix = unix_address(text, where="--listen")
+            if self.unix is None:
+                self.host, self.port = parse_address(text, where="--listen")
+            else:
+                self.host, self.port = "localhost", 0
         except ValueError as err:
             raise ArgumentError(str(err)) from None
         if security.insecure and not is_loopback(self.host):
@@ -143,6 +212,10 @@ class PeerServer:
         self.address = ""
         self.state = "new"
         self._listener: socket.socket | None = None
+        self._local: socket.socket | None = None  # the Unix socket of shared-memory sessions
+        self.local_name = ""  # its name as clients write it (unix:@NAME), "" when none
+        self._abstract = f"\0kvcr-policy-{self.server_id:016x}"
+        self.quarantine: Quarantine | None = None
         self._checker: AddressChecker | None = None
         profile = Path(self.loaded.profile).stem if self.loaded.profile else "default"
         self.meter: ServerMeter | None = open_server_meter(
@@ -151,27 +224,55 @@ class PeerServer:
 
     # ---- lifetime -------------------------------------------------------------------------
 
-    def start(self) -> PeerServer:
-        if self.state != "new":
-            raise ClosedError(f"peer server is {self.state}; build a new one")
+    def _listen(self) -> tuple[socket.socket | None, socket.socket | None]:
+        """The TCP listener (None for ``unix:`` only) and the Unix one (None when off)."""
+        tcp = local = None
+        where = _shown(self.unix) if self.unix is not None else f"{self.host}:{self.port}"
         try:
-            listener = _bind(self.host, self.port)
+            if self.unix is not None:
+                local = _bind_unix(self.unix)
+                return None, local
+            tcp = _bind(self.host, self.port)
+            if self.options.shared_memory != "off":
+                where = f"the abstract Unix socket @{self._abstract[1:]}"
+                local = _bind_unix(self._abstract)
         except OSError as err:
-            where = f"{self.host}:{self.port}"
+            for sock in (tcp, local):
+                if sock is not None:
+                    sock.close()
             message = f"cannot listen on {where}: {err.strerror or err}"
             if err.errno == errno.EADDRINUSE:
                 message += " (another process holds it: pick another port, or 0 for any)"
             raise TransportError(message) from None
+        return tcp, local
+
+    def start(self) -> PeerServer:
+        if self.state != "new":
+            raise ClosedError(f"peer server is {self.state}; build a new one")
+        listener, local = self._listen()
         _os.limit_heap_retention(_MMAP_THRESHOLD)
-        listener.setblocking(False)
-        self.port = listener.getsockname()[1]
-        self.address = f"{self.host}:{self.port}"
-        self._listener = listener
+        for sock in (listener, local):
+            if sock is not None:
+                sock.setblocking(False)
+        if listener is not None:
+            self.port = listener.getsockname()[1]
+            self.address = f"{self.host}:{self.port}"
+        if local is not None:
+            self.local_name = _shown(self._abstract if self.unix is None else self.unix)
+            self.address = self.address or self.local_name
+        self._listener, self._local = listener, local
+
+        def close_listeners() -> None:
+            for sock in (listener, local):
+                if sock is not None:
+                    sock.close()
+
         try:
-            self.worker = acquire_worker(self.options)
+            self.worker = acquire_worker(self.options, ucx=listener is not None)
         except BaseException:
-            listener.close()
+            close_listeners()
             raise
+        self.quarantine = Quarantine(self.worker)
         capacity = int(self.loaded.config.placement.capacity_bytes)
         quota = self.loaded.config.security.tenant_quota_bytes
         observability = self.loaded.config.observability
@@ -189,25 +290,28 @@ class PeerServer:
             labels,
             self.loaded.config.placement.eviction,
         )
-        if self.options.check_addresses:
+        if self.options.check_addresses and listener is not None:
             self._checker = AddressChecker()
             try:
                 self._probe_checker()
             except BaseException:
                 self._checker.close()
                 self.worker.release()
-                listener.close()
+                close_listeners()
                 raise
         self._opener = ThreadPoolExecutor(1, thread_name_prefix="kvcr-tier-open")
         # Connections are accepted only now that a client can be served at once: one that
         # connected earlier would spend its handshake time waiting for the checker to start.
-        listener.listen(64)
-        self.worker.submit(self.worker.watch, listener, self._accept, False).result()
+        for sock, accept in ((listener, self._accept), (local, self._accept_local)):
+            if sock is not None:
+                sock.listen(64)
+                self.worker.submit(self.worker.watch, sock, accept, False).result()
         self.state = "open"
         log.info(
-            "kvcr-policy peer listening on %s (pid %d, tls %s, progress %s, capabilities %s, "
-            "op timeout %s s, UCX devices %s, secret from %s, tenants %s)",
+            "kvcr-policy peer listening on %s (shared memory %s; pid %d, tls %s, progress %s, "
+            "capabilities %s, op timeout %s s, UCX devices %s, secret from %s, tenants %s)",
             self.address,
+            self.local_name or "off",
             os.getpid(),
             self.options.tls,
             self.worker.progress_mode,
@@ -275,6 +379,8 @@ class PeerServer:
                 self._wait_sessions(2.0)
         self._wait_groups(5.0)
         self._opener.shutdown(wait=True)
+        if self.quarantine is not None:
+            self.worker.submit(self.quarantine.close).result()
         leaked = self.worker.submit(self.tiers.close).result()
         if leaked:
             log.warning("tiers %s stay mapped: a transfer may still touch them", leaked)
@@ -287,10 +393,14 @@ class PeerServer:
         log.info("stopped")
 
     def _begin_stop(self) -> None:
-        if self._listener is not None:
-            self.worker.unwatch(self._listener)
-            self._listener.close()
-            self._listener = None
+        for sock in (self._listener, self._local):
+            if sock is not None:
+                self.worker.unwatch(sock)
+                sock.close()
+        self._listener = self._local = None
+        if self.unix is not None and not self.unix.startswith("\0"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.unix)
         for session in list(self.sessions):
             session.drain()
 
@@ -341,6 +451,41 @@ class PeerServer:
             if self.meter is not None:
                 self.meter.connected()
 
+    def _accept_local(self, mask: int) -> None:
+        """A same-host client on the Unix socket: its session moves pages by memory copy."""
+        while self._local is not None:
+            try:
+                sock, _ = self._local.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                log.warning("accept failed: %s", err)
+                return
+            try:
+                pid, uid = _peer_credentials(sock)
+            except OSError as err:
+                log.warning("a local client without credentials (%s): dropped", err)
+                sock.close()
+                continue
+            slot = f"local uid {uid}"  # handshake slots are shared per user, as per address
+            while (victim := self.admission.victim(slot)) is not None:
+                channel = victim.channel
+                channel.pump()
+                if self.admission.victim(slot) is victim:
+                    self.admission.refused("handshake slots full: dropped the oldest handshake")
+                    channel.close("handshake slots full: the oldest handshake is dropped")
+            peer = LocalPeer(pid, uid, open_pidfd(pid))
+            session = Session(self, sock, f"local pid {pid} uid {uid}", local=peer)
+            self.sessions.add(session)
+            self.admission.arrived(session, slot)
+            if self.meter is not None:
+                self.meter.connected()
+
+    def hold(self, pidfd: int | None, items: list[Held], who: str) -> None:
+        """Reservations a shared-memory client may still write (see .quarantine)."""
+        assert self.quarantine is not None
+        self.quarantine.hold(pidfd, items, who)
+
     def session_closed(self, session: Session, reason: str) -> None:
         if session in self.sessions and self.meter is not None:
             self.meter.disconnected()
@@ -351,8 +496,15 @@ class PeerServer:
             self._settling.add(session)
         log.info("client %s disconnected: %s", session.peer, reason)
 
-    def choose_tls(self, hello: m.Hello) -> str:
-        wanted = ("auto", "sm", "tcp")[hello.tls]
+    def choose_tls(self, hello: m.Hello, local: bool) -> str:
+        wanted = ("auto", "sm", "tcp", "shm")[hello.tls]
+        if local:
+            if wanted not in ("auto", "shm"):
+                text = f"this socket serves shared-memory sessions only; the client asks {wanted!r}"
+                raise UnsupportedError(text)
+            return "shm"
+        if wanted == "shm":
+            raise UnsupportedError("tls 'shm' is served on this peer's Unix socket only")
         ours = self.options.tls
         same_host = hello.host_id == self.host_id
         if {wanted, ours} == {"sm", "tcp"}:
@@ -417,12 +569,14 @@ class PeerServer:
         tiers; an admin tenant (``security.admin_tenants``) also every tenant's counts."""
         data: dict[str, Any] = {
             "address": self.address,
+            "local": self.local_name or None,
             "server_id": self.server_id,
             "tls": self.options.tls,
             "progress_mode": self.worker.progress_mode if self.worker else None,
             "capabilities": sorted(self.capabilities),
             "op_timeout_s": self.op_timeout_s,
             "insecure": self.keyring.insecure,
+            "quarantined_slots": self.quarantine.slots if self.quarantine else 0,
         }
         if tenant is not None:
             mine = [tier.store.stats() for tier in self.tiers.of(tenant)] if self.tiers else []

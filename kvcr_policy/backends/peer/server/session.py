@@ -12,14 +12,21 @@ touch the slots: after the session's endpoint is closed and its requests complet
 when the server ends the session, after the client closed its side (or a linger timeout).
 A session whose client sends nothing (not even a heartbeat) for ``security.idle_timeout_s``
 is closed.
+
+A session on the server's Unix socket is a same-host client's (``local``: its pid and uid, read
+with ``SO_PEERCRED``): once authenticated it needs no UCX at all (``tls`` shm). Each pool it
+attaches comes with the tier's memfd, and it moves pages by copying to and from that memory
+(:mod:`.transfers`); the pidfd opened at accept tells the quarantine when its process is gone.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from kvcr_policy.errors import CapacityError, KVCRPolicyError, PoolError, UnsupportedError
@@ -37,10 +44,11 @@ from .admission import Admission
 from .budget import FREE_PAYLOAD
 from .handshake import HELLO_LIMIT, Handshake
 from .meter import ServerMeter
+from .quarantine import Held
 from .tiers import Tier
 from .transfers import Attachment, Transfers
 
-__all__ = ["Host", "Session"]
+__all__ = ["Host", "LocalPeer", "Session"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.server")
 
@@ -50,6 +58,16 @@ _RETIRE_SLACK_S = 0.5
 #: An authenticated client whose address check has not ended by then is dropped (the check
 #: runs in a helper process that may be starting).
 CHECK_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPeer:
+    """A client on the server's Unix socket: its process (``SO_PEERCRED``) and a pidfd of it
+    (None when none could be opened)."""
+
+    pid: int
+    uid: int
+    pidfd: int | None
 
 
 class Host(Protocol):
@@ -68,8 +86,9 @@ class Host(Protocol):
     keyring: Keyring
     admission: Admission
     meter: ServerMeter | None
+    local_name: str
 
-    def choose_tls(self, hello: m.Hello) -> str: ...
+    def choose_tls(self, hello: m.Hello, local: bool) -> str: ...
 
     def check_address(
         self,
@@ -88,12 +107,16 @@ class Host(Protocol):
 
     def session_closed(self, session: Session, reason: str) -> None: ...
 
+    def hold(self, pidfd: int | None, items: list[Held], who: str) -> None: ...
+
 
 class Session:
     """See the module docstring; built by :class:`~.server.PeerServer`."""
 
-    def __init__(self, server: Host, sock: Any, peer: str) -> None:
+    def __init__(self, server: Host, sock: Any, peer: str, local: LocalPeer | None = None) -> None:
         self.server = server
+        self.local = local
+        self.client_host = ""  # the client's host id, from HELLO
         self.worker = server.worker
         self.op_timeout_s = server.op_timeout_s
         self.accepts = server.capabilities  # descriptor shapes SEND and POST may use
@@ -106,6 +129,7 @@ class Session:
         self.tenant = ""
         self.admin = False
         self.heartbeat_s = 0.0
+        self._pidfd_given = False  # the quarantine took the local client's pidfd
         self.pools: list[Attachment | None] = []
         self.transfers = Transfers(self)
         self.handshake: Handshake | None = Handshake(self)
@@ -180,6 +204,8 @@ class Session:
             ep, self.ep = self.ep, None
             self.link.close_endpoint(ep, self.tls == "tcp")  # cancels the receives
         self.transfers.close()
+        if self.local is not None and self.local.pidfd is not None and not self._pidfd_given:
+            os.close(self.local.pidfd)
         if self.link is not None:
             # After the transfers' own limit (op_timeout_s: see .transfers), what is still
             # pending is abandoned and the link frozen; a link with nothing left goes at once.
@@ -239,26 +265,30 @@ class Session:
             text = "the UCX worker address in AUTH is not usable"
             self.channel.fail(m.Err.BAD_REQUEST, text, request)
             return
-        try:
-            self.link = self.worker.open_link(f"client {self.peer}", self.tls == "sm")
-            self.ep = self.link.connect(address, self.tls == "tcp")
-        except Exception as err:
-            text = f"cannot reach the client over UCX: {err}"
-            self.channel.fail(m.Err.BAD_REQUEST, text, request)
-            return
+        if self.tls != "shm":
+            try:
+                self.link = self.worker.open_link(f"client {self.peer}", self.tls == "sm")
+                self.ep = self.link.connect(address, self.tls == "tcp")
+            except Exception as err:
+                text = f"cannot reach the client over UCX: {err}"
+                self.channel.fail(m.Err.BAD_REQUEST, text, request)
+                return
         self._deadline.cancel()
         self.handshake = None
         self.state = "ready"
         self.channel.reader.limit = MAX_PAYLOAD
         self.channel.frame_timeout_s = self.op_timeout_s
-        tls_code = 1 if self.tls == "sm" else 2
+        tls_code = {"sm": 1, "tcp": 2, "shm": 3}[self.tls]
+        # A same-host client of a TCP session learns where its pages can move by memory copy.
+        same_host = self.tls != "shm" and self.client_host == self.server.host_id
         welcome = m.Welcome(
             self.server.capabilities_mask,
             tls_code,
             self.server.server_id,
             self.server.host_id,
-            self.link.address,
+            self.link.address if self.link is not None else b"",
             self.tenant,
+            self.server.local_name if same_host else "",
         )
         self.channel.send(welcome, request)
         log.info(
@@ -293,6 +323,12 @@ class Session:
             self.abort(m.Err.TIMEOUT, f"client silent for {silent:.1f} s (limit {limit:.1f} s)")
             return
         self._beat = self.worker.later(self._check_every(), self._check_alive)
+
+    def hold(self, items: list[Held]) -> None:
+        """Reservations this shared-memory client may still be writing (see .quarantine)."""
+        pidfd = self.local.pidfd if self.local is not None else None
+        self._pidfd_given = pidfd is not None
+        self.server.hold(pidfd, items, self.peer)
 
     def pool(self, number: int) -> Attachment:
         pool = self.pools[number] if number < len(self.pools) else None
@@ -344,8 +380,22 @@ class Session:
             if isinstance(tier, Exception):
                 self.channel.send(m.Error(_code(tier), str(tier)), request)
                 return
+            if self.tls != "shm":
+                self.pools[number] = Attachment(tier, client)
+                self.channel.send(m.Attached(number, tier.slots, 0, 0), request)
+                return
+            if tier.share is None or tier.view is None:
+                text = (
+                    f"pool {msg.name!r}: this server's placement strategy keeps its tiers "
+                    "private, so a shared-memory session cannot map them; connect over TCP "
+                    "(transport.options.shared_memory = 'off')"
+                )
+                self.channel.send(m.Error(m.Err.UNSUPPORTED, text), request)
+                return
             self.pools[number] = Attachment(tier, client)
-            self.channel.send(m.Attached(number, tier.slots), request)
+            fd, offset = tier.share
+            attached = m.Attached(number, tier.slots, offset, len(tier.view))
+            self.channel.send(attached, request, fds=(fd,))
 
         self.server.open_tier(self.tenant, client, msg.align, opened)
 
@@ -393,7 +443,8 @@ _HANDLERS: dict[type[m.Message], Any] = {
     m.Stats: Session._stats,
     m.Probe: lambda s, msg, r: s.transfers.probe(msg, r),
     m.Ping: Session._ping,
+    m.Copied: lambda s, msg, r: s.transfers.copied(msg, r),
 }
-_WHILE_DRAINING = {m.Send, m.Release, m.Post, m.Commit, m.Ping, m.Stats}
+_WHILE_DRAINING = {m.Send, m.Release, m.Post, m.Commit, m.Ping, m.Stats, m.Copied}
 #: What the server's metrics count requests by: HELLO and every client request's kind.
 REQUEST_KINDS = ["hello", "auth", *(cls.KIND.name.lower() for cls in _HANDLERS)]

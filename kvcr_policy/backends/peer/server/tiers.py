@@ -12,7 +12,9 @@ bytes into its page, a pinned one on a page boundary, a tier region always on on
 
 Regions come from the server's placement strategy (huge pages, NUMA, pre-fault, as its
 profile says); their count and bytes are capped per tenant, so clients cannot make the server
-map memory without bound.
+map memory without bound. They are shared memory (a memfd, :meth:`Region.share`) when the
+strategy can make it: a same-host client of the tier's tenant then maps the tier itself and
+moves pages by memory copy (see :mod:`.transfers`); nothing of another tenant is ever in it.
 
 **What a slot costs.** The client chooses the page geometry, so pages may be a few bytes, and
 each slot also costs the store's bookkeeping: its tables (25 bytes), and at worst a published
@@ -42,7 +44,7 @@ from kvcr_policy.geometry import PoolGeometry
 from ....memory.region import Region
 from ...base import TierUsage
 from ...dram.store import Store
-from ...dram.stores import new_store
+from ...dram.stores import new_store, takes
 from .labels import pool_label
 
 __all__ = ["SLOT_COST", "Tier", "Tiers", "tier_bytes"]
@@ -68,6 +70,9 @@ class Tier:
     region: Region
     store: Store
     view: np.ndarray | None  # region.array; dropped before the region closes
+    #: ``(fd, offset)``: the region's memfd and where the tier's pages start in it (None: the
+    #: placement strategy keeps its regions private; no shared-memory session can attach).
+    share: tuple[int, int] | None = None
 
     @property
     def slots(self) -> int:
@@ -185,9 +190,12 @@ class Tiers:
         tier_geometry = replace(
             geometry, name=f"{geometry.name}.tier", tokens=slots * geometry.page_size, device="cpu"
         )
-        region = self._placement.open_region(
-            f"peer:{tenant}:{geometry.name}", tier_geometry.nbytes + align
-        )
+        name, size = f"peer:{tenant}:{geometry.name}", tier_geometry.nbytes + align
+        shared = takes(self._placement.open_region, "shared")
+        if shared:
+            region = self._placement.open_region(name, size, shared=True)
+        else:
+            region = self._placement.open_region(name, size)
         try:
             store = new_store(
                 self._placement,
@@ -203,9 +211,12 @@ class Tiers:
         # The name labels the tier's metrics (see .labels): bounded, and a tenant's own.
         prefix = self._labels.get(tenant)
         pool = pool_label(geometry.name)
-        tier = Tier(
-            pool if prefix is None else f"{prefix}/{pool}", tier_geometry, region, store, view
-        )
+        share = None
+        if shared:
+            fd, offset = region.share()
+            share = (fd, offset + align)
+        name = pool if prefix is None else f"{prefix}/{pool}"
+        tier = Tier(name, tier_geometry, region, store, view, share)
         log.info(
             "tier %r of tenant %r opened: %d slots of %d bytes, offset %d into its first page",
             geometry.name,
@@ -225,6 +236,7 @@ class Tiers:
         for tier in tiers:
             tier.store.close()
             tier.view = None
+            tier.share = None
             tier.region.close()
             if tier.region.leaked:
                 leaked.append(tier.name)

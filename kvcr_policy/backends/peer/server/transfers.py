@@ -20,6 +20,15 @@ cancel a receive it already matched). Once the session is gone they are given
 The session's UCX worker (its :class:`~..link.Link`, which only that client could reach) is
 then frozen, never progressed again, so no byte can land in those slots any more: they go
 back to the tier instead of leaking.
+
+**Shared-memory sessions** (a same-host client on the server's Unix socket, ``tls`` shm) move
+no UCX message: the client maps the tier and copies pages itself. A read is CLAIM, the
+client's copy out of the claimed slots, then COPIED, answered SENT ``ok`` only if the claim
+was still held (an expired one may have been overwritten: the client counts those pages as
+missed). A write is RESERVE, the client's copy into the reserved slots, then COMMIT (no
+POST). A shared-memory session that ends with reservations open hands them to the server's
+:class:`~.quarantine.Quarantine`: the client may still be copying into them, so they are
+freed only once its process has exited.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from ..requests import RequestGroup, Stall, Timer, message_limit
 from ..wire import messages as m
 from ..wire.coverage import Cover
 from ..worker import Worker
+from .quarantine import Held
 from .tiers import Tier
 
 __all__ = ["Attachment", "Owner", "Transfers"]
@@ -71,6 +81,7 @@ class Owner(Protocol):
     ep: Any
     state: str
     peer: str
+    tls: str
     op_timeout_s: float
     accepts: frozenset[str]
 
@@ -83,6 +94,8 @@ class Owner(Protocol):
     def abort(self, code: int, text: str) -> None: ...
 
     def close_if_drained(self) -> None: ...
+
+    def hold(self, items: list[Held]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -138,6 +151,8 @@ class Transfers:
         for number, read in list(self.reads.items()):
             if not read.sending:
                 claims += self._release(number)
+        if self.owner.tls == "shm":
+            self._quarantine()
         for number, write in list(self.writes.items()):
             if not write.posted or write.arrived is not None:
                 self._abort_write(number, write)
@@ -160,6 +175,21 @@ class Transfers:
                 waiting,
                 self.owner.op_timeout_s,
             )
+
+    def _quarantine(self) -> None:
+        """A shared-memory session ended: its open reservations go to the quarantine (the
+        client's copies into them may still be running; see the module docstring)."""
+        held: list[Held] = []
+        for number, write in list(self.writes.items()):
+            write.timer.cancel()
+            del self.writes[number]
+            store, reservation = write.pool.tier.store, write.reservation
+            if len(write.todo) == 0:
+                store.abort(reservation)
+                continue
+            held.append(Held(partial(store.abort, reservation), len(write.todo)))
+        if held:
+            self.owner.hold(held)
 
     def _forsake(self, number: int, limit: float) -> None:
         """The session ended ``limit`` seconds ago and this write's receives are still posted:
@@ -197,7 +227,29 @@ class Transfers:
         self.reads[number] = _Read(pool, claim, timer)
         self.owner.channel.send(m.Claimed(number, claim.slots), request)
 
+    def _no_messages(self, kind: str) -> bool:
+        """A shared-memory session moves no UCX messages: SEND, POST and PROBE end it."""
+        if self.owner.tls != "shm":
+            return False
+        text = f"{kind} on a shared-memory session (pages move by memory copy there)"
+        self.owner.abort(m.Err.BAD_REQUEST, text)
+        return True
+
+    def copied(self, msg: m.Copied, request: int) -> None:
+        """A shared-memory read's copy is done: release the claim, say whether it held."""
+        if self.owner.tls != "shm":
+            self.owner.abort(m.Err.BAD_REQUEST, "COPIED on a session that moves UCX messages")
+            return
+        read = self.reads.get(msg.handle)
+        held = read is not None and not read.sending
+        if held:
+            self._release(msg.handle)
+        self.owner.channel.send(m.Sent(msg.handle, held), request)
+        self.owner.close_if_drained()
+
     def send(self, msg: m.Send, request: int) -> None:
+        if self._no_messages("SEND"):
+            return
         read = self.reads.get(msg.claim)
         if read is None or read.sending:
             self.owner.abort(m.Err.BAD_REQUEST, f"SEND names no open claim ({msg.claim})")
@@ -235,8 +287,9 @@ class Transfers:
     def _expire(self, number: int) -> None:
         read = self.reads.get(number)
         if read is not None and not read.sending:
+            what = "COPIED" if self.owner.tls == "shm" else "SEND"
             log.warning(
-                "client %s: claim %d expired before SEND; released", self.owner.peer, number
+                "client %s: claim %d expired before %s; released", self.owner.peer, number, what
             )
             self._release(number)
             self.owner.close_if_drained()
@@ -274,6 +327,8 @@ class Transfers:
         self.owner.channel.send(m.Reserved(number, reservation.slots), request)
 
     def post(self, msg: m.Post, request: int) -> None:
+        if self._no_messages("POST"):
+            return
         number = msg.reservation
         write = self.writes.get(number)
         if write is None or write.posted:
@@ -322,6 +377,9 @@ class Transfers:
         if len(msg.ok) != len(write.reservation.keys):
             self.owner.abort(m.Err.BAD_REQUEST, "COMMIT must carry one flag per reserved key")
             return
+        if self.owner.tls == "shm" and not write.posted:
+            # The client copied into the slots itself: what it says arrived, arrived.
+            write.posted, write.arrived = True, np.ones(len(write.todo), dtype=bool)
         write.client_ok = msg.ok
         write.request = request
         self._settle(msg.reservation, write)
@@ -389,6 +447,8 @@ class Transfers:
         return group
 
     def probe(self, msg: m.Probe, request: int) -> None:
+        if self._no_messages("PROBE"):
+            return
         view = self.owner.pool(msg.pool).tier.view
         assert view is not None and self.owner.ep is not None
         if not 0 < msg.nbytes <= len(view) or msg.tag_base + 1 > _TAG_LIMIT:

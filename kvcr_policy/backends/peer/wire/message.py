@@ -57,6 +57,7 @@ class Kind(enum.IntEnum):
     POSTED = 25
     CHALLENGE = 26
     AUTH = 27
+    COPIED = 28
 
 
 KINDS = frozenset(int(k) for k in Kind)

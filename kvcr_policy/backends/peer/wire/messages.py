@@ -45,6 +45,7 @@ __all__ = [
     "Claimed",
     "Clear",
     "Commit",
+    "Copied",
     "Count",
     "Delete",
     "Err",
@@ -100,7 +101,7 @@ class Hello(Message):
     """The client's opening (see :mod:`..auth`): no UCX address yet, nothing costly to check."""
 
     capabilities: U32
-    tls: U8  # 0 auto, 1 sm, 2 tcp
+    tls: U8  # 0 auto, 1 sm, 2 tcp, 3 shm (a same-host client on the server's Unix socket)
     heartbeat_ms: U32
     op_timeout_ms: U32
     host_id: Name
@@ -109,8 +110,9 @@ class Hello(Message):
     nonce: Short
 
     def check(self) -> None:
-        if self.tls > 2:
-            raise ProtocolError(f"HELLO: tls {self.tls} is not 0 (auto), 1 (sm) or 2 (tcp)")
+        if self.tls > 3:
+            message = f"HELLO: tls {self.tls} is not 0 (auto), 1 (sm), 2 (tcp) or 3 (shm)"
+            raise ProtocolError(message)
         _sized("HELLO: key_id", self.key_id, (0, KEY_ID_BYTES))
         _sized("HELLO: nonce", self.nonce, (NONCE_BYTES,))
 
@@ -141,16 +143,21 @@ class Auth(Message):
 
 @message(Kind.WELCOME)
 class Welcome(Message):
+    """The session is open. ``tls`` 3 (shm): pages move through the tier's shared memory (no
+    UCX ``address``). ``local``: the Unix socket name of this server's shared-memory sessions,
+    offered to a client on the same host over any other connection ("" when none)."""
+
     capabilities: U32
-    tls: U8  # 1 sm, 2 tcp
+    tls: U8  # 1 sm, 2 tcp, 3 shm
     server_id: U64
     host_id: Name
     address: Address
     tenant: Name
+    local: Name
 
     def check(self) -> None:
-        if self.tls not in (1, 2):
-            raise ProtocolError(f"WELCOME: tls {self.tls} is not 1 (sm) or 2 (tcp)")
+        if self.tls not in (1, 2, 3):
+            raise ProtocolError(f"WELCOME: tls {self.tls} is not 1 (sm), 2 (tcp) or 3 (shm)")
 
 
 @message(Kind.ERROR)
@@ -179,8 +186,14 @@ class Attach(Message):
 
 @message(Kind.ATTACHED)
 class Attached(Message):
+    """The pool's number on the connection and its tier's slots. On a shared-memory session
+    the tier's memfd travels with this frame (``SCM_RIGHTS``); its pages start ``shm_offset``
+    bytes into it and span ``shm_bytes`` (0 on other sessions)."""
+
     pool: U32
     slots: U64
+    shm_offset: U64
+    shm_bytes: U64
 
 
 @message(Kind.EXISTS)
@@ -309,6 +322,15 @@ class Sent(Message):
 @message(Kind.RELEASE)
 class Release(Message):
     """A claim the client will not read, or a reservation it will not write (before POST)."""
+
+    handle: U64
+
+
+@message(Kind.COPIED)
+class Copied(Message):
+    """Shared-memory read: the client copied claim ``handle``'s pages; the server releases the
+    claim and answers SENT, ``ok`` only if the claim was still held (else the copy may have
+    raced a newer occupant of a slot and the pages count as missed)."""
 
     handle: U64
 
