@@ -175,12 +175,16 @@ def validate(
     profiles: Annotated[list[str] | None, typer.Argument(help="Profile names or paths.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
-    """Load each profile (with the environment) and report every error; exit 2 on any."""
+    """Load each profile (with the environment) and report every error; exit 2 on any.
+
+    A tier (placement.capacity_bytes) larger than this host or its memory cgroup is an error."""
+    from .preflight import check_host_fit
+
     results = []
     for name in profiles or [None]:  # type: ignore[list-item]
         label = name or "environment + defaults"
         try:
-            load_config(profile=name)
+            check_host_fit(load_config(profile=name))
         except KVCRPolicyError as error:
             issues = error.issues if isinstance(error, ConfigError) else ()
             problems = [{"path": i.path, "origin": i.origin, "message": i.message} for i in issues]
