@@ -9,6 +9,8 @@ It is skipped, saying why, only where this process may not make one.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -22,7 +24,7 @@ from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.memory.linux import use_roots
 from kvcr_policy.preflight import check_host_fit
 from tests.support.cgroups import GIB, MIB, FakeHost, child_memory_cgroup, in_cgroup
-from tests.support.paths import child_env
+from tests.support.paths import ROOT, child_env
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -91,6 +93,24 @@ def test_validate_in_600mib_refuses_a_2gib_tier(cgroup: Path) -> None:
     assert "cgroup v1 memory.limit_in_bytes is 600MiB" in report["error"] or (
         "cgroup v2 memory.max is 600MiB" in report["error"]
     )
+
+
+def _cgroup_neutral(text: str) -> str:
+    """``text`` with the cgroup's version and folder left out (the docs show v1 at ``pod``)."""
+    text = re.sub(r"cgroup v[12] memory\.(max|limit_in_bytes)", "LIMIT", text)
+    text = re.sub(r"(raise )memory\.(max|limit_in_bytes)", r"\1LIMIT", text)
+    return re.sub(r"/sys/fs/cgroup/[^\s)]*", "PATH", text)
+
+
+def test_the_documented_validate_in_a_600mib_pod_says_what_is_shown(cgroup: Path) -> None:
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    block = page.split("checks the message shown -->\n```bash\n", 1)[1].split("```", 1)[0]
+    line, shown = block.splitlines()[:2]
+    assignment, *argv = shlex.split(line.split("#", 1)[0])
+    name, _, value = assignment.partition("=")
+    done = _run(cgroup, sys.executable, "-m", "kvcr_policy", *argv[1:], **{name: value})
+    assert done.returncode == 2 and "# exit 2" in line
+    assert _cgroup_neutral(done.stderr.strip()) == _cgroup_neutral(shown.removeprefix("# "))
 
 
 def test_validate_of_a_tier_larger_than_this_host_exits_2(cli: Run, tmp_path: Path) -> None:
