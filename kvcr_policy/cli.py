@@ -499,6 +499,7 @@ def audit(
 ) -> None:
     """Open a tier region as the profile places it and report where its pages really landed."""
     from .memory.audit_text import format_audit
+    from .memory.preflight import TierRequest, check_tier, mapped_bytes
 
     loaded = _load(profile, set_)
     config = loaded.config
@@ -506,7 +507,10 @@ def audit(
     assert registry is not None  # every load_config result carries the registry it used
     spec = registry.get("placement", config.placement.strategy)
     placement = spec.create(config.placement, options=config.placement.options)
-    region = placement.open_region("audit", _parse_size(size))
+    nbytes = _parse_size(size)
+    request = TierRequest("the audited region", mapped_bytes(nbytes), config.placement.prefault)
+    check_tier(request, nbytes, "the command line", setting="--size")  # not killed: refused
+    region = placement.open_region("audit", nbytes)
     try:
         result = region.audit()
     finally:

@@ -83,8 +83,8 @@ def _check_host_memory(plan: Plan) -> None:
         fits = int(_HOST_SHARE * available) // ((needed // plan.measured.pages) or 1)
         tokens = max(0, fits) * plan.measured.page_size
         message = (
-            f"--tokens {plan.setup.tokens}: the run fills about {needed / 2**30:.1f} GiB of memory "
-            f"(pool {pool / 2**30:.1f} GiB, two tiers of {measured / 2**30:.1f} GiB; "
+            f"--tokens {plan.setup.tokens}: the run fills about {needed / 2**30:.1f} GiB of host "
+            f"memory (pool {pool / 2**30:.1f} GiB, two tiers of {measured / 2**30:.1f} GiB; "
             f"{page} bytes per page); {limit.name} leaves {available / 2**30:.1f} GiB "
             f"({limit.source}); lower --tokens (at most about {tokens}), or {limit.fix}"
         )

@@ -56,22 +56,27 @@ def mapped_bytes(size: int) -> int:
 
 
 def check_tier(
-    request: TierRequest, capacity: int, origin: str, headroom: Headroom | None = None
+    request: TierRequest,
+    capacity: int,
+    origin: str,
+    headroom: Headroom | None = None,
+    *,
+    setting: str = SETTING,
 ) -> Binding | None:
     """Refuse ``request`` (:class:`TierMemoryError`) unless it fits what this process can get;
-    ``capacity`` and ``origin``: ``placement.capacity_bytes`` and where it came from. Returns
-    the binding limit (None where nothing could be read)."""
+    ``capacity`` and ``origin``: ``placement.capacity_bytes`` (or the ``setting`` that sized
+    it) and where it came from. Returns the binding limit (None where nothing was read)."""
     headroom = read_headroom() if headroom is None else headroom
     binding = headroom.now() if request.committed else headroom.grow()
     need = request.nbytes + request.pending
     if binding is not None and need > binding.available:
-        raise TierMemoryError(_message(request, capacity, origin, binding, whole=False))
+        raise TierMemoryError(_message(request, capacity, origin, binding, False, setting))
     now = headroom.now()
     if not request.committed and now is not None and need > now.available:
         log.warning(
             "%s (%s = %s, from %s) grows to %s as pages arrive; %s: it fills only as far as "
             "memory is freed by then",
-            request.what, SETTING, sized(capacity), origin, sized(need), _left(now),
+            request.what, setting, sized(capacity), origin, sized(need), _left(now),
         )  # fmt: skip
     return binding
 
@@ -85,7 +90,7 @@ def check_host(
     binding = headroom.host()
     request = TierRequest(what, mapped_bytes(capacity), committed=False)
     if binding is not None and request.nbytes > binding.available:
-        raise TierMemoryError(_message(request, capacity, origin, binding, whole=True))
+        raise TierMemoryError(_message(request, capacity, origin, binding, True, SETTING))
     return binding
 
 
@@ -109,7 +114,7 @@ def _left(binding: Binding) -> str:
 
 
 def _message(
-    request: TierRequest, capacity: int, origin: str, binding: Binding, *, whole: bool
+    request: TierRequest, capacity: int, origin: str, binding: Binding, whole: bool, setting: str
 ) -> str:
     limit = binding.limit
     if whole or (limit.shared and not request.committed):
@@ -125,10 +130,10 @@ def _message(
         before = f" besides the {sized(request.pending)} that the tiers opened before it grow to"
     huge = _os.huge_page_size()
     most = (binding.available - request.pending) // huge * huge
-    lower = f"lower {SETTING} to at most {sized(most)}" if most > 0 else f"lower {SETTING}"
+    lower = f"lower {setting} to at most {sized(most)}" if most > 0 else f"lower {setting}"
     where = "this host holds" if whole else "this process can get"
     return (
-        f"{SETTING} = {sized(capacity)} (from {origin}) is more than the memory {where}: "
+        f"{setting} = {sized(capacity)} (from {origin}) is more than the memory {where}: "
         f"{request.what} {taken}{before}, and {room}; {lower}, or "
         f"{limit.fix}"
     )

@@ -83,6 +83,16 @@ def test_serve_with_a_2gib_tier_in_600mib_exits_2_with_the_message(cgroup: Path)
     _says_the_cgroup_binds(done.stderr, cgroup)
 
 
+def test_audit_of_a_2gib_prefaulted_region_in_600mib_exits_2_with_the_message(
+    cgroup: Path,
+) -> None:
+    argv = ("audit", "--profile", "throughput", "--size", "2GiB")
+    done = _run(cgroup, sys.executable, "-m", "kvcr_policy", *argv)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "--size = 2GiB (from the command line) is more than the memory" in done.stderr
+    assert f"{cgroup}/memory." in done.stderr and "lower --size to at most" in done.stderr
+
+
 def test_validate_in_600mib_refuses_a_2gib_tier(cgroup: Path) -> None:
     done = _run(cgroup, sys.executable, "-m", "kvcr_policy", "validate", "--format", "json",
                 KVCR_POLICY_PLACEMENT__CAPACITY_BYTES="2GiB")  # fmt: skip
