@@ -22,8 +22,10 @@ controller; the v2 one, which may sit at ``/sys/fs/cgroup/unified`` next to v1 h
 the path from ``/proc/self/cgroup``, taken relative to the mount's root where a container
 mounts its own cgroup as the root. Everything is read through
 :func:`~kvcr_policy.memory.linux.proc_root` and :func:`~kvcr_policy.memory.linux.sys_root`, so
-tests point it at a written tree. A read costs a few dozen small files (well under a
-millisecond): callers read it once per tier they open, never per call.
+tests point it at a written tree. A read opens a dozen small files: 1.1 ms measured on the
+2-core machine (1.4 ms inside a limited v1 child cgroup; ``python -m timeit -s "from
+kvcr_policy.memory.headroom import read_headroom" "read_headroom()"``), so callers read it
+once per tier they open, never per call.
 
 A :class:`Headroom` answers three questions, each with the limit that binds
 (:class:`Binding`): what the process may take *now* (a pre-faulted or pinned tier takes all of
