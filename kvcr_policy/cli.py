@@ -175,12 +175,16 @@ def validate(
     profiles: Annotated[list[str] | None, typer.Argument(help="Profile names or paths.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
-    """Load each profile (with the environment) and report every error; exit 2 on any."""
+    """Load each profile (with the environment) and report every error; exit 2 on any.
+
+    A tier (placement.capacity_bytes) larger than this host or its memory cgroup is an error."""
+    from .preflight import check_host_fit
+
     results = []
     for name in profiles or [None]:  # type: ignore[list-item]
         label = name or "environment + defaults"
         try:
-            load_config(profile=name)
+            check_host_fit(load_config(profile=name))
         except KVCRPolicyError as error:
             issues = error.issues if isinstance(error, ConfigError) else ()
             problems = [{"path": i.path, "origin": i.origin, "message": i.message} for i in issues]
@@ -495,6 +499,7 @@ def audit(
 ) -> None:
     """Open a tier region as the profile places it and report where its pages really landed."""
     from .memory.audit_text import format_audit
+    from .memory.preflight import TierRequest, check_tier, mapped_bytes
 
     loaded = _load(profile, set_)
     config = loaded.config
@@ -502,7 +507,10 @@ def audit(
     assert registry is not None  # every load_config result carries the registry it used
     spec = registry.get("placement", config.placement.strategy)
     placement = spec.create(config.placement, options=config.placement.options)
-    region = placement.open_region("audit", _parse_size(size))
+    nbytes = _parse_size(size)
+    request = TierRequest("the audited region", mapped_bytes(nbytes), config.placement.prefault)
+    check_tier(request, nbytes, "the command line", setting="--size")  # not killed: refused
+    region = placement.open_region("audit", nbytes)
     try:
         result = region.audit()
     finally:

@@ -13,6 +13,7 @@ Every error a user can meet derives from :class:`KVCRPolicyError`; catching it c
     ├── PlacementError         a `require`d placement (huge pages, NUMA) could not be had
     ├── OsCallError            a system call failed (``call`` and ``errno`` say which and why)
     ├── CapacityError          the tier has no free or evictable slot left
+    │   └── TierMemoryError    a tier is larger than the memory this process can get
     ├── TransportError         a transfer failed (the pipeline turns it into misses)
     │   ├── UnsupportedError   the transport cannot do what the config asks (coalesce, split)
     │   │   └── CudaUnavailableError   the cuda transport where no CUDA device is visible
@@ -59,6 +60,7 @@ __all__ = [
     "PoolError",
     "ProtocolError",
     "SchemaDriftError",
+    "TierMemoryError",
     "TransportError",
     "TuneError",
     "UnimplementedError",
@@ -158,6 +160,13 @@ class PlacementError(KVCRPolicyError):
 
 class CapacityError(KVCRPolicyError):
     """The tier has no free slot and nothing that may be evicted."""
+
+
+class TierMemoryError(CapacityError):
+    """A tier is larger than the memory this process can get (a memory cgroup's limit, the
+    host's memory, the address-space limit), found before anything is mapped: the message
+    names ``placement.capacity_bytes``, its origin, what is available, the limit that binds
+    (and the file it was read from) and the fix."""
 
 
 class TransportError(KVCRPolicyError):

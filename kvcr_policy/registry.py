@@ -155,6 +155,13 @@ class Registry:
             return frozenset(ask(config, self))
         return frozenset(getattr(factory, "capabilities", ()))
 
+    def maps_tiers(self, config: Any) -> bool:
+        """Whether the configured backend maps a tier of ``placement.capacity_bytes`` per pool
+        in the calling process (its factory's ``maps_tiers``; ``dram`` does, a peer's client
+        does not: ``serve`` holds those tiers), so that memory pre-flight applies to it here."""
+        name = self.backend_for(config.backend.name, config.transport.name)
+        return bool(getattr(self.get("backend", name).factory, "maps_tiers", False))
+
     def names(self, kind: str) -> list[str]:
         return sorted(name for k, name in self.specs if k == kind)
 

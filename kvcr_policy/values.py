@@ -21,7 +21,9 @@ from pydantic import BeforeValidator, ByteSize
 
 from .errors import ArgumentError
 
-__all__ = ["SIZE_PATTERN", "SIZE_UNITS", "Size", "check_size_text", "parse_size", "shorten"]
+__all__ = [
+    "SIZE_PATTERN", "SIZE_UNITS", "Size", "check_size_text", "parse_size", "shorten", "sized",
+]  # fmt: skip
 
 #: Unit names ByteSize knows, lower case ("b", "kb", "kib", ... "eib").
 SIZE_UNITS: frozenset[str] = frozenset(ByteSize.byte_sizes)
@@ -33,6 +35,15 @@ _repr.maxstring = 80
 _repr.maxother = 80
 _repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 6
 _repr.maxlevel = 3
+
+
+def sized(n: float) -> str:
+    """``n`` bytes in the largest binary unit it reaches (``64GiB``, ``1.50MiB``, ``512B``)."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            value = n / (1 << shift)
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.2f}{unit}"
+    return f"{int(n)}B"
 
 
 def shorten(value: Any) -> str:

@@ -20,6 +20,7 @@ from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, PoolGeometry
 from kvcr_policy.integrations.sglang.prefix import ALL_PAGES, TRAILING_PAGES
+from kvcr_policy.memory.headroom import Headroom, Limit
 from kvcr_policy.sources import known_leaves
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "fuzz_requests",
     "geometries",
     "hostile_frames",
+    "memory_limits",
     "messages",
     "page_lists",
     "page_transfers",
@@ -707,3 +709,19 @@ def scattered_slots(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray
                 device.append((layer * pages + p) * fragment)
     length = np.full(len(host), fragment, dtype=np.int64)
     return np.asarray(host, dtype=np.int64), np.asarray(device, dtype=np.int64), length
+
+
+@st.composite
+def _limit(draw: st.DrawFn) -> Limit:
+    total = draw(st.integers(0, 1 << 44))
+    in_use = draw(st.integers(0, 1 << 44))  # may exceed total: a cgroup over its limit
+    scope = draw(st.sampled_from(["cgroup", "host", "process"]))
+    shared = draw(st.booleans()) if scope == "cgroup" else scope == "host"
+    return Limit(name=f"{scope} limit", source="/fake", scope=scope, total_name="total",
+                 total=total, in_use=in_use, available=total - in_use, shared=shared,
+                 fix="raise it")  # fmt: skip
+
+
+def memory_limits() -> st.SearchStrategy[Headroom]:
+    """A :class:`Headroom` of one to six limits of any scope, over their limit or not."""
+    return st.lists(_limit(), min_size=1, max_size=6).map(lambda found: Headroom(tuple(found)))

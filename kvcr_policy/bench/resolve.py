@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
 from ..loading import load_config
-from ..memory import linux as _os
+from ..memory.headroom import read_headroom
 from .backends import bench_backends, default_backend
 from .hicache import PEER, HiCacheFileComparison
 from .plan import Comparison, Plan
@@ -66,13 +66,18 @@ _HOST_SHARE = 0.9
 
 
 def _check_host_memory(plan: Plan) -> None:
-    """Refuse a run whose pool and tiers cannot fit in host memory (it would die of ENOMEM, or
-    of the OOM killer, after minutes of filling): a host pool of twice the measured pages on
-    the cpu target, a tier of the measured pages per side (P and its baseline)."""
+    """Refuse a run whose pool and tiers cannot fit in the memory this process can get now
+    (:mod:`~kvcr_policy.memory.headroom`: its memory cgroup, the host's MemAvailable, its
+    address space), where it would die of ENOMEM, or of the OOM killer, after minutes of
+    filling: a host pool of twice the measured pages on the cpu target, a tier of the measured
+    pages per side (P and its baseline)."""
     measured = plan.measured.nbytes
     pool = plan.target.geometry(plan.measured).nbytes if plan.target.name == "cpu" else 0
     needed = pool + 2 * measured
-    available, bound = _os.memory_available()
+    binding = read_headroom().now()  # the run fills every byte at once, as a pre-fault does
+    if binding is None:
+        return
+    available, limit = binding.available, binding.limit
     if needed > _HOST_SHARE * available:
         page = plan.measured.page_bytes
         fits = int(_HOST_SHARE * available) // ((needed // plan.measured.pages) or 1)
@@ -80,8 +85,8 @@ def _check_host_memory(plan: Plan) -> None:
         message = (
             f"--tokens {plan.setup.tokens}: the run fills about {needed / 2**30:.1f} GiB of host "
             f"memory (pool {pool / 2**30:.1f} GiB, two tiers of {measured / 2**30:.1f} GiB; "
-            f"{page} bytes per page); {bound} leaves {available / 2**30:.1f} GiB; lower "
-            f"--tokens (at most about {tokens})"
+            f"{page} bytes per page); {limit.name} leaves {available / 2**30:.1f} GiB "
+            f"({limit.source}); lower --tokens (at most about {tokens}), or {limit.fix}"
         )
         raise BenchError(message)
 

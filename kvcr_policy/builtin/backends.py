@@ -23,6 +23,8 @@ class _Lazy:
     cls: str
     #: What the backend lets a coalescing strategy use under a config (``capabilities_for``).
     capabilities_for: Callable[[Any, Registry], frozenset[str]]
+    #: It maps a tier of ``placement.capacity_bytes`` per pool in the calling process.
+    maps_tiers: bool = False
 
     def __call__(self, context: BackendContext, options: NoOptions) -> Any:
         return getattr(importlib.import_module(self.module, __package__), self.cls)(
@@ -48,7 +50,7 @@ def _ucx_capabilities(config: Any, registry: Registry) -> frozenset[str]:
 def kvcr_register_backends(register: RegisterBackend) -> None:
     register(
         "dram",
-        _Lazy("..backends.dram.backend", "DramBackend", _transport_capabilities),
+        _Lazy("..backends.dram.backend", "DramBackend", _transport_capabilities, maps_tiers=True),
         description="a process-owned DRAM region per pool (placement)",
     )
     # The peer's UCX options live in [transport.options] (transport 'ucx'); ucxx itself is

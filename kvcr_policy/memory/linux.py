@@ -15,8 +15,9 @@ so the rest of the package deals in plain values and one error type (modelled on
 - ``/proc/self/smaps``: ``smaps_entries``, ``smaps_anon_huge_bytes``, ``smaps_vm_flags``;
   ``/proc/self/maps``: ``writable_range`` (may the process write every byte of a range).
 - ``limit_heap_retention``: glibc's ``mallopt`` so that freed large buffers leave the process.
-- ``memory_available``: what this process may still allocate (``MemAvailable`` of
-  ``/proc/meminfo``, and the headroom under ``RLIMIT_AS``).
+
+What this process may still allocate (cgroups, ``MemAvailable``, ``RLIMIT_AS``) is
+:mod:`.headroom`'s.
 
 OS failures are translated once, here, into :class:`OsCallError` (an ``OSError`` carrying the
 call name and errno), raised ``from`` the original error where there is one.
@@ -46,9 +47,8 @@ __all__ = [
     "MPOL_INTERLEAVE", "MPOL_NAMES", "MPOL_PREFERRED", "PROC_ROOT_ENV", "SYS_ROOT_ENV",
     "OsCallError", "SmapsEntry", "clear_caches", "format_node_list", "get_mempolicy",
     "has_numa_syscalls", "has_populate_write", "has_thp", "huge_page_size",
-    "limit_heap_retention", "madvise", "mapping_address", "mbind", "mem_total", "memory_available",
-    "move_pages_query", "online_nodes", "page_size", "parse_node_list", "pci_numa_node",
-    "proc_root",
+    "limit_heap_retention", "madvise", "mapping_address", "mbind", "move_pages_query",
+    "online_nodes", "page_size", "parse_node_list", "pci_numa_node", "proc_root",
     "shmem_thp_mode", "smaps_anon_huge_bytes", "smaps_entries", "smaps_vm_flags", "sys_root",
     "thp_mode",
     "use_roots", "writable_range",
@@ -189,13 +189,6 @@ def huge_page_size() -> int:
     meminfo = _read_text(proc_root() / "meminfo") or ""
     match = re.search(r"^Hugepagesize:\s+(\d+)\s*kB", meminfo, re.MULTILINE)
     return int(match.group(1)) * 1024 if match else _DEFAULT_HUGE_PAGE
-
-
-def mem_total() -> int | None:
-    """The host's memory in bytes (``MemTotal`` of /proc/meminfo), None where unreadable."""
-    meminfo = _read_text(proc_root() / "meminfo") or ""
-    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", meminfo, re.MULTILINE)
-    return int(match.group(1)) * 1024 if match else None
 
 
 @functools.cache
@@ -527,22 +520,3 @@ def limit_heap_retention(threshold: int) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     ok = mallopt(_M_MMAP_THRESHOLD, threshold) == 1
     return ok and mallopt(_M_TRIM_THRESHOLD, 2 * threshold) == 1
-
-
-def memory_available() -> tuple[int, str]:
-    """Bytes this process may still allocate and fill, and what bounds it: ``MemAvailable``
-    (proc(5): memory available for new allocations without swapping), or, when lower, the
-    address space left under ``RLIMIT_AS`` (``ulimit -v``) beyond this process's VmSize."""
-    import resource
-
-    meminfo = _read_text(proc_root() / "meminfo") or ""
-    found = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.MULTILINE)
-    best, why = (int(found.group(1)) * 1024, "MemAvailable") if found else (1 << 62, "unknown")
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        status = _read_text(proc_root() / "self" / "status") or ""
-        size = re.search(r"^VmSize:\s+(\d+) kB", status, re.MULTILINE)
-        headroom = soft - (int(size.group(1)) * 1024 if size else 0)
-        if headroom < best:
-            best, why = max(0, headroom), "the address-space limit (ulimit -v)"
-    return best, why

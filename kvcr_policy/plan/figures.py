@@ -26,6 +26,7 @@ from ..errors import ArgumentError
 from ..geometry import PRESETS, PoolGeometry
 from ..loading import LoadedConfig
 from ..schema import MAX_TIER_BYTES, PolicyConfig
+from ..values import sized
 from .batches import SAMPLE_PAGES, count_batches
 
 __all__ = [
@@ -75,14 +76,6 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.figures, "warnings": self.warnings, "refusals": self.refusals}
-
-
-def sized(n: float) -> str:
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            value = n / (1 << shift)
-            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.2f}{unit}"
-    return f"{int(n)}B"
 
 
 def _origin(loaded: LoadedConfig, path: str) -> str:

@@ -1,9 +1,10 @@
 """build_request: the plan's inputs from command-line values, each with its origin.
 
 A value given on the command line has the option as its origin (``--tp``); one left out has
-its default spelled out (``default: tp x pp``); the host's memory, unless given, is read from
-``/proc/meminfo``; the link limit comes from ``--link-limit``, else the configuration
-(``observability.link_limit_gbps``), else a measurement when ``--measure-link`` asks for one.
+its default spelled out (``default: tp x pp``); the host's memory, unless given, is the least of
+``MemTotal`` and the memory cgroup's limits (:mod:`~kvcr_policy.memory.headroom`); the link
+limit comes from ``--link-limit``, else the configuration (``observability.link_limit_gbps``),
+else a measurement when ``--measure-link`` asks for one.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def build_request(
 ) -> PlanRequest:
     """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line (``geometry_from``:
     where a preset named by default came from)."""
-    from ..memory.linux import mem_total
+    from ..memory.headroom import read_headroom
 
     explicit = {key: (value, f"--{key.replace('_', '-')}") for key, value in dims.items()}
     fields = geometry_given(geometry, explicit, Given(layout, "--layout"), geometry_from)
@@ -58,8 +59,11 @@ def build_request(
     )
     if host_memory is not None:
         host = Given(host_memory, "--host-memory")
+    elif (binding := read_headroom().host()) is not None:
+        limit = binding.limit  # MemTotal, or a memory cgroup's limit where that is less
+        host = Given(binding.available, f"this machine's {limit.total_name} ({limit.source})")
     else:
-        host = Given(mem_total(), "this machine's /proc/meminfo MemTotal")
+        host = Given(None, "unknown: /proc/meminfo and the memory cgroup unreadable")
     if prefix_tokens is not None and prefix_tokens > tokens:
         message = (
             f"--prefix-tokens {prefix_tokens} is more than the {tokens} tokens the tier holds "

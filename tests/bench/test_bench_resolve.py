@@ -14,6 +14,8 @@ from kvcr_policy.bench.backends import bench_backends
 from kvcr_policy.bench.resolve import resolve
 from kvcr_policy.bench.server import PeerProcess
 from kvcr_policy.errors import ConfigError, KVCRPolicyError, PoolError
+from kvcr_policy.memory.linux import use_roots
+from tests.support.cgroups import MIB, FakeHost
 
 SMALL: dict[str, Any] = dict(geometry="small", tokens=256, repeat=1)
 
@@ -154,3 +156,18 @@ def test_set_options_the_run_transport_lacks_name_it(
     _no_gpu_check(monkeypatch)
     with pytest.raises(ConfigError, match=rf"unknown key.*\[options of transport '{transport}'\]"):
         resolve(BenchSetup(**{**SMALL, **fields}))
+
+
+def test_a_run_larger_than_its_memory_cgroup_is_refused_naming_the_limit(tmp_path: Path) -> None:
+    """Faked: a pod with 1 MiB left under its 64 MiB v2 limit on a 1 TiB host (this machine's
+    cgroup has no limit)."""
+    host = FakeHost(tmp_path, total=1 << 40, available=1 << 39)
+    host.v2("/pod")
+    host.limit_v2("/sys/fs/cgroup/pod", 64 * MIB, current=63 * MIB)
+    with use_roots(proc=host.proc, sys=host.sys), pytest.raises(BenchError) as caught:
+        resolve(BenchSetup(**SMALL))
+    text = str(caught.value)
+    assert "--tokens 256: the run fills about" in text
+    limit = host.sys / "fs/cgroup/pod/memory.max"
+    assert f"cgroup v2 memory.max leaves 0.0 GiB ({limit}); lower --tokens" in text
+    assert f"or raise memory.max of {limit.parent}" in text

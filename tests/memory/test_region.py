@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvcr_policy.errors import ClosedError, PlacementError
+from kvcr_policy.errors import CapacityError, ClosedError, PlacementError
 from kvcr_policy.memory import linux as _os
 from kvcr_policy.memory import region as tier
 from kvcr_policy.memory.audit_text import format_audit
@@ -354,3 +354,13 @@ def test_a_failing_wait_leaks_and_reraises() -> None:
     with pytest.raises(TimeoutError):
         region.close(wait=wait)
     assert region.state == "closed" and region.leaked
+
+
+@pytest.mark.skipif(
+    Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1",
+    reason="vm.overcommit_memory=1 maps any size: the kernel refuses nothing to test",
+)
+def test_a_region_the_kernel_refuses_to_map_is_a_capacity_error() -> None:
+    """Real: 128 TiB is more than this host's memory and swap (heuristic overcommit)."""
+    with pytest.raises(CapacityError, match="the kernel refused to map"):
+        open_region(1 << 47, name="huge")

@@ -14,8 +14,10 @@ import torch
 
 from kvcr_policy.geometry import preset
 from kvcr_policy.loading import load_config
+from kvcr_policy.memory.linux import use_roots
 from kvcr_policy.pipeline import build_pipeline
 from kvcr_policy.registry import Registry
+from tests.support.cgroups import FakeHost
 from tests.support.commands import run_main
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -203,3 +205,19 @@ def test_the_plan_predicts_the_tier_layout_the_cuda_transport_uses(cli: Run) -> 
     code, cpu, err = _json(cli, *common)
     assert code == 0, err
     assert cpu["restore"]["tier_slots"] == "mirror"
+
+
+def test_without_host_memory_the_plan_reads_the_memory_cgroups_limit(
+    cli: Run, tmp_path: Path
+) -> None:
+    """Faked: a 64 GiB v2 pod on a 1 TiB host (this machine has neither)."""
+    host = FakeHost(tmp_path, total=1 << 40, available=1 << 39)
+    host.v2("/pod")
+    host.limit_v2("/sys/fs/cgroup/pod", 64 << 30, current=1 << 30)
+    with use_roots(proc=host.proc, sys=host.sys):
+        code, plan, err = _json(cli, "--geometry", "qwen3-32b", "--tp", "8", "--tokens", "4096",
+                                "--set", "placement.capacity_bytes=16GiB")  # fmt: skip
+    limit, figures = host.sys / "fs/cgroup/pod/memory.max", plan["geometry"]
+    assert code == 2 and figures["host_memory"] == 64 << 30
+    assert figures["host_memory_from"] == f"this machine's cgroup v2 memory.max ({limit})"
+    assert f"64GiB of memory (from this machine's cgroup v2 memory.max ({limit}))" in err

@@ -1,6 +1,7 @@
 """The ``dram`` backend: each pool's pages in a process-owned region that mirrors its layout.
 
-Per pool, the placement strategy opens a region of ``placement.capacity_bytes`` (slots in place
+Per pool, once :mod:`~kvcr_policy.memory.preflight` found that it fits the memory this process
+can get, the placement strategy opens a region of ``placement.capacity_bytes`` (slots in place
 of pages, so a prefix stored together restores as a few large copies once coalesced; or, when
 the transport asks for ``whole_slots``, each slot one contiguous page) and a
 :class:`~.store.Store` maps keys to slots. Bytes move with the configured copy transport
@@ -25,6 +26,7 @@ from ...descriptors import Descriptors
 from ...errors import ClosedError, IndicesError, PoolError, mismatch
 from ...geometry import PoolGeometry
 from ...memory.locality import DeviceLocality
+from ...memory.preflight import TierRequest, check_tier, mapped_bytes
 from ...memory.region import Region
 from ..base import BackendContext, Endpoint, PoolSpec, TierUsage, check_device
 from .store import Store
@@ -149,6 +151,8 @@ class DramBackend:
         self._placement_takes_device = takes(self.placement.open_region, "device")
         self.loaded = context.loaded
         self._pools: list[DramPool] = []
+        # Bytes of this backend's tiers that fill as pages arrive (memory.preflight's pending).
+        self._pending = 0
         self._lock = threading.Lock()
         self._closed = False
 
@@ -172,6 +176,14 @@ class DramBackend:
                 raise ClosedError("backend 'dram' is closed; build a new pipeline")
             device = self.transport.locate(spec.endpoint)
             name = f"tier:{spec.name}"
+            committed = self.loaded.config.placement.prefault or self.transport.pins_regions
+            request = TierRequest(
+                f"the tier of pool {spec.name!r}",
+                mapped_bytes(tier_geometry.nbytes),
+                committed,
+                self._pending,
+            )
+            check_tier(request, capacity_bytes, self.loaded.origin("placement.capacity_bytes"))
             if self._placement_takes_device:
                 region = self.placement.open_region(name, tier_geometry.nbytes, device=device)
             else:
@@ -199,6 +211,7 @@ class DramBackend:
                         batching.read_batch_pages)  # fmt: skip
             pool = DramPool(spec, tier_geometry, region, store, self.transport, device, first)
             self._pools.append(pool)
+            self._pending += 0 if committed else request.nbytes
         return pool
 
     def describe(self) -> dict[str, Any]:

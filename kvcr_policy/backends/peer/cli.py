@@ -80,6 +80,7 @@ def serve_command(
 ) -> None:
     """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
     from kvcr_policy.loading import load_config
+    from kvcr_policy.memory import preflight
     from kvcr_policy.observability.exposition import (
         MetricsServer,
         check_public,
@@ -109,6 +110,8 @@ def serve_command(
     # pipe (a flush warning per close filled one and froze a server's worker thread).
     os.environ.setdefault("UCX_LOG_FILE", "stderr")
     loaded = load_config(profile=profile, overrides=overrides)
+    preflight.check_placement(loaded.config.placement, loaded.origin(preflight.SETTING),
+                              what="each tier that serve opens")  # fmt: skip
     if metrics is not None:
         check_public(metrics, loaded.config.observability.metrics_public)
     server = PeerServer(loaded, listen=listen)

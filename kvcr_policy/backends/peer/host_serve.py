@@ -34,6 +34,7 @@ log = logging.getLogger("kvcr_policy.backends.peer.host_tier")
 def main() -> int:
     from kvcr_policy.errors import KVCRPolicyError
     from kvcr_policy.loading import load_config
+    from kvcr_policy.memory import preflight
 
     from .server.server import PeerServer
 
@@ -47,6 +48,11 @@ def main() -> int:
         secret = spec.get("secret")
         environ = {} if secret is None else {"KVCR_POLICY_SECURITY__SECRET": str(secret)}
         loaded = load_config(overrides=spec["overrides"], environ=environ)
+        preflight.check_placement(
+            loaded.config.placement,
+            loaded.origin(preflight.SETTING),
+            what="each tier of the host tier",
+        )
         server = PeerServer(loaded, listen=f"unix:{spec['socket']}")
         idle_exit = float(spec.get("idle_exit_s") or 0)
     except (KVCRPolicyError, ValueError, KeyError, TypeError) as err:

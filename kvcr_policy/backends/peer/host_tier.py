@@ -153,6 +153,10 @@ class HostTier:
         log.info("started the host tier %s (pid %d, log %s)", self.address, child.pid, self.log)
         return child
 
+    def _why(self) -> str:
+        error = _last_error(self.log)
+        return f": {error}" if error else ""
+
     def _wait(self, deadline: float, child: Any) -> None:
         pause = 0.02
         while True:
@@ -164,8 +168,8 @@ class HostTier:
                     pass
             if child is not None and child.poll() not in (None, 0):  # 0: it went on its own
                 message = (
-                    f"the host tier {self.address} exited at start (status {child.returncode}); "
-                    f"its log: {self.log}"
+                    f"the host tier {self.address} exited at start (status {child.returncode})"
+                    f"{self._why()}; its log: {self.log}"
                 )
                 raise BackendUnavailableError(message)
             if time.monotonic() > deadline:
@@ -177,6 +181,19 @@ class HostTier:
                 raise BackendUnavailableError(message)
             time.sleep(pause)
             pause = min(2 * pause, 0.2)
+
+
+def _last_error(log: Path) -> str:
+    """The last ``cannot start`` line of the tier's log (what stopped it), or ""."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 16384))
+            tail = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    marker = "host tier: cannot start: "
+    start = tail.rfind(marker)
+    return "" if start < 0 else tail[start + len(marker) :].strip()
 
 
 def server_overrides(

@@ -7,8 +7,9 @@ backend will (a typo exits 2 with one message, here instead of at SGLang's start
     kvcr-policy sglang-config --profile throughput --set placement.capacity_bytes=64GiB
 
 ``--check VALUE`` reads a flag value the way SGLang reads it (JSON text or ``@FILE``) and checks
-it the way the backend will: bad JSON, an unreadable file, an unknown key or a profile that does
-not load exit 2 with one message; a good value prints what the backend will run with. SGLang
+it the way the backend will: bad JSON, an unreadable file, an unknown key, a profile that does
+not load or a tier (``placement.capacity_bytes``) larger than this host or its memory cgroup
+exit 2 with one message; a good value prints what the backend will run with. SGLang
 imports nothing here: this runs on a machine without it.
 """
 
@@ -22,6 +23,7 @@ import typer
 
 from ...cli_help import JsonOnly
 from ...loading import load_config
+from ...preflight import check_host_fit
 from .config import LOADER_KEYS, extra_config_for, parse_extra_config
 from .flag import read_flag
 from .startup import load
@@ -50,6 +52,7 @@ def _check(value: str) -> dict[str, Any]:
         }
     options = parse_extra_config(extra)
     loaded = load(options)
+    check_host_fit(loaded)  # a tier larger than this host: exit 2 here, not killed at start
     return {
         "loads": not missing,
         "missing_loader_keys": missing,

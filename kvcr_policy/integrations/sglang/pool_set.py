@@ -5,7 +5,9 @@ group through ``register_mem_host_pool_v2``, the anchor again among them; a grou
 arrive whole. :class:`HostPools` binds each once (:func:`.bindings.bind`), remembers a refusal
 with its reason so that a pool is not retried, refuses a name registered again with another
 pool (the tier could no longer tell whose pages it holds), and answers which memory the tensor
-API's pointers may name.
+API's pointers may name. A tier larger than the memory this process can get
+(:class:`~kvcr_policy.errors.TierMemoryError`) is no refusal: it fails the engine's start with
+its message, where a pool that misses for ever would only hide it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import threading
 from typing import Any
 
+from ...errors import TierMemoryError
 from ...pipeline import Pipeline
 from .bindings import Binding, bind
 from .memory import MemoryMap
@@ -67,6 +70,8 @@ class HostPools:
                 return
             try:
                 binding = bind(self._pipeline, self._storage_config, name, host_pool)
+            except TierMemoryError:
+                raise  # the deployment's memory, not this pool: the engine must not start so
             except Exception as err:
                 self.refused[name] = str(err)
                 self._refused_pools[name] = host_pool

@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
+from kvcr_policy.memory.linux import use_roots
+from tests.support.cgroups import GIB, FakeHost
 from tests.support.commands import run_command, run_main
 
 FLAG = "SGLang --hicache-storage-backend-extra-config"
+MODULE = "kvcr_policy.integrations.sglang"
 
 
 def test_it_prints_the_json_that_loads_the_backend(capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,13 +119,27 @@ def test_the_docs_examples_run_as_written(
     path = tmp_path / "sglang.toml"
     path.write_text(toml, encoding="utf-8")
     assert "kvcr-policy sglang-config --check @/etc/kvcr/sglang.toml" in section
-    status, out, err = run_main(capsys, "sglang-config", "--check", f"@{path}")
+    # Faked: a 512 GiB host, where the documented 64 GiB tier fits (this machine has less).
+    host = FakeHost(tmp_path / "host", total=512 * GIB, available=400 * GIB)
+    with use_roots(proc=host.proc, sys=host.sys):
+        status, out, err = run_main(capsys, "sglang-config", "--check", f"@{path}")
     assert status == 0, err
     assert json.loads(out)["changed"]["placement.capacity_bytes"]["value"] == 64 << 30
     bad = '\'{"module_path": "kvcr_policy.integrations.sglang",\''
     assert f"kvcr-policy sglang-config --check {bad}" in section
     status, _, err = run_main(capsys, "sglang-config", "--check", bad.strip("'"))
     assert status == 2 and "not valid JSON (Expecting property name" in err
+
+
+def test_check_refuses_a_tier_larger_than_this_host(capsys: pytest.CaptureFixture[str]) -> None:
+    """Real: no host has 200 TiB. The origin names the flag's key, the binding file is read."""
+    flag = json.dumps({"backend_name": "kvcr_policy", "module_path": MODULE, "class_name": "C",
+                       "overrides": {"placement.capacity_bytes": "200TiB"}})  # fmt: skip
+    status, out, err = run_main(capsys, "sglang-config", "--check", flag)
+    assert status == 2 and out == ""
+    origin = f"{FLAG} ['overrides']['placement.capacity_bytes']"
+    assert f"placement.capacity_bytes = 200TiB (from {origin}) is more than the memory" in err
+    assert "this host holds" in err and "lower placement.capacity_bytes to at most" in err
 
 
 def test_format_json_is_the_report_of_both_modes(capsys: pytest.CaptureFixture[str]) -> None:

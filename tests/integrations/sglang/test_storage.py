@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 import random
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from kvcr_policy.errors import ConfigError
+from kvcr_policy.errors import ConfigError, TierMemoryError
+from kvcr_policy.memory.linux import use_roots
 from tests.integrations.conftest import round_trip, same_tensors
 from tests.integrations.sglang.host_pools import interleave
+from tests.support.cgroups import GIB, FakeHost
 
 pytestmark = pytest.mark.sglang
 
@@ -263,6 +266,21 @@ def test_a_pool_whose_buffer_disagrees_is_refused_alone(
     put = sg.hs.PoolTransfer(name=swa, host_indices=kit.indices(bad, [0]), keys=["a"])
     assert backend.batch_set_v2([put]) == {swa: [False]}
     assert backend.batch_set_v1(["a"], kit.indices(good, [0])) == [True]
+
+
+def test_a_tier_larger_than_the_process_can_get_fails_the_start_with_its_message(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, tmp_path: Path
+) -> None:
+    """Faked: a 1 GiB host (this machine has more). No pool that misses for ever: the
+    registration SGLang makes at start raises, with the flag's key as the origin."""
+    host = FakeHost(tmp_path, total=GIB, available=GIB // 2)
+    backend = make_backend(overrides={"placement.capacity_bytes": "2GiB"})
+    pool = kit.mha("page_first")
+    with use_roots(proc=host.proc, sys=host.sys), pytest.raises(TierMemoryError) as caught:
+        backend.register_mem_pool_host(pool)
+    origin = f"{EXTRA} ['overrides']['placement.capacity_bytes']"
+    assert f"placement.capacity_bytes = 2GiB (from {origin})" in str(caught.value)
+    assert "MemTotal is 1GiB" in str(caught.value) and not backend.pools
 
 
 @pytest.mark.parametrize(

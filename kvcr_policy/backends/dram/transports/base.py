@@ -65,6 +65,9 @@ class Transport:
     #: The ``dram`` backend lays each tier slot out whole (one contiguous page) instead of
     #: mirroring the pool's planes; a transport that moves whole slots best sets it.
     whole_slots: bool = False
+    #: ``attach_region`` pins the tier (DMA registration), which faults all of it in at once:
+    #: the memory pre-flight holds such a tier to what is free now, as a pre-faulted one.
+    pins_regions: bool = False
 
     def __init__(self, workers: int = 1) -> None:
         self._workers = max(1, workers)

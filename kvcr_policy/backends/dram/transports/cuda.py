@@ -50,6 +50,7 @@ class CudaTransport(Transport):
     name = "cuda"
     capabilities = frozenset({"coalesce", "split"})
     devices = frozenset({"cuda"})
+    pins_regions = True
 
     def __init__(self, config: PolicyConfig, options: CudaOptions) -> None:
         super().__init__(workers=1)
