@@ -157,8 +157,9 @@ class Registry:
 
     def maps_tiers(self, config: Any) -> bool:
         """Whether the configured backend maps a tier of ``placement.capacity_bytes`` per pool
-        in the calling process (its factory's ``maps_tiers``; ``dram`` does, a peer's client
-        does not: ``serve`` holds those tiers), so that memory pre-flight applies to it here."""
+        from this host's memory (its factory's ``maps_tiers``; ``dram`` does, in the calling
+        process, ``host`` in the host tier's process; a peer's client does not: its ``serve``
+        may be elsewhere), so that memory pre-flight applies to it here."""
         name = self.backend_for(config.backend.name, config.transport.name)
         return bool(getattr(self.get("backend", name).factory, "maps_tiers", False))
 

@@ -64,7 +64,7 @@ def kvcr_register_backends(register: RegisterBackend) -> None:
 
     register(
         "host",
-        _Lazy("..backends.peer.host_tier", "HostBackend", _host_capabilities),
+        _Lazy("..backends.peer.host_tier", "HostBackend", _host_capabilities, maps_tiers=True),
         options=HostOptions,
         description="one tier per host for every process and rank, through shared memory",
     )

@@ -158,18 +158,27 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
     capacity = int(config.placement.capacity_bytes)
     capacity_from = _origin(loaded, "placement.capacity_bytes")
     pools, ranks = request.pools.value, request.ranks_per_host.value
+    shared = _shared_by_ranks(loaded, ranks)
     per_rank = capacity * pools
-    per_host = per_rank * ranks
+    per_host = per_rank if shared else per_rank * ranks
     slots = capacity // geo.page_bytes
     plan.figures["tier"] = {
         "capacity_bytes_per_pool": capacity,
         "pools_per_rank": pools,
         "ranks_per_host": ranks,
-        "bytes_per_rank": per_rank,
+        "shared_by_ranks": shared,
+        "bytes_per_rank": 0 if shared else per_rank,
         "bytes_per_host": per_host,
         "pages_per_pool": slots,
         "tokens_per_pool": slots * geo.page_size,
     }
+    if geo.mla and request.tp.value > 1 and not shared:
+        plan.refusals.append(
+            f"backend.name = {config.backend.name!r} (from {_origin(loaded, 'backend.name')}) "
+            f"gives each of the --tp {request.tp.value} ranks a tier of its own: SGLang writes "
+            "MLA pages from TP rank 0 only and counts the fewest hits of any rank, so no rank "
+            "would hit; use backend.name = 'host' (one tier per host, what 'auto' is at TP > 1)"
+        )
     if slots < 1:
         plan.refusals.append(
             f"placement.capacity_bytes = {sized(capacity)} (from {capacity_from}) holds no page "
@@ -177,12 +186,16 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
         )
     host = request.host_memory.value
     if host is not None and per_host > host:
+        times = (
+            "one tier shared by the host's ranks"
+            if shared
+            else (f"{ranks} ranks per host (from {request.ranks_per_host.origin})")
+        )
         plan.refusals.append(
             f"placement.capacity_bytes = {sized(capacity)} (from {capacity_from}) x {pools} "
-            f"pool(s) (from {request.pools.origin}) x {ranks} ranks per host (from "
-            f"{request.ranks_per_host.origin}) = {sized(per_host)} of tier, more than the "
-            f"host's {sized(host)} of memory (from {request.host_memory.origin}); lower "
-            "placement.capacity_bytes or run fewer ranks per host"
+            f"pool(s) (from {request.pools.origin}) x {times} = {sized(per_host)} of tier, "
+            f"more than the host's {sized(host)} of memory (from {request.host_memory.origin}); "
+            "lower placement.capacity_bytes or run fewer ranks per host"
         )
     elif host is not None and per_host > _HOST_SHARE_WARN * host:
         plan.warnings.append(
@@ -192,10 +205,10 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
     if slots and request.tokens.value > slots * geo.page_size:
         plan.warnings.append(
             f"--tokens {request.tokens.value} (from {request.tokens.origin}) is more than the "
-            f"{slots * geo.page_size} tokens a pool's tier holds per rank: the oldest pages "
-            "will be evicted"
+            f"{slots * geo.page_size} tokens a pool's tier holds "
+            f"{'for the host' if shared else 'per rank'}: the oldest pages will be evicted"
         )
-    pinned = per_rank if config.transport.name == "cuda" else 0
+    pinned = per_rank if config.transport.name == "cuda" and not shared else 0
     plan.figures["tier"]["pinned_bytes_per_rank"] = pinned
     plan.figures["tier"]["pinned_bytes_per_host"] = pinned * ranks
     if host is not None and pinned * ranks > _PINNED_SHARE_WARN * host:
@@ -204,7 +217,18 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
             f"(transport.name 'cuda', from {_origin(loaded, 'transport.name')}): pinned memory "
             "cannot be swapped or reclaimed"
         )
-    _huge_pages(loaded, per_rank, ranks, plan)
+    _huge_pages(loaded, per_rank, 1 if shared else ranks, plan)
+
+
+def _shared_by_ranks(loaded: LoadedConfig, ranks: int) -> bool:
+    """Whether the ranks of a host use one tier: the ``host`` and ``peer`` backends, and
+    ``auto`` at more than one rank (what the SGLang backend makes of it; see
+    :mod:`kvcr_policy.integrations.sglang.startup`)."""
+    config = loaded.config
+    name = config.backend.name
+    if name == "auto":
+        return config.transport.name == "ucx" or ranks > 1
+    return name in ("host", "peer")
 
 
 def _huge_pages(loaded: LoadedConfig, per_rank: int, ranks: int, plan: Plan) -> None:

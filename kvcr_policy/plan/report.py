@@ -29,10 +29,14 @@ def _rows(plan: Plan, title: dict[str, Any]) -> list[tuple[str, str]]:
         ("  a rank holds", f"{g['layers_per_rank']} layers x {g['heads_per_rank']} KV heads "
                          f"(tp {g['tp']}, pp {g['pp']}{', MLA' if g['mla'] else ''})"),
         ("[tier memory]", ""),
-        ("  per rank", f"{sized(t['bytes_per_rank'])} ({t['pools_per_rank']} pool(s) x "
+        ("  per rank", "none: one tier for the host's ranks (backend host)"
+                       if t["shared_by_ranks"] else
+                       f"{sized(t['bytes_per_rank'])} ({t['pools_per_rank']} pool(s) x "
                        f"{sized(t['capacity_bytes_per_pool'])})"),
-        ("  per host", f"{sized(t['bytes_per_host'])} ({t['ranks_per_host']} ranks)"
-                       f"{_share(t['bytes_per_host'], host)}"),
+        ("  per host", f"{sized(t['bytes_per_host'])} "
+                       + (f"(one tier shared by {t['ranks_per_host']} ranks)"
+                          if t["shared_by_ranks"] else f"({t['ranks_per_host']} ranks)")
+                       + _share(t['bytes_per_host'], host)),
         ("  host memory", f"{sized(host)} (from {g['host_memory_from']})" if host else "unknown"),
         ("  pinned for DMA", f"{sized(t['pinned_bytes_per_rank'])} per rank, "
                              f"{sized(t['pinned_bytes_per_host'])} per host"
@@ -41,7 +45,7 @@ def _rows(plan: Plan, title: dict[str, Any]) -> list[tuple[str, str]]:
                          f"host of {sized(t['huge_page_bytes'])} (huge_pages {t['huge_pages']})"
                          if t["huge_pages"] != "off" else "none asked (huge_pages off)"),
         ("  holds", f"{t['pages_per_pool']} pages = {t['tokens_per_pool']} tokens per pool "
-                    "per rank"),
+                    + ("for the host" if t["shared_by_ranks"] else "per rank")),
     ]  # fmt: skip
     r = plan.figures.get("restore")
     if r is None:  # refused before its figures (the refusal says why)

@@ -259,5 +259,7 @@ class HostBackend(PeerBackend):
 
     def describe(self) -> dict[str, Any]:
         data = super().describe()
+        for ucx_only in ("tls", "progress_mode", "ucx_env", "links"):
+            data.pop(ucx_only, None)  # a host tier moves no UCX message
         data.update(name="host", tier=self.tier.address, log=str(self.tier.log))
         return data

@@ -50,7 +50,8 @@ class Worker(Loop):
         super().__init__()
         self.options = options
         self.uses_ucx = ucx
-        self.env: EnvReport = apply_env(options)
+        # Without UCX no UCX_* variable of this process is touched.
+        self.env: EnvReport = apply_env(options) if ucx else EnvReport({}, {}, ("none", "no UCX"))
         self.progress_mode = self.env.progress_mode[0]
         self.ucx: Any = None  # ucxx._lib.libucxx, imported on this thread
         self._array: Any = None

@@ -9,14 +9,18 @@ backend will (a typo exits 2 with one message, here instead of at SGLang's start
 ``--check VALUE`` reads a flag value the way SGLang reads it (JSON text or ``@FILE``) and checks
 it the way the backend will: bad JSON, an unreadable file, an unknown key, a profile that does
 not load or a tier (``placement.capacity_bytes``) larger than this host or its memory cgroup
-exit 2 with one message; a good value prints what the backend will run with. SGLang
-imports nothing here: this runs on a machine without it.
+exit 2 with one message; a good value prints what the backend will run with. With ``--tp``
+(``--pp``) and ``--mla`` it is checked as one rank of that engine loads it: at more than one
+rank ``auto`` is the host tier (one for every rank), and a tier private to each rank for an MLA
+model at TP > 1 exits 2 with the fix. SGLang imports nothing here: this runs on a machine
+without it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -41,7 +45,7 @@ def _pairs(pairs: list[str] | None) -> dict[str, str]:
     return result
 
 
-def _check(value: str) -> dict[str, Any]:
+def _check(value: str, tp: int = 1, pp: int = 1, mla: bool = False) -> dict[str, Any]:
     extra = read_flag(value)
     missing = [key for key in ("backend_name", "module_path", "class_name") if key not in extra]
     if extra.get("module_path") != LOADER_KEYS["module_path"]:
@@ -51,13 +55,15 @@ def _check(value: str) -> dict[str, Any]:
             "missing_loader_keys": missing,
         }
     options = parse_extra_config(extra)
-    loaded = load(options)
+    rank = SimpleNamespace(tp_size=tp, pp_size=pp, attn_cp_size=1, is_mla_model=mla)
+    loaded = load(options, rank)
     check_host_fit(loaded)  # a tier larger than this host: exit 2 here, not killed at start
     return {
         "loads": not missing,
         "missing_loader_keys": missing,
         "interface_v1": options.interface_v1,
         "profile": loaded.profile or "default",
+        "backend": {"name": loaded.config.backend.name, "from": loaded.origin("backend.name")},
         "changed": {path: {"value": v, "from": o} for path, (v, o) in loaded.changed().items()},
     }
 
@@ -78,13 +84,21 @@ def sglang_config_command(
             help="Check a flag value (JSON text or @FILE) as SGLang and the backend read it.",
         ),
     ] = None,
+    tp: Annotated[
+        int, typer.Option("--tp", min=1, max=4096, help="--check as a rank of this TP size.")
+    ] = 1,
+    pp: Annotated[
+        int, typer.Option("--pp", min=1, max=4096, help="--check as a rank of this PP size.")
+    ] = 1,
+    mla: Annotated[bool, typer.Option("--mla", help="--check for an MLA model.")] = False,
     format: Annotated[
         JsonOnly, typer.Option("--format", "-f", help="Both the value and a check are JSON.")
     ] = JsonOnly.json,
 ) -> None:
     """Print the SGLang --hicache-storage-backend-extra-config for a profile, or check one."""
     if check is not None:
-        sys.stdout.write(json.dumps(_check(check), indent=2, default=str) + "\n")
+        result = _check(check, tp, pp, mla)
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
         return
     overrides = _pairs(set_)
     load_config(profile, None, overrides)  # as the backend will: fail here, not at start
