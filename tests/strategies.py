@@ -362,6 +362,8 @@ def _keys_pages(draw: st.DrawFn, cls: type) -> m.Message:
     pages = np.asarray(
         draw(st.lists(st.integers(0, 2**40), min_size=len(ks), max_size=len(ks))), dtype=np.int64
     )
+    if cls is m.Reserve:
+        return cls(draw(_u32), ks, pages, draw(_keys))
     return cls(draw(_u32), ks, pages)
 
 
@@ -655,13 +657,18 @@ def fuzz_requests(draw: st.DrawFn) -> m.Message:
     if cls in (m.Kind.CLEAR, m.Kind.STATS):
         return (m.Clear if cls is m.Kind.CLEAR else m.Stats)(pool)
     if cls in (m.Kind.CLAIM, m.Kind.RESERVE):
+        keep: tuple[list[str], ...] = ()
+        if cls is m.Kind.RESERVE:  # the set's other keys: any, present or not, hostile too
+            keep = (
+                draw(st.one_of(st.lists(st.text("ab-09", max_size=9), max_size=6), _fuzz_keys())),
+            )
         message = m.Claim if cls is m.Kind.CLAIM else m.Reserve
         if draw(st.booleans()):  # plausible: a few keys and pages of the attached pool (8)
             few = draw(st.lists(st.text("ab-09", min_size=1, max_size=9), min_size=1, max_size=6))
             pages = st.lists(st.integers(0, 7), min_size=len(few), max_size=len(few))
-            return message(0, few, np.asarray(draw(pages), dtype=np.int64))
+            return message(0, few, np.asarray(draw(pages), dtype=np.int64), *keep)
         size = draw(st.sampled_from([len(keys), len(keys), len(keys) + 1]))  # may not pair up
-        return message(pool, keys, draw(_fuzz_int64s(min(size, 70000))))
+        return message(pool, keys, draw(_fuzz_int64s(min(size, 70000))), *keep)
     if cls in (m.Kind.SEND, m.Kind.POST):
         n = draw(st.sampled_from([0, 1, 2, 5, 1000]))
         if draw(st.booleans()):  # plausible: within a tier of a few 1,536-byte pages

@@ -256,12 +256,13 @@ class Store:
     # ---- writes ---------------------------------------------------------------------------
 
     @_changes
-    def reserve(self, keys: Sequence[str]) -> Reservation:
+    def reserve(self, keys: Sequence[str], keep: Sequence[str] = ()) -> Reservation:
         """Hold slots for the keys that are neither published nor being written.
 
         Consecutive keys get one contiguous run of slots when one is free. When free slots are
         short, published unclaimed keys are evicted by the policy (never the present keys of
-        this request, nor those of another reservation still open). When even that is short,
+        this request, nor those of ``keep``, the other keys of a request reserved part by part
+        (a peer's batches), nor those of another reservation still open). When even that is short,
         the reservation covers the longest leading run of ``keys`` that fits (prefix
         semantics, as HiCache uses only the leading successes).
 
@@ -286,6 +287,7 @@ class Store:
                     asked.add(key)
                     needed.append(position)
             protect = {index[key] for key, hit in zip(keys, present, strict=True) if hit}
+            protect.update(index[key] for key in keep if key in index)
             slots = self._obtain(len(needed), protect)
             cover = needed[len(slots)] if len(slots) < len(needed) else count
             if cover == 0 and count:

@@ -232,7 +232,7 @@ secret = default_secret()
 raw.handshake_with(hello(secret, tls=3), secret, b"")
 attach(raw)
 keys = [f"held-{i}" for i in range(4)]
-reserved = raw.ask(m.Reserve(0, keys, np.arange(4, dtype=np.int64)))
+reserved = raw.ask(m.Reserve(0, keys, np.arange(4, dtype=np.int64), []))
 assert isinstance(reserved, m.Reserved) and (reserved.slots >= 0).all(), reserved
 print("reserved", flush=True)
 sys.stdin.readline()

@@ -14,13 +14,11 @@ most CAPACITY keys is then fully present, evicts at least the overflow and makes
 appear; between calls the server's tier holds no claim and no reservation and never more than
 CAPACITY pages.
 
-One behaviour of the peer path differs from the local pipeline's; the machine tolerates it
-(counted as an event) and the strict ``xfail`` test at the end pins it down, so it turns red
-the day it changes and the machine can be tightened: a set cut into batches reserves per batch,
-so an early batch can evict a key a later batch of the same set holds (the local store never
-evicts a request's own present keys); the key is then copied again, never lost. (A get whose
-batches are in flight together reports only the leading run on every backend: the mover cuts
-what arrived after a miss.)
+A set cut into batches reserves per batch on the peer, each RESERVE naming the set's other keys
+for the server to keep, so, as in the local store, no batch evicts a key another batch of the
+same set holds: the machine asserts that every eviction of a set was needed for its overflow.
+(A get whose batches are in flight together reports only the leading run on every backend: the
+mover cuts what arrived after a miss.)
 """
 
 from __future__ import annotations
@@ -228,8 +226,7 @@ class PeerMachine(RuleBasedStateMachine):
         assert after - set(keys) <= before - set(keys)  # nothing else appeared
         evicted = self.tier()["evictions"] - evictions
         assert len(before - after) >= overflow and evicted >= overflow
-        if evicted > overflow:
-            event("peer set evicted a key of its own (a later batch's)")
+        assert evicted == overflow, f"the set evicted {evicted} pages for {overflow} it needed"
 
     @rule(keys=st.lists(st.sampled_from(KEYS), max_size=6, unique=True), data=st.data())
     def get(self, keys: list[str], data: st.DataObject) -> None:
@@ -378,13 +375,7 @@ def evictions(pipeline: Any) -> int:
     "where",
     [
         "local",
-        pytest.param(
-            "peer",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the peer reserves per batch: a set evicts its own key, then copies it",
-            ),
-        ),
+        "peer",
     ],
 )
 def test_a_set_never_evicts_its_own_present_keys(where: str) -> None:

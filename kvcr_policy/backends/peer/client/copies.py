@@ -19,7 +19,7 @@ Each finished copy comes back to the worker thread (:meth:`Loop.call`) before an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -119,8 +119,10 @@ def write(
     pages: np.ndarray,
     shape: Shape,
     done: Done,
+    keep: Sequence[str] = (),
 ) -> None:
-    """Store pool ``pages`` under ``keys``; ``done(ok per key)`` (True also where present)."""
+    """Store pool ``pages`` under ``keys``; ``done(ok per key)`` (True also where present).
+    ``keep``: the call's other keys, whose present pages the reservation must not evict."""
     n = len(keys)
     tier, pool = target.endpoints()
 
@@ -167,7 +169,8 @@ def write(
 
         _copy(conn, CopyBatch(pool, tier, d), copied)
 
-    conn.request(m.Reserve(target.number, keys, pages), guard(conn, done, "RESERVED", reserved))
+    reserve = m.Reserve(target.number, keys, pages, list(keep))
+    conn.request(reserve, guard(conn, done, "RESERVED", reserved))
 
 
 def probe(conn: Connection, target: Target, nbytes: int, done: Done) -> None:

@@ -17,7 +17,7 @@ bytes completed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -239,8 +239,10 @@ def write(
     pages: np.ndarray,
     shape: Shape,
     done: Done,
+    keep: Sequence[str] = (),
 ) -> None:
-    """Store pool ``pages`` under ``keys``; ``done(ok per key)`` (True also where present)."""
+    """Store pool ``pages`` under ``keys``; ``done(ok per key)`` (True also where present).
+    ``keep``: the call's other keys, whose present pages the reservation must not evict."""
     n = len(keys)
 
     def written(answer: Any) -> None:
@@ -296,7 +298,8 @@ def write(
             m.Post(reply.reservation, d.dst, d.length), guard(conn, done, "POSTED", posted)
         )
 
-    conn.request(m.Reserve(target.number, keys, pages), guard(conn, done, "RESERVED", reserved))
+    reserve = m.Reserve(target.number, keys, pages, list(keep))
+    conn.request(reserve, guard(conn, done, "RESERVED", reserved))
 
 
 def probe(conn: Connection, target: Target, nbytes: int, done: Done) -> None:

@@ -11,6 +11,7 @@ the local store does.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import Counter
@@ -44,6 +45,10 @@ __all__ = ["PeerPool"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.client.pool")
 
+#: Most keys of a set's other batches one RESERVE asks the server to keep (see _Transfer._keep):
+#: a set of up to this many pages beyond its batch never evicts its own present keys.
+KEEP_KEYS = 16384
+KEEP_BYTES = 2 << 20
 #: How long past ``op_timeout_s`` a batch waits for the peer's answer before it fails: the
 #: server gives a claim up at its own ``op_timeout_s`` and says so, and its sends stop before
 #: this side gives the pages to the fallback (which may read them again).
@@ -216,6 +221,7 @@ class _Transfer:
 
     def __init__(self, pool: PeerPool, read: bool, keys: list[str], pages: np.ndarray) -> None:
         self.pool = pool
+        self.read = read
         self.op = _read if read else _write
         self.keys = keys
         self.pages = pages
@@ -245,7 +251,9 @@ class _Transfer:
                 combined.set_result(np.concatenate(results))
 
         for i, (a, b) in enumerate(chunks):
-            future = pool.client.start(pool, self.op, self.keys[a:b], self.pages[a:b], within)
+            future = pool.client.start(
+                pool, self.op, self.keys[a:b], self.pages[a:b], within, *self._keep(a, b)
+            )
             future.add_done_callback(partial(settle, i))
         return combined
 
@@ -257,9 +265,25 @@ class _Transfer:
             self.keys[position : position + 1],
             self.pages[position : position + 1],
             _plain,
+            *self._keep(position, position + 1),
             timeout=pool.timeout,
         )
         return bool(one[0])
+
+    def _keep(self, start: int, stop: int) -> tuple[list[str], ...]:
+        """A write's keys outside ``[start, stop)`` (those after it first), which the server
+        must not evict for this batch: a set never evicts its own present keys. At most
+        :data:`KEEP_KEYS` of them (one RESERVE frame stays small); none for a read."""
+        if self.read:
+            return ()
+        kept: list[str] = []
+        size = 0
+        for key in itertools.chain(self.keys[stop:], reversed(self.keys[:start])):
+            size += len(key) + 4
+            if len(kept) == KEEP_KEYS or size > KEEP_BYTES:
+                break
+            kept.append(key)
+        return (kept,)
 
     def finish(self, moved: np.ndarray) -> list[bool]:
         return [bool(x) for x in moved]
@@ -272,8 +296,11 @@ def _read(conn: Any, target: ops.Target, *args: Any) -> None:
     (copies.read if target.shared else ops.read)(conn, target, *args)
 
 
-def _write(conn: Any, target: ops.Target, *args: Any) -> None:
-    (copies.write if target.shared else ops.write)(conn, target, *args)
+def _write(
+    conn: Any, target: ops.Target, keys: Any, pages: Any, shape: Any, keep: Any, done: Any
+) -> None:
+    write = copies.write if target.shared else ops.write
+    write(conn, target, keys, pages, shape, done, keep)
 
 
 def _probe(conn: Any, target: ops.Target, *args: Any) -> None:

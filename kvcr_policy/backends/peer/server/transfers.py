@@ -317,7 +317,7 @@ class Transfers:
         pool = self.owner.pool(msg.pool)
         check_pages(pool.client, msg.pages)
         self._check_open()
-        reservation = pool.tier.store.reserve(msg.keys)
+        reservation = pool.tier.store.reserve(msg.keys, msg.keep)
         todo = np.flatnonzero(reservation.slots >= 0)
         number = next(self._ids)
         write = _Write(pool, reservation, todo, request, self.owner.deadline("a write"))

@@ -241,7 +241,10 @@ class Claim(Message):
 
 @message(Kind.RESERVE)
 class Reserve(Claim):
-    pass
+    """RESERVE: also ``keep``, the call's other keys (its other batches), whose present pages
+    this reservation must not evict (a set never evicts its own keys)."""
+
+    keep: Keys
 
 
 @message(Kind.CLAIMED)
