@@ -35,6 +35,7 @@ class DramBench(BenchBackend):
     name = "dram"
     targets = frozenset({"cpu", "cuda"})
     limit_text = "one contiguous copy of the same bytes, tier -> pool, same transport"
+    limit_short = "one contiguous copy, same transport"
 
 
 class PeerBench(BenchBackend):
@@ -43,6 +44,7 @@ class PeerBench(BenchBackend):
     name = "peer"
     needs: ClassVar[Mapping[str, str]] = {"ucxx": "pip install 'kvcr-policy[ucx]'"}
     limit_text = "one UCX message of the same bytes, peer tier -> pool, same two processes"
+    limit_short = "one UCX message"
 
     def __init__(self, setup: BenchSetup) -> None:
         super().__init__(setup)

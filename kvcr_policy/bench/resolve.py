@@ -68,10 +68,11 @@ _HOST_SHARE = 0.9
 def _check_host_memory(plan: Plan) -> None:
     """Refuse a run whose pool and tiers cannot fit in host memory (it would die of ENOMEM, or
     of the OOM killer, after minutes of filling): a host pool of twice the measured pages on
-    the cpu target, a tier of the measured pages per side (P and its baseline)."""
+    the cpu target, a tier of the measured pages per side (P and its baseline), and the two
+    buffers of the host memory copy (:mod:`.host_copy`)."""
     measured = plan.measured.nbytes
     pool = plan.target.geometry(plan.measured).nbytes if plan.target.name == "cpu" else 0
-    needed = pool + 2 * measured
+    needed = pool + 4 * measured
     available, bound = _os.memory_available()
     if needed > _HOST_SHARE * available:
         page = plan.measured.page_bytes
@@ -79,7 +80,8 @@ def _check_host_memory(plan: Plan) -> None:
         tokens = max(0, fits) * plan.measured.page_size
         message = (
             f"--tokens {plan.setup.tokens}: the run fills about {needed / 2**30:.1f} GiB of host "
-            f"memory (pool {pool / 2**30:.1f} GiB, two tiers of {measured / 2**30:.1f} GiB; "
+            f"memory (pool {pool / 2**30:.1f} GiB, two tiers and the host copy's two buffers of "
+            f"{measured / 2**30:.1f} GiB each; "
             f"{page} bytes per page); {bound} leaves {available / 2**30:.1f} GiB; lower "
             f"--tokens (at most about {tokens})"
         )

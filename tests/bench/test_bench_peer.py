@@ -30,6 +30,10 @@ def test_a_peer_run_restores_verified_bytes_and_stops_its_servers() -> None:
     data = run_bench(setup).to_dict()
     assert data["verified"] is True and data["backend"] == "peer"
     assert data["limit"].startswith("one UCX message")
+    assert data["limit_short"] == "one UCX message" and data["limit_gigabytes_per_s"] > 0
+    # Beside the transport's own limit, this host's memory copy of the same bytes.
+    assert data["host_copy_limit_gigabytes_per_s"] > 0 and data["ratio_to_host_copy_limit"] > 0
+    assert all(r["host_copy_limit_gigabytes_per_s"] > 0 for r in data["runs"])
     assert data["transport"]["name"] == "ucx" and data["transport_used"] in {"sm", "tcp"}
     assert set(data["peer"]) == {"P", "Q", "P exists", "Q exists"}
     assert all(server["exit_code"] == 0 for server in data["peer"].values())
