@@ -15,7 +15,7 @@ from typing import Any
 from .host_copy import HOST_COPY_TEXT
 from .plan import Plan
 from .rank import LIMIT_BYTES, RankReport, Step
-from .result import BenchResult, Run, ratio_to
+from .result import BenchResult, Limit, Run, ratio_to
 from .tp import describe_shard, device_of
 
 __all__ = ["HOST_COPY_RANKS_TEXT", "LIMIT_TEXT", "aggregate"]
@@ -71,7 +71,7 @@ def _rank_figures(report: RankReport, plan: Plan) -> dict[str, Any]:
     def restore(label: str) -> float:
         return _median([r.restore_gbps for r in runs if r.side == label])
 
-    def ratio(label: str, limit: str = "limit") -> float:
+    def ratio(label: str, limit: Limit = "limit") -> float:
         return round(ratio_to([r for r in runs if r.side == label], limit), 3)
 
     memory = {label: stats["memory"] for label, stats in report.stats.items()}

@@ -21,9 +21,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["BenchResult", "Run", "Screen", "ratio_to"]
+__all__ = ["BenchResult", "Limit", "Run", "Screen", "ratio_to"]
+
+#: The two limits a restore is measured beside.
+Limit = Literal["limit", "host_copy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +94,13 @@ def _r(value: float) -> float:
     return round(value, 3)
 
 
-def ratio_to(runs: Iterable[Run], limit: str) -> float:
+def ratio_to(runs: Iterable[Run], limit: Limit) -> float:
     """THE ratio to a limit (the module docstring): the median of ``restore / limit`` over
-    ``runs``, each restore against the ``limit`` measured right before it (``limit``: ``"limit"``,
-    the backend's own; ``"host_copy"``, this host's memory copy)."""
-    attribute = {"limit": "ratio_to_limit", "host_copy": "ratio_to_host_copy_limit"}[limit]
-    return _median(getattr(run, attribute) for run in runs)
+    ``runs``, each restore against the ``limit`` measured right before it (``"limit"``: the
+    backend's own; ``"host_copy"``: this host's memory copy)."""
+    if limit == "limit":
+        return _median(run.ratio_to_limit for run in runs)
+    return _median(run.ratio_to_host_copy_limit for run in runs)
 
 
 @dataclass(frozen=True)
