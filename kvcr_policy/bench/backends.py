@@ -35,18 +35,28 @@ class DramBench(BenchBackend):
     name = "dram"
     targets = frozenset({"cpu", "cuda"})
     limit_text = "one contiguous copy of the same bytes, tier -> pool, same transport"
+    limit_short = "one contiguous copy, same transport"
 
 
 class PeerBench(BenchBackend):
-    """A ``kvcr-policy serve`` process per side on loopback, reached over UCX."""
+    """A ``kvcr-policy serve`` process per side on loopback, reached over UCX, or through the
+    tier's shared memory (the default on one host: see docs/peer.md)."""
 
     name = "peer"
     needs: ClassVar[Mapping[str, str]] = {"ucxx": "pip install 'kvcr-policy[ucx]'"}
     limit_text = "one UCX message of the same bytes, peer tier -> pool, same two processes"
+    limit_short = "one UCX message"
 
     def __init__(self, setup: BenchSetup) -> None:
         super().__init__(setup)
         self.servers: dict[str, dict[str, Any]] = {}
+        wanted = str((setup.overrides or {}).get("transport.options.shared_memory", "auto"))
+        if setup.tls != "tcp" and wanted != "off":  # the client maps the peer's tier
+            self.limit_text = (
+                "one memory copy of the same bytes, the peer's shared tier -> pool, by the "
+                "client's copy engine"
+            )
+            self.limit_short = "one copy from the shared tier"
 
     def _transport(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,4 @@
-"""``--plot``: a PNG of every restore of a run and the limit measured before each."""
+"""``--plot``: a PNG of every restore of a run and the two limits measured before each."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def check_plot(path: str) -> None:
 
 
 def write_plot(result: dict[str, Any], path: str) -> None:
-    """Restore rates per run and side, and the limits, from ``BenchResult.to_dict()``."""
+    """Restore rates per run and side, and both limits, from ``BenchResult.to_dict()``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,9 +32,12 @@ def write_plot(result: dict[str, Any], path: str) -> None:
     for label in sorted({r["profile"] for r in runs}):
         values = [r["restore_gigabytes_per_s"] for r in runs if r["profile"] == label]
         ax.plot(range(1, len(values) + 1), values, marker="o", label=f"{label} restore")
-    limits = [r["limit_gigabytes_per_s"] for r in runs if r.get("side") == "P"]
-    if limits:
-        ax.plot(range(1, len(limits) + 1), limits, linestyle="--", color="grey", label="limit")
+    lines = (("limit_gigabytes_per_s", "--", "limit"),
+             ("host_copy_limit_gigabytes_per_s", ":", "host memory copy"))  # fmt: skip
+    for key, style, name in lines:
+        limits = [r[key] for r in runs if r.get("side") == "P" and key in r]
+        if limits:
+            ax.plot(range(1, len(limits) + 1), limits, linestyle=style, color="grey", label=name)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("run")
     ax.set_ylabel("GB/s")

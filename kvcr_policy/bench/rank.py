@@ -3,8 +3,9 @@
 A rank process selects its device (GPU ``rank`` on ``cuda``), resolves the run's setup there
 (its shard geometry and memory checked on its own GPU) and opens its pool and both sides as a
 one-process run does. Then it moves in lockstep with the other ranks: every timed step starts
-behind the run's barrier, so all ranks store, measure the limit and restore at the same moment,
-and each records when its step started and ended on the host's monotonic clock
+behind the run's barrier, so all ranks store, measure both limits (the backend's own, then the
+host's memory copy, :mod:`.host_copy`, each rank with its share of the CPUs) and restore at the
+same moment, and each records when its step started and ended on the host's monotonic clock
 (``CLOCK_MONOTONIC`` is one clock for every process of a host), from which :mod:`.ranks` takes
 the aggregate figures. Each rank verifies its own restored pages by checksum.
 
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KVCRPolicyError
+from .host_copy import HostCopy, cpus
 from .resolve import resolve
 from .setup import BenchError, BenchSetup
 from .sides import bench_keys
@@ -52,7 +54,8 @@ def now() -> float:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One timed step of one rank: ``kind`` is ``store``, ``limit`` or ``restore``."""
+    """One timed step of one rank: ``kind`` is ``store``, ``limit``, ``host_copy`` or
+    ``restore`` (a host copy before a store has repeat -1 and no order, as the store)."""
 
     kind: str
     repeat: int
@@ -113,11 +116,14 @@ def run_rank(setup: BenchSetup, rank: int, barrier: Barrier, say: Say) -> RankRe
         pool, sides = plan.comparison.open(stack, plan)
         say(f"{setup.ranks} ranks: filling {nbytes / 2**30:.2f} GiB of source pages each")
         pool.fill()
+        host = stack.enter_context(HostCopy(limit_bytes, max(1, cpus() // setup.ranks)))
         src = tokens_of(measured.page_size, pool.src_pages[order])
         dst = tokens_of(measured.page_size, pool.dst_pages)
         stored = [keys[i] for i in order]
         for label, side in sides.items():
             say(f"{setup.ranks} ranks: {side.name} storing {n} pages each")
+            start, end, _ = _step(barrier, pool.sync, host.copy)
+            steps.append(Step("host_copy", -1, "", label, start, end, limit_bytes, True))
             start, end, ok = _step(barrier, pool.sync, partial(side.store, stored, src))
             if not ok:
                 raise BenchError(f"rank {rank}: {side.name!r} did not store all {n} pages")
@@ -131,6 +137,10 @@ def run_rank(setup: BenchSetup, rank: int, barrier: Barrier, say: Say) -> RankRe
                     side = sides[label]
                     start, end, _ = _step(barrier, pool.sync, partial(pipeline.probe, limit_bytes))
                     steps.append(Step("limit", rep, shown, label, start, end, limit_bytes, True))
+                    start, end, _ = _step(barrier, pool.sync, host.copy)
+                    steps.append(
+                        Step("host_copy", rep, shown, label, start, end, limit_bytes, True)
+                    )
                     pool.poison()
                     start, end, got = _step(barrier, pool.sync, partial(side.restore, keys, dst))
                     ok = bool(got) and pool.verify()

@@ -70,10 +70,11 @@ def _check_host_memory(plan: Plan) -> None:
     (:mod:`~kvcr_policy.memory.headroom`: its memory cgroup, the host's MemAvailable, its
     address space), where it would die of ENOMEM, or of the OOM killer, after minutes of
     filling: a host pool of twice the measured pages on the cpu target, a tier of the measured
-    pages per side (P and its baseline)."""
+    pages per side (P and its baseline), and the two buffers of the host memory copy
+    (:mod:`.host_copy`)."""
     measured = plan.measured.nbytes
     pool = plan.target.geometry(plan.measured).nbytes if plan.target.name == "cpu" else 0
-    needed = pool + 2 * measured
+    needed = pool + 4 * measured
     binding = read_headroom().now()  # the run fills every byte at once, as a pre-fault does
     if binding is None:
         return
@@ -84,9 +85,10 @@ def _check_host_memory(plan: Plan) -> None:
         tokens = max(0, fits) * plan.measured.page_size
         message = (
             f"--tokens {plan.setup.tokens}: the run fills about {needed / 2**30:.1f} GiB of host "
-            f"memory (pool {pool / 2**30:.1f} GiB, two tiers of {measured / 2**30:.1f} GiB; "
-            f"{page} bytes per page); {limit.name} leaves {available / 2**30:.1f} GiB "
-            f"({limit.source}); lower --tokens (at most about {tokens}), or {limit.fix}"
+            f"memory (pool {pool / 2**30:.1f} GiB, two tiers and the host copy's two buffers of "
+            f"{measured / 2**30:.1f} GiB each; {page} bytes per page); {limit.name} leaves "
+            f"{available / 2**30:.1f} GiB ({limit.source}); lower --tokens (at most about "
+            f"{tokens}), or {limit.fix}"
         )
         raise BenchError(message)
 

@@ -1,9 +1,19 @@
 """The result of one benchmark run: its runs, the figures derived from them, and their JSON.
 
 Every derived figure is a median over the runs of one run of the benchmark, and every ratio
-is a median of ratios taken in the same moment: a restore over the limit measured right
-before it, P over the baseline's run of the same repeat and order. :meth:`BenchResult.to_dict`
-renders the keys ``kvcr-policy bench --format json`` has always printed.
+is a median of ratios taken in the same moment: a restore over a limit measured right before
+it, P over the baseline's run of the same repeat and order.
+
+**The ratio to a limit** has one definition, computed here only (:func:`ratio_to`) and read
+by everything that shows one (the JSON, the verdict line, ``tune``): the median, over a side's
+restores, of each restore's rate over the limit measured right before that restore. It is not
+the median rate over the median limit: where memory bandwidth drifts within a run, those two
+medians come from different moments (a verdict that divided them once read 0.82 beside a
+median of ratios of 1.126). Two limits stand beside each restore: the backend's own (its
+largest single move of the same bytes, ``ratio_to_limit``) and this host's memory copy of the
+same bytes (:mod:`.host_copy`, ``ratio_to_host_copy_limit``).
+
+:meth:`BenchResult.to_dict` renders the keys of ``kvcr-policy bench --format json``.
 """
 
 from __future__ import annotations
@@ -11,14 +21,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["BenchResult", "Run", "Screen"]
+__all__ = ["BenchResult", "Limit", "Run", "Screen", "ratio_to"]
+
+#: The two limits a restore is measured beside.
+Limit = Literal["limit", "host_copy"]
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """One restore: which side, in which order and repeat, its rate and the limit before it."""
+    """One restore: which side, in which order and repeat, its rate and the two limits
+    measured right before it (the backend's own, and this host's memory copy)."""
 
     repeat: int
     order: str
@@ -27,10 +41,15 @@ class Run:
     restore_gbps: float
     limit_gbps: float
     verified: bool
+    host_copy_gbps: float
 
     @property
     def ratio_to_limit(self) -> float:
         return self.restore_gbps / self.limit_gbps
+
+    @property
+    def ratio_to_host_copy_limit(self) -> float:
+        return self.restore_gbps / self.host_copy_gbps
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +60,8 @@ class Run:
             "restore_gigabytes_per_s": self.restore_gbps,
             "limit_gigabytes_per_s": self.limit_gbps,
             "ratio_to_limit": self.ratio_to_limit,
+            "host_copy_limit_gigabytes_per_s": self.host_copy_gbps,
+            "ratio_to_host_copy_limit": self.ratio_to_host_copy_limit,
             "verified": self.verified,
         }
 
@@ -73,6 +94,15 @@ def _r(value: float) -> float:
     return round(value, 3)
 
 
+def ratio_to(runs: Iterable[Run], limit: Limit) -> float:
+    """THE ratio to a limit (the module docstring): the median of ``restore / limit`` over
+    ``runs``, each restore against the ``limit`` measured right before it (``"limit"``: the
+    backend's own; ``"host_copy"``: this host's memory copy)."""
+    if limit == "limit":
+        return _median(run.ratio_to_limit for run in runs)
+    return _median(run.ratio_to_host_copy_limit for run in runs)
+
+
 @dataclass(frozen=True)
 class BenchResult:
     """Everything one run measured; figures are derived here, once, for every target,
@@ -100,6 +130,12 @@ class BenchResult:
     limit: str
     profiles: Mapping[str, Mapping[str, str | None]]
     store_gbps: Mapping[str, float]
+    #: Side label -> this host's memory copy of the same bytes, measured right before its store.
+    store_host_copy_gbps: Mapping[str, float]
+    #: The backend's limit in a few words, for the verdict line (``limit`` says it in full).
+    limit_short: str = "one move of the same bytes"
+    #: What this host's memory-copy limit is, in words.
+    host_copy_limit: str = "one copy of the same bytes in host memory"
     exists_keys_per_s: Mapping[str, float] = field(default_factory=dict)
     descriptors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     transport: Mapping[str, Any] = field(default_factory=dict)
@@ -130,7 +166,20 @@ class BenchResult:
         return _median(r.restore_gbps for r in self._side(label, order))
 
     def ratio_to_limit(self, label: str = "P", order: str | None = None) -> float:
-        return _median(r.ratio_to_limit for r in self._side(label, order))
+        """:func:`ratio_to` the backend's limit, of side ``label`` (in ``order``, or both)."""
+        return ratio_to(self._side(label, order), "limit")
+
+    @property
+    def host_copy_limit_gbps(self) -> float:
+        return _median(r.host_copy_gbps for r in self.runs)
+
+    def ratio_to_host_copy_limit(self, label: str = "P", order: str | None = None) -> float:
+        """:func:`ratio_to` this host's memory copy, of side ``label`` (in ``order``, or both)."""
+        return ratio_to(self._side(label, order), "host_copy")
+
+    def store_ratio_to_host_copy_limit(self, label: str = "P") -> float:
+        """Side ``label``'s one store over the host copy measured right before it."""
+        return self.store_gbps[label] / self.store_host_copy_gbps[label]
 
     @property
     def speedup_vs_baseline(self) -> float:
@@ -168,14 +217,24 @@ class BenchResult:
             "repeat": self.repeat,
             "verified": self.verified,
             "limit": self.limit,
+            "limit_short": self.limit_short,
             "limit_gigabytes_per_s": _r(self.limit_gbps),
+            "host_copy_limit": self.host_copy_limit,
+            "host_copy_limit_gigabytes_per_s": _r(self.host_copy_limit_gbps),
             "restore_gigabytes_per_s": _r(self.restore_gbps("P")),
             "baseline_gigabytes_per_s": _r(self.restore_gbps(base)),
             "ratio_to_limit": _r(self.ratio_to_limit("P")),
             "baseline_ratio_to_limit": _r(self.ratio_to_limit(base)),
+            "ratio_to_host_copy_limit": _r(self.ratio_to_host_copy_limit("P")),
+            "baseline_ratio_to_host_copy_limit": _r(self.ratio_to_host_copy_limit(base)),
             "speedup_vs_baseline": _r(self.speedup_vs_baseline),
             "store_gigabytes_per_s": _r(store),
             "baseline_store_gigabytes_per_s": _r(base_store),
+            "store_host_copy_limit_gigabytes_per_s": _r(self.store_host_copy_gbps["P"]),
+            "store_ratio_to_host_copy_limit": _r(self.store_ratio_to_host_copy_limit("P")),
+            "baseline_store_ratio_to_host_copy_limit": _r(
+                self.store_ratio_to_host_copy_limit(base)
+            ),
         }
         if base == "peer":
             data.update(
@@ -196,6 +255,8 @@ class BenchResult:
                 "baseline_gigabytes_per_s": _r(self.restore_gbps(base, order)),
                 "ratio_to_limit": _r(self.ratio_to_limit("P", order)),
                 "baseline_ratio_to_limit": _r(self.ratio_to_limit(base, order)),
+                "ratio_to_host_copy_limit": _r(self.ratio_to_host_copy_limit("P", order)),
+                "baseline_ratio_to_host_copy_limit": _r(self.ratio_to_host_copy_limit(base, order)),
             }
             for order in self.orders
         }

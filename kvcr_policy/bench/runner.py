@@ -3,11 +3,13 @@
 1. Resolve the setup (:func:`~kvcr_policy.bench.resolve.resolve`): every input is checked first.
 2. Open the pool and fill its source pages; remember one checksum per page.
 3. Open both sides (each starts its own backend instance) and store the n pages through each
-   (in a random order with ``scatter``, so restores read scattered tier slots).
+   (in a random order with ``scatter``, so restores read scattered tier slots), each store
+   right after one host memory copy of the same bytes (:mod:`.host_copy`).
 4. ``repeat`` times, in both orders (P then the baseline, the baseline then P), for each
-   side: measure the limit right before the restore (the memory bandwidth of a shared machine
-   drifts, so each restore is compared with its own moment), poison the destination pages,
-   collect garbage (untimed), restore them, and verify every page by checksum.
+   side: measure both limits right before the restore (the memory bandwidth of a shared
+   machine drifts, so each restore is compared with its own moment): the backend's own, then
+   this host's memory copy of the same bytes; poison the destination pages, collect garbage
+   (untimed), restore them, and verify every page by checksum.
 5. Metadata: ``exists`` over stored keys, per profile, on a fresh backend instance (and,
    where the comparison provides ``exists_rates``, on both of its sides the same way).
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .host_copy import HOST_COPY_TEXT, HostCopy
 from .plan import Plan
 from .ranks import run_ranks
 from .resolve import resolve
@@ -83,16 +86,19 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
     order = np.random.default_rng(0).permutation(n) if setup.scatter else np.arange(n)
     runs: list[Run] = []
     store_gbps: dict[str, float] = {}
+    store_host: dict[str, float] = {}
     with ExitStack() as stack:
         pool, sides = plan.comparison.open(stack, plan)
-        say(f"filling {nbytes / 2**30:.2f} GiB of source pages")
+        say(f"filling {nbytes / 2**30:.2f} GiB of source pages (and the host copy's buffers)")
         pool.fill()
+        host = stack.enter_context(HostCopy(nbytes))
         page = measured.page_size
         src = tokens_of(page, pool.src_pages[order])
         dst = tokens_of(page, pool.dst_pages)
         stored_keys = [keys[i] for i in order]
         for label, side in sides.items():
             say(f"{side.name}: storing {n} pages")
+            store_host[label] = host.gbps()
             seconds, ok = _timed(pool.sync, partial(side.store, stored_keys, src))
             if not ok:
                 raise BenchError(f"{side.name!r} did not store all {n} pages; see its log")
@@ -107,13 +113,17 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
                 for label in labels:
                     side = sides[label]
                     limit = backend.limit_gbps(limit_pipeline, nbytes)
+                    copy = host.gbps()
                     pool.poison()
                     seconds, got = _timed(pool.sync, partial(side.restore, keys, dst))
                     ok = got and pool.verify()
                     gbps = nbytes / seconds / 1e9
                     shown = ",".join(labels)
-                    runs.append(Run(rep, shown, side.name, label, gbps, limit, ok))
-                    say(f"{side.name}: {gbps:.2f} GB/s, limit {limit:.2f} ({shown})")
+                    runs.append(Run(rep, shown, side.name, label, gbps, limit, ok, copy))
+                    say(
+                        f"{side.name}: {gbps:.2f} GB/s, limit {limit:.2f}, host copy "
+                        f"{copy:.2f} ({shown})"
+                    )
         stats = {
             label: side.pipeline.stats().to_dict()
             for label, side in sides.items()
@@ -145,6 +155,9 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
         limit=backend.limit_text,
         profiles=profiles,
         store_gbps=store_gbps,
+        store_host_copy_gbps=store_host,
+        limit_short=backend.limit_short,
+        host_copy_limit=HOST_COPY_TEXT,
         exists_keys_per_s=exists,
         descriptors={label: _descriptors(s) for label, s in stats.items()},
         transport=transport,

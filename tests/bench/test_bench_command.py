@@ -20,7 +20,9 @@ SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
 # Every key docs/bench.md's Benchmark section documents.
 README_KEYS = (
     "bytes", "verified", "limit_gigabytes_per_s", "restore_gigabytes_per_s",
-    "baseline_gigabytes_per_s", "ratio_to_limit",
+    "baseline_gigabytes_per_s", "ratio_to_limit", "host_copy_limit_gigabytes_per_s",
+    "ratio_to_host_copy_limit", "limit", "host_copy_limit", "limit_short",
+    "store_host_copy_limit_gigabytes_per_s", "store_ratio_to_host_copy_limit",
     "speedup_vs_baseline", "exists_keys_per_s", "orders", "profiles", "descriptors", "runs",
 )  # fmt: skip
 
@@ -35,6 +37,8 @@ def test_json_has_every_documented_key() -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert all(key in data for key in README_KEYS)
+    documented = Path(__file__).parents[2].joinpath("docs", "bench.md").read_text()
+    assert [key for key in README_KEYS if f"`{key}`" not in documented] == []
     assert data["verified"] is True and data["profiles"]["P"]["name"] == "throughput"
 
 

@@ -31,6 +31,9 @@ def test_restores_verified_bytes_on_a_small_pool(scatter: bool) -> None:
     assert data["transport"]["name"] == "cuda"
     assert data["transport"]["registrations"][0]["bytes"] == data["bytes"]
     assert data["device"] and all(r["verified"] for r in data["runs"])
+    # The host's memory copy beside the pinned copy over PCIe, for every restore.
+    assert all(r["host_copy_limit_gigabytes_per_s"] > 0 for r in data["runs"])
+    assert data["ratio_to_host_copy_limit"] > 0 and data["ratio_to_limit"] > 0
     if scatter:  # scattered slots: nothing for coalescing to merge
         assert data["descriptors"]["P"]["after"] > data["pages"]
 
@@ -46,6 +49,7 @@ def test_two_ranks_restore_their_shards_on_their_own_gpus() -> None:
     assert data["verified"] is True and data["ranks"] == 2
     assert (data["rank_bytes"], data["bytes"]) == (shard, 2 * shard)
     assert data["aggregate_ratio_to_limit"] == data["ratio_to_limit"] > 0
+    assert data["aggregate_ratio_to_host_copy_limit"] == data["ratio_to_host_copy_limit"] > 0
     ranks = data["per_rank"]
     assert [r["gpu"]["device"] for r in ranks] == ["cuda:0", "cuda:1"]
     for rank in ranks:

@@ -41,6 +41,10 @@ def test_both_sides_restore_verified_pages_and_hicache_files_are_removed(tmp_pat
         "store_gigabytes_per_s",
         "peer_store_gigabytes_per_s",
         "limit_gigabytes_per_s",
+        "host_copy_limit_gigabytes_per_s",
+        "ratio_to_host_copy_limit",
+        "baseline_ratio_to_host_copy_limit",
+        "store_host_copy_limit_gigabytes_per_s",
     ):
         assert data[key] > 0
     assert (data["profile"], data["peer"]) == ("throughput", "hicache-file")

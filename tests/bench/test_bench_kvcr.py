@@ -38,6 +38,8 @@ def test_a_kvcr_run_restores_verified_bytes_with_the_keys_of_every_bench() -> No
     assert data["verified"] is True and data["backend"] == "kvcr"
     assert data["limit"].startswith("one NIXL transfer of the same bytes")
     assert data["limit_gigabytes_per_s"] > 0 and data["restore_gigabytes_per_s"] > 0
+    assert data["limit_short"] == "one NIXL transfer"
+    assert data["host_copy_limit_gigabytes_per_s"] > 0 and data["ratio_to_host_copy_limit"] > 0
     assert data["transport"]["name"] == "kvcr" and data["transport"]["capabilities"] == []
     assert data["descriptors"]["P"]["before"] == data["descriptors"]["P"]["after"]
     dram = run_bench(_setup("dram")).to_dict()

@@ -44,6 +44,8 @@ def test_a_mooncake_run_restores_verified_bytes_and_stops_its_processes() -> Non
     assert data["verified"] is True and data["backend"] == "mooncake"
     assert data["limit"].startswith("one batch_get_into of the same bytes")
     assert data["limit_gigabytes_per_s"] > 0 and data["restore_gigabytes_per_s"] > 0
+    assert data["limit_short"] == "one batch_get_into"
+    assert data["host_copy_limit_gigabytes_per_s"] > 0 and data["ratio_to_host_copy_limit"] > 0
     assert data["transport"]["name"] == "mooncake" and data["transport"]["segment_bytes"] == 0
     assert set(data["mooncake"]) == {"P", "Q", "P exists", "Q exists"}
     assert all(one["segment_exit_code"] == 0 for one in data["mooncake"].values())

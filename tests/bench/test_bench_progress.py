@@ -35,7 +35,8 @@ def test_off_a_terminal_bench_says_its_steps_and_its_verdict_first() -> None:
     done = run_command("bench", *small)  # stdout and stderr are pipes here
     assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]
-    assert first.startswith("throughput vs default: restore ") and "GB/s = " in first, first
+    assert first.startswith("throughput vs default: restore ") and " of the limit (" in first
+    assert " of this host's memory copy (" in first, first
     assert first.endswith("default; every byte verified"), first
     assert "P = throughput, Q = default" in done.stdout
     lines = [line for line in done.stderr.splitlines() if line.startswith("bench [")]

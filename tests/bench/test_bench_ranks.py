@@ -61,6 +61,8 @@ def test_every_timed_step_starts_only_when_every_rank_is_there() -> None:
     moments = list(zip(*steps, strict=True))
     for moment in moments:
         assert len({(s.kind, s.repeat, s.order, s.side) for s in moment}) == 1
+    kinds = [s.kind for s in steps[0]]  # a host copy before each store, both limits before
+    assert kinds == ["host_copy", "store"] * 2 + ["limit", "host_copy", "restore"] * 4
     for before, after in itertools.pairwise(moments):
         # the barrier: no rank starts a step before every rank ended the one before it
         assert min(s.start for s in after) >= max(s.end for s in before)
@@ -71,12 +73,20 @@ def test_every_timed_step_starts_only_when_every_rank_is_there() -> None:
     assert [r["side"] for r in data["runs"]] == ["P", "Q", "Q", "P"]
 
 
-def _report(report: RankReport, restore: tuple[float, float], limit: tuple[float, float]) -> Any:
-    """``report`` with one restore of side P (and its limit) at the given times, 1 GB each."""
-    steps = [s for s in report.steps if s.kind == "store"] + [
+def _report(
+    report: RankReport,
+    restore: tuple[float, float],
+    limit: tuple[float, float],
+    copy: tuple[float, float] = (0.0, 0.25),
+) -> Any:
+    """``report`` with one restore of side P (and its two limits) at the given times, 1 GB
+    each; its stores and the host copies before them as taken."""
+    steps = [s for s in report.steps if s.repeat < 0] + [
         Step("limit", 0, "P,Q", "P", *limit, 10**9, True),
+        Step("host_copy", 0, "P,Q", "P", *copy, 10**9, True),
         Step("restore", 0, "P,Q", "P", *restore, 10**9, True),
         Step("limit", 0, "P,Q", "Q", *limit, 10**9, True),
+        Step("host_copy", 0, "P,Q", "Q", *copy, 10**9, True),
         Step("restore", 0, "P,Q", "Q", *restore, 10**9, True),
     ]
     return dataclasses.replace(report, steps=tuple(steps))
@@ -87,14 +97,22 @@ def test_the_aggregate_spans_from_the_first_start_to_the_last_end() -> None:
     plan = resolve(setup)
     zero, one = _lockstep(setup)
     # Rank 1 starts late and runs longer: 2 GB from t=0 to t=2 is 1 GB/s, not 1 + 0.67.
-    reports = [_report(zero, (0.0, 1.0), (0.0, 0.5)), _report(one, (0.5, 2.0), (0.0, 0.5))]
+    reports = [
+        _report(zero, (0.0, 1.0), (0.0, 0.5)),
+        _report(one, (0.5, 2.0), (0.0, 0.5), (0.0, 0.2)),
+    ]
     data = aggregate(plan, reports, {}).to_dict()
     assert data["aggregate_gigabytes_per_s"] == data["restore_gigabytes_per_s"] == 1.0
     assert data["limit_gigabytes_per_s"] == 4.0  # 2 GB from 0 to 0.5 s
     assert data["aggregate_ratio_to_limit"] == 0.25
+    assert data["host_copy_limit_gigabytes_per_s"] == 8.0  # 2 GB from 0 to 0.25 s
+    assert data["aggregate_ratio_to_host_copy_limit"] == data["ratio_to_host_copy_limit"] == 0.125
     assert data["start_skew_ms"] == 500.0
     assert [r["restore_gigabytes_per_s"] for r in data["per_rank"]] == [1.0, 0.667]
     assert [r["ratio_to_limit"] for r in data["per_rank"]] == [0.5, 0.333]
+    assert [r["host_copy_limit_gigabytes_per_s"] for r in data["per_rank"]] == [4.0, 5.0]
+    assert [r["ratio_to_host_copy_limit"] for r in data["per_rank"]] == [0.25, 0.133]
+    assert data["store_host_copy_limit_gigabytes_per_s"] > 0  # the real one, before each store
 
 
 @pytest.mark.slow
@@ -106,6 +124,7 @@ def test_two_rank_processes_restore_their_shards_at_once() -> None:
     assert data["shard"] == {"kv_heads": 8, "kv_heads_per_rank": 4, "replicated": False}
     assert [r["side"] for r in data["runs"]] == ["P", "Q", "Q", "P"]
     assert data["aggregate_gigabytes_per_s"] == data["restore_gigabytes_per_s"] > 0
+    assert data["aggregate_ratio_to_host_copy_limit"] == data["ratio_to_host_copy_limit"] > 0
     assert data["aggregate_ratio_to_limit"] == data["ratio_to_limit"] > 0
     assert set(data["orders"]) == {"P,Q", "Q,P"}
     ranks = data["per_rank"]

@@ -1,7 +1,8 @@
 """BenchResult's figures against values computed by hand from a small set of runs.
 
-Four runs per side with different limits, chosen so that a median of ratios differs from a
-ratio of medians: a formula that took the wrong one would fail here.
+Four runs per side with different limits (the backend's and the host memory copy's), chosen so
+that a median of ratios differs from a ratio of medians: a formula that took the wrong one
+would fail here.
 """
 
 from __future__ import annotations
@@ -31,25 +32,29 @@ def make(runs: list[Run], baseline: str = "Q", **fields: Any) -> BenchResult:
         limit="one copy",
         profiles={"P": {"name": "p", "path": None}, baseline: {"name": "q", "path": None}},
         store_gbps={"P": 4.0, baseline: 0.5},
+        store_host_copy_gbps={"P": 8.0, baseline: 2.0},
+        limit_short="one copy",
     )
     values.update(fields)
     return BenchResult(**values)
 
 
-def run(rep: int, order: str, side: str, gbps: float, limit: float, ok: bool = True) -> Run:
-    return Run(rep, order, side.lower(), side, gbps, limit, ok)
+def run(
+    rep: int, order: str, side: str, gbps: float, limit: float, host: float = 40.0, ok: bool = True
+) -> Run:
+    return Run(rep, order, side.lower(), side, gbps, limit, ok, host)
 
 
-# (repeat, order, side, restore GB/s, limit GB/s right before it)
+# (repeat, order, side, restore GB/s, limit GB/s and host copy GB/s right before it)
 RUNS = [
-    run(0, "P,Q", "P", 10, 20),
-    run(0, "P,Q", "Q", 5, 10),
-    run(0, "Q,P", "Q", 4, 8),
-    run(0, "Q,P", "P", 12, 16),
-    run(1, "P,Q", "P", 8, 10),
-    run(1, "P,Q", "Q", 8, 16),
-    run(1, "Q,P", "Q", 6, 12),
-    run(1, "Q,P", "P", 9, 18),
+    run(0, "P,Q", "P", 10, 20, 40),
+    run(0, "P,Q", "Q", 5, 10, 25),
+    run(0, "Q,P", "Q", 4, 8, 16),
+    run(0, "Q,P", "P", 12, 16, 20),
+    run(1, "P,Q", "P", 8, 10, 32),
+    run(1, "P,Q", "Q", 8, 16, 20),
+    run(1, "Q,P", "Q", 6, 12, 30),
+    run(1, "Q,P", "P", 9, 18, 18),
 ]
 
 
@@ -60,6 +65,10 @@ def test_medians_and_ratios_by_hand() -> None:
     assert result.limit_gbps == 14.0  # median of 8, 10, 10, 12, 16, 16, 18, 20
     assert result.ratio_to_limit("P") == 0.625  # median of 0.5, 0.75, 0.8, 0.5
     assert result.ratio_to_limit("Q") == 0.5
+    assert result.host_copy_limit_gbps == 22.5  # median of 16, 18, 20, 20, 25, 30, 32, 40
+    # 0.25, 0.6, 0.25, 0.5: median 0.375 (the ratio of medians would be 9.5 / 22.5 = 0.422).
+    assert result.ratio_to_host_copy_limit("P") == 0.375
+    assert result.ratio_to_host_copy_limit("Q") == 0.225  # 0.2, 0.25, 0.4, 0.2
     # Same-moment ratios 2, 3, 1, 1.5: median 1.75 (the ratio of medians would be 1.727).
     assert result.speedup_vs_baseline == 1.75
     assert result.restore_gbps("P", "P,Q") == 9.0 and result.restore_gbps("Q", "Q,P") == 5.0
@@ -70,14 +79,21 @@ def test_json_keys_and_rounding() -> None:
     expected = {
         "bytes": 16 << 19,
         "verified": True,
+        "limit_short": "one copy",
         "limit_gigabytes_per_s": 14.0,
+        "host_copy_limit_gigabytes_per_s": 22.5,
         "restore_gigabytes_per_s": 9.5,
         "baseline_gigabytes_per_s": 5.5,
         "ratio_to_limit": 0.625,
         "baseline_ratio_to_limit": 0.5,
+        "ratio_to_host_copy_limit": 0.375,
+        "baseline_ratio_to_host_copy_limit": 0.225,
         "speedup_vs_baseline": 1.75,
         "store_gigabytes_per_s": 4.0,
         "baseline_store_gigabytes_per_s": 0.5,
+        "store_host_copy_limit_gigabytes_per_s": 8.0,
+        "store_ratio_to_host_copy_limit": 0.5,
+        "baseline_store_ratio_to_host_copy_limit": 0.25,
         "exists_keys_per_s": 1234,
         "baseline_exists_keys_per_s": 100,
     }
@@ -89,12 +105,16 @@ def test_json_keys_and_rounding() -> None:
             "baseline_gigabytes_per_s": 6.5,
             "ratio_to_limit": 0.65,
             "baseline_ratio_to_limit": 0.5,
+            "ratio_to_host_copy_limit": 0.25,
+            "baseline_ratio_to_host_copy_limit": 0.3,
         },
         "Q,P": {
             "restore_gigabytes_per_s": 10.5,
             "baseline_gigabytes_per_s": 5.0,
             "ratio_to_limit": 0.625,
             "baseline_ratio_to_limit": 0.5,
+            "ratio_to_host_copy_limit": 0.55,
+            "baseline_ratio_to_host_copy_limit": 0.225,
         },
     }
     assert data["runs"][3] == {
@@ -105,6 +125,8 @@ def test_json_keys_and_rounding() -> None:
         "restore_gigabytes_per_s": 12,
         "limit_gigabytes_per_s": 16,
         "ratio_to_limit": 0.75,
+        "host_copy_limit_gigabytes_per_s": 20,
+        "ratio_to_host_copy_limit": 0.6,
         "verified": True,
     }
     assert list(data)[-1] == "runs"
@@ -114,10 +136,11 @@ def test_json_keys_and_rounding() -> None:
 def test_a_peer_implementation_adds_the_peer_keys() -> None:
     runs = [
         Run(r.repeat, r.order.replace("Q", "peer"), r.profile, r.side.replace("Q", "peer"),
-            r.restore_gbps, r.limit_gbps, r.verified)
+            r.restore_gbps, r.limit_gbps, r.verified, r.host_copy_gbps)
         for r in RUNS
     ]  # fmt: skip
     data = make(runs, baseline="peer", extra={"peer": "hicache-file"}).to_dict()
+    assert data["baseline_ratio_to_host_copy_limit"] == 0.225
     assert data["peer"] == "hicache-file"
     assert (data["peer_gigabytes_per_s"], data["speedup_vs_peer"]) == (5.5, 1.75)
     assert (data["peer_store_gigabytes_per_s"], data["store_speedup_vs_peer"]) == (0.5, 8.0)
@@ -126,7 +149,7 @@ def test_a_peer_implementation_adds_the_peer_keys() -> None:
 
 
 def test_one_unverified_restore_fails_the_result() -> None:
-    bad = [*RUNS[:-1], run(1, "Q,P", "P", 9, 18, ok=False)]
+    bad = [*RUNS[:-1], run(1, "Q,P", "P", 9, 18, 18, ok=False)]
     assert make(RUNS).verified is True
     assert make(bad).verified is False
     assert make(bad).to_dict()["verified"] is False

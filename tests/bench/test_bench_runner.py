@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kvcr_policy.bench import BenchError, BenchSetup, run_bench
+from kvcr_policy.bench.host_copy import HostCopy
 from kvcr_policy.bench.targets import checksums
 from kvcr_policy.pipeline import Pipeline
 
@@ -53,6 +54,54 @@ def test_the_limit_is_one_probe_of_the_same_bytes_right_before_each_restore(
     monkeypatch.setattr(Pipeline, "get", getting)
     result = run_bench(BenchSetup("default", "default", **{**SMALL, "repeat": 1}))
     assert calls == [("probe", result.nbytes), ("get", result.pages)] * 4
+
+
+def test_both_limits_right_before_each_restore_and_a_host_copy_before_each_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[str, int]] = []
+    probe, get, put, copy = Pipeline.probe, Pipeline.get, Pipeline.set, HostCopy.copy
+
+    def probing(self: Pipeline, nbytes: int, pool: str | None = None) -> None:
+        calls.append(("probe", nbytes))
+        probe(self, nbytes, pool)
+
+    def getting(self: Pipeline, keys: Any, indices: Any, *args: Any, **kw: Any) -> list[bool]:
+        calls.append(("get", len(keys)))
+        return get(self, keys, indices, *args, **kw)
+
+    def setting(self: Pipeline, keys: Any, indices: Any, *args: Any, **kw: Any) -> list[bool]:
+        calls.append(("set", len(keys)))
+        return put(self, keys, indices, *args, **kw)
+
+    def copying(self: HostCopy) -> None:
+        calls.append(("host copy", self.nbytes))
+        copy(self)
+
+    monkeypatch.setattr(Pipeline, "probe", probing)
+    monkeypatch.setattr(Pipeline, "get", getting)
+    monkeypatch.setattr(Pipeline, "set", setting)
+    monkeypatch.setattr(HostCopy, "copy", copying)
+    result = run_bench(BenchSetup("default", "default", **{**SMALL, "repeat": 1}))
+    n, pages = result.nbytes, result.pages
+    stores = [("host copy", n), ("set", pages)] * 2
+    restores = [("probe", n), ("host copy", n), ("get", pages)] * 4
+    # The first host copy is the untimed one that faults the buffers in; the metadata
+    # measurement's stores (1000 one-byte pages) come after the restores.
+    assert calls[: 1 + len(stores) + len(restores)] == [("host copy", n), *stores, *restores]
+    data = result.to_dict()
+    assert all(r["host_copy_limit_gigabytes_per_s"] > 0 for r in data["runs"])
+    assert data["store_host_copy_limit_gigabytes_per_s"] > 0
+    assert data["host_copy_limit"].startswith("one contiguous copy of the same bytes")
+
+
+def test_a_plugins_backend_without_an_adapter_gets_both_limits_too() -> None:
+    # The example plugin's dict backend, reached through --set on the dram adapter.
+    setup = BenchSetup("default", "default", **SMALL, overrides={"backend.name": "dict"})
+    data = run_bench(setup).to_dict()
+    assert data["verified"] is True and data["transport"]["name"] == "dict"
+    assert data["limit_gigabytes_per_s"] > 0 and data["host_copy_limit_gigabytes_per_s"] > 0
+    assert data["ratio_to_host_copy_limit"] > 0
 
 
 def test_scatter_stores_in_a_random_order_so_nothing_coalesces() -> None:

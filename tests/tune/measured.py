@@ -27,15 +27,17 @@ def result(
     *,
     limit: float = 10.0,
     verified: bool = True,
+    host_copy: float = 20.0,
 ) -> BenchResult:
-    """A confirmation whose runs restore at the given (P, Q) GB/s, per order and repeat."""
+    """A confirmation whose runs restore at the given (P, Q) GB/s, per order and repeat, each
+    beside a limit of ``limit`` and a host memory copy of ``host_copy`` GB/s."""
     runs = []
     for order, rates in pairs.items():
         first = "P" if order == "P,Q" else "Q"
         for rep, (p, q) in enumerate(rates):
             sides = [("P", p), ("Q", q)] if first == "P" else [("Q", q), ("P", p)]
             for side, gbps in sides:
-                runs.append(Run(rep, order, "x", side, gbps, limit, verified))
+                runs.append(Run(rep, order, "x", side, gbps, limit, verified, host_copy))
     return BenchResult(
         target="cpu",
         backend="dram",
@@ -53,6 +55,8 @@ def result(
         limit="test",
         profiles={"P": {"name": "tuned", "path": None}, "Q": {"name": "base", "path": None}},
         store_gbps={"P": 1.0, "Q": 1.0},
+        store_host_copy_gbps={"P": host_copy, "Q": host_copy},
+        limit_short="one test copy",
     )
 
 

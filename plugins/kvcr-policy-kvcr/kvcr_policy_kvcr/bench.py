@@ -25,6 +25,7 @@ class KvcrBench(BenchBackend):
         "one NIXL transfer of the same bytes, KVCR's DRAM region -> pool, by an agent built "
         "like KVCR's"
     )
+    limit_short = "one NIXL transfer"
 
     def __init__(self, setup: BenchSetup) -> None:
         super().__init__(setup)

@@ -34,6 +34,7 @@ class MooncakeBench(BenchBackend):
         "one batch_get_into of the same bytes (page-sized objects) from the same segment into "
         "contiguous pool memory (Pipeline.probe), on a client of its own"
     )
+    limit_short = "one batch_get_into"
     #: The segment's size in copies of the run's pages: it holds P's pages, the peer's (with
     #: --peer) and the probe's, and the master starts evicting at 90 % full.
     copies = 4
