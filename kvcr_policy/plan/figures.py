@@ -158,7 +158,7 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
     capacity = int(config.placement.capacity_bytes)
     capacity_from = _origin(loaded, "placement.capacity_bytes")
     pools, ranks = request.pools.value, request.ranks_per_host.value
-    shared = _shared_by_ranks(loaded, ranks)
+    shared = _shared_by_ranks(loaded, geo.mla and request.tp.value > 1)
     per_rank = capacity * pools
     per_host = per_rank if shared else per_rank * ranks
     slots = capacity // geo.page_bytes
@@ -177,7 +177,7 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
             f"backend.name = {config.backend.name!r} (from {_origin(loaded, 'backend.name')}) "
             f"gives each of the --tp {request.tp.value} ranks a tier of its own: SGLang writes "
             "MLA pages from TP rank 0 only and counts the fewest hits of any rank, so no rank "
-            "would hit; use backend.name = 'host' (one tier per host, what 'auto' is at TP > 1)"
+            "would hit; use backend.name = 'host' (one tier per host, 'auto' for MLA at TP > 1)"
         )
     if slots < 1:
         plan.refusals.append(
@@ -220,14 +220,14 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
     _huge_pages(loaded, per_rank, 1 if shared else ranks, plan)
 
 
-def _shared_by_ranks(loaded: LoadedConfig, ranks: int) -> bool:
+def _shared_by_ranks(loaded: LoadedConfig, mla_at_tp: bool) -> bool:
     """Whether the ranks of a host use one tier: the ``host`` and ``peer`` backends, and
-    ``auto`` at more than one rank (what the SGLang backend makes of it; see
+    ``auto`` for an MLA model at TP > 1 (what the SGLang backend makes of it; see
     :mod:`kvcr_policy.integrations.sglang.startup`)."""
     config = loaded.config
     name = config.backend.name
     if name == "auto":
-        return config.transport.name == "ucx" or ranks > 1
+        return config.transport.name == "ucx" or mla_at_tp
     return name in ("host", "peer")
 
 

@@ -10,9 +10,9 @@ backend will (a typo exits 2 with one message, here instead of at SGLang's start
 it the way the backend will: bad JSON, an unreadable file, an unknown key, a profile that does
 not load or a tier (``placement.capacity_bytes``) larger than this host or its memory cgroup
 exit 2 with one message; a good value prints what the backend will run with. With ``--tp``
-(``--pp``) and ``--mla`` it is checked as one rank of that engine loads it: at more than one
-rank ``auto`` is the host tier (one for every rank), and a tier private to each rank for an MLA
-model at TP > 1 exits 2 with the fix. SGLang imports nothing here: this runs on a machine
+(``--pp``) and ``--mla`` it is checked as one rank of that engine loads it: for an MLA model at
+TP > 1 ``auto`` is the host tier (one for every rank), and a tier private to each rank exits 2
+with the fix. SGLang imports nothing here: this runs on a machine
 without it.
 """
 

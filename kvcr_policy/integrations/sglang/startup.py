@@ -4,11 +4,11 @@ logged once.
 **One tier per host at TP > 1.** SGLang writes MLA pages from TP rank 0 only
 (``is_storage_writer``) and uses the minimum of the ranks' hit counts
 (``_sync_prefetch_hit_query``, ``ReduceOp.MIN``), so a tier private to each rank's process
-would never serve a hit. With ``backend.name = "auto"`` (the default) and more than one rank
-(TP, PP or attention-CP size above 1), the backend is therefore ``host``: one tier on the host
-for every rank, through shared memory (:mod:`kvcr_policy.backends.peer.host_tier`); its origin
-says why. A per-process ``dram`` tier named explicitly for an MLA model at TP > 1 is refused
-with the fix.
+would never serve a hit. With ``backend.name = "auto"`` (the default), an MLA model at TP > 1
+therefore gets the ``host`` backend: one tier on the host for every rank, through shared memory
+(:mod:`kvcr_policy.backends.peer.host_tier`); its origin says why. A per-process ``dram`` tier
+named explicitly for an MLA model at TP > 1 is refused with the fix. An MHA model keeps a tier
+per rank (each rank stores and reads its own shard, as before), unless ``host`` is named.
 
 The loader labels every caller override ``override``; here each one is relabelled with the
 ``extra_config`` key it came from (``SGLang --hicache-storage-backend-extra-config
@@ -53,34 +53,32 @@ def _relabel(origin: str, path: str, named: dict[str, str], fallback: str) -> st
     return named.get(path) or fallback
 
 
-def ranks_of(storage_config: Any) -> int:
-    """Processes of one engine that may share a host: TP x PP x attention-CP ranks."""
+def shares_pages(storage_config: Any) -> bool:
+    """Whether the ranks of this engine read pages one rank wrote: an MLA model at TP > 1."""
     c = storage_config
-    return int(c.tp_size) * int(c.pp_size) * int(getattr(c, "attn_cp_size", 1) or 1)
+    return bool(getattr(c, "is_mla_model", False)) and int(c.tp_size) > 1
 
 
 def load(options: BackendOptions, storage_config: Any = None) -> LoadedConfig:
     """:func:`load_config` of the options, each override's origin naming its extra_config key;
-    at more than one rank, ``auto`` means the host tier (see the module docstring)."""
+    for an MLA model at TP > 1, ``auto`` means the host tier (see the module docstring)."""
     if storage_config is None:
         return _load(options, {}, {})
-    ranks = ranks_of(storage_config)
-    if ranks > 1 and _auto_is_dram(options):
+    if shares_pages(storage_config) and _auto_is_dram(options):
         why = (
-            f"SGLang tp {storage_config.tp_size}, pp {storage_config.pp_size}: backend.name "
-            "'auto' is 'host' at more than one rank (one tier per host for every rank)"
+            f"SGLang MLA at tp {storage_config.tp_size}: backend.name 'auto' is 'host' (one "
+            "tier per host for every rank: SGLang writes MLA pages from TP rank 0 only)"
         )
         return _load(options, {"backend.name": "host"}, {"backend.name": why})
     loaded = _load(options, {}, {})
     config = loaded.config
-    mla = bool(getattr(storage_config, "is_mla_model", False))
-    if mla and int(storage_config.tp_size) > 1 and config.backend.name == "dram":
+    if shares_pages(storage_config) and config.backend.name == "dram":
         origin = loaded.origin("backend.name")
         message = (
             f"a tier private to each rank's process cannot serve an MLA model at tp "
             f"{storage_config.tp_size}: SGLang writes MLA pages from TP rank 0 only and counts "
             "the fewest hits of any rank, so no rank would ever hit; use backend.name = 'host' "
-            "(one tier per host, what 'auto' chooses at TP > 1) or 'peer'"
+            "(one tier per host, what 'auto' chooses for MLA at TP > 1) or 'peer'"
         )
         raise ConfigError([ConfigIssue("backend.name", origin, message)])
     return loaded

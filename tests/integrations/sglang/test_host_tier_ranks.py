@@ -54,16 +54,17 @@ def test_mla_pages_rank_0_stores_are_read_byte_exact_by_every_rank(
     assert [line["hits"] for line in lines] == [8] * size
     assert [line["exact"] for line in lines] == [8] * size
     assert {line["backend"] for line in lines} == {"host"}
-    assert "one tier per host for every rank" in lines[1]["origin"]
+    assert "SGLang MLA at tp" in lines[1]["origin"]
 
 
 @pytest.mark.slow
 def test_mha_shards_stay_per_rank_on_the_host_tier(sg: Any, tmp_path: Path) -> None:
-    extra = {"overrides": {"backend.options.dir": str(tmp_path / "t")}}
-    lines = run_ranks(2, False, tmp_path, extra)
+    overrides = {"backend.name": "host", "backend.options.dir": str(tmp_path / "t")}
+    lines = run_ranks(2, False, tmp_path, {"overrides": overrides})
     # Rank 0 stored its shard; rank 1's keys name its own shard, which nobody stored.
     assert [line["hits"] for line in lines] == [8, 0]
     assert lines[0]["exact"] == 8
+    assert {line["backend"] for line in lines} == {"host"}
 
 
 def test_a_private_tier_for_mla_at_tp_2_is_refused_with_the_fix(sg: Any, make_backend: Any) -> None:
@@ -75,6 +76,11 @@ def test_a_private_tier_for_mla_at_tp_2_is_refused_with_the_fix(sg: Any, make_ba
     assert "MLA pages from TP rank 0 only" in text and "backend.name = 'host'" in text
 
 
-def test_auto_at_one_rank_stays_the_private_tier(sg: Any, make_backend: Any) -> None:
-    backend = make_backend({"is_mla_model": True})
+@pytest.mark.parametrize(
+    "fields", [{"is_mla_model": True}, {"is_mla_model": False, "tp_size": 2, "tp_rank": 1}]
+)
+def test_auto_keeps_the_private_tier_where_no_rank_reads_anothers_pages(
+    sg: Any, make_backend: Any, fields: dict[str, Any]
+) -> None:
+    backend = make_backend(fields)  # MLA at TP 1, and MHA at TP 2: as before
     assert backend.pipeline.backend.name == "dram"
