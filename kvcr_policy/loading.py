@@ -25,6 +25,7 @@ from .schema import ENV_PREFIX, STRATEGY_SECTIONS, VALIDATING_ORIGINS, PolicyCon
 from .sources import (
     DOTENV_FILE,
     Leaves,
+    UnknownKeys,
     dotenv_source,
     echo,
     env_source,
@@ -188,18 +189,21 @@ def _issues_from(
     err: ValidationError, origins: Mapping[str, str], model: type[BaseModel], prefix: str = ""
 ) -> list[ConfigIssue]:
     issues = []
+    unknown = UnknownKeys()
     for item in err.errors(include_url=False):
         loc = [str(part) for part in item["loc"]]
         path = prefix + ".".join(loc) if loc else prefix.rstrip(".") or "<config>"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
+            if not unknown.take(origin_for(origins, path)):
+                continue
             message = _unknown_key(model, loc)
         elif item["type"] != "value_error":
             message = (
                 f"expected: {message[0].lower()}{message[1:]}; got {echo(path, item['input'])}"
             )
         issues.append(ConfigIssue(path, origin_for(origins, path), message))
-    return issues
+    return issues + unknown.rest()
 
 
 def _merge(*sources: Leaves) -> tuple[dict[str, Any], dict[str, str]]:

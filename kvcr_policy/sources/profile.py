@@ -19,6 +19,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 from .common import (
     PROFILE_TABLE,
     Leaves,
+    UnknownKeys,
     _check_path,
     _refuse_secret,
     flatten,
@@ -58,13 +59,16 @@ def profile_source(path: Path) -> tuple[Leaves, list[ConfigIssue]]:
     known = known_leaves()
     leaves: Leaves = {}
     issues: list[ConfigIssue] = []
+    unknown = UnknownKeys()
     data = {key: value for key, value in data.items() if key != PROFILE_TABLE}
     for leaf, value in flatten(data).items():
         table = leaf.rsplit(".", 1)[0] if "." in leaf else "<top level>"
         origin = profile_origin(where, table)
-        problem = _check_path(leaf, origin, known) or _refuse_secret(leaf, origin, "a profile")
+        checked = _check_path(leaf, origin, known, unknown)
+        problem = checked if checked is not True else _refuse_secret(leaf, origin, "a profile")
         if problem is not None:
-            issues.append(problem)
+            if problem is not False:
+                issues.append(problem)
             continue
         leaves[leaf] = (value, origin)
-    return leaves, issues
+    return leaves, issues + unknown.rest()
