@@ -131,6 +131,18 @@ def test_namespaces_separate_ranks_pools_and_formats() -> None:
     assert mamba[0].prefix != mamba[1].prefix  # Mamba state is TP-sharded even for MLA
 
 
+def test_names_holding_the_label_separators_never_share_a_namespace() -> None:
+    """The label joins its parts with ';' and '=': a pool or model name holding them once gave
+    two pools one label (and so one key prefix); the free-text parts are percent-encoded."""
+    forged = namespace_for(_config(), "kv;geometry=x", "y")
+    honest = namespace_for(_config(), "kv", "x;geometry=y")
+    assert forged.label != honest.label and forged.prefix != honest.prefix
+    model = namespace_for(_config(model_name="a;tp=1/2"), "kv", "g")
+    assert "model=a%3Btp%3D1/2;" in model.label
+    usual = namespace_for(_config(model_name="Qwen/Qwen3-32B"), "kv", "g")
+    assert usual.label.startswith("model=Qwen/Qwen3-32B;") and ";pool=kv;" in usual.label
+
+
 def test_constructor_signature_is_pinned_without_importing_sglang() -> None:
     assert extra_positional_types() == {"KVCRPolicyStorage.__init__": ["storage_config", "kwargs"]}
 
