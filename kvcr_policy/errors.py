@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "MAX_LINE",
+    "MAX_SHOWN",
     "ArgumentError",
     "AuthenticationError",
     "BackendUnavailableError",
@@ -106,6 +107,10 @@ class ConfigIssue:
         return f"{self.path} (from {self.origin}): {self.message}"
 
 
+#: Problems a :class:`ConfigError` message lists; ``issues`` holds them all.
+MAX_SHOWN = 64
+
+
 class ConfigError(KVCRPolicyError, ValueError):
     """A configuration load failed; ``issues`` holds every problem found by that load."""
 
@@ -113,7 +118,10 @@ class ConfigError(KVCRPolicyError, ValueError):
         self.issues: tuple[ConfigIssue, ...] = tuple(issues)
         count = len(self.issues)
         head = f"{title}: {count} problem{'s' if count != 1 else ''}"
-        body = "\n".join(f"  - {issue.render()}" for issue in self.issues)
+        lines = [f"  - {issue.render()}" for issue in self.issues[:MAX_SHOWN]]
+        if count > MAX_SHOWN:  # the message stays readable (and bounded) however many there are
+            lines.append(f"  - ... and {count - MAX_SHOWN} more (fix these first)")
+        body = "\n".join(lines)
         super().__init__(f"{head}\n{body}" if body else head)
 
 

@@ -12,6 +12,10 @@
   hands it the first occurrences, then for a ``get`` the second ones, and so on); ``exists``
   and ``delete`` take repeats as they come.
 
+A backend that builds composite names (a pool's name in a store's object keys, a file name)
+puts each free-text part through :func:`key_part`, so that no part holds a separator and no two
+parts give one name.
+
 A key that breaks the rule raises :class:`~kvcr_policy.errors.UsageError` (wrong type) or
 :class:`~kvcr_policy.errors.ArgumentError` (wrong value), naming the call, the position and
 what was expected. The checks run in C loops (``str.join``, ``map``): about 25 ns per ASCII
@@ -22,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
 from .errors import ArgumentError, UsageError
 from .values import shorten
 
-__all__ = ["MAX_KEY_BYTES", "check_keys", "rounds"]
+__all__ = ["MAX_KEY_BYTES", "check_keys", "key_part", "rounds"]
 
 #: Longest key in UTF-8 bytes (the peer wire format's limit: kvcr_policy.backends.peer.wire).
 MAX_KEY_BYTES = 1024
@@ -98,3 +103,11 @@ def rounds(keys: list[str]) -> list[np.ndarray] | None:
         occurrence[position] = seen.get(key, 0)
         seen[key] = occurrence[position] + 1
     return [np.flatnonzero(occurrence == n) for n in range(int(occurrence.max()) + 1)]
+
+
+def key_part(text: str) -> str:
+    """``text`` as one part of a composite key or name: percent-encoded (RFC 3986, UTF-8) but
+    for ``A-Z a-z 0-9 _ . - ~``, so it holds no separator (``@ / # : ; = %`` and the rest) and
+    two texts never give one part. A text of those characters alone is unchanged (``kv``,
+    ``v0.4096``); a lone surrogate is encoded as its bytes, not refused."""
+    return quote(text, safe="", errors="surrogatepass")

@@ -10,6 +10,7 @@ bundled name or by path. The sources themselves are in :mod:`kvcr_policy.sources
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from .schema import ENV_PREFIX, STRATEGY_SECTIONS, VALIDATING_ORIGINS, PolicyCon
 from .sources import (
     DOTENV_FILE,
     Leaves,
+    UnknownKeys,
     dotenv_source,
     echo,
     env_source,
@@ -35,6 +37,7 @@ from .sources import (
     secrets_source,
     suggest,
 )
+from .user_files import file_kind
 from .values import shorten
 
 if TYPE_CHECKING:
@@ -92,6 +95,15 @@ def bundled_profiles() -> dict[str, Path]:
     return {p.stem: p for p in sorted(profiles_dir().glob("*.toml"))}
 
 
+def _kind(path: Path) -> str | None:
+    """What ``path`` is when it exists but is no regular file (``a FIFO, not a regular file``)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else f"{file_kind(mode)}, not a regular file"
+
+
 def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
     """A bundled name or a path -> the profile file; raise ConfigError naming the choices."""
     text = os.fspath(profile)
@@ -101,13 +113,9 @@ def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
     path = Path(text).expanduser()
     if path.is_file():
         return path.resolve()
-    if path.is_dir():
-        message = f"{shorten(text)} is a directory; a profile is a bundled name or a .toml file"
-        raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
-    if path.exists():  # a device, a pipe, a socket: nothing a profile can be read from
-        message = (
-            f"{shorten(text)} is not a regular file; a profile is a bundled name or a .toml file"
-        )
+    kind = _kind(path)
+    if kind is not None:  # a directory, a device, a pipe: nothing a profile can be read from
+        message = f"{shorten(text)} is {kind}; a profile is a bundled name or a .toml file"
         raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
     nearest = suggest(text, list(bundled))
     hint = f"; did you mean {nearest!r}?" if nearest else ""
@@ -127,6 +135,10 @@ def resolve_base(name: str, folder: Path, where: str) -> Path:
     path = path if path.is_absolute() else folder / path
     if path.is_file():
         return path.resolve()
+    kind = _kind(path)
+    if kind is not None:
+        message = f"base {name!r} is {kind} ({path}); a base is a bundled name or a .toml file"
+        raise ConfigError([ConfigIssue("profile.base", where, message)], title="cannot find a base")
     nearest = suggest(name, list(bundled))
     hint = f" (did you mean {nearest!r}?)" if nearest else ""
     message = (
@@ -177,18 +189,21 @@ def _issues_from(
     err: ValidationError, origins: Mapping[str, str], model: type[BaseModel], prefix: str = ""
 ) -> list[ConfigIssue]:
     issues = []
+    unknown = UnknownKeys()
     for item in err.errors(include_url=False):
         loc = [str(part) for part in item["loc"]]
         path = prefix + ".".join(loc) if loc else prefix.rstrip(".") or "<config>"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
+            if not unknown.take(origin_for(origins, path)):
+                continue
             message = _unknown_key(model, loc)
         elif item["type"] != "value_error":
             message = (
                 f"expected: {message[0].lower()}{message[1:]}; got {echo(path, item['input'])}"
             )
         issues.append(ConfigIssue(path, origin_for(origins, path), message))
-    return issues
+    return issues + unknown.rest()
 
 
 def _merge(*sources: Leaves) -> tuple[dict[str, Any], dict[str, str]]:

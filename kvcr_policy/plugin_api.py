@@ -56,6 +56,7 @@ from .errors import (
 from .geometry import PoolGeometry, fragment_offsets, fragment_planes, stages_pages
 from .hookspecs import hookimpl
 from .hosts import host_part
+from .keys import key_part
 from .memory import DeviceLocality, PlacementAudit, Region
 from .registry import (
     NoOptions,
@@ -97,6 +98,7 @@ MODULES = (
     "kvcr_policy.geometry",
     "kvcr_policy.hookspecs",
     "kvcr_policy.hosts",
+    "kvcr_policy.keys",
     "kvcr_policy.memory",
     "kvcr_policy.registry",
     "kvcr_policy.schema",
@@ -170,6 +172,7 @@ __all__ = [
     "fragment_planes",
     "hookimpl",
     "host_part",
+    "key_part",
     "mismatch",
     "stages_pages",
     "strategy_name",

@@ -23,21 +23,17 @@ user does not own, or that others may write, to the rules above, and one that se
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from pathlib import Path
 
+from .user_files import FileRefused, open_fd, read_fd
 from .values import shorten
 
 __all__ = ["MAX_PRIVATE_BYTES", "FileRefused", "dotenv_problem", "folder_problem", "read_private"]
 
 #: Largest secret file read: a secret has at most 4096 characters (4 bytes each in UTF-8).
 MAX_PRIVATE_BYTES = 64 << 10
-
-
-class FileRefused(ValueError):
-    """A file or folder that may not be trusted; the message says why and how to fix it."""
 
 
 def _shown(path: Path | str) -> str:
@@ -48,19 +44,6 @@ def _owner_problem(shown: str, info: os.stat_result) -> str | None:
     if info.st_uid in (os.geteuid(), 0):
         return None
     return f"{shown} belongs to another user (uid {info.st_uid})"
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def folder_problem(folder: Path) -> str | None:
@@ -82,21 +65,8 @@ def read_private(path: Path, *, root_may_share: bool = False) -> bytes:
     """The bytes of the secret file at ``path`` (see the module docstring); FileRefused says why
     not."""
     shown = _shown(path)
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+    fd, info = open_fd(path, follow_links=False)  # a link is refused, as is a FIFO or device
     try:
-        fd = os.open(path, flags)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            message = (
-                f"{shown} is a symbolic link, which is never followed to a secret (whoever can "
-                "change the link would choose it); name the file itself"
-            )
-            raise FileRefused(message) from None
-        raise FileRefused(f"cannot read {shown}: {err.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(f"{shown} is {_kind(info.st_mode)}, not a regular file")
         problem = _owner_problem(shown, info)
         if problem is not None:
             raise FileRefused(problem)
@@ -113,9 +83,7 @@ def read_private(path: Path, *, root_may_share: bool = False) -> bytes:
         if info.st_size > MAX_PRIVATE_BYTES:
             message = f"{shown} has {info.st_size} bytes, more than {MAX_PRIVATE_BYTES}"
             raise FileRefused(message)
-        data = os.read(fd, MAX_PRIVATE_BYTES + 1)
-    except OSError as err:
-        raise FileRefused(f"cannot read {shown}: {err.strerror}") from None
+        data = read_fd(fd, path, MAX_PRIVATE_BYTES)
     finally:
         os.close(fd)
     problem = folder_problem(path.parent)

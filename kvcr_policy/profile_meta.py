@@ -18,7 +18,6 @@ from as its origin (``profile /path/site.toml [batching]`` or ``profile .../thro
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +25,7 @@ from typing import Any
 
 from .errors import ConfigError, ConfigIssue
 from .provenance import profile_origin
-from .sources import PROFILE_TABLE, suggest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+from .sources import PROFILE_TABLE, read_profile, suggest
 
 __all__ = ["MAX_BASES", "PROFILE_KEYS", "ProfileMeta", "base_chain", "read_meta"]
 
@@ -60,9 +54,8 @@ def read_meta(path: Path) -> tuple[ProfileMeta, list[ConfigIssue]]:
     A file that cannot be read or is not TOML gives an empty table and no problem here: the
     profile source reports it, once.
     """
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+    data, problems = read_profile(path)
+    if problems:
         return ProfileMeta(), []
     table = data.get(PROFILE_TABLE)
     if table is None:

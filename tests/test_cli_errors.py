@@ -52,7 +52,7 @@ def bad_profiles(tmp_path: Path) -> dict[str, Path]:
         ("arrays", "nested too deeply"),
         ("tables", "nested too deeply"),
         ("folder", "is a directory"),
-        ("device", "is not a regular file"),
+        ("device", "is a character device, not a regular file"),
     ],
 )
 def test_unreadable_profiles_exit_2_from_every_command(

@@ -3,6 +3,7 @@ the chunks its C passes work in, with the offending key anywhere."""
 
 from __future__ import annotations
 
+import string
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvcr_policy.errors import ArgumentError, UsageError
-from kvcr_policy.keys import _CHUNK, MAX_KEY_BYTES, check_keys
+from kvcr_policy.keys import _CHUNK, MAX_KEY_BYTES, check_keys, key_part
 
 
 def reference(keys: list[Any]) -> tuple[type[Exception], int] | None:
@@ -59,3 +60,16 @@ def test_the_rule_matches_its_reference(n: int, where: int, key: Any, second: bo
     error, position = expected
     with pytest.raises(error, match=rf"get\(\): key at position {position} "):
         check_keys(keys, "get")
+
+
+@given(st.text(), st.text())
+@example("a:b", "a_b")
+@example("kva@570680502306/x", "kva")
+@example("\ud800", "\udfff")
+def test_key_part_is_one_to_one_and_holds_no_separator(a: str, b: str) -> None:
+    """What a backend puts in a composite key or a file name: two names never give one part,
+    and no part holds a separator (a pool ``kva@<digest>/x`` once wrote pool kva's keys)."""
+    assert (key_part(a) == key_part(b)) == (a == b)
+    assert set(key_part(a)) <= set(string.ascii_letters + string.digits + "_.-~%")
+    plain = "".join(c for c in a if c in string.ascii_letters + string.digits + "_.-~")
+    assert key_part(plain) == plain  # the usual names (kv, v0.4096) are unchanged

@@ -7,6 +7,7 @@ import logging
 
 from prometheus_client import CollectorRegistry
 
+from .labels import PoolLabels
 from .meter import PoolMeter
 from .metrics import families
 
@@ -48,6 +49,7 @@ class Meters:
         self.profile = profile
         self._registry = registry
         self._meters: dict[str, PoolMeter | None] = {}
+        self._labels = PoolLabels("this pipeline")  # pool names as bounded label values
 
     def get(self, pool: str) -> PoolMeter | None:
         """The meter of a pool opened before, else None."""
@@ -57,8 +59,9 @@ class Meters:
         """The meter of ``pool``, made on first use (callers pass only registered or refused
         pools: an arbitrary name must not become a label)."""
         if pool not in self._meters:
+            label = self._labels.label(pool) if self.enabled else pool
             self._meters[pool] = open_meter(
-                self.enabled, self.backend, self.profile, pool, self._registry
+                self.enabled, self.backend, self.profile, label, self._registry
             )
         return self._meters[pool]
 

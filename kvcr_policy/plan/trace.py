@@ -9,24 +9,38 @@ its compression)::
 ``block_tokens`` tokens in order (equal ids: the same prefix block); ``input_length`` may end
 inside the last block. Other keys are ignored. A line that breaks a rule is refused with its
 line number, what was expected and what was found; sizes are bounded (:data:`MAX_REFERENCES`
-block references, ids below 2**63), so a trace is held in a few compact arrays.
+block references, ids below 2**63), so a trace is held in a few compact arrays, and so is the
+work of reading one: at most :data:`MAX_LINES` lines (a request with no ``hash_ids`` costs no
+reference, but still a line) and :data:`MAX_TRACE_CHARS` characters once decompressed (a
+17 MiB gzip can inflate to 6 GB). The file is opened by :mod:`kvcr_policy.user_files`: a FIFO
+or a device is refused at once.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import lzma
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..cli_numbers import MAX_BLOCK_TOKENS
 from ..errors import ArgumentError
+from ..user_files import FileRefused, open_regular
 from ..values import shorten
 
-__all__ = ["MAX_BLOCK_TOKENS", "MAX_INPUT_TOKENS", "MAX_REFERENCES", "Trace", "read_trace"]
+__all__ = [
+    "MAX_BLOCK_TOKENS",
+    "MAX_INPUT_TOKENS",
+    "MAX_LINES",
+    "MAX_REFERENCES",
+    "MAX_TRACE_CHARS",
+    "Trace",
+    "read_trace",
+]
 
 #: Most block references (sum of every request's hash_ids) a trace may hold: 2**26, about
 #: 230 times Mooncake's conversation trace (288,500), 512 MiB of ids.
@@ -38,10 +52,20 @@ _MAX_TIMESTAMP = 10**15
 _MAX_ID = (1 << 63) - 1
 #: Longest line read: 64 Mi characters (a 2**31-token prompt's ids fit in well under it).
 _MAX_LINE = 1 << 26
+#: Most lines (requests and blank lines) a trace may have: 2**21, about 90 times the longest
+#: of Mooncake's published traces (toolagent, 23,608 requests).
+MAX_LINES = 1 << 21
+#: Most characters read, decompressed: 2 Gi, room for MAX_REFERENCES ids of 20 digits.
+MAX_TRACE_CHARS = 1 << 31
 
 
 #: Compressed traces are read by their suffix (Python's own gzip and lzma).
 _OPENERS: dict[str, Any] = {".gz": gzip.open, ".xz": lzma.open}
+
+
+def _plain(raw: IO[bytes], mode: str, encoding: str) -> IO[str]:
+    """An uncompressed trace: the text of the open file ``raw``."""
+    return io.TextIOWrapper(raw, encoding=encoding)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -146,14 +170,23 @@ def read_trace(path: str | Path, block_tokens: int = 512) -> Trace:
     name = str(path)
     timestamps, inputs = array("d"), array("q")
     starts, ids = array("q", [0]), array("q")
-    opener = _OPENERS.get(Path(name).suffix, open)
     try:
-        handle = opener(path, "rt", encoding="utf-8")
-    except OSError as err:
-        raise ArgumentError(f"--trace {name}: cannot read it: {err.strerror or err}") from None
-    with handle:
+        raw = open_regular(path)
+    except FileRefused as err:
+        raise ArgumentError(f"--trace {name}: cannot read it: {err.reason}") from None
+    opener = _OPENERS.get(Path(name).suffix, _plain)
+    with raw, opener(raw, "rt", encoding="utf-8") as handle:
+        read = 0
         try:
             for number, text in enumerate(iter(lambda: handle.readline(_MAX_LINE + 1), ""), 1):
+                read += len(text)
+                if number > MAX_LINES or read > MAX_TRACE_CHARS:
+                    message = (
+                        f"trace {name} line {number}: more than {MAX_LINES} lines or "
+                        f"{MAX_TRACE_CHARS} characters, the most read from a trace; replay a "
+                        "part of it (split the file)"
+                    )
+                    raise ArgumentError(message)
                 if len(text) > _MAX_LINE:
                     what = f"a line longer than {_MAX_LINE} characters"
                     raise _refuse(name, number, what, text[:80])

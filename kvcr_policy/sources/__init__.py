@@ -3,10 +3,13 @@
 One module per source: :mod:`.profile`, :mod:`.env`, :mod:`.dotenv`, :mod:`.overrides`,
 :mod:`.secrets`, on what they share (:mod:`.common`); this package re-exports their names.
 
-The inputs are read by pydantic-settings' own sources, configured once by
-:class:`PolicySettings`: ``TomlConfigSettingsSource`` reads a profile, ``EnvSettingsSource``
-reads ``KVCR_POLICY_*`` variables (prefix, ``__`` nesting, JSON for complex fields) and
-``DotEnvSettingsSource`` reads a ``.env`` file. A source here returns ``{leaf path: (raw value,
+The inputs are read as pydantic-settings' own sources read them, configured once by
+:class:`PolicySettings`: ``EnvSettingsSource`` reads ``KVCR_POLICY_*`` variables (prefix, ``__``
+nesting, JSON for complex fields); a profile is TOML parsed by ``tomllib`` and a ``.env`` file
+is parsed by python-dotenv, as ``TomlConfigSettingsSource`` and ``DotEnvSettingsSource`` parse
+them, but each file is read once, by :mod:`kvcr_policy.user_files` (a regular file only, at
+most 1 MiB: those sources open the path themselves, which waits forever on a FIFO and reads a
+device to the end). A source here returns ``{leaf path: (raw value,
 origin)}`` plus the problems it found; loading merges the sources in precedence order and
 validates once. Keeping sources separate (in pydantic-settings each source is a callable
 returning a dict) is what lets every value remember who set it.
@@ -29,6 +32,7 @@ from .common import (
     SECRET_LEAVES,
     Leaves,
     PolicySettings,
+    UnknownKeys,
     echo,
     env_name,
     flatten,
@@ -38,7 +42,7 @@ from .common import (
 from .dotenv import dotenv_source, read_dotenv
 from .env import env_source
 from .overrides import override_source
-from .profile import profile_source
+from .profile import profile_source, read_profile
 from .secrets import secrets_source
 
 __all__ = [
@@ -49,6 +53,7 @@ __all__ = [
     "SECRET_LEAVES",
     "Leaves",
     "PolicySettings",
+    "UnknownKeys",
     "dotenv_source",
     "echo",
     "env_name",
@@ -58,6 +63,7 @@ __all__ = [
     "override_source",
     "profile_source",
     "read_dotenv",
+    "read_profile",
     "secrets_source",
     "suggest",
 ]

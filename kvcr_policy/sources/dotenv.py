@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import io
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from dotenv import dotenv_values
 from dotenv.parser import parse_stream
-from pydantic_settings import (
-    DotEnvSettingsSource,
-)
 
 from ..errors import ConfigIssue
 from ..private_files import dotenv_problem
 from ..provenance import dotenv_origin
 from ..schema import ENV_PREFIX
-from ..values import shorten
+from ..user_files import MAX_CONFIG_BYTES, FileRefused, parse_problem, read_regular
 
 if sys.version_info >= (3, 11):
     pass
@@ -26,11 +25,19 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 from .common import (
     DOTENV_RESERVED,
     Leaves,
-    PolicySettings,
 )
 from .env import (
     _variables_source,
 )
+
+_NAME = re.compile(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _named(line: str) -> str:
+    """A line that does not parse, as a message shows it: its leading name only (the rest
+    may be a secret's value)."""
+    name = _NAME.match(line.strip())
+    return f"the line of {name.group(1)}" if name else "a line"
 
 
 def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
@@ -43,17 +50,16 @@ def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
     """
     where = f"dotenv {path}"
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) else f"not UTF-8 text ({err.reason})"
+        text = read_regular(path, MAX_CONFIG_BYTES).decode("utf-8")
+    except (FileRefused, UnicodeDecodeError) as err:
+        reason = err.reason if isinstance(err, FileRefused) else parse_problem(err)
         return {}, [ConfigIssue("<dotenv>", where, f"cannot read the .env file: {reason}")]
     bindings = list(parse_stream(io.StringIO(text)))
     issues = [
         ConfigIssue(
             "<dotenv>",
             where,
-            f"line {binding.original.line}: cannot parse "
-            f"{shorten(binding.original.string.strip())}; "
+            f"line {binding.original.line}: cannot parse {_named(binding.original.string)}; "
             "expected NAME=VALUE (quote a value that holds spaces, quotes or '#')",
         )
         for binding in bindings
@@ -63,8 +69,9 @@ def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
         # The load fails; the well-formed lines are still checked, so that it reports every
         # problem at once (python-dotenv would log the bad lines a second time).
         return {b.key: b.value for b in bindings if b.key is not None}, issues
-    reader = DotEnvSettingsSource(PolicySettings, env_file=path, case_sensitive=True)
-    variables = dict(reader.env_vars)
+    # As DotEnvSettingsSource reads the file (case-sensitive: names as written), from the
+    # text read above: that source would open the path again.
+    variables = dict(dotenv_values(stream=io.StringIO(text)))
     security = ENV_PREFIX + "SECURITY__"
     problem = dotenv_problem(path, any(name.upper().startswith(security) for name in variables))
     if problem is not None:

@@ -30,6 +30,7 @@ from .common import (
     RESERVED_ENV,
     Leaves,
     PolicySettings,
+    UnknownKeys,
     _is_open,
     echo,
     env_name,
@@ -39,6 +40,15 @@ from .common import (
 
 
 def _decode(raw: str, annotation: Any) -> Any:
+    """:func:`_decode_text`, with JSON nested too deeply for ``json`` (which recurses once per
+    level) a ValueError like any other bad value, not a RecursionError."""
+    try:
+        return _decode_text(raw, annotation)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
+def _decode_text(raw: str, annotation: Any) -> Any:
     """A string value as env spells it: lists comma-separated or JSON, ``none`` unsets.
 
     These are the project's spellings on top of pydantic-settings (which only knows JSON); an
@@ -114,6 +124,8 @@ def _read_variable(path: str, raw: str, known: dict[str, Any]) -> Leaves | Value
     except SettingsError as err:
         cause = source.problem or err.__cause__
         return cause if isinstance(cause, ValueError) else ValueError(str(err))
+    except RecursionError:  # pydantic-settings' json.loads of a complex field
+        return ValueError("JSON nested too deeply to read")
     if path.endswith("." + _OPTIONS) and isinstance(value, Mapping):  # a JSON options table
         return {f"{path}.{key}": item for key, item in value.items()}
     if isinstance(value, str):  # fields pydantic-settings leaves as text: scalars, open options
@@ -134,6 +146,7 @@ def _variables_source(
     env_names = {env_name(path): path for path in known}
     leaves: Leaves = {}
     issues: list[ConfigIssue] = []
+    unknown = UnknownKeys()
     for name in sorted(variables):
         upper = name.upper()
         if not upper.startswith(ENV_PREFIX):
@@ -154,6 +167,8 @@ def _variables_source(
             continue
         path = ALIASED_ENV.get(rest) or ".".join(part.lower() for part in rest.split("__"))
         if path not in known and not _is_open(path):
+            if not unknown.take(origin):
+                continue
             nearest = suggest(upper, list(env_names) + [ENV_PREFIX + r for r in RESERVED_ENV])
             hint = ""
             if nearest:
@@ -167,7 +182,7 @@ def _variables_source(
             issues.append(ConfigIssue(path, origin, f"cannot parse {echo(path, raw)}: {found}"))
             continue
         leaves.update({leaf: (value, origin) for leaf, value in found.items()})
-    return leaves, issues
+    return leaves, issues + unknown.rest()
 
 
 def env_source(environ: Mapping[str, str]) -> tuple[Leaves, list[ConfigIssue]]:

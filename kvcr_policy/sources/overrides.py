@@ -16,6 +16,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 from .common import (
     Leaves,
+    UnknownKeys,
     _check_path,
     _refuse_secret,
     echo,
@@ -35,10 +36,13 @@ def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIs
     nested: dict[str, Any] = {}
     for key, value in overrides.items():
         nested.update({key: value} if "." in key else flatten({key: value}))
+    unknown = UnknownKeys()
     for path, value in nested.items():
-        issue = _check_path(path, OVERRIDE, known) or _refuse_secret(path, OVERRIDE, "overrides")
+        checked = _check_path(path, OVERRIDE, known, unknown)
+        issue = checked if checked is not True else _refuse_secret(path, OVERRIDE, "overrides")
         if issue is not None:
-            issues.append(issue)
+            if issue is not False:
+                issues.append(issue)
             continue
         if isinstance(value, str):
             try:
@@ -49,4 +53,4 @@ def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIs
                 )
                 continue
         leaves[path] = (value, OVERRIDE)
-    return leaves, issues
+    return leaves, issues + unknown.rest()

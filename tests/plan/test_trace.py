@@ -143,6 +143,36 @@ def test_too_many_references_are_refused_not_held(
         read_trace(_write(tmp_path, GOOD, GOOD))
 
 
+@pytest.mark.parametrize(
+    ("bound", "value", "lines"),
+    [("MAX_LINES", 1000, 1001), ("MAX_TRACE_CHARS", 10_000, 300)],
+)
+def test_a_trace_past_its_lines_or_characters_stops_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: str, value: int, lines: int
+) -> None:
+    """Requests without blocks cost no reference, blank lines nothing at all: the lines and the
+    characters read are bounded too (red team 2026-12-c, C9: a 17 MiB gzip of empty requests
+    inflated to 120 M of them). A gzip of ten times more is refused at the bound."""
+    monkeypatch.setattr(trace_module, bound, value)
+    empty = b'{"timestamp": 0, "input_length": 1, "hash_ids": []}\n'
+    for row in (empty, b"\n" * 5):
+        path = tmp_path / "bomb.jsonl.gz"
+        path.write_bytes(gzip.compress(row * lines * 10))
+        seen: list[int] = []
+        monkeypatch.setattr(trace_module, "_request", _counting(seen, trace_module._request))
+        with pytest.raises(ArgumentError, match="the most read from a trace"):
+            read_trace(path)
+        assert len(seen) <= lines
+
+
+def _counting(seen: list[int], real: object) -> object:
+    def counted(*args: object) -> object:
+        seen.append(1)
+        return real(*args)  # type: ignore[operator]
+
+    return counted
+
+
 def test_an_overlong_line_is_refused_without_reading_it_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

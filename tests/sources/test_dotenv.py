@@ -109,7 +109,7 @@ def test_malformed_dotenv_line_is_reported_with_the_other_problems(cwd: Path) ->
     issues = load_issues(environ={})
     assert issues == [
         f"<dotenv> (from dotenv {path}): line 2: cannot parse "
-        "'KVCR_POLICY_FALLBACK__MAX_RETRIES 2'; expected NAME=VALUE "
+        "the line of KVCR_POLICY_FALLBACK__MAX_RETRIES; expected NAME=VALUE "
         "(quote a value that holds spaces, quotes or '#')",
         f"{LEAF} (from dotenv {path} {ENV}): expected: input should be a valid integer, "
         "unable to parse string as an integer; got 'many'",

@@ -35,6 +35,10 @@ __all__ = ["PageAccess", "PointerPages", "TensorPages", "flat_pieces"]
 Int64Array = npt.NDArray[np.int64]
 
 
+#: Largest address or size taken: int64's, in which every later check runs.
+_MAX_INT = (1 << 63) - 1
+
+
 def flat_pieces(meta: Any) -> tuple[Int64Array, Int64Array]:
     """``(pointers, sizes)`` as int64 arrays; nested lists (one list per object, as Mooncake's
     multi-buffer form has them) are flattened in order."""
@@ -42,16 +46,21 @@ def flat_pieces(meta: Any) -> tuple[Int64Array, Int64Array]:
         raise PoolError("get_page_buffer_meta returned None (a pool without page memory)")
     pointers, sizes = meta
 
-    def flat(values: Any) -> list[int]:
+    def flat(values: Any, what: str) -> Int64Array:
         out: list[int] = []
         for value in values:
             if isinstance(value, (list, tuple)):
                 out.extend(int(v) for v in value)
             else:
                 out.append(int(value))
-        return out
+        # Checked as Python ints: numpy would refuse 2**63 with a bare OverflowError.
+        bad = next((v for v in out if not 0 <= v <= _MAX_INT), None)
+        if bad is not None:
+            message = f"get_page_buffer_meta listed {what} {bad}, outside 0..2**63-1"
+            raise PoolError(message)
+        return np.array(out, dtype=np.int64)
 
-    return np.array(flat(pointers), dtype=np.int64), np.array(flat(sizes), dtype=np.int64)
+    return flat(pointers, "a pointer"), flat(sizes, "a size")
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,9 @@ def _tokens(pool: Any) -> int | None:
     return int(size) if size else None
 
 
+_TOP = (1 << 63) - 1
+
+
 def _agrees(geometry: PoolGeometry, pool: Any) -> str | None:
     """None when ``get_page_buffer_meta`` lists exactly our bytes of the first and last page,
     else what differs (a release that changed the layout falls back to the generic path)."""
@@ -110,7 +113,9 @@ def _agrees(geometry: PoolGeometry, pool: Any) -> str | None:
             pointers, sizes = flat_pieces(pool.get_page_buffer_meta(tokens))
         except Exception as err:
             return f"get_page_buffer_meta raised {type(err).__name__}: {err}"
-        theirs = MemoryMap.merged(zip(pointers.tolist(), (pointers + sizes).tolist(), strict=True))
+        # Ends in Python ints, capped at int64's top (that range then differs from ours).
+        ends = [min(p + n, _TOP) for p, n in zip(pointers.tolist(), sizes.tolist(), strict=True)]
+        theirs = MemoryMap.merged(zip(pointers.tolist(), ends, strict=True))
         starts = base + fragment_offsets(geometry, [page]).ravel()
         ours = MemoryMap.merged((int(s), int(s) + geometry.fragment_bytes) for s in starts)
         same = (theirs.starts.tolist(), theirs.ends.tolist()) == (

@@ -7,13 +7,13 @@ backend will (a typo exits 2 with one message, here instead of at SGLang's start
     kvcr-policy sglang-config --profile throughput --set placement.capacity_bytes=64GiB
 
 ``--check VALUE`` reads a flag value the way SGLang reads it (JSON text or ``@FILE``) and checks
-it the way the backend will: bad JSON, an unreadable file, an unknown key, a profile that does
-not load or a tier (``placement.capacity_bytes``) larger than this host or its memory cgroup
-exit 2 with one message; a good value prints what the backend will run with. With ``--tp``
-(``--pp``) and ``--mla`` it is checked as one rank of that engine loads it: for an MLA model at
-TP > 1 ``auto`` is the host tier (one for every rank), and a tier private to each rank exits 2
-with the fix. SGLang imports nothing here: this runs on a machine
-without it.
+it the way SGLang's loader and the backend will: bad JSON, an unreadable file, a loader key
+missing or naming another backend, an unknown key, a profile that does not load or a tier
+(``placement.capacity_bytes``) larger than this host or its memory cgroup exit 2 with one
+message; a good value prints what the backend will run with. With ``--tp`` (``--pp``) and
+``--mla`` it is checked as one rank of that engine loads it: for an MLA model at TP > 1
+``auto`` is the host tier (one for every rank), and a tier private to each rank exits 2 with
+the fix. SGLang imports nothing here: this runs on a machine without it.
 """
 
 from __future__ import annotations
@@ -26,13 +26,18 @@ from typing import Annotated, Any
 import typer
 
 from ...cli_help import JsonOnly
+from ...errors import ConfigError, ConfigIssue
 from ...loading import load_config
 from ...preflight import check_host_fit
-from .config import LOADER_KEYS, extra_config_for, parse_extra_config
+from ...values import shorten
+from .config import EXTRA_CONFIG_ORIGIN, LOADER_KEYS, extra_config_for, parse_extra_config
 from .flag import read_flag
 from .startup import load
 
-__all__ = ["register", "sglang_config_command"]
+__all__ = ["MODULES", "register", "sglang_config_command"]
+
+#: The modules SGLang's loader may import this backend's class from (the package re-exports it).
+MODULES = ("kvcr_policy.integrations.sglang", "kvcr_policy.integrations.sglang.storage")
 
 
 def _pairs(pairs: list[str] | None) -> dict[str, str]:
@@ -45,22 +50,39 @@ def _pairs(pairs: list[str] | None) -> dict[str, str]:
     return result
 
 
+def _loader_issues(extra: dict[str, Any]) -> list[ConfigIssue]:
+    """Why SGLang's dynamic loader would not build this backend from ``extra``: it needs
+    ``backend_name``, ``module_path`` and ``class_name``, imports the module and takes the
+    class from it (``StorageBackendFactory._create_dynamic_backend``)."""
+    issues = []
+    for key in ("backend_name", "module_path", "class_name"):
+        if key not in extra:
+            message = f"missing; SGLang's dynamic loader needs it: {key!r}: {LOADER_KEYS[key]!r}"
+            issues.append(ConfigIssue(f"extra_config.{key}", EXTRA_CONFIG_ORIGIN, message))
+    for key, accepted in (("module_path", MODULES), ("class_name", (LOADER_KEYS["class_name"],))):
+        if key in extra and extra[key] not in accepted:
+            message = (
+                f"SGLang would load {shorten(extra[key])}, not this backend; expected "
+                f"{LOADER_KEYS[key]!r}"
+            )
+            issues.append(ConfigIssue(f"extra_config.{key}", EXTRA_CONFIG_ORIGIN, message))
+    return issues
+
+
 def _check(value: str, tp: int = 1, pp: int = 1, mla: bool = False) -> dict[str, Any]:
     extra = read_flag(value)
-    missing = [key for key in ("backend_name", "module_path", "class_name") if key not in extra]
-    if extra.get("module_path") != LOADER_KEYS["module_path"]:
-        return {
-            "loads": False,
-            "module_path": extra.get("module_path"),
-            "missing_loader_keys": missing,
-        }
-    options = parse_extra_config(extra)
+    issues = _loader_issues(extra)
+    try:
+        options = parse_extra_config(extra)
+    except ConfigError as err:  # every problem of the flag at once
+        raise ConfigError([*issues, *err.issues], title="SGLang would not load this") from None
+    if issues:
+        raise ConfigError(issues, title="SGLang would not load this backend with this flag")
     rank = SimpleNamespace(tp_size=tp, pp_size=pp, attn_cp_size=1, is_mla_model=mla)
     loaded = load(options, rank)
     check_host_fit(loaded)  # a tier larger than this host: exit 2 here, not killed at start
     return {
-        "loads": not missing,
-        "missing_loader_keys": missing,
+        "loads": True,
         "interface_v1": options.interface_v1,
         "profile": loaded.profile or "default",
         "backend": {"name": loaded.config.backend.name, "from": loaded.origin("backend.name")},

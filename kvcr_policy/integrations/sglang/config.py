@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ...errors import ConfigError, ConfigIssue
-from ...sources import suggest
+from ...sources import UnknownKeys, known_leaves, suggest
 from .flag import FILE_FORMATS, read_object
 
 __all__ = [
@@ -31,6 +31,11 @@ __all__ = [
 
 EXTRA_CONFIG_ORIGIN: Final = "SGLang --hicache-storage-backend-extra-config"
 KWARGS_ORIGIN: Final = "KVCRPolicyStorage(storage_config, kwargs)"
+
+#: Values and levels an ``overrides`` object may hold (:func:`_size_problem`): far above a
+#: configuration's (about 60 values, 3 levels: ``backend.options.master``).
+MAX_OVERRIDE_VALUES: Final = 4096
+MAX_OVERRIDE_DEPTH: Final = 16
 
 OWN_KEYS: Final[Mapping[str, str]] = {
     "profile": "a bundled profile name (default, throughput) or the path of a TOML profile",
@@ -126,7 +131,39 @@ def _check(key: str, value: Any, origin: str, issues: list[ConfigIssue]) -> tupl
         return {}, where
     if isinstance(value, str) and value.strip().startswith("@"):
         where = f"{where} {value.strip()}"
+    problem = _size_problem(overrides)
+    if problem is not None:
+        message = (
+            f"{problem}; a configuration holds about {len(known_leaves())} values nested 3 "
+            "deep (`kvcr-policy show` lists them): is this the overrides file you meant?"
+        )
+        issues.append(ConfigIssue(path, where, message))
+        return {}, where
     return overrides, where
+
+
+def _size_problem(value: Any) -> str | None:
+    """Why ``overrides`` are too large to read, or None. Counted node by node, each shared
+    node (a YAML alias) every time it is met, and never past the bounds: a 2 KiB YAML file of
+    aliases holds 2**30 leaves, which the provenance walk once visited one by one."""
+    stack = [(value, 0)]
+    nodes = 0
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping):
+            children: Any = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        if depth >= MAX_OVERRIDE_DEPTH:
+            return f"values nested deeper than {MAX_OVERRIDE_DEPTH} levels"
+        for child in children:
+            nodes += 1
+            if nodes > MAX_OVERRIDE_VALUES:
+                return f"more than {MAX_OVERRIDE_VALUES} values"
+            stack.append((child, depth + 1))
+    return None
 
 
 def parse_extra_config(
@@ -148,16 +185,20 @@ def parse_extra_config(
         raise ConfigError([ConfigIssue("extra_config", origin, message)])
     sources = [(extra_config or {}, origin), (kwargs or {}, KWARGS_ORIGIN)]
     chosen: dict[str, tuple[Any, str]] = {}
+    unknown = UnknownKeys()
     for index, (source, where) in enumerate(sources):
         for key, value in source.items():
             key = str(key)
             if key in OWN_KEYS:
                 chosen[key] = _check(key, value, where, issues)
             elif not (index == 0 and _is_sglang_key(key)):
+                if not unknown.take(where):
+                    continue
                 nearest = suggest(key, [*OWN_KEYS, *sorted(SGLANG_KEYS)])
                 hint = f"did you mean {nearest!r}? " if nearest else ""
                 message = f"unknown key; {hint}({_known()})"
                 issues.append(ConfigIssue(f"extra_config.{key}", where, message))
+    issues += unknown.rest()
     if issues:
         raise ConfigError(issues, title="invalid kvcr_policy HiCache backend options")
     profile, profile_origin = chosen.get("profile", (None, ""))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...errors import ConfigError, ConfigIssue
+from ...user_files import MAX_CONFIG_BYTES, FileRefused, parse_problem, read_regular
 from ...values import shorten
 
 if sys.version_info >= (3, 11):
@@ -46,10 +47,11 @@ def _read_file(name: str, path: str, origin: str) -> Any:
         )
         raise _fail(path, origin, message)
     try:
-        raw = file.read_bytes()
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        message = f"{shorten('@' + name)}: cannot read the file ({reason}); fix the path after '@'"
+        raw = read_regular(file, MAX_CONFIG_BYTES)  # never a FIFO or device; bounded
+    except FileRefused as err:
+        message = (
+            f"{shorten('@' + name)}: cannot read the file ({err.reason}); fix the path after '@'"
+        )
         raise _fail(path, origin, message) from None
     try:
         if kind == "TOML":
@@ -65,11 +67,11 @@ def _read_file(name: str, path: str, origin: str) -> Any:
                 raise _fail(path, origin, message) from None
             return yaml.safe_load(raw)
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        message = f"{shorten('@' + name)}: not valid {kind}: {err}"
-        raise _fail(path, origin, message) from None
-    except Exception as err:  # yaml.YAMLError and its kin: not a ValueError
-        message = f"{shorten('@' + name)}: not valid {kind}: {err}"
+    except ConfigError:
+        raise
+    except Exception as err:  # ValueError, RecursionError, yaml.YAMLError and its kin
+        # The parser's problem and position only: its excerpt of the text may be a secret.
+        message = f"{shorten('@' + name)}: not valid {kind}: {parse_problem(err)}"
         raise _fail(path, origin, message) from None
 
 
@@ -81,19 +83,24 @@ def read_object(value: Any, path: str, origin: str) -> Mapping[str, Any]:
         message = f"expected a JSON object, JSON text or @FILE; got {type(value).__name__}"
         raise _fail(path, origin, f"{message} {shorten(value)}")
     text = value.strip()
-    if text.startswith("@"):
+    from_file = text.startswith("@")
+    if from_file:
         data = _read_file(text[1:], path, origin)
     else:
         try:
             data = json.loads(text)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # json recurses once per nesting level
             message = (
-                f"not valid JSON ({err}): {shorten(text)}. Quote the whole object in single "
-                "quotes on a shell command line, or put it in a file and pass @FILE"
+                f"not valid JSON ({parse_problem(err)}): {shorten(text)}. Quote the whole object "
+                "in single quotes on a shell command line, or put it in a file and pass @FILE"
             )
             raise _fail(path, origin, message) from None
     if not isinstance(data, Mapping):
-        message = f"expected a JSON object (a table), got {type(data).__name__} {shorten(data)}"
+        # What a file holds is never shown: it may be a secret (a link to a secret file).
+        got = type(data).__name__ if from_file else f"{type(data).__name__} {shorten(data)}"
+        message = f"expected a JSON object (a table), got {got}"
+        if from_file:
+            message = f"{shorten(text)}: {message}"
         raise _fail(path, origin, message)
     return data
 

@@ -93,7 +93,10 @@ class MemoryMap:
         if len(self.starts):
             slot = np.searchsorted(self.starts, pointers, side="right") - 1
             end = self.ends[np.clip(slot, 0, None)]
-            inside = (slot >= 0) & (sizes >= 0) & (pointers + sizes <= end)
+            # The room left after the pointer, never pointer + size: an address near 2**63
+            # plus a small size wraps negative in int64 and would pass (then a copy segfaults).
+            room = end - np.clip(pointers, 0, None)
+            inside = (slot >= 0) & (sizes >= 0) & (sizes <= room)
         else:
             inside = np.zeros(len(pointers), dtype=bool)
         if bool(np.all(inside)):

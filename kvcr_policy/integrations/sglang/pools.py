@@ -23,9 +23,11 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 from ...errors import PoolError
 from ...geometry import PoolGeometry
+from ...keys import key_part
 
 __all__ = [
     "KNOWN_LAYOUTS",
@@ -191,8 +193,10 @@ def namespace_for(
     c = storage_config
     replicated = bool(getattr(c, "is_mla_model", False)) and name not in TP_SHARDED_POOLS
     tp = "replicated" if replicated else f"{c.tp_rank}/{c.tp_size}"
+    # The free-text parts are percent-encoded (unchanged for the usual names), so no model or
+    # pool name can hold the ';' and '=' that join the parts: one label, one deployment.
     parts = [
-        f"model={c.model_name or ''}",
+        f"model={quote(c.model_name or '', safe='/', errors='surrogatepass')}",
         f"tp={tp}",
         f"pp={c.pp_rank}/{c.pp_size}",
         f"cp={c.attn_cp_rank}/{c.attn_cp_size}",
@@ -201,7 +205,7 @@ def namespace_for(
     dcp_size = getattr(c, "dcp_size", 1)
     if dcp_size > 1:
         parts.append(f"dcp={c.dcp_rank}/{dcp_size}")
-    parts += [f"pool={name}", f"geometry={digest}"]
+    parts += [f"pool={key_part(name)}", f"geometry={digest}"]
     if format_tag:
         parts.append(f"format={format_tag}")
     label = ";".join(parts)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ...errors import ArgumentError, KVCRPolicyError
+from ...values import shorten
 from .flat import FlatObjects, Pieces
 from .memory import MemoryMap
 
@@ -43,10 +44,15 @@ def _is_address(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+#: Largest address or size taken (int64's: every check after this one is in int64).
+_MAX_INT = (1 << 63) - 1
+
+
 def _ints(value: Any, what: str) -> list[int]:
     values = [value] if _is_address(value) else list(value)
-    if not values or not all(_is_address(v) and int(v) >= 0 for v in values):
-        raise ArgumentError(f"{what}: expected a non-negative int or a list of them, got {value!r}")
+    if not values or not all(_is_address(v) and 0 <= int(v) <= _MAX_INT for v in values):
+        message = f"{what}: expected an int in 0..2**63-1 or a list of them, got {shorten(value)}"
+        raise ArgumentError(message)
     return [int(v) for v in values]
 
 
@@ -109,6 +115,9 @@ class TensorAPI:
                               else self._page_bytes())  # fmt: skip
                     if nbytes is None:
                         raise ArgumentError("no target and no page size to allocate one")
+                    if self._objects.pool(nbytes, create=False) is None:
+                        # Nothing of that size was stored: a miss, before allocating its bytes.
+                        raise ArgumentError(f"no object of {nbytes} bytes was stored")
                     location = torch.empty(nbytes, dtype=torch.uint8)
                     size = None
                 if (

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from kvcr.types import MemoryRef, RegionDescriptor
 
-from kvcr_policy.plugin_api import Descriptors, PoolGeometry, UnsupportedError
+from kvcr_policy.plugin_api import Descriptors, PoolGeometry, UnsupportedError, key_part
 
 __all__ = ["CACHED_REFS", "PageLayout", "kvcr_pool_name"]
 
@@ -28,8 +28,10 @@ CACHED_REFS = 1 << 16
 
 
 def kvcr_pool_name(name: str) -> str:
-    """A pipeline pool name as a KVCR pool name (which may not contain a colon)."""
-    return name.replace(":", "_") or "kv"
+    """A pipeline pool name as a KVCR pool name, which may not contain a colon and also names
+    the pool's G3 files: percent-encoded (:func:`kvcr_policy.plugin_api.key_part`), so it holds
+    neither ``:`` nor ``/`` and two pools never share one (``a:b`` and ``a_b`` once did)."""
+    return key_part(name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ is down it is not made at all.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import socket
@@ -76,6 +77,11 @@ def route_address(host: str, port: int) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect((host, port))
         return str(probe.getsockname()[0])
+
+
+def _view(address: int, nbytes: int) -> memoryview:
+    """The ``nbytes`` bytes at ``address`` (pool memory), without a copy."""
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
 
 
 def _wait_for_master(address: tuple[str, int], deadline: float) -> str | None:
@@ -224,6 +230,21 @@ class StoreClient:
         call = store.batch_get_into_multi_buffers if multi else store.batch_get_into
         with self._admitted(ptrs, multi):
             codes = self.calls.call(call, keys, ptrs, sizes)
+        return self._checked(codes)
+
+    def upsert(self, keys: list[str], ptrs: list[Any], sizes: list[Any], multi: bool) -> list[int]:
+        """Insert or replace ``keys`` (an object left unfinished by a writer that died is
+        replaced): ``batch_upsert_from`` from registered memory, or for pages of several
+        buffers one ``upsert_parts`` each (no batch form takes several buffers a key; it copies
+        through the client's buffer, which is why puts never use it)."""
+        store = self.store
+        with self._admitted(ptrs, multi):
+            if not multi:
+                return self._checked(store.batch_upsert_from(keys, ptrs, sizes, self.replicate))
+            codes = []
+            for key, pointers, lengths in zip(keys, ptrs, sizes, strict=True):
+                parts = [_view(p, n) for p, n in zip(pointers, lengths, strict=True)]
+                codes.append(store.upsert_parts(key, *parts, config=self.replicate))
         return self._checked(codes)
 
     def remove(self, keys: list[str], force: bool = False) -> list[int]:

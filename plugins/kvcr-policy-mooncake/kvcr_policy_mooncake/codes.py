@@ -26,7 +26,8 @@ class Code(IntEnum):
     TRANSFER_FAIL = -800  # the segment holding the page did not answer (its client died)
     RPC_FAIL = -900  # the master did not answer
     RPC_TIMEOUT = -901
-    TENANT_QUOTA_EXCEEDED = -1700
+    TENANT_QUOTA_EXCEEDED = -1700  # a master that enforces tenants: the tenant's quota is full
+    TENANT_NOT_REGISTERED = -1701  # ... and its policy does not name this client's tenant
 
 
 #: Codes after which the master is presumed down: the health state opens.

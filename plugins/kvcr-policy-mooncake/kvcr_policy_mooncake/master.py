@@ -4,8 +4,9 @@ Started with the binary the ``mooncake`` package ships (the console script of th
 execs it, so the PID is the master's), ready once ``GET /health`` on its metrics port answers,
 and stopped by PID: SIGTERM, then SIGKILL if it overstays. :meth:`MasterProcess.kill` is the
 crash a test inflicts (SIGKILL) and :meth:`MasterProcess.start` brings it back on the same
-ports. Started from the main thread, the master is told to die with the process that started
-it (``PR_SET_PDEATHSIG``), so a crashed test run leaves no master behind; the kernel ties that
+ports; ``tenants`` starts one that enforces tenants (:class:`MasterProcess`). Started from the
+main thread, the master is told to die with the process that started it
+(``PR_SET_PDEATHSIG``), so a crashed test run leaves no master behind; the kernel ties that
 signal to the starting *thread*, so from any other thread it is not asked for.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -22,14 +24,14 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from kvcr_policy.plugin_api import TransportError
 
-__all__ = ["MasterProcess", "child_setup", "free_port", "master_binary"]
+__all__ = ["MasterProcess", "child_setup", "free_port", "master_binary", "tenant_policy"]
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
@@ -72,17 +74,52 @@ def child_setup() -> Any:
     return _die_with_parent if threading.current_thread() is threading.main_thread() else None
 
 
+def tenant_policy(tenants: Mapping[str, int]) -> str:
+    """The tenant quota policy file of a master that enforces tenants: each tenant's name and
+    quota in bytes, as the master's file connector reads it (names as JSON strings, which YAML
+    reads as they are)."""
+    lines = ["version: 1", "tenants:" if tenants else "tenants: []"]
+    for name, quota in tenants.items():
+        if not 0 < quota < 1 << 63:
+            raise ValueError(f"tenant {name!r}: a quota is 1..2**63-1 bytes, got {quota}")
+        lines += [f"  - name: {json.dumps(name)}", f"    quota: {int(quota)}"]
+    return "\n".join(lines) + "\n"
+
+
 class MasterProcess:
-    """See the module docstring; ``args`` are extra master flags (``--client_ttl=2``)."""
+    """See the module docstring; ``args`` are extra master flags (``--client_ttl=2``).
+
+    With ``tenants`` (name -> quota in bytes) the master enforces them: started with
+    ``--enable_multi_tenants=true`` and a tenant quota policy file (:func:`tenant_policy`), it
+    keeps each tenant's objects in a namespace of its own (a ``get``, ``exists`` or
+    ``remove_by_regex`` sees only the caller's tenant) and refuses a put of a tenant the
+    policy does not name (``TENANT_NOT_REGISTERED``) or past its quota.
+    """
 
     def __init__(
-        self, host: str = "127.0.0.1", args: Sequence[str] = (), *, timeout: float = 30.0
+        self,
+        host: str = "127.0.0.1",
+        args: Sequence[str] = (),
+        *,
+        timeout: float = 30.0,
+        tenants: Mapping[str, int] | None = None,
     ) -> None:
         self.host = host
         self.args = tuple(args)
         self.rpc_port = free_port(host)
         self.metrics_port = free_port(host)
         self.log_path = Path(tempfile.mkstemp(prefix="kvcr-mooncake-master-", suffix=".log")[1])
+        self.policy_path: Path | None = None
+        if tenants is not None:
+            fd, name = tempfile.mkstemp(prefix="kvcr-mooncake-tenants-", suffix=".yaml")
+            with os.fdopen(fd, "w", encoding="utf-8") as policy:  # mode 0600 (mkstemp)
+                policy.write(tenant_policy(tenants))
+            self.policy_path = Path(name)
+            self.args += (
+                "--enable_multi_tenants=true",
+                "--tenant_quota_connector_type=file",
+                f"--tenant_quota_connector_uri={name}",
+            )
         self.proc: subprocess.Popen[bytes] | None = None
         self.start(timeout)
 
@@ -132,6 +169,17 @@ class MasterProcess:
         message = f"mooncake_master did not get ready within {timeout} s:\n{self.log_tail()}"
         raise TransportError(message)
 
+    def metric(self, name: str) -> float | None:
+        """The value of the master's metric ``name`` (``GET /metrics``: one series, no labels),
+        None when it does not list it."""
+        url = f"http://{self.host}:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5.0) as reply:
+            for line in reply.read().decode("utf-8", "replace").splitlines():
+                found, _, value = line.partition(" ")
+                if found == name:
+                    return float(value)
+        return None
+
     def log_tail(self, lines: int = 20) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(line for line in text if "Master Admin Metrics" not in line)[-4000:]
@@ -157,10 +205,12 @@ class MasterProcess:
         return proc.returncode
 
     def close(self) -> None:
-        """Stop it and remove its log."""
+        """Stop it and remove its log (and its tenant policy)."""
         self.stop()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log_path)
+        for path in (self.log_path, self.policy_path):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def __enter__(self) -> MasterProcess:
         return self

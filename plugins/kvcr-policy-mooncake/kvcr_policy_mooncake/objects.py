@@ -11,22 +11,32 @@ the store, so the batch calls move bytes directly between pool memory and the se
   its fragments in place. No staging copy either way, unless ``backend.options.staging``
   sends such pages through a staging area (:mod:`.staging`): the same bytes, one buffer.
 
-Object keys are ``<pool>@<layout digest>/<key>``: clients whose pools lay a page out differently
-never read each other's bytes (a smaller object would otherwise land partly in a larger page).
+Object keys are ``<pool>@<layout digest>/<key>``, ``<pool>@<layout digest>@<tenant>/<key>`` for
+a tenant other than ``default`` (``backend.options.tenant``), and the probe objects of a pool
+``<namespace>#probe/...``:
+
+- clients whose pools lay a page out differently never read each other's bytes (a smaller
+  object would otherwise land partly in a larger page);
+- clients of different tenants never read, overwrite or clear each other's objects, whether
+  or not the master enforces tenants (:mod:`.master`);
+- the pool's name and the tenant are percent-encoded (:func:`kvcr_policy.plugin_api.key_part`):
+  neither holds ``@``, ``/`` or ``#``, so the namespace ends at the first ``/`` or ``#`` and no
+  key of one pool is a key of another (a pool named ``kva@<digest>/x`` once wrote keys that
+  pool ``kva`` read as its own, and its ``clear()`` removed them). The names of most pools
+  (``kv``, ``v0.4096``) are unchanged by the encoding.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kvcr_policy.plugin_api import PoolGeometry, fragment_offsets
+from kvcr_policy.plugin_api import PoolGeometry, fragment_offsets, key_part
 
-__all__ = ["ObjectPlan"]
+__all__ = ["DEFAULT_TENANT", "ObjectPlan"]
 
 # The geometry fields that decide a page's bytes (tokens, name and device do not).
 _LAYOUT_FIELDS = ("layout", "layers", "heads", "head_dim", "dtype", "page_size", "mla")
@@ -37,6 +47,16 @@ def layout_digest(geometry: PoolGeometry) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+#: The tenant whose keys carry no tenant part (Mooncake's own default tenant id).
+DEFAULT_TENANT = "default"
+
+
+def _regex(text: str) -> str:
+    """``text``, made of key_part's characters and ``@``, as an ECMAScript regular expression
+    matching itself (``.`` is the only one of them special there)."""
+    return text.replace(".", "\\.")
+
+
 @dataclass(frozen=True)
 class ObjectPlan:
     """Keys and buffers of one pool; see the module docstring."""
@@ -44,10 +64,14 @@ class ObjectPlan:
     name: str
     geometry: PoolGeometry
     address: int
+    tenant: str = DEFAULT_TENANT
 
     @property
     def namespace(self) -> str:
-        return f"{self.name}@{layout_digest(self.geometry)}"
+        namespace = f"{key_part(self.name)}@{layout_digest(self.geometry)}"
+        if self.tenant != DEFAULT_TENANT:
+            namespace += "@" + key_part(self.tenant)
+        return namespace
 
     @property
     def multi(self) -> bool:
@@ -57,7 +81,7 @@ class ObjectPlan:
     @property
     def pattern(self) -> str:
         """A regular expression matching every object of this pool (pages and probes)."""
-        return "^" + re.escape(self.namespace) + "[/#]"
+        return "^" + _regex(self.namespace) + "[/#]"
 
     def keys(self, keys: list[str]) -> list[str]:
         prefix = self.namespace + "/"

@@ -88,8 +88,12 @@ class MooncakeOptions(BaseModel):
     tenant: str = Field(
         "default",
         min_length=1,
-        description="Mooncake tenant: keys of different tenants never meet (needs a master "
-        "with multi-tenancy for quotas).",
+        description="Mooncake tenant of this client's pages. Object keys of any tenant but "
+        "'default' carry it, so clients of different tenants never read, overwrite or clear "
+        "each other's pages on any master; a master started with --enable_multi_tenants and a "
+        "tenant quota policy naming the tenant also keeps tenants apart itself and enforces "
+        "each one's quota. Mooncake authenticates no client: this keeps apart deployments "
+        "that share a master, not a hostile client.",
     )
     connect_timeout_s: float = Field(
         10.0,

@@ -19,7 +19,10 @@ code means:
 - every call: once ``transport.op_timeout_s`` has passed since the get or set began, its
   remaining pages are missed (not stored) without a store call, so a whole call ends within
   that bound plus the one store call under way.
-- set: 0 or OBJECT_ALREADY_EXISTS -> present (a present key keeps its first value);
+- set: 0 or OBJECT_ALREADY_EXISTS -> present (a present key keeps its first value), once
+  ``batch_is_exist`` confirms it: Mooncake also answers 0 for a key whose earlier put never
+  finished (its writer died mid-put), and stores nothing; such an object is replaced by an
+  upsert, and a page that is still absent is not stored (:meth:`.transfer.Transfer._confirmed`);
   NO_AVAILABLE_HANDLE on every key of a batch -> CapacityError (the store is full: nothing
   more fits); master down -> not stored.
 
@@ -77,7 +80,8 @@ class MooncakePool:
         self.endpoint = spec.endpoint
         self.client = client
         self.run = run
-        self.plan = ObjectPlan(spec.name, spec.geometry, spec.endpoint.address)
+        tenant = client.options.tenant
+        self.plan = ObjectPlan(spec.name, spec.geometry, spec.endpoint.address, tenant)
         self.call_buffers = call_buffers
         # Pages per store call: a page's fragments always travel together; staged, a page is
         # one buffer and a call fills one slot of the staging area.

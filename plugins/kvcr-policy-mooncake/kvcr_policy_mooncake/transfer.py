@@ -35,6 +35,9 @@ _SKIPPED_AS = {
     "calls_after_transfer_fail": Code.TRANSFER_FAIL,
 }
 STORED = frozenset({0, Code.OBJECT_ALREADY_EXISTS})
+#: Write codes that are pages not stored, not failures to retry: an unfinished object that an
+#: upsert could not replace (:meth:`Transfer._confirmed`).
+_NOT_STORED = frozenset({Code.REPLICA_IS_NOT_READY})
 
 
 class Transfer:
@@ -92,6 +95,36 @@ class Transfer:
             return pool.client.get(objects, pointers, sizes, pool.plan.multi)
         return pool.client.put(objects, pointers, sizes, pool.plan.multi)
 
+    def _confirmed(self, objects: list[str], pages: np.ndarray, codes: list[int]) -> list[int]:
+        """The codes of a put, with a page counted stored only once ``exists`` says so.
+
+        Mooncake answers 0 to a put of a key whose earlier put never finished (its writer died
+        between put start and put end; the master keeps the unfinished object until
+        ``--put_start_discard_timeout_sec``, 30 s by default) and stores nothing: every read
+        misses it. Such an object is replaced by an upsert from the pool's memory; a page still
+        absent after that is not stored (``REPLICA_IS_NOT_READY``). One ``batch_is_exist`` per
+        put call (two where a page was unfinished), whose lease holds the new objects as a
+        read's does (``--default_kv_lease_ttl``)."""
+        pool = self.pool
+        asked = [i for i, code in enumerate(codes) if code == 0]
+        if not asked:
+            return codes
+        present = pool.client.exists([objects[i] for i in asked])
+        stale = [i for i, found in zip(asked, present, strict=True) if found == 0]
+        if not stale:
+            return codes
+        pool.counters["set_unfinished"] += len(stale)
+        keys = [objects[i] for i in stale]
+        pointers, sizes = pool.plan.buffers(pages[stale])
+        pool.client.upsert(keys, pointers, sizes, pool.plan.multi)
+        out = list(codes)
+        for i, found in zip(stale, pool.client.exists(keys), strict=True):
+            if found == 1:
+                pool.counters["set_replaced"] += 1
+            else:
+                out[i] = int(Code.REPLICA_IS_NOT_READY)
+        return out
+
     def _calls(self, positions: np.ndarray, codes: list[int], staged: StagedBatch | None) -> None:
         pool = self.pool
         for start in range(0, len(positions), pool.call_pages):
@@ -104,6 +137,8 @@ class Transfer:
             objects = [self.objects[p] for p in part.tolist()]
             with pool.moving():
                 got = self._store_call(objects, self.pages[part], staged)
+                if not self.read:
+                    got = self._confirmed(objects, self.pages[part], got)
             pool.counters["get_calls" if self.read else "set_calls"] += 1
             pool.count_codes("get" if self.read else "set", got)
             codes += got
@@ -141,7 +176,16 @@ class Transfer:
             )
             raise CapacityError(message)
         failed = [c for c in codes if c not in STORED and not is_master_down(c)]
-        failed = [c for c in failed if c != Code.NO_AVAILABLE_HANDLE]
+        failed = [c for c in failed if c != Code.NO_AVAILABLE_HANDLE and c not in _NOT_STORED]
+        if Code.TENANT_NOT_REGISTERED in failed:
+            tenant = self.pool.plan.tenant
+            message = (
+                f"Mooncake refused to store pages of tenant {tenant!r} "
+                f"({describe(Code.TENANT_NOT_REGISTERED)}): the master enforces tenants and its "
+                "tenant quota policy does not name this one; add it there, or set "
+                "backend.options.tenant to a tenant it names"
+            )
+            raise TransportError(message)
         if failed:
             message = f"Mooncake put failed for {len(failed)} of {len(codes)} pages: "
             raise TransportError(message + ", ".join(sorted({describe(c) for c in failed})))

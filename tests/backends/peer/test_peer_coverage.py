@@ -221,3 +221,15 @@ def test_the_client_check_agrees_with_listing_every_byte_move(t, data) -> None:
         plain.src, plain.dst, plain.length
     )
     assert _moves_refused(t, Descriptors.from_arrays(src, dst, length)) == (not same)
+
+
+def test_the_client_refuses_a_descriptor_whose_end_would_wrap_in_int64() -> None:
+    """offset + length past 2**63 wraps negative; the check compares the room left instead
+    (refused before any connection is touched: none is given)."""
+    from kvcr_policy.backends.peer.client.ops import _post
+
+    view = np.zeros(64, dtype=np.uint8)
+    for offset, length in (((1 << 63) - 8, 16), (8, (1 << 63) - 4), (-8, 8)):
+        offsets, lengths = np.array([offset], np.int64), np.array([length], np.int64)
+        with pytest.raises(TE, match="falls outside the pool"):
+            _post(None, offsets, lengths, view, True, 0, lambda failed: None)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,49 @@ def test_metrics_name_no_tenant_and_take_no_label_from_a_client(
     assert all(OPAQUE.fullmatch(pool) for pool in pools), pools
     kv = {pool for pool in pools if pool.endswith("/kv")}
     assert len(kv) == 2  # the same pool name of two tenants: two series, neither overwritten
+
+
+def test_a_tenants_pool_labels_are_bounded_and_shared_tiers_add_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Round 2's cardinality left over (red team 2026-12-c): 60 pools of long names grew
+    /metrics from 103 to 9,527 lines. A tenant now gets MAX_POOL_LABELS label values; its tiers
+    past them share ``other``, whose gauges add theirs up, and each label is logged with the
+    pool it stands for. Two tiers of one pool name (two layouts) count apart, not overwritten."""
+    from kvcr_policy.backends.peer.server.tiers import Tiers
+    from kvcr_policy.builtin.placement import AnonymousPlacement
+    from kvcr_policy.observability.labels import MAX_POOL_LABELS
+    from kvcr_policy.registry import NoOptions
+    from kvcr_policy.schema import PlacementSection
+    from tests.support.pools import geometry
+
+    geo = geometry(pages=4)
+    placement = AnonymousPlacement(PlacementSection(), NoOptions())
+    tiers = Tiers(placement, 4 * geo.page_bytes, 64, None, labels={"mallory": "tenant-0a1b2c3d"})
+    registry = CollectorRegistry()
+    meter = ServerMeter("labels", ["exists"], registry)
+    caplog.set_level("INFO", "kvcr_policy.observability")
+    try:
+        opened = [tiers.open("mallory", replace(geo, name="n" * 200 + str(i))) for i in range(40)]
+        opened.append(tiers.open("mallory", replace(geo, name="n" * 200 + "0", page_size=8)))
+        for tier in opened:
+            meter.tier(tier)
+        page = generate_latest(registry).decode()
+        capacity = {
+            line.split('pool="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in page.splitlines()
+            if line.startswith("kvcr_policy_tier_capacity_bytes{")
+        }
+        assert len(capacity) == MAX_POOL_LABELS + 1, sorted(capacity)  # and "other"
+        assert all(OPAQUE.fullmatch(label) for label in capacity), capacity
+        other = "tenant-0a1b2c3d/other"
+        assert capacity[other] == sum(t.usage().capacity_bytes for t in opened if t.name == other)
+        first = opened[0].name
+        assert (
+            capacity[first] == opened[0].usage().capacity_bytes + opened[-1].usage().capacity_bytes
+        )
+        assert f"metrics label pool='{first.split('/')[1]}' stands for pool" in caplog.text
+        assert "pool 'other' stands for" not in caplog.text or "labels already" in caplog.text
+    finally:
+        meter.close()
+        tiers.close()

@@ -64,7 +64,11 @@ def test_a_typo_exits_2_with_one_message_and_no_traceback() -> None:
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ('{"module_path": "kvcr_policy.integrations.sglang", "profil": "x"}', "did you mean"),
+        (
+            '{"backend_name": "kvcr_policy", "module_path": "kvcr_policy.integrations.sglang", '
+            '"class_name": "KVCRPolicyStorage", "profil": "x"}',
+            "did you mean",
+        ),
         ('{"module_path": "kvcr_policy.integrations.sglang",', "not valid JSON"),
         ("@/nonexistent/sglang-extra.json", "cannot read the file (No such file or directory)"),
     ],
@@ -96,9 +100,39 @@ def test_check_reads_a_file_as_sglang_does_and_says_where_values_come_from(
         "value": 512,
         "from": f"{FLAG} ['overrides']['batching.read_batch_pages']",
     }
-    other = '{"backend_name": "x", "module_path": "other.module", "class_name": "C", "k": 1}'
-    status, out, _ = run_main(capsys, "sglang-config", "--check", other)
-    assert status == 0 and json.loads(out)["loads"] is False
+
+
+LOADER = '"backend_name": "kvcr_policy", "module_path": "kvcr_policy.integrations.sglang"'
+
+
+@pytest.mark.parametrize(
+    ("flag", "says"),
+    [
+        (
+            "{}",
+            [f"extra_config.{key} (from" for key in ("backend_name", "module_path", "class_name")],
+        ),
+        (
+            '{"backend_name": "x", "module_path": "other.module", "class_name": "C", "k": 1}',
+            ["SGLang would load 'other.module', not this backend", "SGLang would load 'C'"],
+        ),
+        ("{" + LOADER + ', "class_name": "HiCacheFile"}', ["SGLang would load 'HiCacheFile'"]),
+        ("{" + LOADER + "}", ["missing; SGLang's dynamic loader needs it: 'class_name'"]),
+    ],
+    ids=["empty", "another-backend", "another-class", "no-class"],
+)
+def test_check_fails_whenever_sglang_would_not_load_this_backend(
+    capsys: pytest.CaptureFixture[str], flag: str, says: list[str]
+) -> None:
+    """Red team 2026-12-c, C10: these printed "loads" and exited 0, so a launch script that
+    gated on the exit status passed a flag that failed at SGLang's start."""
+    status, out, err = run_main(capsys, "sglang-config", "--check", flag)
+    assert status == 2 and out == "", err
+    assert all(said in err for said in says), err
+    for module in ("kvcr_policy.integrations.sglang", "kvcr_policy.integrations.sglang.storage"):
+        good = {"backend_name": "any", "module_path": module, "class_name": "KVCRPolicyStorage"}
+        status, out, err = run_main(capsys, "sglang-config", "--check", json.dumps(good))
+        assert status == 0 and json.loads(out)["loads"] is True, err
 
 
 def _docs_section() -> str:
@@ -143,7 +177,14 @@ def test_check_refuses_a_tier_larger_than_this_host(capsys: pytest.CaptureFixtur
 
 
 def test_format_json_is_the_report_of_both_modes(capsys: pytest.CaptureFixture[str]) -> None:
-    for args in ([], ["--check", '{"backend_name": "x"}']):
+    flag = json.dumps(
+        {
+            "backend_name": "kvcr_policy",
+            "module_path": "kvcr_policy.integrations.sglang",
+            "class_name": "KVCRPolicyStorage",
+        }
+    )
+    for args in ([], ["--check", flag]):
         code, out, err = run_main(capsys, "sglang-config", *args, "--format", "json")
         assert code == 0, err
         assert isinstance(json.loads(out), dict)

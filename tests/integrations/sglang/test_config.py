@@ -131,6 +131,18 @@ def test_namespaces_separate_ranks_pools_and_formats() -> None:
     assert mamba[0].prefix != mamba[1].prefix  # Mamba state is TP-sharded even for MLA
 
 
+def test_names_holding_the_label_separators_never_share_a_namespace() -> None:
+    """The label joins its parts with ';' and '=': a pool or model name holding them once gave
+    two pools one label (and so one key prefix); the free-text parts are percent-encoded."""
+    forged = namespace_for(_config(), "kv;geometry=x", "y")
+    honest = namespace_for(_config(), "kv", "x;geometry=y")
+    assert forged.label != honest.label and forged.prefix != honest.prefix
+    model = namespace_for(_config(model_name="a;tp=1/2"), "kv", "g")
+    assert "model=a%3Btp%3D1/2;" in model.label
+    usual = namespace_for(_config(model_name="Qwen/Qwen3-32B"), "kv", "g")
+    assert usual.label.startswith("model=Qwen/Qwen3-32B;") and ";pool=kv;" in usual.label
+
+
 def test_constructor_signature_is_pinned_without_importing_sglang() -> None:
     assert extra_positional_types() == {"KVCRPolicyStorage.__init__": ["storage_config", "kwargs"]}
 
@@ -181,3 +193,41 @@ def test_bad_overrides_text_and_unreadable_files_are_one_message_each() -> None:
     assert "not valid JSON" in text and "did you mean 'profile'" in text
     with pytest.raises(ConfigError, match="cannot read the file"):
         parse_extra_config({**LOADER, "overrides": "@/nonexistent/overrides.toml"})
+
+
+def _alias_bomb(levels: int, width: int = 2) -> str:
+    """YAML of ``levels`` mappings, each holding the level below ``width`` times through
+    aliases: a few KiB that hold width**levels leaves (the red team's had 2**30)."""
+    lines = ["l0: &l0 {x: 1, y: 1}"]
+    for i in range(1, levels + 1):
+        refs = ", ".join(f"k{j}: *l{i - 1}" for j in range(width))
+        lines.append(f"l{i}: &l{i} {{{refs}}}")
+    return "\n".join(lines) + f"\nplacement: *l{levels}\n"
+
+
+@pytest.mark.parametrize(
+    ("levels", "width", "says"),
+    [(30, 2, "nested deeper than 16 levels"), (12, 4, "more than 4096 values")],
+    ids=["deep", "wide"],
+)
+def test_overrides_that_would_take_unbounded_work_are_one_message(
+    tmp_path: Any, levels: int, width: int, says: str
+) -> None:
+    """Red team 2026-12-c, C7: the provenance walk visited 2**30 leaves of a 2 KiB file."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb(levels, width))
+    assert path.stat().st_size < 4096
+    with pytest.raises(ConfigError, match=says) as caught:
+        parse_extra_config({**LOADER, "overrides": f"@{path}"})
+    assert len(caught.value.issues) == 1
+
+
+def test_many_overrides_or_unknown_keys_are_bounded() -> None:
+    many = {f"batching.k{i}": 1 for i in range(10**5)}
+    with pytest.raises(ConfigError, match="more than 4096 values") as caught:
+        parse_extra_config({**LOADER, "overrides": many})
+    assert len(caught.value.issues) == 1
+    with pytest.raises(ConfigError) as caught:
+        parse_extra_config({**LOADER, **{f"key{i}": 1 for i in range(10**4)}})
+    issues = caught.value.issues
+    assert len(issues) == 33 and issues[-1].message.startswith("and 9968 more unknown keys")

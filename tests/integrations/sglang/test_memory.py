@@ -53,3 +53,19 @@ def test_a_pool_owns_the_whole_storage_of_its_cpu_tensors() -> None:
         memory.check("pool", np.array([start, start + 60]), np.array([4, 8]))
     with pytest.raises(PoolError, match="0 ranges"):
         MemoryMap.merged([]).check("nothing", np.array([start]), np.array([1]))
+
+
+@pytest.mark.parametrize(
+    ("address", "size"),
+    [
+        ((1 << 63) - 16, 32),  # past the last range, wrapping to a negative end
+        (4096, (1 << 63) - 1),  # inside, with a size whose end wraps
+        (8000, (1 << 63) - 7000),
+        (-(1 << 63), 16),  # what 2**63 becomes as int64
+    ],
+)
+def test_a_piece_whose_end_would_wrap_in_int64_is_refused(address: int, size: int) -> None:
+    memory = MemoryMap.merged([(4096, 8192)])
+    pointers = np.array([address], dtype=np.int64)
+    with pytest.raises(PoolError, match="lies outside every CPU tensor"):
+        memory.check("pool", pointers, np.array([size], dtype=np.int64))

@@ -72,3 +72,24 @@ def test_a_target_tensor_that_is_not_contiguous_is_a_miss(
     strided = sg.torch.zeros(32, dtype=sg.torch.float32)[::2]
     assert backend.get("t", strided) is None
     assert backend.get("t", sg.torch.zeros(16, dtype=sg.torch.float32)).tolist() == list(range(16))
+
+
+def test_pointers_and_sizes_near_2_63_are_misses_not_crashes(
+    sg: SimpleNamespace, pool_and_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An address near 2**63 once wrapped the range check in int64 and the copy segfaulted; an
+    int past int64 was a bare OverflowError, a huge size an allocation of that many bytes."""
+    pool, backend = pool_and_backend
+    base = pool.kv_buffer.data_ptr()
+    assert backend.set("k32", target_location=base, target_sizes=32)
+    top = (1 << 63) - 16
+    assert not backend.get("k32", target_location=top, target_sizes=32)
+    assert not backend.set("k33", target_location=top, target_sizes=32)
+    assert not backend.get("k32", target_location=base, target_sizes=(1 << 63) - 1)
+    assert not backend.get("k32", target_location=[base, base + 64], target_sizes=[16, top])
+    assert not backend.get("k32", target_location=1 << 63, target_sizes=32)
+    assert not backend.set("k34", target_location=1 << 64, target_sizes=32)
+    assert not backend.get("k32", target_sizes=(1 << 63) - 1)  # no target: nothing allocated
+    assert backend.get("k32", target_location=base + 4096, target_sizes=32)  # still served
+    assert "Traceback" not in caplog.text
+    assert all(r.exc_info is None for r in caplog.records)

@@ -10,6 +10,11 @@ its restart), not throughput figures.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -337,4 +342,71 @@ def test_a_killed_segment_misses_its_pages_at_once() -> None:
                 # Bounded by evidence, not the clock: one store call for all 24 pages (above),
                 # none retried page by page; the time is printed, never asserted on.
         finally:
+            holder.stop()
+
+
+@pytest.mark.parametrize("layout", ["multi", "mla"])
+def test_a_store_over_objects_a_killed_writer_left_unfinished_is_readable(layout: str) -> None:
+    """Red team 2026-12-c, C4: a writer killed between Mooncake's put start and put end leaves
+    objects the master keeps (30 s by default); a later put of the same keys answered 0, set()
+    reported them stored, and no read found them. Now a put is confirmed by exists, and an
+    unfinished object is replaced: every page set() reports stored is read back, byte-exact.
+
+    The writer's put is made to stall for sure: the only segment's process is stopped
+    (SIGSTOP) before it puts, and the writer is killed once the master counts its put
+    started."""
+    need_mooncake()
+    from kvcr_policy_mooncake.master import MasterProcess
+    from kvcr_policy_mooncake.segment import SegmentProcess
+
+    from tests.plugins.mooncake.stalled_writer import MLA
+    from tests.support.paths import ROOT
+    from tests.support.processes import next_line
+
+    geometry = MLA if layout == "mla" else GEO
+    n = 16
+    started = "master_batch_put_start_items_total"
+    with MasterProcess() as master:
+        holder = SegmentProcess(master.address, 64 << 20)
+        command = [sys.executable, "-m", "tests.plugins.mooncake.stalled_writer"]
+        writer = subprocess.Popen(
+            [*command, master.address, str(n), layout],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert next_line(writer, timeout=120) == "ready"
+            before = master.metric(started) or 0
+            os.kill(holder.pid, signal.SIGSTOP)
+            assert writer.stdin is not None
+            writer.stdin.write("store\n")
+            writer.stdin.flush()
+            wait_until(lambda: (master.metric(started) or 0) >= before + n, "put started", 60)
+            writer.kill()
+            writer.wait()
+            os.kill(holder.pid, signal.SIGCONT)
+
+            buffer = pool_buffer(geometry)
+            pages = pages_of(buffer, geometry)
+            pages[:] = np.random.default_rng(4).integers(0, 256, pages.shape, dtype=np.uint8)
+            stored = pages[:, :n].copy()
+            keys = [f"stalled-{i}" for i in range(n)]
+            with pipeline_on(master) as pipeline:
+                pipeline.register_pool("kv", geometry, buffer)
+                assert pipeline.exists(keys) == 0  # the unfinished objects read as absent
+                assert pipeline.set(keys, token_indices(range(n), geometry.page_size)) == [True] * n
+                assert pipeline.exists(keys) == n
+                got = pipeline.get(keys, token_indices(range(n, 2 * n), geometry.page_size))
+                assert got == [True] * n
+                assert np.array_equal(pages[:, n : 2 * n], stored)
+                counters = pipeline.stats().pools["kv"]["counters"]
+                assert counters.get("set_unfinished") == counters.get("set_replaced") == n
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(holder.pid, signal.SIGCONT)
             holder.stop()

@@ -9,7 +9,9 @@ another pool of the same layout arrives whole and in place. No Mooncake needed.
 from __future__ import annotations
 
 import ctypes
+import re
 from importlib import metadata
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +31,12 @@ def _plugin() -> None:
         metadata.distribution(PLUGIN_DIST)
     except metadata.PackageNotFoundError:
         missing(f"{PLUGIN_DIST} is not installed; pip install -e plugins/kvcr-policy-mooncake")
+
+
+def layout_digest(geometry: PoolGeometry) -> str:
+    from kvcr_policy_mooncake.objects import layout_digest as digest
+
+    return digest(geometry)
 
 
 def plan_of(geometry: PoolGeometry, buffer: object) -> object:
@@ -72,3 +80,33 @@ def test_pools_of_one_layout_share_keys_and_others_never_do(
         assert ObjectPlan("kv", other, 0).keys(["a"]) != same.keys(["a"])
     probe = same.probe_key("host:1", 10, 0)
     assert not probe.startswith(same.keys([""])[0])  # a probe never collides with a page key
+
+
+_NAMES = st.text(alphabet=st.sampled_from("ab@/#%.:-~\x00é"), min_size=1, max_size=8)
+
+
+@given(geometries(max_pages=2), _NAMES, _NAMES, _NAMES, _NAMES, st.data())
+def test_no_key_of_one_pool_or_tenant_is_a_key_of_another(
+    geometry: PoolGeometry, name: str, other: str, tenant: str, tenant2: str, data: Any
+) -> None:
+    """Pool names and tenants holding the separators (red team 2026-12-c, C3: a pool named
+    ``kva@<digest>/x`` wrote keys of pool ``kva``); the pattern ``clear()`` removes by matches
+    its own pool's objects only."""
+    from kvcr_policy_mooncake.objects import ObjectPlan
+
+    layout = data.draw(geometries(max_pages=2))
+    first = ObjectPlan(name, geometry, 0, tenant)
+    second = ObjectPlan(other, layout, 0, tenant2)
+    key, key2 = data.draw(_NAMES), data.draw(_NAMES)
+    same = first.namespace == second.namespace
+    assert same == (
+        (name, tenant, layout_digest(geometry)) == (other, tenant2, layout_digest(layout))
+    )
+    if not same:
+        assert first.keys([key]) != second.keys([key2])
+        assert re.search(first.pattern, second.keys([key2])[0]) is None
+        assert re.search(first.pattern, second.probe_key("h:1", 8, 0)) is None
+    assert re.search(first.pattern, first.keys([key])[0])
+    assert re.search(first.pattern, first.probe_key("h:1", 8, 0))
+    assert ObjectPlan("kv", geometry, 0).namespace == f"kv@{layout_digest(geometry)}"
+    assert ObjectPlan("kv", geometry, 0, "default") == ObjectPlan("kv", geometry, 0)

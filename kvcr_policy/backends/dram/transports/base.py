@@ -40,8 +40,9 @@ def check_bounds(batch: CopyBatch) -> None:
     if len(d) == 0:
         return
     bad = (d.length <= 0) | (d.src < 0) | (d.dst < 0)
-    bad |= d.src + d.length > batch.src.nbytes
-    bad |= d.dst + d.length > batch.dst.nbytes
+    # Room after the offset, never offset + length: that sum wraps in int64 past 2**63.
+    bad |= d.length > batch.src.nbytes - np.clip(d.src, 0, None)
+    bad |= d.length > batch.dst.nbytes - np.clip(d.dst, 0, None)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         message = (

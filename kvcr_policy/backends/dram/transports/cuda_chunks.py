@@ -76,7 +76,8 @@ def overlapping(offsets: Int64Array, length: Int64Array) -> bool:
             return repeats(offsets // size)  # equal aligned ranges overlap where they start
         order = np.argsort(offsets, kind="stable")
         offsets, length = offsets[order], length[order]
-    return bool(np.any(offsets[1:] < offsets[:-1] + length[:-1]))
+    # The gap to the next start (sorted: never negative), not start + length, which wraps.
+    return bool(np.any(offsets[1:] - offsets[:-1] < length[:-1]))
 
 
 def chunk_bounds(

@@ -175,7 +175,7 @@ def _post(
     done: Callable[[np.ndarray], None],
 ) -> None:
     """One message per descriptor, ``tag_base + i``, straight from or into ``view``."""
-    if len(offsets) and int((offsets + lengths).max()) > len(view):
+    if len(offsets) and bool(np.any((offsets < 0) | (lengths > len(view) - offsets))):
         raise TransportError("a descriptor falls outside the pool; refusing the batch")
     group = conn.transfer(done, send=send)
     post, ep = conn.link.post, conn.ep

@@ -41,7 +41,7 @@ class ServerMeter:
         self.connections = f.peer_connections.labels(BACKEND, profile)
         self.requests = {kind: f.peer_requests.labels(BACKEND, profile, kind) for kind in kinds}
         self.rejected = {r: f.peer_rejected.labels(BACKEND, profile, r) for r in REJECT_REASONS}
-        self._tiers: dict[str, tuple[PoolMeter, Level]] = {}
+        self._tiers: dict[int, tuple[PoolMeter, Level]] = {}  # by tier: labels may repeat
         self._lock = threading.Lock()
         self._open = 0
 
@@ -67,10 +67,10 @@ class ServerMeter:
         """Refresh the gauges of ``tier`` (a server tier with ``name``, ``usage()`` and
         ``store``) and count its new evictions; the first call also watches its store."""
         with self._lock:
-            entry = self._tiers.get(tier.name)
+            entry = self._tiers.get(id(tier))
             if entry is None:
                 meter = PoolMeter(self._families, BACKEND, self.profile, tier.name)
-                entry = self._tiers[tier.name] = (meter, Level(meter.claims))
+                entry = self._tiers[id(tier)] = (meter, Level(meter.claims))
                 watch = getattr(tier.store, "watch", None)
                 if watch is not None:
                     watch(lambda: self._refresh(tier))
@@ -80,7 +80,7 @@ class ServerMeter:
         # Under the lock, so the last change read is the last one set (two threads change
         # stores: the worker and the tier opener); a closed store keeps its last values.
         with self._lock:
-            entry = self._tiers.get(tier.name)
+            entry = self._tiers.get(id(tier))
             if entry is None or getattr(tier.store, "closed", False):
                 return
             meter, claims = entry

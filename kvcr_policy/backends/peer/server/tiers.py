@@ -45,7 +45,7 @@ from ....memory.region import Region
 from ...base import TierUsage
 from ...dram.store import Store
 from ...dram.stores import new_store, takes
-from .labels import pool_label
+from .labels import TierLabels
 
 __all__ = ["SLOT_COST", "Tier", "Tiers", "tier_bytes"]
 
@@ -126,7 +126,7 @@ class Tiers:
         self._capacity_bytes = capacity_bytes
         self._max = max_tiers
         self._quota = quota_bytes
-        self._labels = dict(labels or {})  # tenant -> its metrics label prefix (.labels)
+        self._labels = TierLabels(labels)  # each tier's metrics label (.labels)
         self._tiers: dict[tuple[str, str, str], Tier] = {}
         self._lock = threading.Lock()  # guards _tiers: open() runs on a helper thread
         self._opening = threading.Lock()  # one region opens at a time, _tiers stays readable
@@ -209,13 +209,11 @@ class Tiers:
             raise
         view = region.array[align : align + tier_geometry.nbytes]
         # The name labels the tier's metrics (see .labels): bounded, and a tenant's own.
-        prefix = self._labels.get(tenant)
-        pool = pool_label(geometry.name)
         share = None
         if shared:
             fd, offset = region.share()
             share = (fd, offset + align)
-        name = pool if prefix is None else f"{prefix}/{pool}"
+        name = self._labels.tier(tenant, geometry.name)
         tier = Tier(name, tier_geometry, region, store, view, share)
         log.info(
             "tier %r of tenant %r opened: %d slots of %d bytes, offset %d into its first page",

@@ -175,3 +175,11 @@ def test_a_chunked_store_writes_exactly_the_described_host_bytes(
     for plan in chunk_plans(slots, buffer_fragments * fragment, first_fragments * fragment, "host"):
         replay_store(plan, pool, host)
     assert np.array_equal(host, expected)
+
+
+def test_ranges_near_the_top_of_int64_overlap_as_they_do() -> None:
+    """start + length wraps past 2**63 in int64; the check compares the gap to the next start."""
+    top = (1 << 63) - 64
+    offsets = np.array([top, top + 32], dtype=np.int64)
+    assert overlapping(offsets, np.array([100, 8], dtype=np.int64))  # its end wraps
+    assert not overlapping(offsets, np.array([32, 8], dtype=np.int64))

@@ -162,6 +162,19 @@ def test_check_bounds_accepts_descriptors_that_end_exactly_at_the_buffer_end() -
         check_bounds(batch_between(src, dst, Descriptors.from_arrays([9], [0], [8])))
 
 
+@pytest.mark.parametrize(
+    ("src", "dst", "length"),
+    [(1 << 62, 0, 1 << 62), (0, (1 << 63) - 4, 8), (4, 4, (1 << 63) - 1)],
+)
+def test_check_bounds_refuses_offsets_whose_end_would_wrap_in_int64(
+    src: int, dst: int, length: int
+) -> None:
+    """offset + length past 2**63 wraps negative in int64; the check compares the room left."""
+    buffers = np.zeros(16, np.uint8), np.zeros(16, np.uint8)
+    with pytest.raises(TransportError, match="falls outside its buffers"):
+        check_bounds(batch_between(*buffers, Descriptors.from_arrays([src], [dst], [length])))
+
+
 # ---- the memory transport and its faults ---------------------------------------------------
 
 
