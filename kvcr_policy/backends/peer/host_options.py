@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kvcr_policy.schema import TENANT_NAME
+from kvcr_policy.config.schema import TENANT_NAME
 
-__all__ = ["HostOptions"]
+__all__ = ["MIN_IDLE_EXIT_S", "HostOptions"]
+
+#: The least idle time a host tier waits before it exits (0: it never exits by itself).
+MIN_IDLE_EXIT_S = 1.0
 
 
 class HostOptions(BaseModel):
@@ -39,7 +42,7 @@ class HostOptions(BaseModel):
         le=86400,
         allow_inf_nan=False,
         description="A tier this process starts exits this long after its last client left "
-        "(0: never).",
+        "(0: never; else at least 1 s).",
     )
     start_timeout_s: float = Field(
         60.0,
@@ -48,3 +51,11 @@ class HostOptions(BaseModel):
         allow_inf_nan=False,
         description="Longest wait for the tier's socket, started here or by another process.",
     )
+
+    @field_validator("idle_exit_s")
+    @classmethod
+    def _never_or_sane(cls, value: float) -> float:
+        # An idle check every 1e-300 s would end a tier before its first client connects.
+        if 0 < value < MIN_IDLE_EXIT_S:
+            raise ValueError(f"expected 0 (never) or {MIN_IDLE_EXIT_S:g}..86400 s, got {value}")
+        return value
