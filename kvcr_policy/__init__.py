@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .config.loading import LoadedConfig, load_config
+from .config.schema import PolicyConfig
 from .errors import (
     ClosedError,
     ConfigError,
@@ -12,9 +14,7 @@ from .errors import (
     TransportError,
 )
 from .hookspecs import hookimpl
-from .loading import LoadedConfig, load_config
 from .plugins import make_plugin_manager
-from .schema import PolicyConfig
 
 __all__ = [
     "ClosedError",

@@ -51,7 +51,7 @@ def kvcr_register_transports(register: RegisterTransport) -> None:
 
     Called by :func:`kvcr_policy.plugins.make_plugin_manager` once per plugin, when a manager is
     built. All implementations are called; return values are ignored. ``factory(config,
-    options)`` receives the whole frozen :class:`~kvcr_policy.schema.PolicyConfig` and the
+    options)`` receives the whole frozen :class:`~kvcr_policy.config.schema.PolicyConfig` and the
     validated options of ``[transport.options]`` and returns an object implementing
     :class:`kvcr_policy.backends.dram.transports.base.Transport` (a copy engine of the
     ``dram`` backend), or names a transport another backend reads its options from

@@ -28,7 +28,7 @@ from .backends.base import EarlyRead, PoolTier, Shape, Transfer
 from .descriptors import Descriptors, split_pieces
 from .errors import CapacityError, ClosedError
 from .observability.meter import CallCounts, DirectionMeter, PoolMeter, miss_reason
-from .stats import StatsRecorder
+from .observability.stats import StatsRecorder
 from .strategies import BatchingStrategy, CoalescingStrategy, FallbackStrategy
 
 __all__ = ["Mover"]

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import tier_reports as reports
+from .backends import reporting as reports
 from .backends.base import (
     BackendContext,
     EarlyRead,
@@ -31,6 +31,8 @@ from .backends.base import (
     PoolTier,
     TierBackend,
 )
+from .config.loading import LoadedConfig, load_config
+from .config.schema import STRATEGY_SECTIONS, strategy_name
 from .errors import (
     ClosedError,
     IndicesError,
@@ -40,12 +42,11 @@ from .errors import (
 )
 from .geometry import BufferInfo, PoolGeometry, check_unchanged, page_indices, validate_buffer
 from .keys import check_keys, rounds
-from .loading import LoadedConfig, load_config
 from .mover import Mover
+from .observability.meter import PoolMeter
 from .observability.meters import Meters
+from .observability.stats import PipelineStats, StatsRecorder
 from .plugins import PluginManager, make_plugin_manager
-from .schema import STRATEGY_SECTIONS, strategy_name
-from .stats import PipelineStats, StatsRecorder
 from .strategies import (
     BatchingStrategy,
     CoalescingStrategy,
@@ -212,10 +213,22 @@ class Pipeline:
             log.info("pool %r registered on backend %r: %s", name, self.backend.name, geometry)
             meter = self.meters.open(name)
             if meter is not None:
-                wanted = self.config.observability
-                probe = wanted.link_probe_bytes
-                meter.attached(tier, wanted.audit_placement, probe and int(probe),
-                               wanted.link_limit_gbps)  # fmt: skip
+                self._attached(meter, tier)
+
+    def _attached(self, meter: PoolMeter, tier: PoolTier) -> None:
+        """A pool just registered: its tier usage, and its audit and link limit if asked."""
+        wanted = self.config.observability
+        meter.usage(tier)
+        if wanted.audit_placement:
+            found = reports.audit_of(tier)
+            if found is not None:
+                meter.placement(found)
+        if wanted.link_probe_bytes is not None:
+            nbytes = int(wanted.link_probe_bytes)
+            # Twice: the first run also faults the pages in.
+            meter.probe(lambda: reports.probe(tier, nbytes), nbytes, runs=2)
+        elif wanted.link_limit_gbps is not None:
+            meter.link_limit(wanted.link_limit_gbps * 1e9)
 
     def count_misses(self, pool: str, read: bool, reason: str, pages: int) -> None:
         """Count misses a caller decided before reaching the pipeline (an integration that
@@ -414,7 +427,7 @@ class Pipeline:
                 raise IndicesError(message)
             meter = self.meters.get(geometry.name)
             if meter is not None:
-                meter.probe(tier, nbytes)  # the link-limit gauge
+                meter.probe(lambda: reports.probe(tier, nbytes), nbytes)  # the link-limit gauge
             else:
                 reports.probe(tier, nbytes)
 

@@ -20,9 +20,9 @@ import pluggy
 from pydantic import BaseModel
 
 from . import hookspecs
+from .config.schema import ENV_PREFIX, PluginsSection, PolicyConfig
 from .errors import PluginError
 from .registry import KINDS, BrokenPlugin, NoOptions, Registry, Spec
-from .schema import ENV_PREFIX, PluginsSection, PolicyConfig
 
 __all__ = ["BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "PluginManager", "make_plugin_manager"]
 

@@ -81,7 +81,7 @@ def check_size_text(value: Any) -> Any:
 
 
 #: The text rule of :data:`Size` as a JSON Schema pattern (the committed schema shows this one,
-#: not ByteSize's looser own: see ``kvcr_policy.contract``).
+#: not ByteSize's looser own: see ``kvcr_policy.config.order``).
 SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*[A-Za-z]*\s*$"
 
 #: A byte size as config spells it: ByteSize behind :func:`check_size_text`.

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
+from kvcr_policy.config.sources import known_leaves
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.geometry import LAYOUTS, MLA_LAYOUTS, PoolGeometry
 from kvcr_policy.integrations.sglang.prefix import ALL_PAGES, TRAILING_PAGES
 from kvcr_policy.memory.headroom import Headroom, Limit
-from kvcr_policy.sources import known_leaves
 
 __all__ = [
     "ClaimScenario",

@@ -7,6 +7,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from tests.support.load import CpuHog, cores
 from tests.support.paths import ROOT, child_env
@@ -53,6 +59,27 @@ def test_the_tests_mirror_the_package() -> None:
         elif not (ROOT / "kvcr_policy" / folder / "__init__.py").is_file():
             strays.append(f"tests/{folder}: kvcr_policy/{folder} is not a package")
     assert not strays, "move these tests to the folder of what they test:\n" + "\n".join(strays)
+
+
+def _contract(name: str) -> dict[str, Any]:
+    """The import-linter contract of pyproject.toml named ``name``."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    return next(c for c in contracts if c["name"] == name)
+
+
+def test_the_import_contracts_name_every_package() -> None:
+    """A new package is checked for cycles, and a new root module or package is refused the
+    command line, without anyone remembering to list it."""
+    package = ROOT / "kvcr_policy"
+    packages = {f"kvcr_policy.{p.parent.name}" for p in package.glob("*/__init__.py")}
+    modules = {f"kvcr_policy.{p.stem}" for p in package.glob("*.py")} - {
+        "kvcr_policy.__init__", "kvcr_policy.__main__"
+    }  # fmt: skip
+    acyclic = set(_contract("No import cycles")["ancestors"])
+    assert packages - acyclic == set()
+    below = set(_contract("Nothing below the command line imports it")["source_modules"])
+    assert (packages | modules) - {"kvcr_policy.cli"} == below
 
 
 def test_every_test_path_the_docs_name_exists() -> None:

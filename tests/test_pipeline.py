@@ -21,9 +21,9 @@ import pytest
 
 from kvcr_policy.backends.dram.store import Store
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.errors import ClosedError, IndicesError, PoolError
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.registry import Registry
 from tests.support.pipelines import (

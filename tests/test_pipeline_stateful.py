@@ -39,9 +39,9 @@ from hypothesis.stateful import (
 from kvcr_policy.backends.dram.transports import copy as host_copy
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
+from kvcr_policy.config.loading import LoadedConfig, load_config
 from kvcr_policy.errors import ClosedError
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
 from tests.strategies import distinct_pages

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from kvcr_policy import hookspecs
 from kvcr_policy.cli import main
+from kvcr_policy.config.loading import load_config
+from kvcr_policy.config.schema import BatchingSection, PluginsSection, PolicyConfig
 from kvcr_policy.errors import ConfigError, PluginError
-from kvcr_policy.loading import load_config
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.registry import NoOptions, Registry, Spec
-from kvcr_policy.schema import BatchingSection, PluginsSection, PolicyConfig
 from kvcr_policy.strategies import BatchingStrategy
 
 EXAMPLE_DIST = "kvcr-policy-example"
@@ -247,7 +247,7 @@ def test_build_reuses_the_plugin_manager_of_the_load(fake_dist: Callable[..., No
 
 
 def test_loaded_config_without_a_manager_still_builds(registry: Registry) -> None:
-    from kvcr_policy.loading import LoadedConfig
+    from kvcr_policy.config.loading import LoadedConfig
     from kvcr_policy.pipeline import build_pipeline
 
     given = load_config(environ={}, registry=registry)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kvcr_policy_example.s3fifo import S3FIFOOptions, S3FIFOPolicy
 
-from kvcr_policy.loading import load_config
+from kvcr_policy.config.loading import load_config
 from tests.support.paths import ROOT
 
 

@@ -19,8 +19,9 @@ batch at a time and never loops over a call's pages itself::
       .close()                          waits for in-flight work; frees nothing a transfer may
                                         still touch; calls after it raise ClosedError
 
-    Reporting, optional (:class:`BackendReporting`, :class:`PoolReporting`; asked for through
-    :mod:`kvcr_policy.tier_reports`, so a backend without them still moves pages)
+    Reporting, optional (:class:`~.reporting.BackendReporting`,
+    :class:`~.reporting.PoolReporting`; asked for through :mod:`kvcr_policy.backends.reporting`,
+    so a backend without them still moves pages)
       TierBackend.describe() -> dict    stats().transport
       PoolTier.probe(nbytes)            the backend's largest single move, tier -> pool (limits)
       PoolTier.stats() -> dict          the pool's figures in stats()
@@ -69,25 +70,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..config.loading import LoadedConfig
+    from ..config.schema import PolicyConfig
     from ..descriptors import Descriptors
     from ..geometry import PoolGeometry
-    from ..loading import LoadedConfig
-    from ..schema import PolicyConfig
     from ..strategies import CoalescingStrategy, EvictionStrategy, PlacementStrategy
 
 __all__ = [
     "BackendContext",
-    "BackendReporting",
     "ConfiguredTransport",
     "EarlyRead",
     "Endpoint",
     "PoolReadsEarly",
-    "PoolReporting",
     "PoolSpec",
     "PoolTier",
     "Shape",
     "TierBackend",
-    "TierUsage",
     "Transfer",
     "check_device",
 ]
@@ -118,16 +116,6 @@ class PoolSpec:
     name: str
     geometry: PoolGeometry
     endpoint: Endpoint
-
-
-@dataclass(frozen=True, slots=True)
-class TierUsage:
-    """What one pool's tier holds now, for the metrics (``PoolTier.usage()``, optional)."""
-
-    capacity_bytes: int
-    used_bytes: int
-    #: Pages evicted since the tier opened.
-    evictions: int
 
 
 class ConfiguredTransport(Protocol):
@@ -226,18 +214,6 @@ class PoolReadsEarly(Protocol):
     def read_early(self, keys: list[str]) -> EarlyRead | None: ...
 
 
-class PoolReporting(Protocol):
-    """What a pool tier may report (all optional; see :mod:`kvcr_policy.tier_reports`)."""
-
-    def probe(self, nbytes: int) -> None: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-    def audit(self) -> dict[str, Any] | None: ...
-
-    def usage(self) -> TierUsage: ...
-
-
 class TierBackend(Protocol):
     """A place that holds pages; see the module docstring."""
 
@@ -250,9 +226,3 @@ class TierBackend(Protocol):
     def attach(self, pool: PoolSpec) -> PoolTier: ...
 
     def close(self) -> None: ...
-
-
-class BackendReporting(Protocol):
-    """What a backend may report (optional; see :mod:`kvcr_policy.tier_reports`)."""
-
-    def describe(self) -> dict[str, Any]: ...

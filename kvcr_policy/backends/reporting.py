@@ -1,7 +1,7 @@
 """The optional reporting members of a backend, asked for where they exist.
 
-:class:`~.backends.base.PoolReporting` and :class:`~.backends.base.BackendReporting` are not
-part of the data path: a backend implements the ones it can. The pipeline and the meters ask
+:class:`PoolReporting` and :class:`BackendReporting` are not part of the data path: a backend
+implements the ones it can. The pipeline and the meters ask
 through these functions, so a backend without them still moves pages: no stats of its own
 (``{}``), no audit (``None``), no usage gauges, and a probe (``kvcr-policy bench``'s limit) that
 says it has none.
@@ -9,11 +9,48 @@ says it has none.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from .errors import UnsupportedError
+from ..errors import UnsupportedError
 
-__all__ = ["audit_of", "describe", "probe", "stats_of"]
+__all__ = [
+    "BackendReporting",
+    "PoolReporting",
+    "TierUsage",
+    "audit_of",
+    "describe",
+    "probe",
+    "stats_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """What one pool's tier holds now, for the metrics (``PoolTier.usage()``, optional)."""
+
+    capacity_bytes: int
+    used_bytes: int
+    #: Pages evicted since the tier opened.
+    evictions: int
+
+
+class PoolReporting(Protocol):
+    """What a pool tier may report (all optional; each asked for below)."""
+
+    def probe(self, nbytes: int) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def audit(self) -> dict[str, Any] | None: ...
+
+    def usage(self) -> TierUsage: ...
+
+
+class BackendReporting(Protocol):
+    """What a backend may report (optional; asked for by :func:`describe`)."""
+
+    def describe(self) -> dict[str, Any]: ...
 
 
 def stats_of(tier: Any) -> dict[str, Any]:

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from ..bench_adapter import BenchBackend
+from ..config.loading import LoadedConfig
 from ..errors import BenchError
 from ..geometry import PoolGeometry
-from ..loading import LoadedConfig
 from ..plugins import make_plugin_manager
 from .server import PeerProcess
 from .setup import BenchSetup

@@ -1,4 +1,5 @@
-"""``kvcr-policy bench``: the command behind the CLI's options (cli.py only dispatches here).
+"""``kvcr-policy bench``: the command behind the CLI's options (:mod:`kvcr_policy.cli.bench`
+builds a :class:`BenchCommand` and hands it here).
 
 Every input is checked before the run starts (exit 2 with one message); a restore that did
 not verify, or a failed ``--screen``, exits 1 after the figures are printed.
@@ -11,7 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from enum import Enum
+from dataclasses import dataclass, field
 from typing import Any
 
 import typer
@@ -20,7 +21,7 @@ from rich.table import Table
 
 from ..observability.exposition import MetricsServer, check_public, serve_metrics
 from .headline import headline, ratio_note
-from .plot import check_plot, write_plot
+from .plot import write_plot
 from .progress import progress
 from .resolve import choosing, resolve
 from .runner import run_plan, steps
@@ -28,15 +29,10 @@ from .setup import BenchError, BenchSetup
 from .targets import TARGETS
 from .tp import parse_devices
 
-__all__ = ["run_command"]
+__all__ = ["BenchCommand", "run"]
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
-
-
-def _text(value: Any) -> Any:
-    """An option's value: typer hands str enums for choices."""
-    return value.value if isinstance(value, Enum) else value
 
 
 def _backend(transport: str, backend: str | None) -> str | None:
@@ -49,62 +45,77 @@ def _backend(transport: str, backend: str | None) -> str | None:
     return "peer"
 
 
-def run_command(
-    *,
-    profile: str,
-    vs: str,
-    geometry: str,
-    layout: str,
-    tokens: int,
-    target: str,
-    transport: str,
-    backend: str | None,
-    peer: str | None,
-    ucx_tls: str,
-    repeat: int,
-    mla: bool,
-    scatter: bool,
-    set_: Mapping[str, str],
-    screen_pct: float | None,
-    plot: str | None,
-    format: str,
-    vs_set: Mapping[str, str] | None = None,
-    metrics: str | None = None,
-    metrics_hold: float | None = None,
-    ranks: int = 1,
-    devices: str | None = None,
-) -> None:
-    """Check, run, print; see the module docstring."""
-    if metrics is not None:  # a bad or public address is refused before anything starts
-        from ..loading import load_config
+@dataclass(frozen=True, slots=True)
+class BenchCommand:
+    """One ``kvcr-policy bench`` command line, as typed (:mod:`kvcr_policy.cli.bench`)."""
 
-        chosen = TARGETS.get(_text(target) or "", TARGETS["cpu"]).overrides
-        loaded = load_config(profile=profile, overrides=choosing(chosen, set_))
+    #: P (a profile) against Q (``vs``), or against a peer implementation (``peer``).
+    profile: str = "throughput"
+    vs: str = "default"
+    peer: str | None = None
+    #: ``--set`` (both sides) and ``--vs-set`` (Q only, after ``--set``).
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    vs_overrides: Mapping[str, str] = field(default_factory=dict)
+    #: The pool: its model, layout and size, where it lives, and the store order.
+    geometry: str = "qwen3-32b"
+    layout: str = "layer_first"
+    tokens: int = 8192
+    mla: bool = False
+    scatter: bool = False
+    target: str = "cpu"
+    #: The tier: ``--transport`` (``local`` or ``ucx``), ``--backend`` and the peer's UCX
+    #: transports.
+    transport: str = "local"
+    backend: str | None = None
+    ucx_tls: str = "auto"
+    repeat: int = 5
+    ranks: int = 1
+    devices: str | None = None
+    #: The regression screen in percent, a PNG (its path checked by the command line), JSON.
+    screen_pct: float | None = None
+    plot: str | None = None
+    json: bool = False
+    #: ``--metrics HOST:PORT`` and how long /metrics stays up after the run.
+    metrics: str | None = None
+    metrics_hold: float | None = None
+
+    def setup(self) -> BenchSetup:
+        """The run's axes and sizes (checked by :func:`~.resolve.resolve`)."""
+        return BenchSetup(
+            self.profile,
+            self.vs,
+            self.geometry,
+            self.layout,
+            self.tokens,
+            self.repeat,
+            self.mla,
+            self.scatter,
+            dict(self.overrides),
+            target=self.target,
+            backend=_backend(self.transport, self.backend),
+            peer=self.peer,
+            tls=self.ucx_tls,
+            vs_overrides=dict(self.vs_overrides),
+            metrics=self.metrics is not None,
+            ranks=self.ranks,
+            devices=parse_devices(self.devices, self.ranks),
+        )
+
+
+def run(command: BenchCommand) -> None:
+    """Check, run, print; see the module docstring."""
+    metrics = command.metrics
+    if metrics is not None:  # a bad or public address is refused before anything starts
+        from ..config.loading import load_config
+
+        chosen = TARGETS.get(command.target, TARGETS["cpu"]).overrides
+        loaded = load_config(profile=command.profile, overrides=choosing(chosen, command.overrides))
         public = loaded.config.observability
         check_public(metrics, public.metrics_public)
-    setup = BenchSetup(
-        profile,
-        vs,
-        geometry,
-        layout,
-        tokens,
-        repeat,
-        mla,
-        scatter,
-        dict(set_),
-        target=_text(target),
-        backend=_backend(_text(transport), backend),
-        peer=_text(peer),
-        tls=ucx_tls,
-        vs_overrides=dict(vs_set or {}),
-        metrics=metrics is not None,
-        ranks=ranks,
-        devices=parse_devices(devices, ranks),
-    )
+    setup = command.setup()
+    screen_pct = command.screen_pct
     if screen_pct is not None and not 0 <= screen_pct < 100:
         raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")
-    if plot:
-        check_plot(plot)
     plan = resolve(setup)
     exposed = serve_metrics(metrics) if metrics is not None else None
     try:
@@ -113,15 +124,15 @@ def run_command(
         shown, say = progress(steps(setup), err)
         with shown:
             result = run_plan(plan, say)
-        _report(result, screen_pct, plot, format)
+        _report(result, screen_pct, command.plot, command.json)
         if exposed is not None:
-            hold(exposed, metrics_hold)
+            hold(exposed, command.metrics_hold)
     finally:
         if exposed is not None:
             exposed.close()
 
 
-def _report(result: Any, screen_pct: float | None, plot: str | None, format: str) -> None:
+def _report(result: Any, screen_pct: float | None, plot: str | None, json_format: bool) -> None:
     """Print the figures, then exit 1 if a restore did not verify or the screen failed."""
     line = headline(result.to_dict(), result.baseline)
     data = {"verdict": line, **result.to_dict()}
@@ -133,7 +144,7 @@ def _report(result: Any, screen_pct: float | None, plot: str | None, format: str
         data["screen"] = verdict.to_dict()
     if plot:
         write_plot(data, plot)
-    if _text(format) == "json":
+    if json_format:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
         out.print(line, markup=False, highlight=False)

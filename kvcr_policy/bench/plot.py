@@ -1,22 +1,11 @@
-"""``--plot``: a PNG of every restore of a run and the two limits measured before each."""
+"""``--plot``: a PNG of every restore of a run and the two limits measured before each (the
+path was checked by the command line, :mod:`kvcr_policy.cli.figure`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ArgumentError
-from ..figure_path import check_figure_path
-from .setup import BenchError
-
-__all__ = ["check_plot", "write_plot"]
-
-
-def check_plot(path: str) -> None:
-    """Refuse ``--plot PATH`` before the run when the PNG could not be written."""
-    try:
-        check_figure_path(path)
-    except ArgumentError as err:
-        raise BenchError(str(err)) from None
+__all__ = ["write_plot"]
 
 
 def write_plot(result: dict[str, Any], path: str) -> None:

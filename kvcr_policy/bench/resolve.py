@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any, cast
 
+from ..config.loading import load_config
 from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
-from ..loading import load_config
 from ..memory.headroom import read_headroom
 from .backends import bench_backends, default_backend
 from .hicache import PEER, HiCacheFileComparison

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config.loading import LoadedConfig, load_config
 from ..geometry import PoolGeometry
-from ..loading import LoadedConfig, load_config
 from ..pipeline import build_pipeline
 from .plan import Plan, Side
 from .setup import BenchError

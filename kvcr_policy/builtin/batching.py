@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ..config.schema import BatchingSection
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
-from ..schema import BatchingSection
 from ..strategies import Window
 
 __all__ = ["FixedBatching", "ramp", "ranges"]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..config.schema import CoalescingSection
 from ..descriptors import Descriptors, coalesce, split
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
-from ..schema import CoalescingSection
 
 __all__ = ["Contiguous", "NoCoalescing"]
 

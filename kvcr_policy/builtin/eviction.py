@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..backends.dram.eviction import FIFOPolicy, LRUPolicy
+from ..config.schema import EvictionSection
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
-from ..schema import EvictionSection
 from ..strategies import EvictionPolicy
 
 __all__ = ["FIFOEviction", "LRUEviction"]

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..config.schema import FallbackSection
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
-from ..schema import FallbackSection
 
 __all__ = ["MissFallback", "SparseFallback"]
 

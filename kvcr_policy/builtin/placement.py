@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from ..config.schema import PlacementSection
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
-from ..schema import PlacementSection
 
 if TYPE_CHECKING:
     from ..memory.locality import DeviceLocality

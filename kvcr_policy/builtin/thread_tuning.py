@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 
+from ..config.schema import ThreadTuningSection
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
-from ..schema import ThreadTuningSection
 
 __all__ = ["SwitchInterval"]
 

@@ -10,7 +10,7 @@ import os
 from importlib.util import find_spec
 from pathlib import Path
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 __all__ = ["INSTALL", "check_figure_path"]
 

@@ -3,7 +3,7 @@
 typer labels a value by its annotation (``<str>``, ``<list[str]>``, ``<int range>``,
 ``<bool>``). :func:`plain_help` gives every command a class that names each value as a
 command line does instead (``--profile PROFILE``, ``--set KEY=VALUE``, a flag takes none);
-choices keep their ``<a|b>`` list. ``tests/test_cli_help.py`` renders every command's help at
+choices keep their ``<a|b>`` list. ``tests/cli/test_help.py`` renders every command's help at
 80 columns and fails on a Python type, a line too long or a cut word.
 """
 

@@ -3,7 +3,7 @@
 An integer option declares ``min`` and ``max`` (typer refuses what is outside with the
 option's name); a float option is parsed by :class:`Finite`, which also refuses ``nan`` and
 ``inf`` (typer's own bounds let ``nan`` through with a message about the upper bound). The
-bounds are the module's constants, each saying what it bounds; ``tests/test_cli_numbers.py``
+bounds are the module's constants, each saying what it bounds; ``tests/cli/test_numbers.py``
 walks every command and fails on an unbounded number.
 """
 
@@ -12,21 +12,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .values import shorten
+from ..values import shorten
 
 __all__ = [
-    "MAX_BLOCK_TOKENS",
-    "MAX_BUDGET_S",
-    "MAX_BYTES_REQUESTS",
     "MAX_DIM",
     "MAX_HOLD_S",
-    "MAX_LINK_GBPS",
     "MAX_RANKS",
     "MAX_REPEAT",
     "MAX_SEED",
     "MAX_TOKENS",
-    "MIN_BUDGET_S",
-    "MIN_LINK_GBPS",
     "Finite",
     "RateOption",
 ]
@@ -39,18 +33,10 @@ MAX_DIM = 1 << 20
 MAX_RANKS = 1 << 16
 #: Most repeats per order of a measurement.
 MAX_REPEAT = 1000
-#: Longest run ``tune --budget`` asks for (a week), and the least it can use (one second).
-MIN_BUDGET_S, MAX_BUDGET_S = 1.0, 7 * 86400.0
 #: Longest ``bench --metrics-hold``.
 MAX_HOLD_S = 7 * 86400.0
 #: Largest sampler seed (numpy's and optuna's seeds are 32-bit).
 MAX_SEED = (1 << 32) - 1
-#: A link's rate in GB/s, from 1 MB/s to 100 TB/s (observability.link_limit_gbps's bounds).
-MIN_LINK_GBPS, MAX_LINK_GBPS = 0.001, 100000.0
-#: Most tokens per block id of a request trace (``plan --block-tokens``).
-MAX_BLOCK_TOKENS = 1 << 20
-#: Most requests a ``plan --trace --bytes`` replay stores and restores.
-MAX_BYTES_REQUESTS = 1_000_000
 
 
 class Finite:
@@ -80,11 +66,11 @@ class Finite:
 class RateOption(Finite):
     """A rate option's parser: text with its unit (``50GB/s``, ``400Gbit/s``) -> GB/s, bounded.
 
-    A bare number is refused (:mod:`kvcr_policy.rates` says why and lists the forms).
+    A bare number is refused (:mod:`kvcr_policy.config.rates` says why and lists the forms).
     """
 
     def __call__(self, text: Any) -> float:
-        from .rates import parse_gb_per_s
+        from ..config.rates import parse_gb_per_s
 
         gb_per_s = parse_gb_per_s(text)
         if not (math.isfinite(gb_per_s) and self.low <= gb_per_s <= self.high):

@@ -5,7 +5,9 @@ scripts and tests learn the port when ``--listen`` asks for port 0; the same is 
 line also says where the secret came from (``secret``) and, when ``serve`` had to create one,
 the file it wrote (``secret_created``). With ``--metrics HOST:PORT`` it also serves
 ``/metrics`` (its URL is in that line, ``"metrics"``). A signal stops it cleanly (see
-:meth:`PeerServer.stop`) and it exits 0.
+:meth:`~kvcr_policy.backends.peer.server.server.PeerServer.stop`) and it exits 0. The peer
+runs it (:func:`kvcr_policy.backends.peer.serve.serve`); this module owns the command line,
+the process's logging and its signals.
 
 Secrets never come from this command line (its arguments are visible to every user of the
 host): ``--insecure`` is the only authentication switch here.
@@ -26,14 +28,14 @@ from typing import Annotated, Any
 
 import typer
 
-from kvcr_policy.cli_help import JsonOnly
-from kvcr_policy.cli_numbers import Finite
-from kvcr_policy.values import shorten
+from .help import JsonOnly
+from .numbers import Finite
+from .options import overrides
 
-__all__ = ["register", "serve_command"]
+__all__ = ["serve"]
 
 
-def serve_command(
+def serve(
     listen: Annotated[
         str | None,
         typer.Option(
@@ -79,48 +81,26 @@ def serve_command(
     ] = JsonOnly.json,
 ) -> None:
     """Expose a DRAM tier to peers over UCX until SIGTERM (shared memory on one host, tcp else)."""
-    from kvcr_policy.loading import load_config
-    from kvcr_policy.memory import preflight
-    from kvcr_policy.observability.exposition import (
-        MetricsServer,
-        check_public,
-        parse_listen,
-        serve_metrics,
-    )
-
-    from .server.server import PeerServer
+    from ..backends.peer.serve import ServeSetup
+    from ..backends.peer.serve import serve as run
+    from ..config.loading import load_config
+    from ..observability.exposition import parse_listen
 
     logging.basicConfig(
         level=log_level.upper(),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    overrides: dict[str, Any] = {}
-    for pair in set_ or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise typer.BadParameter(f"expected KEY=VALUE, got {shorten(pair)}", param_hint="--set")
-        overrides[key.strip()] = value
+    values: dict[str, Any] = dict(overrides(set_))
     if metrics is not None:
         parse_listen(metrics)  # a bad address is refused before anything starts
     if insecure:
-        overrides["security.insecure"] = True
+        values["security.insecure"] = True
     # stdout carries the one JSON line only: UCX's own log (stdout by default) goes to stderr
     # with ours, so a supervisor that reads just that line never leaves UCX blocked on a full
     # pipe (a flush warning per close filled one and froze a server's worker thread).
     os.environ.setdefault("UCX_LOG_FILE", "stderr")
-    loaded = load_config(profile=profile, overrides=overrides)
-    preflight.check_placement(loaded.config.placement, loaded.origin(preflight.SETTING),
-                              what="each tier that serve opens")  # fmt: skip
-    if metrics is not None:
-        check_public(metrics, loaded.config.observability.metrics_public)
-    server = PeerServer(loaded, listen=listen)
-    exposed: MetricsServer | None = None
-    if server.keyring.insecure:
-        sys.stderr.write(
-            "kvcr-policy serve: INSECURE: no authentication; every process that reaches "
-            f"{server.host} can read, overwrite and delete every page\n"
-        )
+    setup = ServeSetup(load_config(profile=profile, overrides=values), listen, grace, metrics)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -134,30 +114,12 @@ def serve_command(
     with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        server.start()
-        if metrics is not None:
-            exposed = serve_metrics(metrics)
-        line = {
-            "listening": server.address,
-            "pid": os.getpid(),
-            "secret": server.keyring.source,
-            "secret_created": str(server.keyring.created) if server.keyring.created else None,
-            **server.describe(),
-        }
-        if exposed is not None:
-            line["metrics"] = exposed.url
-        sys.stdout.write(json.dumps(line, default=str) + "\n")
-        sys.stdout.flush()
-        while not stop.wait(0.2):
-            pass
+        run(setup, stop, _announce)
     finally:
-        server.stop(grace)
-        if exposed is not None:
-            exposed.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``serve`` to the ``kvcr-policy`` app."""
-    app.command("serve")(serve_command)
+def _announce(line: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(line, default=str) + "\n")
+    sys.stdout.flush()

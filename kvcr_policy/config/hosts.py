@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from .values import shorten
+from ..values import shorten
 
 __all__ = ["host_part"]
 

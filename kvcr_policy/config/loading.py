@@ -4,7 +4,7 @@ Precedence, highest first, is :data:`PRECEDENCE`: explicit overrides > ``KVCR_PO
 a ``.env`` file > a secrets directory (``KVCR_POLICY_SECRETS_DIR``: the secret only) > the
 selected profile > schema defaults. ``KVCR_POLICY_PROFILE`` (from the
 environment, else from ``.env``; the ``profile`` argument wins over both) selects a profile by
-bundled name or by path. The sources themselves are in :mod:`kvcr_policy.sources`.
+bundled name or by path. The sources themselves are in :mod:`kvcr_policy.config.sources`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import ConfigError, ConfigIssue, UsageError
-from .profile_meta import base_chain
+from ..errors import ConfigError, ConfigIssue, UsageError
+from ..values import shorten
+from .profiles import base_chain
 from .provenance import DEFAULT, dotenv_origin, origin_for
 from .schema import ENV_PREFIX, STRATEGY_SECTIONS, VALIDATING_ORIGINS, PolicyConfig
 from .sources import (
@@ -38,11 +39,10 @@ from .sources import (
     suggest,
 )
 from .user_files import file_kind
-from .values import shorten
 
 if TYPE_CHECKING:
-    from .plugins import PluginManager
-    from .registry import Registry
+    from ..plugins import PluginManager
+    from ..registry import Registry
 
 __all__ = [
     "PRECEDENCE",
@@ -87,7 +87,7 @@ class LoadedConfig:
 
 def profiles_dir() -> Path:
     """The folder of bundled profiles."""
-    return Path(__file__).resolve().parent / "profiles"
+    return Path(__file__).resolve().parents[1] / "profiles"
 
 
 def bundled_profiles() -> dict[str, Path]:
@@ -321,7 +321,7 @@ def load_config(
 
     plugin_manager = None
     if registry is None:
-        from .plugins import make_plugin_manager
+        from ..plugins import make_plugin_manager
 
         # Allow and block lists come from ``config`` only; the trace switch may sit in .env.
         trace_env = {**{k: v for k, v in dotenv_vars.items() if v is not None}, **env}

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import SchemaDriftError
+from ..errors import SchemaDriftError
+from ..values import SIZE_PATTERN
 from .schema import POSITIONAL_TYPES, PolicyConfig
 from .sources import env_name, known_leaves
-from .values import SIZE_PATTERN
 
 __all__ = [
     "FIELD_ORDER_FILE",
@@ -41,7 +41,7 @@ REGENERATE = "kvcr-policy schema --write"
 
 def schemas_dir() -> Path:
     """The committed schemas/ folder of the source tree."""
-    return Path(__file__).resolve().parent.parent / "schemas"
+    return Path(__file__).resolve().parents[2] / "schemas"
 
 
 # Integration constructors whose positional signature is pinned beside the config types:
@@ -74,7 +74,7 @@ def positional_parameters(path: Path, class_name: str, method: str) -> list[str]
 
 def extra_positional_types() -> dict[str, list[str]]:
     """Positional signatures pinned beside the config types (integration constructors)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     return {
         pinned: positional_parameters(package / module, class_name, method)
         for pinned, (module, class_name, method) in INTEGRATION_SIGNATURES.items()

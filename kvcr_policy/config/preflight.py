@@ -10,10 +10,10 @@ its ``serve`` checks its own at start. The rule and the message are
 
 from __future__ import annotations
 
+from ..memory.headroom import Binding
+from ..memory.preflight import SETTING, check_placement
+from ..plugins import make_plugin_manager
 from .loading import LoadedConfig
-from .memory.headroom import Binding
-from .memory.preflight import SETTING, check_placement
-from .plugins import make_plugin_manager
 
 __all__ = ["check_host_fit"]
 

@@ -27,8 +27,8 @@ import os
 import stat
 from pathlib import Path
 
+from ..values import shorten
 from .user_files import FileRefused, open_fd, read_fd
-from .values import shorten
 
 __all__ = ["MAX_PRIVATE_BYTES", "FileRefused", "dotenv_problem", "folder_problem", "read_private"]
 

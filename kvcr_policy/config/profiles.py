@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, ConfigIssue
+from ..errors import ConfigError, ConfigIssue
 from .provenance import profile_origin
 from .sources import PROFILE_TABLE, read_profile, suggest
 

@@ -16,9 +16,11 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
-from .values import shorten
+from ..values import shorten
 
 __all__ = [
+    "MAX_LINK_GBPS",
+    "MIN_LINK_GBPS",
     "RATE_FORMS",
     "RATE_PATTERN",
     "RATE_UNITS",
@@ -29,6 +31,8 @@ __all__ = [
     "spell_gb_per_s",
 ]
 
+#: A link's rate in GB/s, from 1 MB/s to 100 TB/s (observability.link_limit_gbps's bounds).
+MIN_LINK_GBPS, MAX_LINK_GBPS = 0.001, 100000.0
 #: Bytes per second of one of each unit; units end in B/s (bytes) or bit/s (bits).
 RATE_UNITS: dict[str, float] = {
     "B/s": 1.0,

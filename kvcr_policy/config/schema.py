@@ -25,10 +25,10 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import UsageError
+from ..errors import UsageError
+from ..values import Size
 from .rates import GBPerSecond
 from .tunable import tunable
-from .values import Size
 
 __all__ = [
     "ENV_PREFIX",

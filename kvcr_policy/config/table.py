@@ -60,7 +60,7 @@ def short_path(path: str | os.PathLike[str], cwd: Path | None = None) -> str:
 
 
 def short_origin(origin: str, cwd: Path | None = None, env: str | None = None) -> str:
-    """An origin (see :mod:`kvcr_policy.provenance`) with its file named briefly.
+    """An origin (see :mod:`kvcr_policy.config.provenance`) with its file named briefly.
 
     ``profile <bundled> [t]`` becomes ``<name> [t]``; ``profile <file> [t]`` becomes
     ``profile <short path> [t]``; ``dotenv <file> NAME`` becomes ``dotenv <short path> NAME``;

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from .errors import UsageError
+from ..errors import UsageError
 
 __all__ = ["TUNABLE_KEY", "Tunable", "field_tunable", "tunable", "tunable_fields"]
 

@@ -27,7 +27,7 @@ import stat
 from pathlib import Path
 from typing import IO, Any
 
-from .values import shorten
+from ..values import shorten
 
 __all__ = [
     "MAX_CONFIG_BYTES",

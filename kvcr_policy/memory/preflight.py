@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from kvcr_policy.config.schema import PlacementSection
 from kvcr_policy.errors import TierMemoryError
-from kvcr_policy.schema import PlacementSection
 from kvcr_policy.values import sized
 
 from . import linux as _os

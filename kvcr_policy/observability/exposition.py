@@ -29,8 +29,8 @@ from prometheus_client import (
     start_http_server,
 )
 
+from ..config.hosts import host_part
 from ..errors import ArgumentError
-from ..hosts import host_part
 from ..values import shorten
 from .metrics import families
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from .. import tier_reports as reports
 from .direction import CallCounts, DirectionMeter, Level, miss_reason
 from .metrics import POOL_LABELS, Families
 
@@ -156,27 +155,16 @@ class PoolMeter:
             if speed > self._base:
                 self._families.link_limit.labels(*self._labels).set(speed)
 
-    def probe(self, tier: Any, nbytes: int, runs: int = 1) -> None:
-        """Run ``tier.probe(nbytes)`` ``runs`` times; export the best rate as the link limit."""
+    def probe(self, run: Callable[[], object], nbytes: int, runs: int = 1) -> None:
+        """Time ``run()`` (a probe of ``nbytes``, one largest move) ``runs`` times; export the
+        best rate as the link limit."""
         best = float("inf")
         for _ in range(runs):
             start = time.perf_counter()
-            reports.probe(tier, nbytes)
+            run()
             best = min(best, time.perf_counter() - start)
         if 0 < best < float("inf"):
             self.link_limit(nbytes / best)
-
-    def attached(self, tier: Any, audit: bool, probe_bytes: int | None, gbps: float | None) -> None:
-        """A pool just registered: its tier usage, and the audit and link limit if asked."""
-        self.usage(tier)
-        if audit:
-            found = reports.audit_of(tier)
-            if found is not None:
-                self.placement(found)
-        if probe_bytes is not None:
-            self.probe(tier, probe_bytes, runs=2)  # the first run also faults the pages in
-        elif gbps is not None:
-            self.link_limit(gbps * 1e9)
 
     # ---- levels ----------------------------------------------------------------------------
 

@@ -12,8 +12,26 @@ For a token count: :func:`build_request` gathers the inputs with their origins,
 - :mod:`.command`: the command line behind both.
 """
 
-from .figures import Given, Plan, PlanRequest, make_plan
-from .report import plan_table
-from .request import build_request
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __all__ = ["Given", "Plan", "PlanRequest", "build_request", "make_plan", "plan_table"]
+
+#: Where each name lives: imported on first use, so that the command line reads the bounds of
+#: :mod:`.trace` without importing the figures.
+_HOMES = {
+    "Given": ".figures",
+    "Plan": ".figures",
+    "PlanRequest": ".figures",
+    "make_plan": ".figures",
+    "plan_table": ".report",
+    "build_request": ".request",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(name)
+    return getattr(import_module(_HOMES[name], __name__), name)

@@ -1,4 +1,5 @@
-"""``kvcr-policy plan``: the command behind the CLI's options (cli.py only dispatches here).
+"""``kvcr-policy plan``: the command behind the CLI's options (:mod:`kvcr_policy.cli.plan`
+builds a :class:`PlanCommand` and hands it here).
 
 Without ``--trace`` it sizes a tier for ``--tokens``; with ``--trace FILE`` it replays the
 requests of a trace at each ``--capacity-tokens`` with each ``--eviction`` strategy. Every
@@ -11,23 +12,24 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 
-from ..cli_numbers import MAX_BYTES_REQUESTS
+from ..config.loading import LoadedConfig, load_config
+from ..config.schema import EvictionSection
 from ..errors import ArgumentError
-from ..loading import LoadedConfig, load_config
-from ..schema import EvictionSection
 from .figures import Given, make_plan, rank_geometry
 from .report import plan_table
 from .request import build_request
-from .trace import MAX_INPUT_TOKENS, Trace, read_trace
+from .trace import MAX_BYTES_REQUESTS, MAX_INPUT_TOKENS, Trace, read_trace
 from .workload import Eviction, make_trace_plan
 
-__all__ = ["run_command"]
+__all__ = ["PlanCommand", "run"]
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -111,65 +113,80 @@ def _finish(refusals: list[str]) -> None:
         raise typer.Exit(2)
 
 
-def run_command(
-    *,
-    tokens: int | None,
-    trace: Path | None,
-    block_tokens: int | None,
-    capacity_tokens: str | None,
-    eviction: str | None,
-    bytes_requests: int | None,
-    plot: str | None,
-    profile: str | None,
-    overrides: dict[str, str],
-    geometry: str | None,
-    dims: dict[str, Any],
-    layout: str,
-    tp: int | None,
-    pp: int | None,
-    ranks_per_host: int | None,
-    pools: int | None,
-    prefix_tokens: int | None,
-    host_memory: int | None,
-    link_gbps: float | None,
-    measure_link: bool,
-    json_format: bool,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class PlanCommand:
+    """One ``kvcr-policy plan`` command line, as typed (None: the option was left out)."""
+
+    profile: str | None = None
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    #: Without a trace: the tokens the tier should hold, and the prefix whose restore is timed.
+    tokens: int | None = None
+    prefix_tokens: int | None = None
+    #: ``--trace`` and what goes with it; ``plot`` was checked by the command line.
+    trace: Path | None = None
+    capacity_tokens: str | None = None
+    block_tokens: int | None = None
+    eviction: str | None = None
+    bytes_requests: int | None = None
+    plot: str | None = None
+    #: The model: a preset, or its dimensions (``layers``, ``heads``, ``head_dim``, ``dtype``,
+    #: ``page_size``, ``mla``), and the pool layout.
+    geometry: str | None = None
+    dims: Mapping[str, Any] = field(default_factory=dict)
+    layout: str = "layer_first"
+    #: The deployment: ranks, pools and the host.
+    tp: int | None = None
+    pp: int | None = None
+    ranks_per_host: int | None = None
+    pools: int | None = None
+    host_memory: int | None = None
+    link_gbps: float | None = None
+    measure_link: bool = False
+    json: bool = False
+
+    def deployment(self) -> dict[str, Any]:
+        """The keywords :func:`~.request.build_request` takes besides the geometry and tokens."""
+        return dict(
+            dims=dict(self.dims), layout=self.layout, tp=self.tp, pp=self.pp,
+            ranks_per_host=self.ranks_per_host, pools=self.pools, host_memory=self.host_memory,
+            link_gbps=self.link_gbps, measure_link=self.measure_link,
+        )  # fmt: skip
+
+
+def run(command: PlanCommand) -> None:
     """One ``kvcr-policy plan`` command line."""
-    loaded = load_config(profile=profile, overrides=overrides)
-    common: dict[str, Any] = dict(
-        dims=dims, layout=layout, tp=tp, pp=pp, ranks_per_host=ranks_per_host, pools=pools,
-        host_memory=host_memory, link_gbps=link_gbps, measure_link=measure_link,
-    )  # fmt: skip
-    if trace is None:
-        values = (capacity_tokens, eviction, bytes_requests, plot, block_tokens)
+    loaded = load_config(profile=command.profile, overrides=dict(command.overrides))
+    common = command.deployment()
+    if command.trace is None:
+        values = (command.capacity_tokens, command.eviction, command.bytes_requests,
+                  command.plot, command.block_tokens)  # fmt: skip
         given = [name for name, value in zip(_TRACE_ONLY, values, strict=True) if value is not None]
         if given:
             raise ArgumentError(f"{', '.join(given)} go with --trace FILE (a trace to replay)")
-        if tokens is None:
+        if command.tokens is None:
             raise ArgumentError("plan needs --tokens N (tokens the tier holds) or --trace FILE")
         request = build_request(
-            loaded, geometry=geometry, tokens=tokens, prefix_tokens=prefix_tokens, **common
-        )
+            loaded, geometry=command.geometry, tokens=command.tokens,
+            prefix_tokens=command.prefix_tokens, **common,
+        )  # fmt: skip
         result = make_plan(loaded, request)
-        if json_format:
+        if command.json:
             _print_json({"profile": loaded.profile, **result.to_dict()})
         else:
-            title = {"profile": loaded.profile and Path(loaded.profile).stem, "geometry": geometry}
+            title = {"profile": loaded.profile and Path(loaded.profile).stem,
+                     "geometry": command.geometry}  # fmt: skip
             out.print(plan_table(result, title))
         _finish(result.refusals)
         return
-    for value, option in ((tokens, "--tokens"), (prefix_tokens, "--prefix-tokens")):
+    for value, option in ((command.tokens, "--tokens"), (command.prefix_tokens, "--prefix-tokens")):
         if value is not None:
             raise ArgumentError(f"{option} sizes a tier for a token count; --trace replays a trace")
+    bytes_requests = command.bytes_requests
     if bytes_requests is not None and not 1 <= bytes_requests <= MAX_BYTES_REQUESTS:
         raise ArgumentError(f"--bytes: 1..{MAX_BYTES_REQUESTS} requests; got {bytes_requests}")
-    if plot is not None:
-        from ..figure_path import check_figure_path
-
-        check_figure_path(plot)
-    _trace_plan(loaded, trace, block_tokens or 512, capacity_tokens, eviction, bytes_requests,
-                plot, geometry, common, json_format)  # fmt: skip
+    _trace_plan(loaded, command.trace, command.block_tokens or 512, command.capacity_tokens,
+                command.eviction, bytes_requests, command.plot, command.geometry, common,
+                command.json)  # fmt: skip
 
 
 def _trace_plan(

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from ..backends.dram.transports.cuda_options import CudaOptions, resolved_modes
+from ..config.loading import LoadedConfig
+from ..config.schema import MAX_TIER_BYTES, PolicyConfig
 from ..descriptors import build_descriptors, slot_descriptors, split_pieces
 from ..errors import ArgumentError
 from ..geometry import PRESETS, PoolGeometry
-from ..loading import LoadedConfig
-from ..schema import MAX_TIER_BYTES, PolicyConfig
 from ..values import sized
 from .batches import SAMPLE_PAGES, count_batches
 
@@ -80,7 +80,7 @@ class Plan:
 
 def _origin(loaded: LoadedConfig, path: str) -> str:
     """Where ``path`` came from, a bundled profile by name and a file by a short path."""
-    from ..config_table import short_origin
+    from ..config.table import short_origin
 
     return short_origin(loaded.origin(path))
 

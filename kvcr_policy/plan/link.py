@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from pydantic import ByteSize
 
+from ..config.loading import LoadedConfig
 from ..geometry import PoolGeometry
-from ..loading import LoadedConfig
 from ..pipeline import build_pipeline
 
 __all__ = ["measure_link"]

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 from pydantic import ByteSize
 
+from ..config.loading import LoadedConfig
+from ..config.schema import EvictionSection
 from ..errors import ArgumentError, CapacityError
 from ..geometry import PoolGeometry
-from ..loading import LoadedConfig
 from ..pipeline import build_pipeline
-from ..schema import EvictionSection
 from .replay import Replay, replay
 from .trace import Trace
 

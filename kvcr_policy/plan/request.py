@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cli_numbers import MAX_LINK_GBPS, MIN_LINK_GBPS
+from ..config.loading import LoadedConfig
+from ..config.rates import MAX_LINK_GBPS, MIN_LINK_GBPS
 from ..errors import ArgumentError
-from ..loading import LoadedConfig
 from .figures import Given, PlanRequest, geometry_given
 
 __all__ = ["build_request"]

@@ -12,7 +12,7 @@ line number, what was expected and what was found; sizes are bounded (:data:`MAX
 block references, ids below 2**63), so a trace is held in a few compact arrays, and so is the
 work of reading one: at most :data:`MAX_LINES` lines (a request with no ``hash_ids`` costs no
 reference, but still a line) and :data:`MAX_TRACE_CHARS` characters once decompressed (a
-17 MiB gzip can inflate to 6 GB). The file is opened by :mod:`kvcr_policy.user_files`: a FIFO
+17 MiB gzip can inflate to 6 GB). The file is opened by :mod:`kvcr_policy.config.user_files`: a FIFO
 or a device is refused at once.
 """
 
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..cli_numbers import MAX_BLOCK_TOKENS
+from ..config.user_files import FileRefused, open_regular
 from ..errors import ArgumentError
-from ..user_files import FileRefused, open_regular
 from ..values import shorten
 
 __all__ = [
     "MAX_BLOCK_TOKENS",
+    "MAX_BYTES_REQUESTS",
     "MAX_INPUT_TOKENS",
     "MAX_LINES",
     "MAX_REFERENCES",
@@ -42,6 +42,10 @@ __all__ = [
     "read_trace",
 ]
 
+#: Most tokens per block id (``plan --block-tokens``).
+MAX_BLOCK_TOKENS = 1 << 20
+#: Most requests of a trace's head that a ``plan --trace --bytes`` replay stores and restores.
+MAX_BYTES_REQUESTS = 1_000_000
 #: Most block references (sum of every request's hash_ids) a trace may hold: 2**26, about
 #: 230 times Mooncake's conversation trace (288,500), 512 MiB of ids.
 MAX_REFERENCES = 1 << 26

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.loading import LoadedConfig
+from ..config.schema import MAX_TIER_BYTES, EvictionSection
 from ..geometry import PoolGeometry
-from ..loading import LoadedConfig
-from ..schema import MAX_TIER_BYTES, EvictionSection
 from .figures import Given, Plan, PlanRequest, rank_geometry, sized
 from .replay import Replay, replay, replay_unbounded
 from .trace import Trace

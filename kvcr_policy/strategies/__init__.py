@@ -15,9 +15,9 @@ import numpy as np
 from .eviction_policy import EvictionPolicy
 
 if TYPE_CHECKING:
-    from .descriptors import Descriptors
-    from .memory.locality import DeviceLocality
-    from .memory.region import Region
+    from ..descriptors import Descriptors
+    from ..memory.locality import DeviceLocality
+    from ..memory.region import Region
 
 __all__ = [
     "BatchingStrategy",

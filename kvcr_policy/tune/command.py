@@ -1,4 +1,5 @@
-"""``kvcr-policy tune``: the command behind the CLI's options (cli.py only dispatches here).
+"""``kvcr-policy tune``: the command behind the CLI's options (:mod:`kvcr_policy.cli.tune`
+builds a :class:`TuneCommand` and hands it here).
 
 Inputs are checked before anything is measured (exit 2 with one message). ``tune`` exits 0
 whether it wrote a winning profile or the start stands (it says why); ``tune --remeasure`` exits 1
@@ -10,9 +11,9 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,10 @@ from .run import Outcome, check, tune
 from .search import Trial
 from .setup import TuneError, TuneSetup
 
-__all__ = ["run_command"]
+__all__ = ["TuneCommand", "run"]
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
-
-
-def _text(value: Any) -> Any:
-    return value.value if isinstance(value, Enum) else value
 
 
 def _changes(trial: Trial | None) -> str:
@@ -122,52 +119,31 @@ def _command_line(setup: TuneSetup, write: Path | None) -> str:
     return "kvcr-policy tune " + shlex.join(args)
 
 
-def run_command(
-    *,
-    start: str,
-    target: Any,
-    backend: str | None,
-    geometry: str,
-    layout: str,
-    tokens: int,
-    mla: bool,
-    scatter: bool,
-    set_: Mapping[str, str],
-    budget: float,
-    repeat: int,
-    trial_repeat: int,
-    only: list[str] | None,
-    seed: int,
-    write: Path | None,
-    always_write: bool,
-    check_path: Path | None,
-    format: Any,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class TuneCommand:
+    """One ``kvcr-policy tune`` command line, as typed (:mod:`kvcr_policy.cli.tune`)."""
+
+    #: The search: its axes, budget and repeats (``--set`` values included).
+    setup: TuneSetup
+    #: ``--output``: the profile written if it wins (``always_write``: even if it loses).
+    write: Path | None = None
+    always_write: bool = False
+    #: ``--remeasure``: re-measure this written profile against its base instead.
+    check_path: Path | None = None
+    json: bool = False
+
+
+def run(command: TuneCommand) -> None:
     """Check, tune (or check a written profile), print; see the module docstring."""
-    setup = TuneSetup(
-        start=start,
-        geometry=geometry,
-        layout=layout,
-        tokens=tokens,
-        target=_text(target),
-        backend=backend,
-        mla=mla,
-        scatter=scatter,
-        overrides=dict(set_),
-        budget_s=budget,
-        repeat=repeat,
-        trial_repeat=trial_repeat,
-        only=tuple(only or ()),
-        seed=seed,
-    )
+    setup, write, check_path = command.setup, command.write, command.check_path
     if check_path is not None and write is not None:
         raise TuneError(
             "--remeasure re-measures a written profile; it writes nothing: drop --output"
         )
     if write is not None and write.exists() and write.is_dir():
         raise TuneError(f"--output: {write} is a directory; name the profile file to write")
-    progress = _Progress(budget, live=sys.stderr.isatty())
-    command = _command_line(setup, write)
+    progress = _Progress(setup.budget_s, live=sys.stderr.isatty())
+    line = _command_line(setup, write)
     with progress.running():
         if check_path is not None:
             outcome = check(check_path, setup, say=progress.say)
@@ -175,12 +151,12 @@ def run_command(
             outcome = tune(
                 setup,
                 write=write,
-                always_write=always_write,
-                command=command,
+                always_write=command.always_write,
+                command=line,
                 say=progress.say,
                 on_trial=progress.trial,
             )
-    _print(outcome, _text(format))
+    _print(outcome, "json" if command.json else "table")
     verdict = outcome.verdict
     if verdict is not None and not verdict.verified:
         err.print("restored bytes did not match what was stored", markup=False)

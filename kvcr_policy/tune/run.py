@@ -20,13 +20,12 @@ from typing import Any
 
 from ..bench import BenchResult, run_bench
 from ..bench.resolve import resolve
-from ..cli_numbers import MAX_BUDGET_S
-from ..loading import bundled_profiles, load_config, resolve_base, resolve_profile
-from ..profile_meta import read_meta
-from ..sources import flatten
+from ..config.loading import bundled_profiles, load_config, resolve_base, resolve_profile
+from ..config.profiles import read_meta
+from ..config.sources import flatten
 from .host import describe_host
 from .search import Search, Trial, confirm_repeats
-from .setup import TuneError, TuneSetup
+from .setup import MAX_BUDGET_S, TuneError, TuneSetup
 from .space import Knob, search_space
 from .verdict import MIN_REPEATS, Verdict, judge
 from .written import render_profile

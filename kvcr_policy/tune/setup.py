@@ -6,14 +6,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bench import BenchSetup
+from ..bench_adapter import BenchSetup
 from ..errors import TuneError
 
-__all__ = ["METADATA_KEYS", "TuneError", "TuneSetup"]
+__all__ = ["MAX_BUDGET_S", "METADATA_KEYS", "MIN_BUDGET_S", "TuneError", "TuneSetup"]
 
 #: Keys of the metadata figure each measurement takes (the bench's ``exists``): tune ranks
 #: restores only, so the figure is kept as small as the runner allows.
 METADATA_KEYS = 1
+#: Longest run ``tune --budget`` asks for (a week), and the least it can use (one second).
+MIN_BUDGET_S, MAX_BUDGET_S = 1.0, 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """The search space of ``kvcr-policy tune``: the tunable knobs that apply to a starting config.
 
-A knob is a field declared tunable where it lives (:mod:`kvcr_policy.tunable`): a section field
-of the schema, or a field of the options model of the strategy, transport or backend the
-config names, whoever provides it. Built-in and third-party declarations are read the same
-way, from the registry of the load.
+A knob is a field declared tunable where it lives (:mod:`kvcr_policy.config.tunable`): a
+section field of the schema, or a field of the options model of the strategy, transport or
+backend the config names, whoever provides it. Built-in and third-party declarations are read
+the same way, from the registry of the load.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Annotated, Any, cast
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from ..loading import LoadedConfig
+from ..config.loading import LoadedConfig
+from ..config.schema import STRATEGY_SECTIONS, PolicyConfig
+from ..config.sources import flatten
+from ..config.tunable import Tunable, tunable_fields
 from ..registry import Registry, Spec
-from ..schema import STRATEGY_SECTIONS, PolicyConfig
-from ..sources import flatten
-from ..tunable import Tunable, tunable_fields
 from .setup import TuneError
 
 __all__ = ["Declared", "Knob", "declared_knobs", "field_adapter", "search_space"]

@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..schema import PolicyConfig
-from ..sources import PROFILE_TABLE
+from ..config.schema import PolicyConfig
+from ..config.sources import PROFILE_TABLE
 
 __all__ = ["render_profile", "spell"]
 

@@ -14,7 +14,7 @@ from kvcr_policy.bench import BenchError, BenchSetup
 from kvcr_policy.bench.backends import BUILTIN, bench_backends
 from kvcr_policy.bench.resolve import resolve
 from kvcr_policy.bench_adapter import BenchBackend
-from kvcr_policy.loading import load_config
+from kvcr_policy.config.loading import load_config
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kvcr_policy import figure_path
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
-from kvcr_policy.bench import plot as bench_plot
 from kvcr_policy.bench.backends import bench_backends
-from kvcr_policy.bench.setup import BenchError
+from kvcr_policy.cli import figure as figure_path
 from tests.support.commands import run_command, run_main
 
 SMALL = ["--geometry", "small", "--tokens", "256", "--repeat", "1"]
@@ -98,16 +97,19 @@ def test_bad_input_exits_2_before_anything_runs(args: list[str], message: str) -
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
-def test_plot_is_checked_before_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_is_checked_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(figure_path, "find_spec", lambda name: None)
-    with pytest.raises(BenchError, match=r"needs matplotlib.*kvcr-policy\[plot\]"):
-        bench_plot.check_plot(str(tmp_path / "run.png"))
+    code, out, err = run_main(capsys, "bench", *SMALL, "--plot", str(tmp_path / "run.png"))
+    assert (code, out) == (2, "")
+    assert re.search(r"needs matplotlib.*kvcr-policy\[plot\]", err)
     monkeypatch.setattr(figure_path, "find_spec", lambda name: object())
-    with pytest.raises(BenchError, match="does not exist"):
-        bench_plot.check_plot(str(tmp_path / "missing" / "run.png"))
-    with pytest.raises(BenchError, match="is a folder"):
-        bench_plot.check_plot(str(tmp_path))
-    bench_plot.check_plot(str(tmp_path / "run.png"))
+    bad = ((tmp_path / "missing" / "run.png", "does not exist"), (tmp_path, "is a folder"))
+    for path, says in bad:
+        code, out, err = run_main(capsys, "bench", *SMALL, "--plot", str(path))
+        assert (code, out) == (2, "")
+        assert says in err
 
 
 def test_cli_plot_into_a_missing_folder_exits_2(tmp_path: Path) -> None:

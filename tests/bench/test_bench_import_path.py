@@ -14,7 +14,7 @@ import json, sys
 for name in sys.argv[1:]:
     __import__(name)
 print(json.dumps({
-    "bench": sorted(m for m in sys.modules if m.startswith("kvcr_policy.bench")),
+    "bench": sorted(m for m in sys.modules if m.split(".")[:2] == ["kvcr_policy", "bench"]),
     "stub": [type(f).__name__ for f in sys.meta_path if "Torchvision" in type(f).__name__],
 }))
 """

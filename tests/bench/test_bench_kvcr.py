@@ -13,8 +13,8 @@ import pytest
 from kvcr_policy.bench import BenchSetup, run_bench
 from kvcr_policy.bench.backends import default_backend
 from kvcr_policy.cli import main
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import build_pipeline
 from tests.conftest import kvcr_missing
 from tests.support.installs import missing

@@ -11,8 +11,8 @@ import pytest
 from kvcr_policy.bench import BenchSetup, run_bench
 from kvcr_policy.bench.resolve import resolve
 from kvcr_policy.bench.setup import BenchError
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import build_pipeline
 from tests.integrations.conftest import SGLANG_MISSING, sglang_installed
 from tests.plugins.mooncake.mooncake_helpers import need_mooncake

@@ -8,8 +8,8 @@ import pytest
 from kvcr_policy.backends.peer.server.tiers import tier_bytes
 from kvcr_policy.bench import BenchSetup, run_bench
 from kvcr_policy.bench.server import PeerProcess
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import build_pipeline
 
 pytestmark = pytest.mark.ucx

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.errors import ClosedError, IndicesError
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 
 GEOMETRY = PoolGeometry("kv", "page_first", 2, 2, 8, "uint8", 4, 32)  # 8 pages of 256 B

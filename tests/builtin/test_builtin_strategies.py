@@ -15,16 +15,16 @@ from kvcr_policy.builtin.batching import FixedBatching, ranges
 from kvcr_policy.builtin.coalescing import Contiguous, NoCoalescing
 from kvcr_policy.builtin.fallback import MissFallback, SparseFallback
 from kvcr_policy.builtin.thread_tuning import SwitchInterval
-from kvcr_policy.descriptors import Descriptors
-from kvcr_policy.loading import bundled_profiles, load_config
-from kvcr_policy.registry import NoOptions, Registry
-from kvcr_policy.schema import (
+from kvcr_policy.config.loading import bundled_profiles, load_config
+from kvcr_policy.config.schema import (
     STRATEGY_SECTIONS,
     BatchingSection,
     CoalescingSection,
     FallbackSection,
     ThreadTuningSection,
 )
+from kvcr_policy.descriptors import Descriptors
+from kvcr_policy.registry import NoOptions, Registry
 from kvcr_policy.strategies import (
     BatchingStrategy,
     CoalescingStrategy,

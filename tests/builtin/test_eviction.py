@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
+from kvcr_policy.config.loading import load_config
+from kvcr_policy.config.schema import EvictionSection, PlacementSection, PolicyConfig, strategy_name
 from kvcr_policy.errors import ConfigError
-from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import build_pipeline
 from kvcr_policy.registry import Registry
-from kvcr_policy.schema import EvictionSection, PlacementSection, PolicyConfig, strategy_name
 from kvcr_policy.strategies import EvictionPolicy
 from tests.strategies import eviction_ops
 from tests.support.commands import run_main

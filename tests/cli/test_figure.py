@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy import figure_path
+from kvcr_policy.cli import figure as figure_path
+from kvcr_policy.cli.figure import check_figure_path
 from kvcr_policy.errors import ArgumentError
-from kvcr_policy.figure_path import check_figure_path
 
 
 def test_a_writable_png_svg_or_pdf_is_accepted(tmp_path: Path) -> None:

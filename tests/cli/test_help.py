@@ -1,4 +1,4 @@
-"""Tests for kvcr_policy.cli_help: every command's help at 80 columns, and ``--version``.
+"""Tests for kvcr_policy.cli.help: every command's help at 80 columns, and ``--version``.
 
 Each help is rendered through the console entry point (``kvcr_policy.cli.main``) exactly as a
 user at an 80-column terminal sees it.
@@ -59,7 +59,7 @@ def test_help_fits_80_columns_names_values_and_lists_choices(
 
 
 def test_layout_help_lists_every_layout() -> None:
-    from kvcr_policy.cli import LAYOUT_HELP
+    from kvcr_policy.cli.options import LAYOUT_HELP
     from kvcr_policy.geometry import LAYOUTS
 
     assert ", ".join(LAYOUTS[:-1]) + f" or {LAYOUTS[-1]}." == LAYOUT_HELP

@@ -15,7 +15,7 @@ import pytest
 import typer.main
 
 from kvcr_policy.cli import app
-from kvcr_policy.cli_numbers import MAX_DIM, MAX_TOKENS, Finite
+from kvcr_policy.cli.numbers import MAX_DIM, MAX_TOKENS, Finite
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -48,7 +48,7 @@ def test_every_number_option_declares_both_bounds() -> None:
         info = param.type_descriptor.parameter_info
         where = f"kvcr-policy {command} {option}"
         if param.type_descriptor.annotation is float:
-            assert isinstance(info.parser, Finite), f"{where}: parse it with cli_numbers.Finite"
+            assert isinstance(info.parser, Finite), f"{where}: parse it with cli.numbers.Finite"
         else:
             assert param.min is not None and param.max is not None, f"{where}: give min and max"
 

@@ -15,11 +15,11 @@ from pydantic import BaseModel
 
 from kvcr_policy import load_config
 from kvcr_policy.backends.peer.options import UcxOptions
-from kvcr_policy.contract import json_schema, standard_bounds
+from kvcr_policy.config.order import json_schema, standard_bounds
+from kvcr_policy.config.schema import PolicyConfig
+from kvcr_policy.config.sources import env_name, known_leaves
 from kvcr_policy.errors import MAX_LINE, ArgumentError, ConfigError, PluginError
 from kvcr_policy.registry import Registry
-from kvcr_policy.schema import PolicyConfig
-from kvcr_policy.sources import env_name, known_leaves
 from kvcr_policy.values import parse_size, shorten
 
 UCX = {"transport.name": "ucx"}

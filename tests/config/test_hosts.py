@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from kvcr_policy.backends.peer.options import parse_address
-from kvcr_policy.hosts import host_part
+from kvcr_policy.config.hosts import host_part
 from kvcr_policy.observability.exposition import parse_listen
 
 PARSERS: dict[str, Callable[[str], tuple[str, int]]] = {

@@ -1,4 +1,4 @@
-"""Tests for kvcr_policy.loading: precedence pair by pair, origins, errors, round trips.
+"""Tests for kvcr_policy.config.loading: precedence pair by pair, origins, errors, round trips.
 
 Precedence, highest first: override > env > .env > profile > default. As in pydantic-settings'
 own tests, each pair of sources gets one short test.
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcr_policy.loading import PRECEDENCE, LoadedConfig, bundled_profiles, load_config
+from kvcr_policy.config.loading import PRECEDENCE, LoadedConfig, bundled_profiles, load_config
+from kvcr_policy.config.schema import PolicyConfig
+from kvcr_policy.config.sources import env_name, known_leaves
 from kvcr_policy.registry import Registry
-from kvcr_policy.schema import PolicyConfig
-from kvcr_policy.sources import env_name, known_leaves
 from tests.strategies import config_leaves, env_text
 from tests.support.config import load_issues
 

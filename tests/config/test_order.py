@@ -1,4 +1,4 @@
-"""Tests for kvcr_policy.contract: schemas/ is fresh and the pinned field order holds."""
+"""Tests for kvcr_policy.config.order: schemas/ is fresh and the pinned field order holds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.contract import (
+from kvcr_policy.config.order import (
     FIELD_ORDER_FILE,
     JSON_SCHEMA_FILE,
     REGENERATE,
@@ -19,9 +19,9 @@ from kvcr_policy.contract import (
     schemas_dir,
     write_schemas,
 )
+from kvcr_policy.config.schema import POSITIONAL_TYPES
+from kvcr_policy.config.sources import known_leaves
 from kvcr_policy.errors import SchemaDriftError
-from kvcr_policy.schema import POSITIONAL_TYPES
-from kvcr_policy.sources import known_leaves
 
 
 def test_committed_schemas_are_fresh() -> None:

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from kvcr_policy.config.loading import LoadedConfig, load_config
+from kvcr_policy.config.preflight import check_host_fit
 from kvcr_policy.errors import TierMemoryError
-from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.memory.linux import use_roots
-from kvcr_policy.preflight import check_host_fit
 from tests.support.cgroups import GIB, MIB, FakeHost, child_memory_cgroup, in_cgroup
 from tests.support.paths import ROOT, child_env
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.private_files import FileRefused, dotenv_problem, read_private
+from kvcr_policy.config.private_files import FileRefused, dotenv_problem, read_private
 from tests.backends.peer.tenants import write_secret
 
 NOBODY = 65534

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy import load_config
+from kvcr_policy.config.loading import bundled_profiles
+from kvcr_policy.config.profiles import MAX_BASES, read_meta
 from kvcr_policy.errors import ConfigError
-from kvcr_policy.loading import bundled_profiles
-from kvcr_policy.profile_meta import MAX_BASES, read_meta
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 Write = Callable[..., Path]

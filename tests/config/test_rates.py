@@ -1,4 +1,4 @@
-"""Tests for kvcr_policy.rates: every rate names its unit; a bare number is refused."""
+"""Tests for kvcr_policy.config.rates: every rate names its unit; a bare number is refused."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.rates import RATE_UNITS, gb_per_s_from_text, parse_rate, spell_gb_per_s
+from kvcr_policy.config.rates import RATE_UNITS, gb_per_s_from_text, parse_rate, spell_gb_per_s
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -65,7 +65,7 @@ def test_a_config_rate_is_written_back_as_text_that_parses_to_it(gb_per_s: float
 
 
 def test_the_config_field_takes_a_rate_and_shows_it_with_its_unit() -> None:
-    from kvcr_policy.loading import load_config
+    from kvcr_policy.config.loading import load_config
 
     loaded = load_config(overrides={"observability.link_limit_gbps": "400Gbit/s"})
     assert loaded.config.observability.link_limit_gbps == 50.0  # held in GB/s

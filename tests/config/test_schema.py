@@ -1,4 +1,5 @@
-"""Tests for kvcr_policy.schema: upstream defaults, frozen and closed types, positional order."""
+"""Tests for kvcr_policy.config.schema: upstream defaults, frozen and closed types, positional
+order."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from kvcr_policy.contract import schemas_dir
-from kvcr_policy.schema import (
+from kvcr_policy.config.order import schemas_dir
+from kvcr_policy.config.schema import (
     POSITIONAL_TYPES,
     BatchingSection,
     CoalescingSection,

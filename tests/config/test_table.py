@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.config_table import config_rows, short_origin, short_path
-from kvcr_policy.loading import bundled_profiles, load_config
+from kvcr_policy.config.loading import bundled_profiles, load_config
+from kvcr_policy.config.table import config_rows, short_origin, short_path
 from tests.support.paths import child_env
 
 pytestmark = pytest.mark.usefixtures("clean_env")

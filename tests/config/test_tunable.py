@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvcr_policy.config.schema import PolicyConfig
+from kvcr_policy.config.tunable import TUNABLE_KEY, Tunable, tunable, tunable_fields
 from kvcr_policy.errors import UsageError
 from kvcr_policy.registry import Registry
-from kvcr_policy.schema import PolicyConfig
-from kvcr_policy.tunable import TUNABLE_KEY, Tunable, tunable, tunable_fields
 from kvcr_policy.tune.space import declared_knobs, field_adapter
 from tests.strategies import scalars
 
@@ -69,7 +69,7 @@ def test_when_and_at_most_cpus() -> None:
 
 
 def test_fields_carry_their_declaration() -> None:
-    from kvcr_policy.schema import BatchingSection
+    from kvcr_policy.config.schema import BatchingSection
 
     found = tunable_fields(BatchingSection)
     assert found["read_batch_pages"].choices[:3] == (32, 64, 128)
@@ -103,7 +103,7 @@ def test_every_declared_candidate_is_a_valid_value_of_its_field(registry: Regist
 
 
 def test_the_schema_shows_which_fields_are_tunable() -> None:
-    from kvcr_policy.contract import json_schema
+    from kvcr_policy.config.order import json_schema
 
     defs = json_schema()["$defs"]
     batching = defs["BatchingSection"]["properties"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.user_files import MAX_CONFIG_BYTES, FileRefused, read_regular
+from kvcr_policy.config.user_files import MAX_CONFIG_BYTES, FileRefused, read_regular
 from tests.support.paths import ROOT
 
 #: Each entry point, given the file's path as PATH; the file's extension is the key's second part.

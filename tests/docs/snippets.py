@@ -29,7 +29,7 @@ from tests.support.paths import ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib
-else:  # pragma: no cover - the project's own fallback (kvcr_policy/profile_meta.py)
+else:  # pragma: no cover - the project's own fallback (kvcr_policy/config/profiles.py)
     import tomli as tomllib
 
 #: Why a snippet may be left unrun: each names something this machine or a test run lacks.

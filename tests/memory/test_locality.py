@@ -23,15 +23,15 @@ from kvcr_policy.backends.dram.backend import DramBackend
 from kvcr_policy.backends.dram.store import Store
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.builtin.placement import AnonymousPlacement
+from kvcr_policy.config.loading import load_config
+from kvcr_policy.config.schema import PlacementSection
 from kvcr_policy.errors import ConfigError, PlacementError
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.memory import linux as _os
 from kvcr_policy.memory import locality
 from kvcr_policy.memory.locality import DeviceLocality, locate, near_placement, pci_address
 from kvcr_policy.pipeline import build_pipeline
 from kvcr_policy.registry import NoOptions
-from kvcr_policy.schema import PlacementSection
 from tests.support.hosts import absent_node, fake_sys_nodes, home_node, real_nodes
 
 MIB = 1 << 20

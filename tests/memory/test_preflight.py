@@ -2,7 +2,7 @@
 
 The limits are faked (``tests.support.cgroups.FakeHost``: this machine's own cgroup has no
 limit and its memory is what it is); the decisions and messages are the real ones. The same
-refusal in a real memory cgroup is in tests/test_preflight_in_a_cgroup.py.
+refusal in a real memory cgroup is in tests/config/test_preflight_in_a_cgroup.py.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.errors import BackendUnavailableError, CapacityError, PoolError
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.observability.metrics import MISS_REASONS
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.registry import Registry

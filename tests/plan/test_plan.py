@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.geometry import preset
-from kvcr_policy.loading import load_config
 from kvcr_policy.memory.linux import use_roots
 from kvcr_policy.pipeline import build_pipeline
 from kvcr_policy.registry import Registry

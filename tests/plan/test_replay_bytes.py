@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcr_policy.config.loading import load_config
+from kvcr_policy.config.schema import EvictionSection
 from kvcr_policy.errors import ArgumentError
-from kvcr_policy.loading import load_config
 from kvcr_policy.plan import replay_bytes as replay_bytes_module
 from kvcr_policy.plan.replay_bytes import GEOMETRY, replay_bytes
 from kvcr_policy.plan.trace import Trace, read_trace
 from kvcr_policy.registry import Registry
-from kvcr_policy.schema import EvictionSection
 from tests.strategies import trace_requests
 from tests.support.paths import ROOT
 

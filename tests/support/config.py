@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.errors import ConfigError
-from kvcr_policy.loading import load_config
 
 __all__ = ["load_issues"]
 

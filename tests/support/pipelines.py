@@ -14,8 +14,8 @@ import pytest
 
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.registry import Registry
 from tests.support import pools

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy import load_config
-from kvcr_policy.loading import bundled_profiles
-from kvcr_policy.profile_meta import read_meta
-from kvcr_policy.sources import flatten
+from kvcr_policy.config.loading import bundled_profiles
+from kvcr_policy.config.profiles import read_meta
+from kvcr_policy.config.sources import flatten
 from kvcr_policy.tune.written import render_profile, spell
 
 if sys.version_info >= (3, 11):

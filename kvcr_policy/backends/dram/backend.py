@@ -28,7 +28,8 @@ from ...geometry import PoolGeometry
 from ...memory.locality import DeviceLocality
 from ...memory.preflight import TierRequest, check_tier, mapped_bytes
 from ...memory.region import Region
-from ..base import BackendContext, Endpoint, PoolSpec, TierUsage, check_device
+from ..base import BackendContext, Endpoint, PoolSpec, check_device
+from ..reporting import TierUsage
 from .store import Store
 from .stores import new_store, takes
 from .transfer import DramTransfer, EarlyRead, Side, read_early

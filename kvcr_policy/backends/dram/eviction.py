@@ -4,7 +4,7 @@ A :class:`~.store.Store` asks its policy for victims when free slots run short. 
 ``eviction`` strategy kind (``kvcr_policy.builtin.eviction``) makes one policy per store;
 :data:`EVICTION_POLICIES` maps the built-in names to their classes for a store built by name.
 The protocol a policy follows is :class:`kvcr_policy.strategies.EvictionPolicy` (defined in
-:mod:`kvcr_policy.eviction_policy`).
+:mod:`kvcr_policy.strategies.eviction_policy`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import MappingProxyType
 
-from kvcr_policy.eviction_policy import EvictionPolicy
+from kvcr_policy.strategies.eviction_policy import EvictionPolicy
 
 __all__ = ["EVICTION_POLICIES", "EvictionPolicy", "FIFOPolicy", "LRUPolicy"]
 

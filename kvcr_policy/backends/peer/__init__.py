@@ -1,4 +1,4 @@
-"""The peer tier: ``kvcr-policy serve`` and the ``peer`` backend (transport ``ucx``).
+"""The peer tier: what ``kvcr-policy serve`` runs and the ``peer`` backend (transport ``ucx``).
 
 Module map (each owns one thing)::
 
@@ -35,7 +35,7 @@ Module map (each owns one thing)::
         pool.py        PeerPool: one pool whose tier is on the peer
       transport.py   the ucx transport name and its options (the peer backend uses them)
       backend.py     PeerBackend: owns the UCX worker and PeerClient, builds each PeerPool
-      cli.py         the serve command
+      serve.py       serve(setup): a tier served from this process (kvcr_policy.cli.serve runs it)
 
 Importing this package never imports ucxx; the worker thread imports it, after the
 environment knobs are applied.

@@ -1,7 +1,7 @@
 """Where peer secrets come from, and the tenants of a ``kvcr-policy serve``.
 
 A process's own secret is, first found: ``security.secret`` (env, ``.env``, or a secrets
-directory: pydantic-settings' sources, see :mod:`kvcr_policy.sources`), the file
+directory: pydantic-settings' sources, see :mod:`kvcr_policy.config.sources`), the file
 ``security.secret_file``, or the default file ``$XDG_CONFIG_HOME/kvcr-policy/peer.secret``
 (``~/.config/...``). A server with none creates the default file, readable only by its user,
 so that clients of the same user on the host find it with no configuration, and says where.
@@ -12,7 +12,7 @@ its secret), or one tenant, ``default``, whose secret is the server's own. With
 
 Secret files must be regular files (never followed through a link) owned by this user (or
 root), closed to group and others, in a folder they cannot write
-(:mod:`kvcr_policy.private_files`); a tenants folder must be closed to them too (mode 0700),
+(:mod:`kvcr_policy.config.private_files`); a tenants folder must be closed to them too (mode 0700),
 or they would learn the tenants' names.
 """
 
@@ -26,10 +26,10 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvcr_policy.config.loading import LoadedConfig
+from kvcr_policy.config.private_files import FileRefused, folder_problem, read_private
+from kvcr_policy.config.schema import TENANT_NAME, TENANT_NAME_RULE, check_secret
 from kvcr_policy.errors import ConfigError, ConfigIssue
-from kvcr_policy.loading import LoadedConfig
-from kvcr_policy.private_files import FileRefused, folder_problem, read_private
-from kvcr_policy.schema import TENANT_NAME, TENANT_NAME_RULE, check_secret
 from kvcr_policy.values import shorten
 
 from .auth import key_id
@@ -100,7 +100,8 @@ def _problem(loaded: LoadedConfig, path: str, message: str) -> ConfigError:
 
 def _read_secret(path: Path, loaded: LoadedConfig, leaf: str) -> bytes:
     """The secret in the file at ``path``: a private regular file of this user or root, not a
-    link, in a folder others cannot write (:func:`~kvcr_policy.private_files.read_private`)."""
+    link, in a folder others cannot write
+    (:func:`~kvcr_policy.config.private_files.read_private`)."""
     shown = shorten(str(path))
     try:
         text = read_private(path).decode("utf-8").strip()

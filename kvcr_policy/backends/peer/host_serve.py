@@ -32,8 +32,8 @@ log = logging.getLogger("kvcr_policy.backends.peer.host_tier")
 
 
 def main() -> int:
+    from kvcr_policy.config.loading import load_config
     from kvcr_policy.errors import KVCRPolicyError
-    from kvcr_policy.loading import load_config
     from kvcr_policy.memory import preflight
 
     from .server.server import PeerServer

@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvcr_policy.config.loading import LoadedConfig
+from kvcr_policy.config.private_files import FileRefused, folder_problem, read_private
 from kvcr_policy.errors import BackendUnavailableError, ConfigError, ConfigIssue, mismatch
-from kvcr_policy.loading import LoadedConfig
-from kvcr_policy.private_files import FileRefused, folder_problem, read_private
 
 from ..base import BackendContext
 from ..dram.transports.base import Transport

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
-from kvcr_policy.hosts import host_part
+from kvcr_policy.config.hosts import host_part
 from kvcr_policy.values import Size, shorten
 
 __all__ = ["Capability", "SharedMemory", "Tls", "UcxOptions", "parse_address", "unix_address"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from kvcr_policy.schema import PolicyConfig
+from kvcr_policy.config.schema import PolicyConfig
 
 from .options import UcxOptions
 

@@ -7,7 +7,7 @@ The inputs are read as pydantic-settings' own sources read them, configured once
 :class:`PolicySettings`: ``EnvSettingsSource`` reads ``KVCR_POLICY_*`` variables (prefix, ``__``
 nesting, JSON for complex fields); a profile is TOML parsed by ``tomllib`` and a ``.env`` file
 is parsed by python-dotenv, as ``TomlConfigSettingsSource`` and ``DotEnvSettingsSource`` parse
-them, but each file is read once, by :mod:`kvcr_policy.user_files` (a regular file only, at
+them, but each file is read once, by :mod:`kvcr_policy.config.user_files` (a regular file only, at
 most 1 MiB: those sources open the path themselves, which waits forever on a FIFO and reads a
 device to the end). A source here returns ``{leaf path: (raw value,
 origin)}`` plus the problems it found; loading merges the sources in precedence order and

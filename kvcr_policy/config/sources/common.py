@@ -13,9 +13,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from ..errors import ConfigIssue
+from ...errors import ConfigIssue
+from ...values import shorten
 from ..schema import ENV_PREFIX, PolicyConfig
-from ..values import shorten
 
 if sys.version_info >= (3, 11):
     pass
@@ -47,7 +47,7 @@ ALIASED_ENV: dict[str, str] = {
 SECRET_LEAVES = frozenset({"security.secret"})
 
 _OPTIONS = "options"
-#: A profile's table about the file itself (its base profile): no config value (profile_meta).
+#: A profile's table about the file itself (its base profile): no config value (profiles).
 PROFILE_TABLE = "profile"
 _NONE_WORDS = frozenset({"", "none", "null"})
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from dotenv import dotenv_values
 from dotenv.parser import parse_stream
 
-from ..errors import ConfigIssue
+from ...errors import ConfigIssue
 from ..private_files import dotenv_problem
 from ..provenance import dotenv_origin
 from ..schema import ENV_PREFIX
@@ -46,7 +46,7 @@ def read_dotenv(path: Path) -> tuple[dict[str, str | None], list[ConfigIssue]]:
     python-dotenv only logs a line it cannot parse and skips it; here that is a problem naming
     the line, so a typo cannot silently drop a setting. A file the user does not own, that
     others may write, or that sets ``security.*`` values and others may read, configures
-    nothing (:func:`~kvcr_policy.private_files.dotenv_problem`): it is refused whole.
+    nothing (:func:`~kvcr_policy.config.private_files.dotenv_problem`): it is refused whole.
     """
     where = f"dotenv {path}"
     try:

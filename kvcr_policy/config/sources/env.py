@@ -14,7 +14,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.sources.utils import parse_env_vars
 
-from ..errors import ConfigIssue
+from ...errors import ConfigIssue
 from ..provenance import env_origin
 from ..schema import ENV_PREFIX
 

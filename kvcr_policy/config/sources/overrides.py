@@ -6,7 +6,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigIssue
+from ...errors import ConfigIssue
 from ..provenance import OVERRIDE
 
 if sys.version_info >= (3, 11):

@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigIssue
+from ...errors import ConfigIssue
+from ...values import shorten
 from ..provenance import profile_origin
 from ..user_files import MAX_CONFIG_BYTES, FileRefused, parse_problem, read_regular
-from ..values import shorten
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,8 +30,8 @@ from .common import (
 def read_profile(path: Path) -> tuple[dict[str, Any], list[ConfigIssue]]:
     """The tables of the TOML file at ``path``, or the one problem that stops its reading.
 
-    Read by :func:`~kvcr_policy.user_files.read_regular` (a regular file, at most
-    :data:`~kvcr_policy.user_files.MAX_CONFIG_BYTES`), then parsed with ``tomllib``, as
+    Read by :func:`~kvcr_policy.config.user_files.read_regular` (a regular file, at most
+    :data:`~kvcr_policy.config.user_files.MAX_CONFIG_BYTES`), then parsed with ``tomllib``, as
     pydantic-settings' ``TomlConfigSettingsSource`` parses it; that source opens the path
     itself, which waits forever on a FIFO and reads a device to the end.
     """

@@ -6,11 +6,11 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import ConfigIssue
+from ...errors import ConfigIssue
+from ...values import shorten
 from ..private_files import FileRefused, folder_problem, read_private
 from ..provenance import secrets_origin
 from ..schema import ENV_PREFIX
-from ..values import shorten
 
 if sys.version_info >= (3, 11):
     pass
@@ -31,7 +31,8 @@ def secrets_source(directory: Path) -> tuple[Leaves, list[ConfigIssue]]:
     pydantic-settings' ``SecretsSettingsSource`` reads such a folder, but skips a FIFO with a
     bare warning (the process then goes on with the next source), follows a link anywhere and
     takes any owner and mode; here each file is held to the secret-file rules
-    (:func:`~kvcr_policy.private_files.read_private`), except that root may let others read it
+    (:func:`~kvcr_policy.config.private_files.read_private`), except that root may let others
+    read it
     (Kubernetes mounts secrets 0644) and a link is followed within the folder (Kubernetes
     mounts each secret as a link into its ``..data`` folder).
     """

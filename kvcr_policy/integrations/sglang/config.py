@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ...config.sources import UnknownKeys, known_leaves, suggest
 from ...errors import ConfigError, ConfigIssue
-from ...sources import UnknownKeys, known_leaves, suggest
 from .flag import FILE_FORMATS, read_object
 
 __all__ = [

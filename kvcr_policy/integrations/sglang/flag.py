@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from ...config.user_files import MAX_CONFIG_BYTES, FileRefused, parse_problem, read_regular
 from ...errors import ConfigError, ConfigIssue
-from ...user_files import MAX_CONFIG_BYTES, FileRefused, parse_problem, read_regular
 from ...values import shorten
 
 if sys.version_info >= (3, 11):

@@ -23,9 +23,9 @@ import dataclasses
 import logging
 from typing import Any
 
+from ...config.loading import PROFILE_ENV, LoadedConfig, load_config
+from ...config.provenance import OVERRIDE
 from ...errors import ConfigError, ConfigIssue
-from ...loading import PROFILE_ENV, LoadedConfig, load_config
-from ...provenance import OVERRIDE
 from .config import EXTRA_CONFIG_ORIGIN, BackendOptions, override_origins
 
 __all__ = ["flag_origin", "load", "log_start"]

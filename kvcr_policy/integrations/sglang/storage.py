@@ -40,8 +40,8 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
+from ...config.loading import LoadedConfig
 from ...errors import ClosedError
-from ...loading import LoadedConfig
 from ...pipeline import Pipeline, build_pipeline
 from .bindings import Binding
 from .config import BackendOptions, parse_extra_config

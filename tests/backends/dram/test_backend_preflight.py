@@ -2,7 +2,7 @@
 
 The limits are faked (``tests.support.cgroups.FakeHost``: this machine's cgroup has no limit);
 the pipeline, its backend and the regions they open or refuse are real. The same refusal under
-a real memory cgroup is in tests/test_preflight_in_a_cgroup.py.
+a real memory cgroup is in tests/config/test_preflight_in_a_cgroup.py.
 """
 
 from __future__ import annotations

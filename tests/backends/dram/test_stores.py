@@ -13,8 +13,8 @@ from kvcr_policy.backends.dram.store import Store
 from kvcr_policy.backends.dram.stores import new_store
 from kvcr_policy.builtin.eviction import FIFOEviction, LRUEviction
 from kvcr_policy.builtin.placement import AnonymousPlacement
+from kvcr_policy.config.schema import EvictionSection, PlacementSection
 from kvcr_policy.registry import NoOptions
-from kvcr_policy.schema import EvictionSection, PlacementSection
 
 FIFO = FIFOEviction(EvictionSection(), NoOptions())
 LRU = LRUEviction(EvictionSection(), NoOptions())

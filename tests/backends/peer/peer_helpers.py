@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 
 from kvcr_policy import load_config
 from kvcr_policy.bench.server import PeerProcess
+from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.errors import BenchError
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.schema import PolicyConfig
 from tests.support.installs import missing
 
 SERVER_SETS = {

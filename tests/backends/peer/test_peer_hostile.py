@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, event, given, settings
 
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, MAX_PAYLOAD, VERSION, FrameReader
+from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.errors import ProtocolError
-from kvcr_policy.schema import PolicyConfig
 from tests.backends.peer.peer_helpers import SERVER_SETS, promised_s, server_config
 from tests.backends.peer.raw_client import Raw, default_secret, open_socket
 from tests.strategies import hostile_frames

@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from kvcr_policy import cli_numbers
 from kvcr_policy.backends.peer.server import admission, budget, tiers
-from kvcr_policy.private_files import MAX_PRIVATE_BYTES
+from kvcr_policy.cli import numbers as cli_numbers
+from kvcr_policy.config.private_files import MAX_PRIVATE_BYTES
+from kvcr_policy.tune.setup import MAX_BUDGET_S, MIN_BUDGET_S
 from tests.backends.peer.peer_helpers import need_ucxx
 from tests.support.commands import run_command
 from tests.support.paths import ROOT, child_env
@@ -38,7 +39,7 @@ def test_the_security_section_states_the_codes_numbers() -> None:
     _says(f"(at most {MAX_PRIVATE_BYTES >> 10} KiB)")
     assert cli_numbers.MAX_TOKENS == 2**40 and cli_numbers.MAX_DIM == 2**20
     _says("(`--tokens` at most 2^40, a model dimension at most 2^20, `tune --budget` 1 s to a week")
-    assert (cli_numbers.MIN_BUDGET_S, cli_numbers.MAX_BUDGET_S) == (1.0, 7 * 86400.0)
+    assert (MIN_BUDGET_S, MAX_BUDGET_S) == (1.0, 7 * 86400.0)
     _says("each of its sessions at most 16 MiB more")  # tests/backends/peer/test_peer_memory.py
     assert EXAMPLE in SECURITY
 

@@ -21,11 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kvcr_policy.backends.base import TierUsage
 from kvcr_policy.backends.peer.credentials import Keyring, Tenant
 from kvcr_policy.backends.peer.server.labels import pool_label, tenant_labels
 from kvcr_policy.backends.peer.server.meter import ServerMeter
 from kvcr_policy.backends.peer.wire import messages as m
+from kvcr_policy.backends.reporting import TierUsage
 from tests.backends.peer.raw_client import Raw
 from tests.backends.peer.tenants import start_peer, tenants_dir
 from tests.observability.scraping import read_samples
@@ -141,9 +141,9 @@ def test_a_tenants_pool_labels_are_bounded_and_shared_tiers_add_up(
     pool it stands for. Two tiers of one pool name (two layouts) count apart, not overwritten."""
     from kvcr_policy.backends.peer.server.tiers import Tiers
     from kvcr_policy.builtin.placement import AnonymousPlacement
+    from kvcr_policy.config.schema import PlacementSection
     from kvcr_policy.observability.labels import MAX_POOL_LABELS
     from kvcr_policy.registry import NoOptions
-    from kvcr_policy.schema import PlacementSection
     from tests.support.pools import geometry
 
     geo = geometry(pages=4)

@@ -18,7 +18,7 @@ import pytest
 from kvcr_policy.backends.peer.server.tiers import SLOT_COST
 from kvcr_policy.backends.peer.wire import messages as m
 from kvcr_policy.backends.peer.wire.framing import HEADER, MAGIC, VERSION
-from kvcr_policy.cli_help import package_version
+from kvcr_policy.cli.help import package_version
 from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
 from tests.backends.peer.raw_client import Raw, default_secret
 from tests.observability.scraping import Samples, read_samples, value

@@ -10,10 +10,10 @@ import pytest
 from kvcr_policy.backends.peer.server.tiers import SLOT_COST, Tiers
 from kvcr_policy.builtin.eviction import FIFOEviction
 from kvcr_policy.builtin.placement import AnonymousPlacement
+from kvcr_policy.config.schema import EvictionSection, PlacementSection
 from kvcr_policy.errors import CapacityError
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.registry import NoOptions
-from kvcr_policy.schema import EvictionSection, PlacementSection
 from tests.support.pools import geometry
 
 

@@ -1,8 +1,8 @@
 """Tests for the ``.env`` source of load_config: where it is found, what it may set, its errors.
 
-Precedence pairs with the other sources are in test_loading.py; the source alone is in
-test_sources.py. Each test here runs in its own working directory (tmp_path), because the
-default ``.env`` is the one in the working directory.
+Precedence pairs with the other sources are in tests/config/test_loading.py; the source alone
+is in tests/config/sources/test_sources.py. Each test here runs in its own working directory
+(tmp_path), because the default ``.env`` is the one in the working directory.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy.cli import main
-from kvcr_policy.loading import bundled_profiles, load_config
+from kvcr_policy.config.loading import bundled_profiles, load_config
 from tests.support.config import load_issues
 
 pytestmark = pytest.mark.usefixtures("clean_env")

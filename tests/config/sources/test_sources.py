@@ -1,4 +1,4 @@
-"""Tests for kvcr_policy.sources: each source alone, its leaves, origins and problems."""
+"""Tests for kvcr_policy.config.sources: each source alone, its leaves, origins and problems."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.sources import (
+from kvcr_policy.config.sources import (
     dotenv_source,
     env_name,
     env_source,

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from kvcr_policy import load_config
+from kvcr_policy.config.sources import common, env_source, override_source, profile_source
+from kvcr_policy.config.sources.common import MAX_NAMED
 from kvcr_policy.errors import MAX_SHOWN, ConfigError, ConfigIssue
-from kvcr_policy.sources import common, env_source, override_source, profile_source
-from kvcr_policy.sources.common import MAX_NAMED
 
 MANY = 5000
 DEEP = "[" * 30000 + "]" * 30000
@@ -61,7 +61,7 @@ def test_overrides_of_many_unknown_keys_are_bounded(suggestions: list[str]) -> N
 
 
 def test_many_unknown_variables_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvcr_policy.sources import env
+    from kvcr_policy.config.sources import env
 
     searched: list[str] = []
     monkeypatch.setattr(env, "suggest", lambda word, names: searched.append(word))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -9,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from kvcr_policy.contract import extra_positional_types
+from kvcr_policy.config.order import extra_positional_types
 from kvcr_policy.errors import ConfigError, PoolError
 from kvcr_policy.integrations.sglang.config import parse_extra_config
 from kvcr_policy.integrations.sglang.pools import flat_geometry, geometry_of, namespace_for
+from tests.support.commands import run_main
 
 LOADER = {"backend_name": "kvcr_policy", "module_path": "m", "class_name": "C"}
 
@@ -231,3 +233,18 @@ def test_many_overrides_or_unknown_keys_are_bounded() -> None:
         parse_extra_config({**LOADER, **{f"key{i}": 1 for i in range(10**4)}})
     issues = caught.value.issues
     assert len(issues) == 33 and issues[-1].message.startswith("and 9968 more unknown keys")
+
+
+@pytest.mark.sglang
+def test_sglangs_factory_builds_the_backend_from_that_json(
+    sg: SimpleNamespace, storage_config: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out, _ = run_main(capsys, "sglang-config", "--set", "placement.capacity_bytes=64MiB")
+    backend = sg.StorageBackendFactory.create_backend(
+        "dynamic", storage_config(json.loads(out)), None
+    )
+    try:
+        assert type(backend).__name__ == "KVCRPolicyStorage"
+        assert backend.loaded.config.placement.capacity_bytes == 64 << 20
+    finally:
+        backend.close()

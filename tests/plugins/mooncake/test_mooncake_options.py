@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy import build_pipeline, load_config
+from kvcr_policy.config.loading import LoadedConfig
 from kvcr_policy.errors import ConfigError, PluginError
-from kvcr_policy.loading import LoadedConfig
 from kvcr_policy.registry import Registry
 from tests.plugins.mooncake.mooncake_helpers import PLUGIN_DIST
 from tests.support.installs import missing

@@ -9,10 +9,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 import numpy as np
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
+from kvcr_policy.config.schema import PolicyConfig
+from kvcr_policy.config.tunable import tunable
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import TransportError
-from kvcr_policy.schema import PolicyConfig
-from kvcr_policy.tunable import tunable
 from kvcr_policy.values import Size
 
 from . import copy as host_copy

@@ -19,10 +19,10 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
 from kvcr_policy.memory.cuda import NO_CUDA, require_cuda
 from kvcr_policy.memory.locality import DeviceLocality
-from kvcr_policy.schema import PolicyConfig
 
 from .base import CopyBatch, Endpoint, Transport, check_bounds
 from .cuda_options import CudaOptions, resolved_modes

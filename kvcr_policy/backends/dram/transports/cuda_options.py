@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
+from kvcr_policy.config.tunable import tunable
 from kvcr_policy.strategies import follow_coalescing
-from kvcr_policy.tunable import tunable
 from kvcr_policy.values import Size
 
 __all__ = ["CudaOptions", "resolved_modes"]

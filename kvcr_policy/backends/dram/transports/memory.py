@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.errors import TransportError
-from kvcr_policy.schema import PolicyConfig
 
 from .base import CopyBatch, Transport, check_bounds
 

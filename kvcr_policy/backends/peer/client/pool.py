@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import (
     BackendUnavailableError,
@@ -32,7 +33,6 @@ from kvcr_policy.errors import (
     UnsupportedError,
 )
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.schema import PolicyConfig
 
 from ...base import Endpoint, Shape
 from ..requests import memory_view, message_limit

@@ -39,6 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from kvcr_policy.config.loading import LoadedConfig, load_config
+from kvcr_policy.config.schema import strategy_name
 from kvcr_policy.errors import (
     ArgumentError,
     ClosedError,
@@ -47,10 +49,8 @@ from kvcr_policy.errors import (
     UnsupportedError,
 )
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import LoadedConfig, load_config
 from kvcr_policy.memory import linux as _os
 from kvcr_policy.plugins import make_plugin_manager
-from kvcr_policy.schema import strategy_name
 
 from ..credentials import Keyring, server_keyring
 from ..host import host_id, interface_of

@@ -42,9 +42,9 @@ from kvcr_policy.errors import CapacityError
 from kvcr_policy.geometry import PoolGeometry
 
 from ....memory.region import Region
-from ...base import TierUsage
 from ...dram.store import Store
 from ...dram.stores import new_store, takes
+from ...reporting import TierUsage
 from .labels import TierLabels
 
 __all__ = ["SLOT_COST", "Tier", "Tiers", "tier_bytes"]

@@ -31,10 +31,10 @@ from kvcr_policy.backends.dram.transports.cuda import (
 )
 from kvcr_policy.backends.dram.transports.cuda_gather import choose_kernel, plan_rows
 from kvcr_policy.backends.dram.transports.cuda_options import resolved_modes
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, PoolError, TransportError
 from kvcr_policy.geometry import PoolGeometry
-from kvcr_policy.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
 from kvcr_policy.plugins import make_plugin_manager
 from kvcr_policy.strategies import follow_coalescing

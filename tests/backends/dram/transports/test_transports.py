@@ -18,9 +18,9 @@ from kvcr_policy.backends.dram.transports import copy as host_copy
 from kvcr_policy.backends.dram.transports.base import CopyBatch, Endpoint, Transport, check_bounds
 from kvcr_policy.backends.dram.transports.cpu import CpuOptions, CpuTransport
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
+from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, TransportError
-from kvcr_policy.schema import PolicyConfig
 from tests.strategies import descriptors
 
 

@@ -1,0 +1,74 @@
+"""A peer tier served from this process until told to stop: what ``kvcr-policy serve`` runs
+(:mod:`kvcr_policy.cli.serve` parses the command line, loads the configuration and handles the
+signals; a backend declares no command)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...config.loading import LoadedConfig
+
+__all__ = ["ServeSetup", "serve"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSetup:
+    """What one ``serve`` runs: the loaded configuration and the command line's choices."""
+
+    loaded: LoadedConfig
+    #: ``HOST:PORT`` to listen on (None: ``transport.options.listen``).
+    listen: str | None = None
+    #: Seconds in-flight requests get when it stops (None: ``op_timeout_s``).
+    grace: float | None = None
+    #: ``HOST:PORT`` of /metrics (None: not served).
+    metrics: str | None = None
+
+
+def serve(
+    setup: ServeSetup, stop: threading.Event, announce: Callable[[dict[str, Any]], None]
+) -> None:
+    """Check that a tier fits this host, start the server (and /metrics), ``announce`` where it
+    listens (one dict: address, pid, secret, what it serves), and serve until ``stop`` is set;
+    then stop the server, giving requests in flight ``setup.grace`` seconds."""
+    import os
+
+    from ...memory import preflight
+    from ...observability.exposition import MetricsServer, check_public, serve_metrics
+    from .server.server import PeerServer
+
+    loaded = setup.loaded
+    preflight.check_placement(loaded.config.placement, loaded.origin(preflight.SETTING),
+                              what="each tier that serve opens")  # fmt: skip
+    if setup.metrics is not None:
+        check_public(setup.metrics, loaded.config.observability.metrics_public)
+    server = PeerServer(loaded, listen=setup.listen)
+    exposed: MetricsServer | None = None
+    if server.keyring.insecure:
+        sys.stderr.write(
+            "kvcr-policy serve: INSECURE: no authentication; every process that reaches "
+            f"{server.host} can read, overwrite and delete every page\n"
+        )
+    try:
+        server.start()
+        if setup.metrics is not None:
+            exposed = serve_metrics(setup.metrics)
+        line = {
+            "listening": server.address,
+            "pid": os.getpid(),
+            "secret": server.keyring.source,
+            "secret_created": str(server.keyring.created) if server.keyring.created else None,
+            **server.describe(),
+        }
+        if exposed is not None:
+            line["metrics"] = exposed.url
+        announce(line)
+        while not stop.wait(0.2):
+            pass
+    finally:
+        server.stop(setup.grace)
+        if exposed is not None:
+            exposed.close()
