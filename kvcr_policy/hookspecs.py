@@ -52,10 +52,11 @@ def kvcr_register_transports(register: RegisterTransport) -> None:
     Called by :func:`kvcr_policy.plugins.make_plugin_manager` once per plugin, when a manager is
     built. All implementations are called; return values are ignored. ``factory(config,
     options)`` receives the whole frozen :class:`~kvcr_policy.config.schema.PolicyConfig` and the
-    validated options of ``[transport.options]`` and returns an object implementing
-    :class:`kvcr_policy.backends.dram.transports.base.Transport` (a copy engine of the
-    ``dram`` backend), or names a transport another backend reads its options from
-    (``ucx``: the ``peer`` backend).
+    validated options of ``[transport.options]`` and returns the configured transport a backend
+    receives (:class:`~kvcr_policy.backends.base.ConfiguredTransport`): a copy engine of the
+    ``dram`` backend, or the options of another backend's connection (``ucx``: the ``peer``
+    backend). A backend registers the transports it works with from its own hooks module
+    (``kvcr_policy.backends.dram.hooks``: ``cpu``, ``cuda``, ``memory``).
     """
 
 

@@ -31,7 +31,9 @@ log = logging.getLogger("kvcr_policy.plugins")
 ENTRY_POINT_GROUP = "kvcr_policy"
 TRACE_ENV = ENV_PREFIX + "TRACE_HOOKS"
 
-#: Modules of the built-in plugins, registered exactly like third-party ones.
+#: Modules of the built-in plugins, registered exactly like third-party ones: the strategies,
+#: then each built-in backend's own hooks (named, not imported, here: removing a backend is
+#: removing its line).
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcr_policy.builtin.batching",
     "kvcr_policy.builtin.coalescing",
@@ -39,8 +41,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcr_policy.builtin.thread_tuning",
     "kvcr_policy.builtin.fallback",
     "kvcr_policy.builtin.eviction",
-    "kvcr_policy.builtin.transports",
-    "kvcr_policy.builtin.backends",
+    "kvcr_policy.backends.dram.hooks",
+    "kvcr_policy.backends.peer.hooks",
 )
 
 
@@ -60,6 +62,13 @@ class PluginManager(pluggy.PluginManager):
                 impl.function(**kwargs)
             except Exception:  # an observer must never break the data path
                 log.exception("plugin %r failed in %s; ignored", impl.plugin_name, hook)
+
+
+def builtin_name(module: str) -> str:
+    """The plugin name of a built-in module: ``builtin.batching`` for
+    ``kvcr_policy.builtin.batching``, ``builtin.dram`` for ``kvcr_policy.backends.dram.hooks``."""
+    parts = module.split(".")
+    return "builtin." + (parts[-2] if parts[-1] == "hooks" else parts[-1])
 
 
 def _version() -> str:
@@ -156,7 +165,7 @@ def make_plugin_manager(
     version = _version()
     for module_name in BUILTIN_PLUGINS:
         module = importlib.import_module(module_name)
-        name = "builtin." + module_name.rsplit(".", 1)[1]
+        name = builtin_name(module_name)
         _add_plugin(pm, module, name, "kvcr-policy", version, strict=True)
 
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -14,6 +15,7 @@ from .values import shorten
 __all__ = [
     "KINDS",
     "BrokenPlugin",
+    "Lazy",
     "NoOptions",
     "RegisterBackend",
     "RegisterBenchBackend",
@@ -71,6 +73,24 @@ class RegisterBenchBackend(Protocol):
     """``register(adapter)``: a :class:`kvcr_policy.bench_adapter.BenchBackend` subclass."""
 
     def __call__(self, adapter: type[Any]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lazy:
+    """A factory whose module is imported only when something is built (never when a plugin
+    registers it), with what the registry asks of a backend's factory before building one."""
+
+    module: str
+    name: str
+    #: What the backend lets a coalescing strategy use under a config
+    #: (:meth:`Registry.capabilities`).
+    capabilities_for: Callable[[Any, Registry], frozenset[str]] | None = None
+    #: It maps a tier of ``placement.capacity_bytes`` per pool on this host
+    #: (:meth:`Registry.maps_tiers`).
+    maps_tiers: bool = False
+
+    def __call__(self, *args: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)(*args)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvcr_policy.backends.dram.transports import copy as host_copy
+from kvcr_policy.backends import host_copy
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
 from kvcr_policy.config.loading import LoadedConfig, load_config

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..backends.dram.transports import copy as native
+from ..backends import host_copy as native
 from ..descriptors import Descriptors
 from .setup import BenchError
 

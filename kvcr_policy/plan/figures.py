@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.dram.transports.cuda_options import CudaOptions, resolved_modes
 from ..config.loading import LoadedConfig
-from ..config.schema import MAX_TIER_BYTES, PolicyConfig
+from ..config.schema import MAX_TIER_BYTES
 from ..descriptors import build_descriptors, slot_descriptors, split_pieces
 from ..errors import ArgumentError
 from ..geometry import PRESETS, PoolGeometry
@@ -278,7 +277,7 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
     # A prefix stored together sits in consecutive slots; every batch of the same size has the
     # same descriptors, so each distinct size is shaped once.
     full = replace(geo, tokens=max(batch, 1) * geo.page_size)
-    whole = _whole_slots(config)
+    whole = _whole_slots(loaded)
     for size, times in counts.sizes.items():
         order = np.arange(size)
         if whole:  # the tier side slot by slot, as the run lays it out
@@ -379,10 +378,16 @@ def make_plan(loaded: LoadedConfig, request: PlanRequest) -> Plan:
     return plan
 
 
-def _whole_slots(config: PolicyConfig) -> bool:
-    """Whether the dram tier keeps each slot whole (the cuda transport's ``tier_slots``,
-    resolved as the run resolves it); every other transport mirrors the pool's planes."""
-    if config.transport.name != "cuda":
+def _whole_slots(loaded: LoadedConfig) -> bool:
+    """Whether the tier keeps each slot whole, as the configured transport says it will
+    (``keeps_whole_slots(options, coalescing)`` of its registered factory, resolved without a
+    device); a transport that does not say mirrors the pool's planes."""
+    config, registry = loaded.config, loaded.registry
+    assert registry is not None  # every load_config result carries its registry
+    spec = registry.find("transport", config.transport.name)
+    ask = None if spec is None else getattr(spec.factory, "keeps_whole_slots", None)
+    if spec is None or ask is None:
         return False
-    options = CudaOptions.model_validate(config.transport.options)
-    return resolved_modes(options, config.coalescing.strategy)[2]
+    return bool(
+        ask(spec.options.model_validate(config.transport.options), config.coalescing.strategy)
+    )

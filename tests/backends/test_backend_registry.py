@@ -21,8 +21,11 @@ ProfileWriter = Callable[..., Path]
 
 def test_builtin_backends_are_registered_like_plugins(registry: Registry) -> None:
     dram, peer = registry.get("backend", "dram"), registry.get("backend", "peer")
-    assert (dram.plugin, dram.distribution) == ("builtin.backends", "kvcr-policy")
-    assert peer.plugin == "builtin.backends"
+    assert (dram.plugin, dram.distribution) == ("builtin.dram", "kvcr-policy")
+    assert peer.plugin == "builtin.peer"
+    # Each built-in backend registers its own transports (and nothing of the other's).
+    assert registry.get("transport", "cpu").plugin == "builtin.dram"
+    assert registry.get("transport", "ucx").plugin == "builtin.peer"
 
 
 def test_the_backend_hook_is_traced(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,8 +43,8 @@ def small_peer() -> Iterator[Any]:
         import ucxx  # noqa: F401
     except Exception as err:
         pytest.skip(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+    from kvcr_policy.backends.peer.process import PeerProcess
     from kvcr_policy.backends.peer.server.tiers import tier_bytes
-    from kvcr_policy.bench.server import PeerProcess
 
     server = PeerProcess(
         {

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from kvcr_policy.backends.dram.bench import DramBench
 from kvcr_policy.bench import BenchResult, Run, runner
-from kvcr_policy.bench.backends import DramBench
 from kvcr_policy.bench.headline import HOST_COPY_NOTE, RATIO_NOTE, headline, ratio_note
 from kvcr_policy.bench.host_copy import HostCopy
 from tests.support.commands import run_main

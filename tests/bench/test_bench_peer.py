@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvcr_policy.backends.peer.process import PeerProcess
 from kvcr_policy.backends.peer.server.tiers import tier_bytes
 from kvcr_policy.bench import BenchSetup, run_bench
-from kvcr_policy.bench.server import PeerProcess
 from kvcr_policy.config.loading import load_config
 from kvcr_policy.geometry import PoolGeometry
 from kvcr_policy.pipeline import build_pipeline

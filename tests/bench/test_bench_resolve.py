@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from kvcr_policy import bench_adapter
+from kvcr_policy.backends.peer.process import PeerProcess
 from kvcr_policy.bench import BenchError, BenchSetup, hicache
 from kvcr_policy.bench import targets as bench_targets
 from kvcr_policy.bench.backends import bench_backends
 from kvcr_policy.bench.resolve import resolve
-from kvcr_policy.bench.server import PeerProcess
 from kvcr_policy.errors import ConfigError, KVCRPolicyError, PoolError
 from kvcr_policy.memory.linux import use_roots
 from tests.support.cgroups import MIB, FakeHost

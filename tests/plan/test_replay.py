@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.backends.dram.eviction import FIFOPolicy, LRUPolicy
+from kvcr_policy.builtin.eviction import FIFOPolicy, LRUPolicy
 from kvcr_policy.plan.replay import replay, replay_unbounded
 from kvcr_policy.plan.trace import Trace, read_trace
 from tests.strategies import trace_requests

@@ -42,14 +42,10 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from kvcr_policy.backends.dram.claims import ClaimCounts
-from kvcr_policy.backends.dram.eviction import (
-    EVICTION_POLICIES,
-    EvictionPolicy,
-    FIFOPolicy,
-    LRUPolicy,
-)
 from kvcr_policy.backends.dram.extents import _FreeExtents, count_extents
+from kvcr_policy.builtin.eviction import EVICTION_POLICIES, FIFOPolicy, LRUPolicy
 from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError
+from kvcr_policy.strategies import EvictionPolicy
 
 __all__ = [
     "EVICTION_POLICIES",

@@ -21,7 +21,7 @@ from ..dram.transports.cpu import CpuOptions, CpuTransport
 from .client.pool import PeerPool
 from .credentials import client_credentials
 from .options import unix_address
-from .transport import UcxTransport, ucxx_available
+from .transport import CAPABILITIES, UcxTransport, ucxx_available
 
 __all__ = ["PeerBackend"]
 
@@ -30,7 +30,7 @@ class PeerBackend:
     """The built-in ``peer`` backend; see the module docstring."""
 
     name = "peer"
-    capabilities = frozenset({"coalesce", "split"})
+    capabilities = CAPABILITIES
     devices = frozenset({"cpu"})
 
     def __init__(self, context: BackendContext, options: Any) -> None:

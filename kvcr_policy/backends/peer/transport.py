@@ -17,7 +17,10 @@ from kvcr_policy.config.schema import PolicyConfig
 
 from .options import UcxOptions
 
-__all__ = ["UcxOptions", "UcxTransport", "ucxx_available"]
+__all__ = ["CAPABILITIES", "UcxOptions", "UcxTransport", "ucxx_available"]
+
+#: The descriptor shapes the peer accepts (a connected peer may narrow them).
+CAPABILITIES = frozenset({"coalesce", "split"})
 
 
 def ucxx_available() -> bool:
@@ -31,7 +34,7 @@ class UcxTransport:
     name = "ucx"
     #: The backend that ``backend.name = "auto"`` picks for this transport.
     backend = "peer"
-    capabilities = frozenset({"coalesce", "split"})
+    capabilities = CAPABILITIES
     devices = frozenset({"cpu"})
 
     def __init__(self, config: PolicyConfig, options: UcxOptions) -> None:

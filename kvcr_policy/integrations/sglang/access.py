@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ...backends.dram.transports.copy import copy_descriptors
+from ...backends.host_copy import copy_descriptors
 from ...descriptors import Descriptors
 from ...errors import PoolError
 from .memory import MemoryMap

@@ -26,7 +26,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from ...backends.dram.transports.copy import copy_descriptors
+from ...backends.host_copy import copy_descriptors
 from ...descriptors import Descriptors
 from ...errors import ArgumentError
 from ...pipeline import Pipeline

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from kvcr_policy.backends.dram.eviction import FIFOPolicy, LRUPolicy
 from kvcr_policy.backends.dram.store import Store
 from kvcr_policy.backends.dram.stores import new_store
-from kvcr_policy.builtin.eviction import FIFOEviction, LRUEviction
+from kvcr_policy.builtin.eviction import FIFOEviction, FIFOPolicy, LRUEviction, LRUPolicy
 from kvcr_policy.builtin.placement import AnonymousPlacement
 from kvcr_policy.config.schema import EvictionSection, PlacementSection
 from kvcr_policy.registry import NoOptions

@@ -27,7 +27,7 @@ def peer(request: pytest.FixtureRequest) -> Iterator[Any]:
     """One server process for the module's tests, started with the module's ``PEER_SETS``
     when it has them (else ``SERVER_SETS``)."""
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess(getattr(request.module, "PEER_SETS", SERVER_SETS))
     yield server

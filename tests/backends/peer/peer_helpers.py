@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from kvcr_policy import load_config
-from kvcr_policy.bench.server import PeerProcess
+from kvcr_policy.backends.peer.process import PeerProcess
 from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.errors import BenchError
 from kvcr_policy.geometry import PoolGeometry

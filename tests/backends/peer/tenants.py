@@ -30,7 +30,7 @@ def start_peer(folder: Path, args: tuple[str, ...] = (), **sets: Any) -> Any:
     """`kvcr-policy serve` with the tenants of ``folder`` (and short timeouts for tests), and
     the command-line ``args`` besides (``--metrics 0``)."""
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     values: dict[str, Any] = {
         **SERVER_SETS,

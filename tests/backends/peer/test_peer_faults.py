@@ -157,7 +157,7 @@ class Reads:
 
 def test_a_server_killed_mid_transfer_gives_misses_in_time_then_reconnects(connect: Any) -> None:
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess(SERVER_SETS)
     port = server.address.rsplit(":", 1)[1]
@@ -205,7 +205,7 @@ def test_sigterm_mid_transfer_stops_cleanly_and_logs(
     connect: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess(SERVER_SETS)
     pipeline = connect(address=server.address, **{"transport.op_timeout_s": 5})
@@ -243,7 +243,7 @@ def test_a_stopped_server_that_resumes_makes_calls_slower_not_failed(connect: An
     than dead_after_s and op_timeout_s, then resumed: the restore completes, byte-exact, on the
     same connection."""
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess(SERVER_SETS)
     try:
@@ -293,7 +293,7 @@ def test_a_server_that_answers_nothing_for_dead_after_s_is_dead(
     (connect_timeout_s) the fallback makes before calls fail at once; the reason names the
     setting."""
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess(SERVER_SETS)
     try:

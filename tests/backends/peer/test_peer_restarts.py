@@ -60,7 +60,7 @@ class Rig:
     verified: int = 0  # pages restored and compared byte for byte
 
     def start(self) -> None:
-        from kvcr_policy.bench.server import PeerProcess
+        from kvcr_policy.backends.peer.process import PeerProcess
 
         listen = f"127.0.0.1:{self.port or 0}"
         self.server = PeerProcess(SERVER_SETS, listen=listen, timeout=120.0)

@@ -250,7 +250,7 @@ def test_every_progress_mode_moves_pages_and_retires_its_workers(mode: str) -> N
     """Server and client both in ``mode``: byte-exact round trips over three connections, and
     each connection's UCX worker (a link) retired, not left behind."""
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess({"transport.name": "ucx", "transport.options.progress_mode": mode})
     try:

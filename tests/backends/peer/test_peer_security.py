@@ -207,7 +207,7 @@ def test_an_insecure_peer_is_loopback_only_and_clients_must_opt_in(tmp_path: Pat
 
 def test_serve_makes_a_private_secret_when_none_is_configured(tmp_path: Path) -> None:
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     home = tmp_path / "config"
     env = {"XDG_CONFIG_HOME": str(home)}

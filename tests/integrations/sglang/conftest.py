@@ -21,7 +21,7 @@ def peer_server() -> Iterator[Any]:
     from tests.backends.peer.peer_helpers import SERVER_SETS, need_ucxx
 
     need_ucxx()
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess(SERVER_SETS)
     yield server

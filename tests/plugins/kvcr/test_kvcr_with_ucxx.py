@@ -24,7 +24,7 @@ def peer() -> Iterator[Any]:
         import ucxx  # noqa: F401
     except Exception as err:
         missing(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
-    from kvcr_policy.bench.server import PeerProcess
+    from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess({"transport.name": "ucx", "placement.capacity_bytes": "4MiB"})
     yield server

@@ -15,7 +15,7 @@ from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import TransportError
 from kvcr_policy.values import Size
 
-from . import copy as host_copy
+from ... import host_copy
 from .base import CopyBatch, Transport, check_bounds
 
 __all__ = ["CpuOptions", "CpuTransport"]

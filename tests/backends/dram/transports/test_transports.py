@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcr_policy.backends.dram.transports import copy as host_copy
+from kvcr_policy.backends import host_copy
 from kvcr_policy.backends.dram.transports.base import CopyBatch, Endpoint, Transport, check_bounds
 from kvcr_policy.backends.dram.transports.cpu import CpuOptions, CpuTransport
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcr_policy.backends.dram.transports import copy as host_copy
+from kvcr_policy.backends import host_copy
 from kvcr_policy.descriptors import Descriptors
 from tests.strategies import copies
 

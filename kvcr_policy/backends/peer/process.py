@@ -1,4 +1,5 @@
-"""``kvcr-policy serve`` in a child process: the peer backend's server, for benchmarks and tests."""
+"""``kvcr-policy serve`` in a child process: the peer backend's server, for its benchmark
+adapter (:mod:`.bench`) and for tests."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .setup import BenchError
+from kvcr_policy.errors import BenchError
 
 __all__ = ["PeerProcess"]
 
