@@ -34,7 +34,6 @@ by layer in ``layer_first``), and each plane is ``pages`` contiguous fragments o
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import hashlib
 import sys
@@ -59,10 +58,8 @@ __all__ = [
     "check_pages",
     "check_unchanged",
     "fragment_offsets",
-    "fragment_planes",
     "page_indices",
     "preset",
-    "stages_pages",
     "validate_buffer",
 ]
 
@@ -256,37 +253,6 @@ def fragment_offsets(geometry: PoolGeometry, pages: npt.ArrayLike) -> Int64Array
     page_array = check_pages(geometry, pages)
     base = np.arange(geometry.fragments_per_page, dtype=np.int64) * geometry.plane_bytes
     return np.add.outer(base, page_array * geometry.fragment_bytes)
-
-
-def fragment_planes(geometry: PoolGeometry, address: int, nbytes: int, name: str) -> np.ndarray:
-    """The pool buffer of ``nbytes`` at host ``address`` as ``(fragments_per_page, pages,
-    fragment_bytes)`` bytes, no copy: ``[f, p]`` is fragment ``f`` of page ``p`` (the layout of
-    :func:`fragment_offsets`), so a page's fragments gather or scatter with one numpy call.
-
-    Raises PoolError (naming pool ``name``) when the geometry reaches past the buffer.
-    """
-    g = geometry
-    end = (g.fragments_per_page - 1) * g.plane_bytes + g.pages * g.fragment_bytes
-    if end > nbytes:
-        message = (
-            f"pool {name!r}: its fragments reach byte {end}, past its {nbytes} bytes; the "
-            "geometry does not describe this buffer"
-        )
-        raise PoolError(message)
-    raw = (ctypes.c_uint8 * nbytes).from_address(address)
-    flat = np.frombuffer(memoryview(raw), dtype=np.uint8)
-    shape = (g.fragments_per_page, g.pages, g.fragment_bytes)
-    strides = (g.plane_bytes, g.fragment_bytes, 1)
-    return np.lib.stride_tricks.as_strided(flat, shape, strides, writeable=True)
-
-
-def stages_pages(mode: str, geometry: PoolGeometry, below_bytes: int) -> bool:
-    """Whether a backend's ``staging`` option (``never``, ``auto``, ``always``) gathers this
-    pool's pages through a staging area: never a page of one fragment (one run already);
-    ``auto`` only pages whose fragments are smaller than ``below_bytes``."""
-    if mode == "never" or geometry.fragments_per_page == 1:
-        return False
-    return mode == "always" or geometry.fragment_bytes < below_bytes
 
 
 @dataclass(frozen=True, slots=True)

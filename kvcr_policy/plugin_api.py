@@ -10,7 +10,8 @@ list, and import-linter forbids them the backend packages, ``bench`` and ``cli``
   :mod:`kvcr_policy.hookspecs`);
 - strategies: the protocols of :mod:`kvcr_policy.strategies` and the config sections;
 - backends: the seam of :mod:`kvcr_policy.backends.base` (read its docstring first),
-  descriptors, geometry, placed memory (:class:`Region`, opened by the placement strategy);
+  descriptors, geometry, placed memory (:class:`Region`, opened by the placement strategy),
+  staging pages through a contiguous area (:mod:`kvcr_policy.backends.staging`);
 - benchmarking: :class:`BenchBackend` (:mod:`kvcr_policy.bench_adapter`);
 - errors: the whole tree of :mod:`kvcr_policy.errors`.
 """
@@ -31,6 +32,7 @@ from .backends.base import (
     check_device,
 )
 from .backends.reporting import BackendReporting, PoolReporting, TierUsage
+from .backends.staging import PagePlanes, StagingArea, fragment_planes, packed, stages_pages
 from .bench_adapter import BenchBackend, BenchSetup, Pipeline
 from .config.hosts import host_part
 from .config.schema import (
@@ -61,7 +63,7 @@ from .errors import (
     UnsupportedError,
     mismatch,
 )
-from .geometry import PoolGeometry, fragment_offsets, fragment_planes, stages_pages
+from .geometry import PoolGeometry, fragment_offsets
 from .hookspecs import hookimpl
 from .keys import key_part
 from .memory import DeviceLocality, PlacementAudit, Region
@@ -118,6 +120,7 @@ __all__ = [
     "IndicesError",
     "KVCRPolicyError",
     "NoOptions",
+    "PagePlanes",
     "Pipeline",
     "PlacementAudit",
     "PlacementError",
@@ -138,6 +141,7 @@ __all__ = [
     "RegisterTransport",
     "Shape",
     "Size",
+    "StagingArea",
     "ThreadTuningStrategy",
     "TierBackend",
     "TierMemoryError",
@@ -156,6 +160,7 @@ __all__ = [
     "host_part",
     "key_part",
     "mismatch",
+    "packed",
     "stages_pages",
     "strategy_name",
     "tunable",

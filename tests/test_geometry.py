@@ -20,10 +20,8 @@ from kvcr_policy.geometry import (
     PoolGeometry,
     check_pages,
     fragment_offsets,
-    fragment_planes,
     page_indices,
     preset,
-    stages_pages,
     validate_buffer,
 )
 from tests.strategies import geometries, page_lists
@@ -249,33 +247,6 @@ def test_fragment_offsets_match_slicing_any_geometry(g: PoolGeometry, data: st.D
 def test_fragments_tile_the_buffer(g: PoolGeometry) -> None:
     offsets = fragment_offsets(g, np.arange(g.pages))
     assert np.array_equal(np.sort(offsets.ravel()), np.arange(0, g.nbytes, g.fragment_bytes))
-
-
-@given(geometries(max_pages=6), st.data())
-def test_fragment_planes_are_the_fragments_at_their_offsets(
-    g: PoolGeometry, data: st.DataObject
-) -> None:
-    raw = np.random.default_rng(0).integers(0, 256, g.nbytes, dtype=np.uint8)
-    planes = fragment_planes(g, raw.ctypes.data, raw.nbytes, "kv")
-    pages = data.draw(page_lists(g.pages))
-    offsets = fragment_offsets(g, pages)
-    for column, page in enumerate(pages):
-        for fragment in range(g.fragments_per_page):
-            start = int(offsets[fragment, column])
-            expected = raw[start : start + g.fragment_bytes]
-            assert np.array_equal(planes[fragment, page], expected)
-    planes[:, pages] = 7  # writes land in the buffer itself (no copy)
-    assert all((raw[o : o + g.fragment_bytes] == 7).all() for o in offsets.ravel().tolist())
-    with pytest.raises(PoolError, match=r"pool 'kv': its fragments reach byte .* past its"):
-        fragment_planes(g, raw.ctypes.data, raw.nbytes - 1, "kv")
-
-
-@given(geometries(), st.integers(1, 1 << 12))
-def test_staging_is_chosen_by_the_option_and_the_page(g: PoolGeometry, below: int) -> None:
-    many = g.fragments_per_page > 1
-    assert not stages_pages("never", g, below)
-    assert stages_pages("always", g, below) == many
-    assert stages_pages("auto", g, below) == (many and g.fragment_bytes < below)
 
 
 @pytest.mark.parametrize(("layout", "mla"), ALL_KINDS)

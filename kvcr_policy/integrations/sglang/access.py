@@ -12,8 +12,9 @@ order of preference:
   ``set_from_flat_data_page(index, tensor)``, the path ``HiCacheFile`` takes (one tensor per
   page, copied by torch, bounds-checked by torch).
 
-Both copy a page between the pool and one row of a staging buffer (:mod:`.staged`); ``index``
-is a page's first token index, as SGLang passes them.
+Both copy a page between the pool and one row of a staging buffer (:mod:`.staged`), its pieces
+end to end (:func:`~kvcr_policy.backends.staging.packed`); ``index`` is a page's first token
+index, as SGLang passes them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy.typing as npt
 import torch
 
 from ...backends.host_copy import copy_descriptors
+from ...backends.staging import packed
 from ...descriptors import Descriptors
 from ...errors import PoolError
 from .memory import MemoryMap
@@ -122,22 +124,15 @@ class PointerPages(PageAccess):
         self.memory.check(self.label, pointers, sizes)
         return pointers, sizes
 
-    def _rows(self, sizes: Int64Array) -> Int64Array:
-        """Each piece's byte offset in the staging buffer (page i fills row i)."""
-        per_page = len(self.sizes)
-        by_page = sizes.reshape(-1, per_page)
-        within = np.cumsum(by_page, axis=1) - by_page
-        rows = np.arange(len(by_page), dtype=np.int64)[:, None] * self.page_bytes
-        return (rows + within).reshape(-1)
-
     def gather(self, token_indices: torch.Tensor, staging: npt.NDArray[np.uint8]) -> None:
         pointers, sizes = self.pieces(token_indices)
-        plan = Descriptors.from_arrays(pointers, self._rows(sizes), sizes)
+        # Each page's pieces add up to one row (pieces() checked it): end to end is row by row.
+        plan = Descriptors.from_arrays(pointers, packed(sizes), sizes)
         copy_descriptors(_address(staging), 0, plan)
 
     def scatter(self, token_indices: torch.Tensor, staging: npt.NDArray[np.uint8]) -> None:
         pointers, sizes = self.pieces(token_indices)
-        plan = Descriptors.from_arrays(self._rows(sizes), pointers, sizes)
+        plan = Descriptors.from_arrays(packed(sizes), pointers, sizes)
         copy_descriptors(0, _address(staging), plan)
 
 

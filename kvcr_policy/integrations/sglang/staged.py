@@ -7,20 +7,20 @@ gathers the pool's pages into staging rows and stores the rows; a restore reads 
 scatters them into the pool's pages. One copy more than the zero-copy path, never a byte the
 pool did not list.
 
-The buffer has two halves, one for restores and one for stores, each behind its own lock, so
-SGLang's prefetch and backup threads still run side by side; a call larger than a half is cut
-into chunks of at most :data:`STAGING_BYTES`.
+The buffer is a :class:`~kvcr_policy.backends.staging.StagingArea` of two slots, so SGLang's
+prefetch and backup threads still run side by side (a third call waits for a slot); a call
+larger than a slot is cut into chunks of at most :data:`STAGING_BYTES`.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
 import torch
 
+from ...backends.staging import StagingArea
 from ...errors import IndicesError
 from ...geometry import PoolGeometry, page_indices
 from ...pipeline import Pipeline
@@ -29,7 +29,7 @@ from .pools import flat_geometry
 
 __all__ = ["STAGING_BYTES", "StagedPool"]
 
-#: Bytes of each half of a staging buffer (stores, restores).
+#: Bytes of each of the two slots of a staging buffer.
 STAGING_BYTES: Final = 32 << 20
 # SGLang 0.5.23 hicache_storage.STORAGE_BATCH_SIZE: pages per batched storage call.
 MAX_ROWS: Final = 128
@@ -58,14 +58,9 @@ class StagedPool:
             name=name, layout="page_first", layers=1, heads=1, head_dim=1, dtype="uint8",
             page_size=access.page_size, tokens=tokens or access.page_size << 40, mla=True,
         )  # fmt: skip
-        self._buffer = np.zeros(self.geometry.shape, dtype=np.uint8)
-        flat = self._buffer.reshape(-1)
-        half = self.rows * page_bytes
-        self._halves = {"get": flat[:half], "set": flat[half:]}
-        self._first_row = {"get": 0, "set": self.rows}
-        self._locks = {"get": threading.Lock(), "set": threading.Lock()}
+        self.area = StagingArea(f"pool {name!r}", page_bytes, 2, self.rows)
         self._pipeline = pipeline
-        pipeline.register_pool(name, self.geometry, self._buffer)
+        pipeline.register_pool(name, self.geometry, self.area.buffer.reshape(self.geometry.shape))
 
     @property
     def page_bytes(self) -> int:
@@ -86,32 +81,43 @@ class StagedPool:
         """Store the pages at ``token_indices`` under ``keys``; True per key now stored."""
         indices = self._pages(keys, token_indices)
         size, done = self.access.page_size, [False] * len(keys)
-        rows = np.arange(self.rows, dtype=np.int64) + self._first_row["set"]
-        with self._locks["set"]:
+        slot = self._take()
+        try:
+            rows, staging = self.area.slot_rows(slot), self.area.slot_bytes(slot)
             for start in range(0, len(keys), self.rows):
                 stop = min(start + self.rows, len(keys))
-                self.access.gather(indices[start * size : stop * size], self._halves["set"])
+                self.access.gather(indices[start * size : stop * size], staging)
                 stored = self._pipeline.set(keys[start:stop], rows[: stop - start], self.name)
                 done[start:stop] = [bool(x) for x in stored]
+        finally:
+            self.area.give([slot])
         return done
 
     def get(self, keys: Sequence[str], token_indices: Any) -> list[bool]:
         """Restore ``keys`` into the pages at ``token_indices``; only the leading run arrives."""
         indices = self._pages(keys, token_indices)
         size, done = self.access.page_size, [False] * len(keys)
-        rows = np.arange(self.rows, dtype=np.int64) + self._first_row["get"]
-        with self._locks["get"]:
+        slot = self._take()
+        try:
+            rows, staging = self.area.slot_rows(slot), self.area.slot_bytes(slot)
             for start in range(0, len(keys), self.rows):
                 stop = min(start + self.rows, len(keys))
                 got = self._pipeline.get(keys[start:stop], rows[: stop - start], self.name)
                 lead = next((i for i, ok in enumerate(got) if not ok), stop - start)
                 if lead:
                     pages = indices[start * size : (start + lead) * size]
-                    self.access.scatter(pages, self._halves["get"])
+                    self.access.scatter(pages, staging)
                     done[start : start + lead] = [True] * lead
                 if lead < stop - start:
                     break
+        finally:
+            self.area.give([slot])
         return done
+
+    def _take(self) -> int:
+        taken = self.area.take(1, wait=True)
+        assert taken is not None  # waited for
+        return taken[0]
 
     def exists(self, keys: Sequence[str]) -> int:
         return self._pipeline.exists(list(keys), self.name)

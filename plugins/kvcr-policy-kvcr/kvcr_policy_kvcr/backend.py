@@ -46,7 +46,7 @@ from .options import KvcrOptions, resolved_staging
 from .policy import POLICIES
 from .pool import KvcrPool, kept
 from .process import ProcessReport, apply_process_defaults, free_port, port_free
-from .staging import StagingArea
+from .staging import Staging
 from .startup import Retained, Started, StartFailed, start_runner
 
 __all__ = ["KvcrBackend"]
@@ -164,7 +164,7 @@ class KvcrBackend:
         g3 = self._g3(spec.name, layout)
         area = None
         if staging:
-            area = StagingArea(spec, int(o.staging_bytes), layout.pool, agent_name)
+            area = Staging(spec, int(o.staging_bytes), layout.pool, agent_name)
         with self._lock:
             if self._closed:
                 raise ClosedError("backend 'kvcr' is closed; build a new pipeline")

@@ -25,7 +25,7 @@ from .keys import KeySpace
 from .layout import PageLayout
 from .policy import TierPolicy
 from .runner import Runner
-from .staging import StagingArea
+from .staging import Staging
 from .transfer import LOCAL, PRESENT, KvcrTransfer
 
 __all__ = ["KvcrPool", "kept"]
@@ -33,7 +33,7 @@ __all__ = ["KvcrPool", "kept"]
 log = logging.getLogger("kvcr_policy_kvcr.pool")
 
 #: Staging areas of pools whose KVCR never reached quiescence: KVCR may still touch them.
-kept: list[StagingArea] = []
+kept: list[Staging] = []
 
 
 class KvcrPool:
@@ -48,7 +48,7 @@ class KvcrPool:
         policy: TierPolicy,
         query_batch: int,
         progress_thread: bool,
-        staging: StagingArea | None = None,
+        staging: Staging | None = None,
         threads: int = 1,
     ) -> None:
         self.name = layout.geometry.name

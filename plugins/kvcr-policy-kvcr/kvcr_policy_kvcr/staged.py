@@ -38,21 +38,21 @@ class _Part:
 
 def _start(t: KvcrTransfer, part: np.ndarray, slots: list[int]) -> _Part:
     """Claim (restore) or gather (store) the part, and start its one KVCR call."""
-    area, runner = t.pool.staging, t.pool.runner
-    assert area is not None  # only a staged pool's batches come here
+    staging, runner = t.pool.staging, t.pool.runner
+    assert staging is not None  # only a staged pool's batches come here
     call = _Part(part.tolist(), t.pages[part].tolist(), slots)
     try:
         if t.read:
             call.late = t.claim_late(part)
         else:
-            area.gather(slots, call.pages)
+            staging.pages.gather(staging.area, slots, call.pages)
         rows = zip(call.positions, slots, strict=True)
-        blocks = {t.blocks[p]: [area.refs[s]] for p, s in rows}
+        blocks = {t.blocks[p]: [staging.refs[s]] for p, s in rows}
         method = runner.kvcr.deliver if t.read else runner.kvcr.deposit
         call.future = runner.start("deliver" if t.read else "deposit", method, blocks)
     except BaseException:
         runner.release(call.late)
-        area.give(slots)
+        staging.area.give(slots)
         raise
     return call
 
@@ -60,8 +60,8 @@ def _start(t: KvcrTransfer, part: np.ndarray, slots: list[int]) -> _Part:
 def _finish(t: KvcrTransfer, call: _Part) -> Entries:
     """Wait for the part's call, release its claims, scatter what arrived, give its slots back
     (retired instead when KVCR never reported the call done: it may still write them)."""
-    area, runner = t.pool.staging, t.pool.runner
-    assert area is not None and call.future is not None
+    staging, runner = t.pool.staging, t.pool.runner
+    assert staging is not None and call.future is not None
     retire = True
     try:
         entries = call.future.result()
@@ -69,20 +69,20 @@ def _finish(t: KvcrTransfer, call: _Part) -> Entries:
         runner.release(call.late)  # delivered: DRAM may take others
         call.late = []
         if t.read:
-            rows = zip(call.positions, call.slots, call.pages, strict=True)
-            arrived = [(s, pg) for p, s, pg in rows if t.ok(entries, p)]
-            area.scatter([s for s, _ in arrived], [pg for _, pg in arrived])
+            arrived = [t.ok(entries, p) for p in call.positions]
+            staging.pages.scatter(staging.area, call.slots, call.pages, arrived)
         return entries
     finally:
         runner.release(call.late)
-        area.give(call.slots, retire=retire)
+        staging.area.give(call.slots, retire=retire)
 
 
 def move(t: KvcrTransfer, positions: np.ndarray) -> np.ndarray:
     """Move a batch's pages; raise when any did not move (the fallback then retries them)."""
-    area = t.pool.staging
-    assert area is not None
-    step = max(1, area.part() // PARTS)
+    staging = t.pool.staging
+    assert staging is not None
+    area = staging.area
+    step = max(1, area.usable() // PARTS)
     pending: _Part | None = None
     try:
         for start in range(0, len(positions), step):
@@ -110,9 +110,9 @@ def move(t: KvcrTransfer, positions: np.ndarray) -> np.ndarray:
 
 def move_one(t: KvcrTransfer, position: int) -> bool:
     """The fallback's retry of one page."""
-    area = t.pool.staging
-    assert area is not None
+    staging = t.pool.staging
+    assert staging is not None
     part = np.array([position], dtype=np.int64)
-    slots = area.take(1, wait=True)
+    slots = staging.area.take(1, wait=True)
     assert slots is not None
     return t.ok(_finish(t, _start(t, part, slots)), position)

@@ -39,7 +39,7 @@ from . import staged
 from .keys import KeySpace
 from .layout import PageLayout
 from .runner import Entries, Runner
-from .staging import StagingArea
+from .staging import Staging
 
 __all__ = ["LOCAL", "PRESENT", "KvcrTransfer"]
 
@@ -56,7 +56,7 @@ class Pool(Protocol):
     layout: PageLayout
     runner: Runner
     keys: KeySpace
-    staging: StagingArea | None
+    staging: Staging | None
     stager: Executor | None
     _query_batch: int
 

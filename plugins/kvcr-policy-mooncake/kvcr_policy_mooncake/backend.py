@@ -36,7 +36,7 @@ from .codes import describe
 from .options import MooncakeOptions, resolved_call_priority
 from .pool import MooncakePool
 from .priority import CallThreads
-from .staging import StagingArea
+from .staging import Staging
 
 __all__ = ["MooncakeBackend"]
 
@@ -122,12 +122,12 @@ class MooncakeBackend:
             self._pools.append(pool)
         return pool
 
-    def _staging(self, spec: PoolSpec) -> StagingArea | None:
+    def _staging(self, spec: PoolSpec) -> Staging | None:
         """The pool's staging area where ``staging`` chooses one (:func:`.staging.staged`)."""
         o = self.options
         if not stages_pages(o.staging, spec.geometry, int(o.staging_below_bytes)):
             return None
-        return StagingArea(self.client, spec, int(o.staging_bytes), self.threads)
+        return Staging(self.client, spec, int(o.staging_bytes), self.threads)
 
     def describe(self) -> dict[str, Any]:
         return {

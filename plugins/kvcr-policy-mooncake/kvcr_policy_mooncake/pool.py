@@ -51,7 +51,7 @@ from .client import StoreClient
 from .codes import describe
 from .objects import ObjectPlan
 from .probe import Prober
-from .staging import StagingArea
+from .staging import Staging
 from .transfer import Transfer
 
 __all__ = ["MooncakePool"]
@@ -72,7 +72,7 @@ class MooncakePool:
         call_buffers: int,
         op_timeout_s: float,
         connect: Callable[[], StoreClient],
-        staging: StagingArea | None = None,
+        staging: Staging | None = None,
     ) -> None:
         self.name = spec.name
         self.op_timeout_s = op_timeout_s

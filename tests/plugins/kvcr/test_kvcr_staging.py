@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvcr_policy.backends.staging import stages_pages
 from kvcr_policy.errors import PoolError
-from kvcr_policy.geometry import PoolGeometry, stages_pages
+from kvcr_policy.geometry import PoolGeometry
 from tests.plugins.kvcr.kvcr_helpers import kvcr_of, pool_tier, spy
 from tests.strategies import geometries
 from tests.support.pools import (

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...staging import packed
 from .cuda_chunks import any_remainder, repeats
 
 __all__ = ["StagingPlan", "StagingRing", "host_spans", "plan_staging", "stage"]
@@ -148,15 +149,14 @@ def plan_staging(
     while unit > MAX_ROW_BYTES and unit % 2 == 0:
         unit //= 2
     capacity = buffer_bytes // unit * unit
+    linear = packed(n)  # staging bytes: the descriptors end to end, as every staged path
     if uniform and unit == size:  # one row per descriptor
         rows = g // unit
-        linear = np.arange(len(n), dtype=np.int64) * size
     else:
         counts = n // unit
         total = int(counts.sum())
         first = np.repeat(np.cumsum(counts) - counts, counts)
         rows = np.repeat(g // unit, counts) + (np.arange(total, dtype=np.int64) - first)
-        linear = np.cumsum(n) - n
     # Device ranges overlap where two staging rows share a device row.
     if write == "device" and not checked and repeats(rows):
         return None
