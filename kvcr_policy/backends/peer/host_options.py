@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvcr_policy.schema import TENANT_NAME
 
 __all__ = ["HostOptions"]
+
+#: The shortest idle exit but 0 (off): the tier looks for clients twice a second.
+MIN_IDLE_EXIT_S = 0.1
 
 
 class HostOptions(BaseModel):
@@ -39,7 +42,7 @@ class HostOptions(BaseModel):
         le=86400,
         allow_inf_nan=False,
         description="A tier this process starts exits this long after its last client left "
-        "(0: never).",
+        "(0: never, else 0.1..86400 s).",
     )
     start_timeout_s: float = Field(
         60.0,
@@ -48,3 +51,10 @@ class HostOptions(BaseModel):
         allow_inf_nan=False,
         description="Longest wait for the tier's socket, started here or by another process.",
     )
+
+    @field_validator("idle_exit_s")
+    @classmethod
+    def _off_or_sane(cls, value: float) -> float:
+        if 0 < value < MIN_IDLE_EXIT_S:
+            raise ValueError(f"expected 0 (never) or {MIN_IDLE_EXIT_S}..86400 s, got {value}")
+        return value

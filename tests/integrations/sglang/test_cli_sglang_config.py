@@ -167,7 +167,8 @@ def test_the_docs_examples_run_as_written(
 
 def test_check_refuses_a_tier_larger_than_this_host(capsys: pytest.CaptureFixture[str]) -> None:
     """Real: no host has 200 TiB. The origin names the flag's key, the binding file is read."""
-    flag = json.dumps({"backend_name": "kvcr_policy", "module_path": MODULE, "class_name": "C",
+    flag = json.dumps({"backend_name": "kvcr_policy", "module_path": MODULE,
+                       "class_name": "KVCRPolicyStorage",
                        "overrides": {"placement.capacity_bytes": "200TiB"}})  # fmt: skip
     status, out, err = run_main(capsys, "sglang-config", "--check", flag)
     assert status == 2 and out == ""
