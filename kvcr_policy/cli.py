@@ -18,12 +18,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from .backends.peer.cli import register as _register_peer
+from .cli_geometry import geometry_options
 from .cli_help import PlainGroup, plain_help, version_callback
 from .cli_numbers import (
     MAX_BLOCK_TOKENS,
     MAX_BUDGET_S,
     MAX_BYTES_REQUESTS,
-    MAX_DIM,
     MAX_HOLD_S,
     MAX_LINK_GBPS,
     MAX_RANKS,
@@ -38,6 +38,7 @@ from .cli_numbers import (
 from .errors import ConfigError, KVCRPolicyError
 from .integrations.sglang.cli import register as _register_sglang
 from .loading import LoadedConfig, bundled_profiles, load_config, profile_or
+from .model_shape import ShapeOptions
 from .values import parse_size, shorten
 
 __all__ = ["app", "main"]
@@ -335,6 +336,7 @@ def plugins(
 
 
 @app.command()
+@geometry_options
 def plan(
     tokens: Annotated[
         int | None,
@@ -379,21 +381,7 @@ def plan(
     ] = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
-    geometry: Annotated[
-        str | None, typer.Option("--geometry", help="A model preset: qwen3-32b or small.")
-    ] = None,
-    layers: Annotated[int | None, typer.Option("--layers", min=1, max=MAX_DIM)] = None,
-    heads: Annotated[
-        int | None, typer.Option("--heads", min=1, max=MAX_DIM, help="KV heads.")
-    ] = None,
-    head_dim: Annotated[int | None, typer.Option("--head-dim", min=1, max=MAX_DIM)] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="e.g. bfloat16.")] = None,
-    page_size: Annotated[int | None, typer.Option("--page-size", min=1, max=MAX_DIM)] = None,
-    mla: Annotated[bool | None, typer.Option("--mla/--mha", help="An MLA latent pool.")] = None,
     layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
-    tp: Annotated[
-        int | None, typer.Option("--tp", min=1, max=MAX_RANKS, help="Tensor-parallel size.")
-    ] = None,
     pp: Annotated[
         int | None, typer.Option("--pp", min=1, max=MAX_RANKS, help="Pipeline-parallel size.")
     ] = None,
@@ -433,6 +421,8 @@ def plan(
         bool, typer.Option("--measure-link", help="Measure the link limit here with a probe.")
     ] = False,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+    *,
+    shape: ShapeOptions,
 ) -> None:
     """Sizing before deploying: tier memory per rank and host, and the restore of a prefix;
     or, with --trace, the hit rate each tier capacity buys on a real request trace.
@@ -442,7 +432,6 @@ def plan(
     """
     from .plan.command import run_command
 
-    dims = dict(layers=layers, heads=heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
     run_command(
         tokens=tokens,
         trace=trace,
@@ -453,10 +442,8 @@ def plan(
         plot=plot,
         profile=profile,
         overrides=_overrides(set_),
-        geometry=geometry,
-        dims={**dims, "mla": mla},
+        shape=shape,
         layout=layout,
-        tp=tp,
         pp=pp,
         ranks_per_host=ranks_per_host,
         pools=pools,
@@ -522,6 +509,7 @@ def audit(
 
 
 @app.command()
+@geometry_options
 def bench(
     profile: Annotated[
         str | None,
@@ -533,7 +521,6 @@ def bench(
         ),
     ] = None,
     vs: Annotated[str, typer.Option("--vs", help="Baseline profile (Q).")] = "default",
-    geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
     layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
     tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
     target: Annotated[Target, typer.Option("--target")] = Target.cpu,
@@ -555,7 +542,6 @@ def bench(
     ] = None,
     ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=MAX_REPEAT)] = 5,
-    mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
     scatter: Annotated[
         bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
     ] = False,
@@ -568,6 +554,10 @@ def bench(
             help="Exit 1 if P is this % below Q in either order (0..100).",
         ),
     ] = None,
+    sweep: Annotated[
+        bool,
+        typer.Option("--sweep", help="Run every page shape of the target's matrix: one table."),
+    ] = False,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of every run.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
     vs_set: Annotated[
@@ -607,6 +597,8 @@ def bench(
             "per rank. Default: rank r on GPU r.",
         ),
     ] = None,
+    *,
+    shape: ShapeOptions,
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
     options = dict(locals(), set_=_overrides(set_), vs_set=_overrides(vs_set))
@@ -617,6 +609,7 @@ def bench(
 
 
 @app.command()
+@geometry_options
 def tune(
     start: Annotated[
         str | None,
@@ -635,10 +628,8 @@ def tune(
             "--backend", help="Tier backend: dram, peer, kvcr or mooncake (default: the profile's)."
         ),
     ] = None,
-    geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
     layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
     tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
-    mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
     scatter: Annotated[
         bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
     ] = False,
@@ -690,6 +681,8 @@ def tune(
     write_alias: Annotated[Path | None, typer.Option("--write", hidden=True)] = None,
     always_alias: Annotated[bool, typer.Option("--always-write", hidden=True)] = False,
     check_alias: Annotated[Path | None, typer.Option("--check", hidden=True)] = None,
+    *,
+    shape: ShapeOptions,
 ) -> None:
     """Search the tunable knobs on this host; write the profile only if it wins."""
     options = dict(locals(), set_=_overrides(set_))  # every option above, by name

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..model_shape import ShapeOptions, resolve_shape
 from ..observability.exposition import MetricsServer, check_public, serve_metrics
 from .headline import headline, ratio_note
 from .plot import check_plot, write_plot
@@ -53,7 +54,7 @@ def run_command(
     *,
     profile: str,
     vs: str,
-    geometry: str,
+    shape: ShapeOptions,
     layout: str,
     tokens: int,
     target: str,
@@ -62,7 +63,6 @@ def run_command(
     peer: str | None,
     ucx_tls: str,
     repeat: int,
-    mla: bool,
     scatter: bool,
     set_: Mapping[str, str],
     screen_pct: float | None,
@@ -73,8 +73,13 @@ def run_command(
     metrics_hold: float | None = None,
     ranks: int = 1,
     devices: str | None = None,
+    sweep: bool = False,
 ) -> None:
     """Check, run, print; see the module docstring."""
+    if sweep:
+        from .sweep_command import check_sweep
+
+        check_sweep(shape, layout, tokens, scatter, ranks, devices, plot, metrics)
     if metrics is not None:  # a bad or public address is refused before anything starts
         from ..loading import load_config
 
@@ -82,14 +87,16 @@ def run_command(
         loaded = load_config(profile=profile, overrides=choosing(chosen, set_))
         public = loaded.config.observability
         check_public(metrics, public.metrics_public)
+    model = resolve_shape(shape, default="qwen3-32b")
+    dims = {key: value for key, value in model.dims().items() if key != "mla"}
     setup = BenchSetup(
         profile,
         vs,
-        geometry,
+        model.name,
         layout,
         tokens,
         repeat,
-        mla,
+        model.mla,
         scatter,
         dict(set_),
         target=_text(target),
@@ -100,11 +107,18 @@ def run_command(
         metrics=metrics is not None,
         ranks=ranks,
         devices=parse_devices(devices, ranks),
+        dims=dims,
+        tp=shape.tp,
     )
     if screen_pct is not None and not 0 <= screen_pct < 100:
         raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")
     if plot:
         check_plot(plot)
+    if sweep:
+        from .sweep_command import run_sweep_command
+
+        run_sweep_command(setup, screen_pct, _text(format))
+        return
     plan = resolve(setup)
     exposed = serve_metrics(metrics) if metrics is not None else None
     try:

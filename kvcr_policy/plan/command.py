@@ -20,6 +20,7 @@ from rich.console import Console
 from ..cli_numbers import MAX_BYTES_REQUESTS
 from ..errors import ArgumentError
 from ..loading import LoadedConfig, load_config
+from ..model_shape import ShapeOptions, resolve_shape
 from ..schema import EvictionSection
 from .figures import Given, make_plan, rank_geometry
 from .report import plan_table
@@ -122,10 +123,8 @@ def run_command(
     plot: str | None,
     profile: str | None,
     overrides: dict[str, str],
-    geometry: str | None,
-    dims: dict[str, Any],
+    shape: ShapeOptions,
     layout: str,
-    tp: int | None,
     pp: int | None,
     ranks_per_host: int | None,
     pools: int | None,
@@ -138,7 +137,7 @@ def run_command(
     """One ``kvcr-policy plan`` command line."""
     loaded = load_config(profile=profile, overrides=overrides)
     common: dict[str, Any] = dict(
-        dims=dims, layout=layout, tp=tp, pp=pp, ranks_per_host=ranks_per_host, pools=pools,
+        layout=layout, tp=shape.tp, pp=pp, ranks_per_host=ranks_per_host, pools=pools,
         host_memory=host_memory, link_gbps=link_gbps, measure_link=measure_link,
     )  # fmt: skip
     if trace is None:
@@ -149,13 +148,15 @@ def run_command(
         if tokens is None:
             raise ArgumentError("plan needs --tokens N (tokens the tier holds) or --trace FILE")
         request = build_request(
-            loaded, geometry=geometry, tokens=tokens, prefix_tokens=prefix_tokens, **common
-        )
+            loaded, shape=resolve_shape(shape), tokens=tokens, prefix_tokens=prefix_tokens,
+            **common,
+        )  # fmt: skip
         result = make_plan(loaded, request)
         if json_format:
             _print_json({"profile": loaded.profile, **result.to_dict()})
         else:
-            title = {"profile": loaded.profile and Path(loaded.profile).stem, "geometry": geometry}
+            title = {"profile": loaded.profile and Path(loaded.profile).stem,
+                     "geometry": request.geometry["name"].value}  # fmt: skip
             out.print(plan_table(result, title))
         _finish(result.refusals)
         return
@@ -169,7 +170,7 @@ def run_command(
 
         check_figure_path(plot)
     _trace_plan(loaded, trace, block_tokens or 512, capacity_tokens, eviction, bytes_requests,
-                plot, geometry, common, json_format)  # fmt: skip
+                plot, shape, common, json_format)  # fmt: skip
 
 
 def _trace_plan(
@@ -180,20 +181,17 @@ def _trace_plan(
     eviction: str | None,
     bytes_requests: int | None,
     plot: str | None,
-    geometry: str | None,
+    shape: ShapeOptions,
     common: dict[str, Any],
     json_format: bool,
 ) -> None:
     capacities = capacities_given(capacity_tokens) if capacity_tokens is not None else None
     evictions = evictions_given(loaded, eviction)
     trace = read_trace(path, block_tokens)
-    preset, preset_from = geometry, None
-    if geometry is None and all(value is None for value in common["dims"].values()):
-        preset, preset_from = "qwen3-32b", "default (--geometry qwen3-32b)"
     widest = min(max(trace.inputs), MAX_INPUT_TOKENS)
     request = build_request(
-        loaded, geometry=preset, tokens=widest, prefix_tokens=widest, geometry_from=preset_from,
-        **common,
+        loaded, shape=resolve_shape(shape, default="qwen3-32b"), tokens=widest,
+        prefix_tokens=widest, **common,
     )  # fmt: skip
     if capacities is None:
         capacities = _default_capacity(loaded, request, block_tokens)

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..model_shape import ShapeOptions, resolve_shape
 from .run import Outcome, check, tune
 from .search import Trial
 from .setup import TuneError, TuneSetup
@@ -110,7 +111,14 @@ def _command_line(setup: TuneSetup, write: Path | None) -> str:
     args = ["--profile", setup.start, "--target", setup.target]
     if setup.backend is not None:
         args += ["--backend", setup.backend]
-    args += ["--geometry", setup.geometry, "--layout", setup.layout]
+    if setup.dims is None:
+        args += ["--geometry", setup.geometry]
+    else:
+        for key, value in setup.dims.items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+    if setup.tp is not None:
+        args += ["--tp", str(setup.tp)]
+    args += ["--layout", setup.layout]
     args += ["--tokens", str(setup.tokens), "--budget", f"{setup.budget_s:g}"]
     args += ["--mla"] * setup.mla + ["--scatter"] * setup.scatter
     for key, value in setup.overrides.items():
@@ -127,10 +135,9 @@ def run_command(
     start: str,
     target: Any,
     backend: str | None,
-    geometry: str,
+    shape: ShapeOptions,
     layout: str,
     tokens: int,
-    mla: bool,
     scatter: bool,
     set_: Mapping[str, str],
     budget: float,
@@ -144,14 +151,17 @@ def run_command(
     format: Any,
 ) -> None:
     """Check, tune (or check a written profile), print; see the module docstring."""
+    model = resolve_shape(shape, default="qwen3-32b")
     setup = TuneSetup(
         start=start,
-        geometry=geometry,
+        geometry=model.name,
         layout=layout,
         tokens=tokens,
         target=_text(target),
         backend=backend,
-        mla=mla,
+        mla=model.mla,
+        dims={key: value for key, value in model.dims().items() if key != "mla"},
+        tp=shape.tp,
         scatter=scatter,
         overrides=dict(set_),
         budget_s=budget,
