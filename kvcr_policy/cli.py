@@ -38,6 +38,7 @@ from .cli_numbers import (
 from .errors import ConfigError, KVCRPolicyError
 from .integrations.sglang.cli import register as _register_sglang
 from .loading import LoadedConfig, bundled_profiles, load_config, profile_or
+from .replay.cli import register as _register_replay
 from .values import parse_size, shorten
 
 __all__ = ["app", "main"]
@@ -743,4 +744,5 @@ def main(argv: list[str] | None = None) -> None:
 # `serve` lives with the peer tier it runs.
 _register_peer(app)
 _register_sglang(app)
+_register_replay(app)
 plain_help(app)

@@ -1,0 +1,93 @@
+"""The SGLang stack the replay drives on the CPU: a gloo group, a CPU ``MHATokenToKVPool`` with
+its paged allocator, a real ``MHATokenToKVPoolHost`` and SGLang's ``HiCacheController`` with
+our backend as its storage (or none: the run without an L3 tier), and the bytes of every page.
+
+What is SGLang's own: the controller with its prefetch, prefetch-I/O and backup threads, their
+queues and acks, its page get and set functions (``interface_v1``), its storage hit query and
+key hashing (``get_storage_hash_str``), its device and host pools, and our backend built by
+SGLang's factory from the ``dynamic`` extra config. What is not, and why: the device-host copy
+kernel ``sgl_kernel.kvcacheio.transfer_kv_direct``, which SGLang imports only on CUDA, ROCm and
+XPU builds; a torch index copy with the same arguments stands in (:func:`transfer_kv_direct`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DEVICE_TOKENS", "HOST_TOKENS", "LAYERS", "PAGE", "build_stack", "page_kv"]
+
+LAYERS, HEADS, HEAD_DIM, PAGE = 2, 1, 8, 64  # bf16: 32 bytes a token per layer, 4 KiB a page
+DEVICE_TOKENS = 2048  # the device pool: 32 pages
+HOST_TOKENS = 128 * 512  # the host pool: 1024 pages (4 MiB), below the trace's working set
+HOST_BUDGET = 1 << 30
+
+
+def transfer_kv_direct(
+    src_layers: Any, dst_layers: Any, src_indices: Any, dst_indices: Any, page_size: int
+) -> None:
+    """Stand-in for ``sgl_kernel.kvcacheio.transfer_kv_direct`` (absent on CPU builds)."""
+    for src, dst in zip(src_layers, dst_layers, strict=True):
+        dst[dst_indices.to(dst.device)] = src[src_indices.to(src.device)]
+
+
+def page_kv(key: str) -> np.ndarray:
+    """The K and V bits of the page with ``key``: int16 ``(2, layers, page, heads, dim)``, as a
+    prefill would compute them: a function of the prefix the key names."""
+    rng = np.random.default_rng(int(key[:16], 16))
+    return rng.integers(-(2**15), 2**15, (2, LAYERS, PAGE, HEADS, HEAD_DIM), dtype=np.int16)
+
+
+def build_stack(extra: dict[str, Any] | None) -> SimpleNamespace:
+    """torch, SGLang's key hashing, the device pool, its allocator, the host pool and the
+    controller; ``extra``: our backend's extra config, or None for no storage."""
+    import torch
+    import torch.distributed as dist
+
+    from ..bench.torchvision_stub import stub_torchvision
+
+    torch.set_num_threads(1)
+    stub_torchvision()
+    from sglang.srt.managers.cache_controller import HiCacheController
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.pool_host import mha
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+    from sglang.srt.runtime_context import get_parallel
+
+    mha.transfer_kv_direct = transfer_kv_direct  # the one stand-in: no CPU kernel exists
+    rendezvous = tempfile.mkdtemp(prefix="kvcr-replay-")
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}/store", world_size=1, rank=0)
+    get_parallel().override_permanently(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_dcp_size=1, attn_dcp_rank=0
+    )
+    dtype = torch.bfloat16
+    device = MHATokenToKVPool(DEVICE_TOKENS, PAGE, dtype, HEADS, HEAD_DIM, LAYERS, "cpu", False)
+    allocator = PagedTokenToKVPoolAllocator(DEVICE_TOKENS, PAGE, dtype, "cpu", device, False)
+    info = device.get_device_pool_infos()[0].buffer_info
+    with host_memory_budget_scope(HOST_BUDGET):  # a few MiB: SGLang's 10 GiB reserve aside
+        host = MHATokenToKVPoolHost(
+            info, 1.0, 0, PAGE, "layer_first", pin_memory=False, device="cpu",
+            device_capacity_tokens=DEVICE_TOKENS, start_layer=0, end_layer=LAYERS,
+            host_token_capacity=HOST_TOKENS,
+        )  # fmt: skip
+    storage: dict[str, Any] = {}
+    if extra is not None:
+        storage = dict(
+            storage_backend="dynamic", storage_backend_extra_config=extra,
+            prefetch_threshold=PAGE, model_name="kvcr-replay", enable_storage_metrics=True,
+        )  # fmt: skip
+    controller = HiCacheController(
+        allocator, host, PAGE, dist.group.WORLD, threading.Event(),
+        write_policy="write_through", io_backend="direct", **storage,
+    )  # fmt: skip
+    return SimpleNamespace(
+        torch=torch, hash=get_storage_hash_str, device=device, allocator=allocator, host=host,
+        controller=controller,
+    )  # fmt: skip
