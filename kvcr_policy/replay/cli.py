@@ -65,10 +65,19 @@ def replay(
     """Replay a request trace through a real engine, without and with the L3 tier: TTFT,
     prefill saved, hits, and whether the greedy outputs are identical."""
     setup = ReplaySetup(
-        engine=engine.value, trace=trace, requests=requests, profile=profile, vs=vs, tp=tp,
-        mla=mla, block_tokens=block_tokens, output_tokens=output_tokens, passes=passes,
-        overrides=_pairs(set_), format=format.value,
-    )  # fmt: skip
+        engine=engine.value,
+        trace=trace,
+        requests=requests,
+        profile=profile,
+        vs=vs,
+        tp=tp,
+        mla=mla,
+        block_tokens=block_tokens,
+        output_tokens=output_tokens,
+        passes=passes,
+        overrides=_pairs(set_),
+        format=format.value,
+    )
     from .command import run_command
 
     run_command(setup)

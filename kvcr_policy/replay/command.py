@@ -18,8 +18,11 @@ def replay(setup: ReplaySetup) -> dict[str, Any]:
     """Both runs of ``setup`` and their comparison, as the JSON ``--format json`` prints."""
     vocab, runner = _engine(setup)
     chosen = prompts(setup.trace, setup.requests, setup.block_tokens, vocab)
-    print(f"replay: {len(chosen)} requests of {setup.trace} through {setup.engine}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"replay: {len(chosen)} requests of {setup.trace} through {setup.engine}",
+        file=sys.stderr,
+        flush=True,
+    )
     baseline, tier = runner(setup, chosen)
     outputs_identical = baseline.pop("outputs") == tier.pop("outputs")
     return {

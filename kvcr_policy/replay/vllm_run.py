@@ -1,12 +1,13 @@
 """One vLLM run of the replay, in a process of its own (``python -m kvcr_policy.replay.vllm_run``).
 
 Reads a job (JSON on stdin: the model folder, the prompts, the passes, the connector's
-``kv_transfer_config`` or none, the file to write the result to), builds a real vLLM engine on the CPU in this process (the
-engine core and the worker in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, executor
-``uni``), sends the prompts one at a time, pass after pass, and writes one JSON object: per
-request its pass, prompt and cached token counts, time to first token (vLLM's own
-``first_token_latency``) and greedy output tokens, and the connector's counters after each pass.
-vLLM's log and the progress go to stdout and stderr. A process per run, so each engine starts and ends clean.
+``kv_transfer_config`` or none, the file to write the result to), builds a real vLLM engine on
+the CPU in this process (the engine core and the worker in-process:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, executor ``uni``), sends the prompts one at a time, pass
+after pass, and writes one JSON object: per request its pass, prompt and cached token counts,
+time to first token (vLLM's own ``first_token_latency``) and greedy output tokens, and the
+connector's counters after each pass. vLLM's log and the progress go to stdout and stderr. A
+process per run, so each engine starts and ends clean.
 """
 
 from __future__ import annotations
@@ -26,12 +27,20 @@ def _engine(job: dict[str, Any]) -> Any:
 
     transfer = job["kv_transfer_config"]
     return LLM(
-        model=job["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-        enforce_eager=True, block_size=job["block_size"], max_model_len=job["max_model_len"],
-        enable_prefix_caching=True, seed=0, distributed_executor_backend="uni",
-        kv_cache_memory_bytes=job["kv_cache_bytes"], disable_log_stats=False,
+        model=job["model"],
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        block_size=job["block_size"],
+        max_model_len=job["max_model_len"],
+        enable_prefix_caching=True,
+        seed=0,
+        distributed_executor_backend="uni",
+        kv_cache_memory_bytes=job["kv_cache_bytes"],
+        disable_log_stats=False,
         kv_transfer_config=KVTransferConfig(**transfer) if transfer else None,
-    )  # fmt: skip
+    )
 
 
 def _counters() -> dict[str, int]:
@@ -46,25 +55,37 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     label = job["label"]
     started = time.perf_counter()
     llm = _engine(job)
-    print(f"replay {label}: engine built in {time.perf_counter() - started:.1f} s",
-          file=sys.stderr, flush=True)  # fmt: skip
-    params = SamplingParams(temperature=0, max_tokens=job["output_tokens"], detokenize=False,
-                            ignore_eos=True)  # fmt: skip
+    print(
+        f"replay {label}: engine built in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    params = SamplingParams(
+        temperature=0, max_tokens=job["output_tokens"], detokenize=False, ignore_eos=True
+    )
     records: list[dict[str, Any]] = []
     counters: list[dict[str, int]] = []
     for number in range(job["passes"]):
         for index, tokens in enumerate(job["prompts"]):
             out = llm.generate([{"prompt_token_ids": tokens}], params, use_tqdm=False)[0]
             metrics = out.metrics
-            records.append({
-                "pass": number, "request": index, "prompt_tokens": len(tokens),
-                "cached_tokens": int(out.num_cached_tokens or 0),
-                "ttft_s": float(metrics.first_token_latency),
-                "output": list(out.outputs[0].token_ids),
-            })  # fmt: skip
+            records.append(
+                {
+                    "pass": number,
+                    "request": index,
+                    "prompt_tokens": len(tokens),
+                    "cached_tokens": int(out.num_cached_tokens or 0),
+                    "ttft_s": float(metrics.first_token_latency),
+                    "output": list(out.outputs[0].token_ids),
+                }
+            )
         counters.append(_counters())
-        print(f"replay {label}: pass {number + 1}/{job['passes']} done "
-              f"({len(job['prompts'])} requests)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"replay {label}: pass {number + 1}/{job['passes']} done "
+            f"({len(job['prompts'])} requests)",
+            file=sys.stderr,
+            flush=True,
+        )
     return {"records": records, "counters": counters}
 
 

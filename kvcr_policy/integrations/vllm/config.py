@@ -39,15 +39,15 @@ CONNECTOR: Final = {
 
 
 def connector_config_for(
-    profile: str | None = None, overrides: Mapping[str, Any] | None = None
+    profile: str | None = None, overrides: Mapping[str, Any] | str | None = None
 ) -> dict[str, Any]:
     """The ``--kv-transfer-config`` object selecting the connector with ``profile`` and
-    ``overrides``; checked as the connector will check it."""
+    ``overrides`` (a mapping, JSON text or ``@FILE``); checked as the connector will check it."""
     extra: dict[str, Any] = {}
     if profile is not None:
         extra["profile"] = profile
     if overrides:
-        extra["overrides"] = dict(overrides)
+        extra["overrides"] = dict(overrides) if isinstance(overrides, Mapping) else overrides
     parse_options(extra)
     return {**CONNECTOR, "kv_connector_extra_config": extra}
 

@@ -55,7 +55,7 @@ class KVCRPolicyConnectorStats(KVConnectorStats):
     """Counters of the last interval (pages, bytes, lookups), summed over workers."""
 
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, Any] = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for name, value in other.data.items():
@@ -100,9 +100,13 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         rank = parallel.rank % parallel.tensor_parallel_size
         mla = bool(getattr(model, "use_mla", False))
         self.prefix = namespace(
-            str(model.model), str(vllm_config.cache_config.cache_dtype), self.block,
-            rank, parallel.tensor_parallel_size, mla,
-        )  # fmt: skip
+            str(model.model),
+            str(vllm_config.cache_config.cache_dtype),
+            self.block,
+            rank,
+            parallel.tensor_parallel_size,
+            mla,
+        )
         self.loaded = load(self.options, shared_by=self.shared_by)
         self._pipeline: Any = None
         self._worker: WorkerHalf | None = None
@@ -111,19 +115,27 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerHalf(self.block, self.prefix, self._lookup)
             if self.shared_by is not None:
                 self._pipeline = build_pipeline(self.loaded)
-                self._pipeline.register_pool(POOL, scheduler_geometry(kv_cache_config, self.block),
-                                             _one_page(kv_cache_config, self.block))  # fmt: skip
+                self._pipeline.register_pool(
+                    POOL,
+                    scheduler_geometry(kv_cache_config, self.block),
+                    _one_page(kv_cache_config, self.block),
+                )
         else:
             self._pipeline = build_pipeline(self.loaded)
-        log_start(f"vLLM connector ({role.name.lower()}, {self.shared_by or 'one process'})",
-                  self.options, self.loaded)  # fmt: skip
+        log_start(
+            f"vLLM connector ({role.name.lower()}, {self.shared_by or 'one process'})",
+            self.options,
+            self.loaded,
+        )
 
     # ---- worker ---------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         pool = pool_of(kv_caches, self.block)
         self._pipeline.register_pool(POOL, pool.geometry, pool.buffer)
-        self._worker = WorkerHalf(self._pipeline, self.block, pool.block_bytes * pool.geometry.layers)
+        self._worker = WorkerHalf(
+            self._pipeline, self.block, pool.block_bytes * pool.geometry.layers
+        )
         if self.shared_by is None:
             publish(self.engine_id, self._pipeline)
 
@@ -138,7 +150,9 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are asynchronous: vLLM schedules a request once its load is reported
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
         return  # whole blocks are saved once per step, in wait_for_save
 
     def wait_for_save(self) -> None:
@@ -160,7 +174,9 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         return KVCRPolicyConnectorStats(data=stats) if any(stats.values()) else None
 
     @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KVConnectorStats | None:
         return KVCRPolicyConnectorStats(data=dict(data or {}))
 
     # ---- scheduler ------------------------------------------------------------------------
@@ -171,7 +187,9 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
             return 0  # the worker has not registered its blocks yet
         return int(pipeline.exists(keys, POOL))
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         assert self._scheduler is not None
         return self._scheduler.matched(request, num_computed_tokens)
 
@@ -186,7 +204,9 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         count(save_pages_planned=sum(len(job.keys) for job in plan.saves))
         return StepMetadata(plan)
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         return self._scheduler.finished(request), None
 

@@ -27,6 +27,7 @@ def namespace(model: str, layout: str, block_size: int, rank: int, ranks: int, m
     text = f"{model}\0{layout}\0{block_size}\0{shard}"
     return "vllm-" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest() + ":"
 
+
 def block_keys(tokens: Sequence[int], block_size: int, prefix: str, blocks: int) -> list[str]:
     """Keys of the first ``blocks`` full blocks of ``tokens`` (fewer if ``tokens`` is short)."""
     blocks = min(blocks, len(tokens) // block_size)

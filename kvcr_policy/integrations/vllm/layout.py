@@ -19,6 +19,7 @@ Layers that are not one such run of equal, back-to-back views (another allocator
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from ...errors import PoolError
@@ -62,7 +63,7 @@ def pool_of(kv_caches: dict[str, Any], block_size: int) -> KVPool:
     if not problem and (block_elems == 0 or block_elems % block_size):
         problem = f"a block of {block_elems} elements, not a multiple of block_size {block_size}"
     plane = num_blocks * block_bytes
-    gaps = {b.data_ptr() - a.data_ptr() for a, b in zip(layers, layers[1:], strict=False)}
+    gaps = {b.data_ptr() - a.data_ptr() for a, b in pairwise(layers)}
     same = {t.untyped_storage().data_ptr() for t in layers}
     if not problem and (len(same) != 1 or gaps - {plane}):
         problem = f"layers that are not back to back in one allocation (gaps {sorted(gaps)})"
@@ -76,10 +77,17 @@ def pool_of(kv_caches: dict[str, Any], block_size: int) -> KVPool:
         raise PoolError(message)
     width = block_elems // block_size
     geometry = PoolGeometry(
-        name=POOL, layout="layer_first", layers=len(layers), heads=1, head_dim=width,
-        dtype=_dtype_name(first.dtype), page_size=block_size, tokens=num_blocks * block_size,
-        mla=True, device=str(first.device),
-    )  # fmt: skip
+        name=POOL,
+        layout="layer_first",
+        layers=len(layers),
+        heads=1,
+        head_dim=width,
+        dtype=_dtype_name(first.dtype),
+        page_size=block_size,
+        tokens=num_blocks * block_size,
+        mla=True,
+        device=str(first.device),
+    )
     view = torch.as_strided(
         first,
         (len(layers), num_blocks * block_size, 1, width),
@@ -101,10 +109,16 @@ def scheduler_geometry(kv_cache_config: Any, block_size: int) -> PoolGeometry:
     itemsize = _itemsize(spec.dtype)
     width = int(spec.page_size_bytes) // itemsize // block_size
     return PoolGeometry(
-        name=POOL, layout="layer_first", layers=len(groups[0].layer_names), heads=1,
-        head_dim=width, dtype=_dtype_name(spec.dtype), page_size=block_size, tokens=block_size,
+        name=POOL,
+        layout="layer_first",
+        layers=len(groups[0].layer_names),
+        heads=1,
+        head_dim=width,
+        dtype=_dtype_name(spec.dtype),
+        page_size=block_size,
+        tokens=block_size,
         mla=True,
-    )  # fmt: skip
+    )
 
 
 def _itemsize(dtype: Any) -> int:

@@ -71,9 +71,16 @@ class KVCRPolicyTier(SecondaryTierManager):
 
         buffer = torch.from_numpy(rows).view(1, chunks, 1, chunk_bytes)
         geometry = PoolGeometry(
-            name=POOL, layout="layer_first", layers=1, heads=1, head_dim=chunk_bytes,
-            dtype="uint8", page_size=1, tokens=chunks, mla=True,
-        )  # fmt: skip
+            name=POOL,
+            layout="layer_first",
+            layers=1,
+            heads=1,
+            head_dim=chunk_bytes,
+            dtype="uint8",
+            page_size=1,
+            tokens=chunks,
+            mla=True,
+        )
         self.pipeline.register_pool(POOL, geometry, buffer)
         digest = hashlib.blake2b(f"{tier_type}\0{chunk_bytes}".encode(), digest_size=8)
         self.prefix = f"vllm-tier-{digest.hexdigest()}:"
@@ -136,8 +143,12 @@ class KVCRPolicyTier(SecondaryTierManager):
             chunks = np.asarray(job.chunk_ids, dtype=np.int64)
             done = [bool(x) for x in call([self._key(k) for k in keys], chunks, POOL)]
         except Exception as err:  # the tier failed: the job fails, never the thread
-            log.warning("kvcr_policy: tier %s of %d chunks failed: %s",
-                        "load" if load else "store", len(keys), err)  # fmt: skip
+            log.warning(
+                "kvcr_policy: tier %s of %d chunks failed: %s",
+                "load" if load else "store",
+                len(keys),
+                err,
+            )
             done = [False] * len(keys)
         moved = sum(done)
         result = JobResult(

@@ -67,14 +67,22 @@ class WorkerHalf:
             call = self.pipeline.get if load else self.pipeline.set
             done = [bool(x) for x in call(list(job.keys), self._indices(job.block_ids), POOL)]
         except Exception as err:  # the tier failed: misses, never a dead thread
-            log.warning("kvcr_policy: %s of %d pages failed: %s", "load" if load else "save",
-                        len(job.keys), err)  # fmt: skip
+            log.warning(
+                "kvcr_policy: %s of %d pages failed: %s",
+                "load" if load else "save",
+                len(job.keys),
+                err,
+            )
             done = [False] * len(job.keys)
         moved = done.index(False) if False in done else len(done)
         seconds = time.perf_counter() - start
         name = "load" if load else "save"
-        figures = {f"{name}_pages": moved, f"{name}_bytes": moved * self.page_bytes,
-                   f"{name}_failed_pages": len(done) - moved, f"{name}_us": int(seconds * 1e6)}  # fmt: skip
+        figures = {
+            f"{name}_pages": moved,
+            f"{name}_bytes": moved * self.page_bytes,
+            f"{name}_failed_pages": len(done) - moved,
+            f"{name}_us": int(seconds * 1e6),
+        }
         count(**figures)
         with self._lock:
             self.stats.update(figures)
