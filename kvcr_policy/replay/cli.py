@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .setup import DEFAULT_TRACE, ReplaySetup
+from .setup import DEFAULT_TRACE, MAX_BLOCK_TOKENS, MAX_REQUESTS, ReplaySetup
 
 __all__ = ["register"]
 
@@ -36,9 +36,17 @@ def _pairs(pairs: list[str] | None) -> dict[str, str]:
 def replay(
     engine: Annotated[Engine, typer.Option("--engine", help="vllm or sglang.")],
     trace: Annotated[
-        Path, typer.Option("--trace", help="A Mooncake-format trace (.jsonl, .xz, .gz).")
+        Path,
+        typer.Option(
+            "--trace",
+            show_default=False,
+            help="A Mooncake-format trace (.jsonl, .xz or .gz) [default: the bundled "
+            "conversation trace, data/traces/].",
+        ),
     ] = DEFAULT_TRACE,
-    requests: Annotated[int, typer.Option("--requests", help="The first N requests.")] = 30,
+    requests: Annotated[
+        int, typer.Option("--requests", min=1, max=MAX_REQUESTS, help="The first N requests.")
+    ] = 30,
     profile: Annotated[str, typer.Option("--profile", "-p", help="The tier's profile.")] = (
         "throughput"
     ),
@@ -46,15 +54,27 @@ def replay(
         str | None,
         typer.Option("--vs", help="Baseline: the tier with this profile (default: no L3 tier)."),
     ] = None,
-    tp: Annotated[int, typer.Option("--tp", help="sglang: tensor-parallel ranks (1 or 2).")] = 1,
+    tp: Annotated[
+        int, typer.Option("--tp", min=1, max=2, help="sglang: tensor-parallel ranks (1 or 2).")
+    ] = 1,
     mla: Annotated[bool, typer.Option("--mla", help="sglang: an MLA model's pools.")] = False,
     block_tokens: Annotated[
         int,
-        typer.Option("--block-tokens", help="Tokens per block id (default: vllm 32, sglang 512)."),
+        typer.Option(
+            "--block-tokens",
+            min=0,
+            max=MAX_BLOCK_TOKENS,
+            help="Tokens per block id of the trace; 0: vllm 32, sglang 512.",
+        ),
     ] = 0,
-    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Greedy tokens.")] = 8,
+    output_tokens: Annotated[
+        int, typer.Option("--output-tokens", min=1, max=256, help="Greedy tokens per request.")
+    ] = 8,
     passes: Annotated[
-        int, typer.Option("--passes", help="Passes over the requests; the last is measured.")
+        int,
+        typer.Option(
+            "--passes", min=2, max=4, help="Passes over the requests; the last is measured."
+        ),
     ] = 2,
     set_: Annotated[
         list[str] | None,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .sglang_stack import DEVICE_TOKENS, HOST_TOKENS, LAYERS, PAGE, build_stack, page_kv
+from .sglang_stack import DEVICE_TOKENS, HOST_TOKENS, PAGE, build_stack, device_planes, page_kv
 
 __all__ = ["Replay"]
 
@@ -33,10 +33,21 @@ CHUNK = DEVICE_TOKENS // PAGE  # pages the device pool takes at once
 
 
 class Replay:
-    """See the module docstring; ``extra`` is our backend's extra config, or None."""
+    """See the module docstring; ``extra`` is our backend's extra config, or None; ``rank`` of
+    ``ranks`` tensor-parallel ranks (each a process running the same requests: the controller's
+    collectives keep them in step)."""
 
-    def __init__(self, extra: dict[str, Any] | None, prefill_s_per_token: float) -> None:
-        stack = build_stack(extra)
+    def __init__(
+        self,
+        extra: dict[str, Any] | None,
+        prefill_s_per_token: float,
+        rank: int = 0,
+        ranks: int = 1,
+        mla: bool = False,
+        rendezvous: str | None = None,
+    ) -> None:
+        stack = build_stack(extra, rank, ranks, mla, rendezvous)
+        self.rank, self.mla = rank, mla
         self.torch, self.hash = stack.torch, stack.hash
         self.device, self.allocator, self.host = stack.device, stack.allocator, stack.host
         self.controller = stack.controller
@@ -45,6 +56,9 @@ class Replay:
         self.cached: OrderedDict[str, int] = OrderedDict()  # key -> first host row (LRU)
         self.records: list[dict[str, Any]] = []
         self.mismatched = 0
+
+    def _kv(self, key: str) -> np.ndarray:
+        return page_kv(key, self.rank, self.mla)
 
     # ---- host memory ----------------------------------------------------------------------
 
@@ -80,7 +94,7 @@ class Replay:
         computed = (len(keys) - hit) * PAGE
         ttft = time.perf_counter() - started + computed * self.rate
         for key in keys[hit:]:
-            digest.update(page_kv(key).tobytes())
+            digest.update(self._kv(key).tobytes())
         self._write_through(tokens, keys, hit, locked)
         return {
             "prompt_tokens": len(keys) * PAGE,
@@ -139,15 +153,11 @@ class Replay:
             ctl.ack_load_queue.clear()
             for i, key in enumerate(chosen):
                 rows = device_indices[i * PAGE : (i + 1) * PAGE]
+                planes = device_planes(self.device)
                 got = np.stack(
-                    [
-                        np.stack(
-                            [b[layer][rows].view(torch.int16).numpy() for layer in range(LAYERS)]
-                        )
-                        for b in (self.device.k_buffer, self.device.v_buffer)
-                    ]
+                    [np.stack([t[rows].view(torch.int16).numpy() for t in p]) for p in planes]
                 )
-                if not np.array_equal(got, page_kv(key)):
+                if not np.array_equal(got, self._kv(key)):
                     self.mismatched += 1
                 digest.update(got.tobytes())
             self.allocator.free(device_indices)
@@ -163,10 +173,10 @@ class Replay:
             assert device_indices is not None, "device pool exhausted"
             for i, key in enumerate(chosen):
                 rows = device_indices[i * PAGE : (i + 1) * PAGE]
-                kv = torch.from_numpy(page_kv(key))
-                for layer in range(LAYERS):
-                    self.device.k_buffer[layer].view(torch.int16)[rows] = kv[0, layer]
-                    self.device.v_buffer[layer].view(torch.int16)[rows] = kv[1, layer]
+                kv = torch.from_numpy(self._kv(key))
+                for side, plane in enumerate(device_planes(self.device)):
+                    for layer, tensor in enumerate(plane):
+                        tensor.view(torch.int16)[rows] = kv[side, layer]
             room = self._alloc_host(len(chosen) * PAGE, locked)
             if room is None:
                 self.allocator.free(device_indices)

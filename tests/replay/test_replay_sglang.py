@@ -1,5 +1,7 @@
 """``replay --engine sglang``: SGLang's real HiCacheController on the CPU, without storage and
-with our backend; every page that reaches the device is checked against its key's bytes."""
+with our backend; every page that reaches the device is checked against its key's bytes. At TP
+2 each rank is a process (a gloo group) and both reach one host tier: with an MLA model only
+rank 0 writes, and rank 1's hits are pages rank 0 stored."""
 
 from __future__ import annotations
 
@@ -13,16 +15,28 @@ from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
+PAGE, PAGE_BYTES = 64, 4096  # kvcr_policy/replay/sglang_stack.py
 
-def test_the_tier_serves_the_second_visit_with_the_same_kv() -> None:
+
+@pytest.mark.parametrize(("tp", "mla"), [(1, False), (2, True)])
+def test_the_tier_serves_the_second_visit_with_the_same_kv(tp: int, mla: bool) -> None:
     if not sglang_installed():
         missing(SGLANG_MISSING)
-    setup = ReplaySetup(engine="sglang", trace=ROOT / DEFAULT_TRACE, requests=8, profile="default")
+    setup = ReplaySetup(
+        engine="sglang", trace=ROOT / DEFAULT_TRACE, requests=6 if tp == 1 else 4,
+        profile="default", tp=tp, mla=mla,
+    )  # fmt: skip
     result = replay(setup)
     assert result["outputs_identical"] is True
     tier, base = result["runs"]["tier"], result["runs"]["baseline"]
     assert tier["mismatched_pages"] == 0 and base["mismatched_pages"] == 0
     assert result["hit_tokens"] > 0 and base["hit_tokens"] == 0
     assert result["prefill_tokens_saved"] == result["hit_tokens"]
-    assert result["bytes_restored"] == result["hit_tokens"] // 64 * 4096
+    assert result["bytes_restored"] == result["hit_tokens"] // PAGE * PAGE_BYTES * tp
     assert tier["prefill_s_per_token"] == base["prefill_s_per_token"] > 0
+    counters = tier["backend_counters"]
+    # Every computed page is written once per rank, and an MLA model's by rank 0 only; every
+    # rank reads each page it hits.
+    computed = sum(p["prefill_tokens_computed"] for p in tier["passes"]) // PAGE
+    assert counters["pages_written"] == computed * (1 if mla else tp)
+    assert counters["pages_read"] == tp * result["hit_tokens"] // PAGE
