@@ -168,9 +168,12 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         return self._worker.load_errors() if self._worker is not None else set()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        if self._worker is None:
+        """The last interval's counters: the scheduler's lookups and hits, or a worker's pages
+        and bytes loaded and saved."""
+        half = self._worker or self._scheduler
+        if half is None:
             return None
-        stats = self._worker.take_stats()
+        stats = half.take_stats()
         return KVCRPolicyConnectorStats(data=stats) if any(stats.values()) else None
 
     @classmethod

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ class SchedulerHalf:
         self._asked: dict[str, tuple[int, Future[int]]] = {}
         self._requests: dict[str, _Request] = {}
         self._loads: list[BlockJob] = []
+        self.stats: Counter[str] = Counter()  # since vLLM last asked (get_kv_connector_stats)
 
     def _state(self, request: Any) -> _Request:
         state = self._requests.get(request.request_id)
@@ -79,7 +81,9 @@ class SchedulerHalf:
             return None, False
         del self._asked[request.request_id]
         hits = asked[1].result()
-        count(lookups=1, lookup_pages=limit - start, hit_pages=hits)
+        figures = {"lookups": 1, "lookup_pages": limit - start, "hit_pages": hits}
+        count(**figures)
+        self.stats.update(figures)
         if hits == 0:
             return 0, False
         state.load_start = start
@@ -98,6 +102,7 @@ class SchedulerHalf:
         self._loads.append(job)
         state.held = True
         count(hit_tokens=external)
+        self.stats.update(hit_tokens=external)
 
     def plan(self, output: Any) -> StepPlan:
         """This step's loads and saves from vLLM's ``SchedulerOutput``."""
@@ -141,6 +146,10 @@ class SchedulerHalf:
         self._asked.pop(request.request_id, None)
         state = self._requests.pop(request.request_id, None)
         return bool(state and state.held)
+
+    def take_stats(self) -> dict[str, int]:
+        stats, self.stats = dict(self.stats), Counter()
+        return stats
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

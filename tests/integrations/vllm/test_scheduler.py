@@ -53,6 +53,8 @@ def test_a_lookup_answers_later_instead_of_waiting_on_the_tier() -> None:
     assert half.matched(req, 0) == (None, False)  # the tier has not answered: ask again
     tier.gate.set()
     assert ask(half, req, 0) == (4 * BLOCK, True)
+    assert half.take_stats() == {"lookups": 1, "lookup_pages": 4, "hit_pages": 4}
+    assert half.take_stats() == {}  # per interval
     half.close()
 
 
