@@ -81,14 +81,16 @@ class Replay:
     def request(self, number: int, tokens: list[int]) -> dict[str, Any]:
         started = time.perf_counter()
         keys = self.hash(tokens, None, page_size=PAGE)
+        limit = len(keys) - 1  # the last page is computed: its last token makes the first one
         hit = 0
-        while hit < len(keys) and keys[hit] in self.cached:
+        while hit < limit and keys[hit] in self.cached:
             self.cached.move_to_end(keys[hit])
             hit += 1
         locked = set(keys[:hit])
         host_hit = hit
-        if self.storage and hit < len(keys):
-            hit += self._prefetch(f"r{number}-{len(self.records)}", tokens, keys, hit, locked)
+        if self.storage and hit < limit:
+            rid = f"r{number}-{len(self.records)}"
+            hit += self._prefetch(rid, tokens, keys, hit, locked, limit)
         digest = hashlib.blake2b(digest_size=16)
         self._to_device(keys[:hit], digest)
         computed = (len(keys) - hit) * PAGE
@@ -106,13 +108,19 @@ class Replay:
         }
 
     def _prefetch(
-        self, rid: str, tokens: list[int], keys: list[str], start: int, locked: set[str]
+        self,
+        rid: str,
+        tokens: list[int],
+        keys: list[str],
+        start: int,
+        locked: set[str],
+        limit: int,
     ) -> int:
         """Storage -> host through the controller's prefetch threads; pages that arrived."""
         ctl = self.controller
         ctl.prefetch(rid, tokens[start * PAGE :], keys[start - 1] if start else None)
         op = ctl.prefetch_hit_queue.get(timeout=WAIT_S)
-        pages = min(op.storage_hit_count // PAGE, HOST_TOKENS // PAGE // 2)
+        pages = min(op.storage_hit_count // PAGE, HOST_TOKENS // PAGE // 2, limit - start)
         if pages == 0:
             return 0
         host_indices = self._alloc_host(pages * PAGE, locked)

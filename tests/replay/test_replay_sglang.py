@@ -35,8 +35,11 @@ def test_the_tier_serves_the_second_visit_with_the_same_kv(tp: int, mla: bool) -
     assert result["bytes_restored"] == result["hit_tokens"] // PAGE * PAGE_BYTES * tp
     assert tier["prefill_s_per_token"] == base["prefill_s_per_token"] > 0
     counters = tier["backend_counters"]
-    # Every computed page is written once per rank, and an MLA model's by rank 0 only; every
-    # rank reads each page it hits.
-    computed = sum(p["prefill_tokens_computed"] for p in tier["passes"]) // PAGE
-    assert counters["pages_written"] == computed * (1 if mla else tp)
+    # A computed page is backed up once per writing rank, and an MLA model's pages by rank 0
+    # only: at least every page the first pass computed, at most every page computed (SGLang
+    # skips a page storage has). Every rank reads each page it hits.
+    writers = 1 if mla else tp
+    first, every = (sum(p["prefill_tokens_computed"] for p in tier["passes"][:n]) // PAGE
+                    for n in (1, len(tier["passes"])))  # fmt: skip
+    assert first * writers <= counters["pages_written"] <= every * writers
     assert counters["pages_read"] == tp * result["hit_tokens"] // PAGE
