@@ -39,6 +39,7 @@ from .errors import ConfigError, KVCRPolicyError
 from .integrations.sglang.cli import register as _register_sglang
 from .loading import LoadedConfig, bundled_profiles, load_config, profile_or
 from .model_shape import ShapeOptions
+from .replay.cli import register as _register_replay
 from .values import parse_size, shorten
 
 __all__ = ["app", "main"]
@@ -736,4 +737,5 @@ def main(argv: list[str] | None = None) -> None:
 # `serve` lives with the peer tier it runs.
 _register_peer(app)
 _register_sglang(app)
+_register_replay(app)
 plain_help(app)
