@@ -313,7 +313,8 @@ class TransportSection(Section):
             "at most 1TiB); unset: plain memmove."
         ),
         json_schema_extra=tunable(
-            choices=(None, "256KiB", "1MiB", "4MiB", "16MiB"), when={"transport.name": ["cpu"]}
+            choices=(None, "16KiB", "256KiB", "1MiB", "4MiB", "16MiB"),
+            when={"transport.name": ["cpu"]},
         ),
     )
 

@@ -67,7 +67,12 @@ def run_writer(values: dict[str, Any], seed: int, index: int) -> Any:
     )
 
 
-def test_processes_share_one_tier_started_once(folder: Path) -> None:
+def test_processes_share_one_tier_started_once(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No secret anywhere (the suite's servers made one in its XDG_CONFIG_HOME): the first
+    # process makes the tier's own, and the writers (children) find it as this process does.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     values = host_values(folder)
     writers = [run_writer(values, 11, index) for index in range(4)]  # four start at once
     for writer in writers:

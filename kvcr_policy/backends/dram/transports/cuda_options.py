@@ -14,7 +14,7 @@ from kvcr_policy.config.tunable import tunable
 from kvcr_policy.strategies import follow_coalescing
 from kvcr_policy.values import Size
 
-__all__ = ["CudaOptions", "resolved_modes"]
+__all__ = ["CudaOptions", "resolved_calls", "resolved_modes"]
 
 
 class CudaOptions(BaseModel):
@@ -32,11 +32,23 @@ class CudaOptions(BaseModel):
         ),
         json_schema_extra=tunable(choices=("auto", "always", "never")),
     )
+    copy_calls: Literal["with_coalescing", "batched", "each"] = Field(
+        "with_coalescing",
+        description=(
+            "How copies between the tier and a GPU are issued: 'batched' issues every piece of "
+            "a batch (or of a staging buffer) in one cudaMemcpyBatchAsync, half on a second "
+            "stream (CUDA 12.8 or later; else one call each); 'each' one copy call per piece "
+            "(upstream); 'with_coalescing' is 'batched' when coalescing.strategy is not "
+            "'none', else 'each'."
+        ),
+        json_schema_extra=tunable(choices=("batched", "each")),
+    )
     gather_below_bytes: Size = Field(
-        ByteSize(2 << 20),
+        ByteSize(256 << 10),
         gt=0,
         le=1 << 40,
-        description="auto: gather when the mean descriptor is smaller (at most 1TiB).",
+        description="auto: a batch whose mean descriptor is smaller is fragmented: staged "
+        "when its host runs are long, else gathered (at most 1TiB).",
         json_schema_extra=tunable(choices=("256KiB", "1MiB", "2MiB", "8MiB", "32MiB")),
     )
     gather_min_descriptors: int = Field(
@@ -84,12 +96,13 @@ class CudaOptions(BaseModel):
         json_schema_extra=tunable(choices=(2, 3, 4, 8)),
     )
     staging_min_span_bytes: Size = Field(
-        ByteSize(4 << 20),
+        ByteSize(256 << 10),
         gt=0,
         le=1 << 40,
         description="auto: stage only batches whose contiguous host runs average at least this "
-        "(at most 1TiB); shorter runs cross PCIe no faster than the fragments themselves.",
-        json_schema_extra=tunable(choices=("1MiB", "2MiB", "4MiB", "16MiB")),
+        "(at most 1TiB); shorter runs cross PCIe no faster than the fragments themselves "
+        "(with copy_calls 'each', runs below about 4MiB cross slower than they would gathered).",
+        json_schema_extra=tunable(choices=("256KiB", "1MiB", "4MiB", "16MiB")),
     )
     tier_slots: Literal["with_staging", "mirror", "whole"] = Field(
         "with_staging",
@@ -102,6 +115,13 @@ class CudaOptions(BaseModel):
         ),
         json_schema_extra=tunable(choices=("mirror", "whole")),
     )
+
+
+def resolved_calls(options: CudaOptions, coalescing: str) -> str:
+    """``batched`` or ``each``: :attr:`CudaOptions.copy_calls` under ``coalescing.strategy``."""
+    if options.copy_calls != "with_coalescing":
+        return options.copy_calls
+    return "each" if coalescing == "none" else "batched"
 
 
 def resolved_modes(options: CudaOptions, coalescing: str) -> tuple[str, str, bool]:
