@@ -3,11 +3,13 @@
 Reads a job (JSON on stdin: the model folder, the prompts, the passes, the connector's
 ``kv_transfer_config`` or none, the file to write the result to), builds a real vLLM engine on
 the CPU in this process (the engine core and the worker in-process:
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``, executor ``uni``), sends the prompts one at a time, pass
-after pass, and writes one JSON object: per request its pass, prompt and cached token counts,
-time to first token (vLLM's own ``first_token_latency``) and greedy output tokens, and the
-connector's counters after each pass. vLLM's log and the progress go to stdout and stderr. A
-process per run, so each engine starts and ends clean.
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, executor ``uni``; or, with ``"executor": "mp"``, the
+engine core and the worker each in a process of their own, as vLLM serves at more ranks),
+sends the prompts one at a time, pass after pass, and writes one JSON object: per request its
+pass, prompt and cached token counts, time to first token (vLLM's own ``first_token_latency``)
+and greedy output tokens, and the connector's counters after each pass (this process's: none
+from a worker of its own). vLLM's log and the progress go to stdout and stderr. A process per
+run, so each engine starts and ends clean.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _engine(job: dict[str, Any]) -> Any:
         max_model_len=job["max_model_len"],
         enable_prefix_caching=True,
         seed=0,
-        distributed_executor_backend="uni",
+        distributed_executor_backend=job.get("executor", "uni"),
         kv_cache_memory_bytes=job["kv_cache_bytes"],
         disable_log_stats=False,
         kv_transfer_config=KVTransferConfig(**transfer) if transfer else None,
@@ -90,8 +92,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     job = json.loads(sys.stdin.read())
+    separate = job.get("executor", "uni") == "mp"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if separate else "0"
     result = run(job)
     with open(job["result"], "w", encoding="utf-8") as file:
         json.dump(result, file)

@@ -44,7 +44,7 @@ def test_the_gpu_matrix_covers_every_axis_the_limit_is_asked_on() -> None:
 def result(p: float, q: float, store: float, verified: bool = True) -> BenchResult:
     """P at ``p`` and Q at ``q`` of a 50 GB/s limit in both orders; stores at ``store``."""
     runs = tuple(
-        Run(0, order, side, side, rate * 50, 50.0, verified)
+        Run(0, order, side, side, rate * 50, 50.0, verified, 20.0)
         for order in ("P,Q", "Q,P")
         for side, rate in (("P", p), ("Q", q))
     )
@@ -52,7 +52,8 @@ def result(p: float, q: float, store: float, verified: bool = True) -> BenchResu
         target="cuda", backend="dram", geometry="small", layout="layer_first", mla=False,
         tokens=16384, pages=1024, page_bytes=512 << 10, nbytes=512 << 20, scatter=True,
         repeat=1, baseline="Q", runs=runs, limit="one copy", profiles={},
-        store_gbps={"P": store * 50, "Q": 1.0}, extra={"device": "GPU 0"},
+        store_gbps={"P": store * 50, "Q": 1.0}, store_host_copy_gbps={"P": 20.0, "Q": 20.0},
+        extra={"device": "GPU 0"},
     )  # fmt: skip
 
 

@@ -55,3 +55,24 @@ def test_pages_saved_by_one_request_are_loaded_for_the_next_byte_exact(
     assert total["load_bytes"] == total["load_pages"] * BLOCK_BYTES
     assert total["hit_tokens"] == total["load_pages"] * BLOCK_SIZE
     assert total["save_pages"] == total["save_pages_planned"]
+
+
+def test_a_scheduler_and_a_worker_in_processes_of_their_own_share_the_host_tier(
+    vllm: None, tmp_path: Path
+) -> None:
+    """vLLM's ``mp`` executor: the engine core (the scheduler's lookups) and the worker (loads
+    and saves) are separate processes, so the connector takes the host tier (one for both).
+    The worker process is forked from the engine core's: it must start its own worker loop."""
+    base = [[5 + (31 * p + 7 * t) % 1000 for t in range(BLOCKS * BLOCK_SIZE + 5)] for p in range(3)]
+    prompts = [prompt(n, t) for n, t in enumerate(base)]
+    setup = ReplaySetup(engine="vllm", requests=len(prompts), passes=2)
+    write_model(tmp_path / "model")
+    overrides = {"backend.options.dir": str(tmp_path / "tiers")}
+    job = vllm_job(setup, prompts, tmp_path, "default")
+    job["kv_transfer_config"]["kv_connector_extra_config"]["overrides"].update(overrides)
+    job["executor"] = "mp"
+    records = run_job(job, "separate", tmp_path)["records"]
+    first, second = records[: len(prompts)], records[len(prompts) :]
+    assert [r["output"] for r in first] == [r["output"] for r in second]
+    assert [r["cached_tokens"] for r in first] == [0] * len(prompts)
+    assert all(r["cached_tokens"] == BLOCKS * BLOCK_SIZE for r in second)
