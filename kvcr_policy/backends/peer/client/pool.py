@@ -45,10 +45,13 @@ __all__ = ["PeerPool"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.client.pool")
 
-#: Most keys of a set's other batches one RESERVE asks the server to keep (see _Transfer._keep):
-#: a set of up to this many pages beyond its batch never evicts its own present keys.
+#: Most keys of a set's other batches its first RESERVE asks the server to keep (see
+#: _Transfer._keep): a set of up to this many pages beyond its batch never evicts its own
+#: present keys (the server also keeps each batch's keys for the call's later batches).
 KEEP_KEYS = 16384
 KEEP_BYTES = 2 << 20
+#: Numbers of this process's set calls (RESERVE ``call``; 0 is no call).
+_CALLS = itertools.count(1)
 #: How long past ``op_timeout_s`` a batch waits for the peer's answer before it fails: the
 #: server gives a claim up at its own ``op_timeout_s`` and says so, and its sends stop before
 #: this side gives the pages to the fallback (which may read them again).
@@ -226,6 +229,8 @@ class _Transfer:
         self.keys = keys
         self.pages = pages
         self.limit = len(keys)
+        self.call = 0 if read else next(_CALLS)
+        self._kept = False  # the call's keys went with a RESERVE already
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
         pool = self.pool
@@ -265,17 +270,22 @@ class _Transfer:
             self.keys[position : position + 1],
             self.pages[position : position + 1],
             _plain,
-            *self._keep(position, position + 1),
+            *self._keep(position, position + 1, again=True),
             timeout=pool.timeout,
         )
         return bool(one[0])
 
-    def _keep(self, start: int, stop: int) -> tuple[list[str], ...]:
-        """A write's keys outside ``[start, stop)`` (those after it first), which the server
-        must not evict for this batch: a set never evicts its own present keys. At most
-        :data:`KEEP_KEYS` of them (one RESERVE frame stays small); none for a read."""
+    def _keep(self, start: int, stop: int, again: bool = False) -> tuple[ops.Keep, ...]:
+        """A write's call number, and with its first batch (or ``again``: a retry, perhaps on
+        a new connection) the keys outside ``[start, stop)`` (those after it first), which no
+        batch of the call may evict: a set never evicts its own present keys. At most
+        :data:`KEEP_KEYS` of them, sent once per call (one RESERVE frame stays small, and a set
+        of many batches costs no more on the wire than its keys); nothing for a read."""
         if self.read:
             return ()
+        if self._kept and not again:
+            return ((self.call, ()),)
+        self._kept = True
         kept: list[str] = []
         size = 0
         for key in itertools.chain(self.keys[stop:], reversed(self.keys[:start])):
@@ -283,7 +293,7 @@ class _Transfer:
             if len(kept) == KEEP_KEYS or size > KEEP_BYTES:
                 break
             kept.append(key)
-        return (kept,)
+        return ((self.call, kept),)
 
     def finish(self, moved: np.ndarray) -> list[bool]:
         return [bool(x) for x in moved]
