@@ -102,7 +102,7 @@ def _print(outcome: Outcome, format: str) -> None:
         out.print(f"wrote {outcome.written}", markup=False, highlight=False)
 
 
-def _command_line(setup: TuneSetup, write: Path | None) -> str:
+def _command_line(setup: TuneSetup, write: Path | None, always: bool = False) -> str:
     """The command as it ran, every axis spelled out (defaults included)."""
     args = ["--profile", setup.start, "--target", setup.target]
     if setup.backend is not None:
@@ -123,6 +123,7 @@ def _command_line(setup: TuneSetup, write: Path | None) -> str:
         args += ["--only", path]
     args += ["--repeat", str(setup.repeat), "--trial-repeat", str(setup.trial_repeat)]
     args += ["--seed", str(setup.seed)] + (["--output", str(write)] if write else [])
+    args += ["--output-always"] * (always and write is not None)
     return "kvcr-policy tune " + shlex.join(args)
 
 
@@ -150,7 +151,7 @@ def run(command: TuneCommand) -> None:
     if write is not None and write.exists() and write.is_dir():
         raise TuneError(f"--output: {write} is a directory; name the profile file to write")
     progress = _Progress(setup.budget_s, live=sys.stderr.isatty())
-    line = _command_line(setup, write)
+    line = _command_line(setup, write, command.always_write)
     with progress.running():
         if check_path is not None:
             outcome = check(check_path, setup, say=progress.say)

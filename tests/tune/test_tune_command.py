@@ -209,3 +209,27 @@ def test_help_names_the_new_spellings_only(capsys: pytest.CaptureFixture[str]) -
         assert name in out
     for former in ("--write", "--always-write", "--check "):
         assert former not in out  # hidden aliases
+
+
+@pytest.mark.parametrize("flag", ["--output-always", "--always-write"])
+def test_output_always_writes_the_best_candidate_even_when_it_loses(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    write_profile: Callable[..., Path],
+    tmp_path: Path,
+    flag: str,
+) -> None:
+    """docs/bench.md's ``--output site.toml --output-always`` (and its hidden former name):
+    the candidate is written though the base stands, and the file records the flag."""
+    start = write_profile('[profile]\nbase = "throughput"\n[batching]\nread_batch_pages = 1\n')
+    target = tmp_path / "site.toml"
+    install(monkeypatch, lambda config, order: 10.0 - config.batching.read_batch_pages / 256)
+    code, data, err = tune_in_process(
+        capsys,
+        *("--profile", str(start), "--only", "batching.read_batch_pages"),
+        *("--budget", "120", "--repeat", "5", "--output", str(target), flag),
+    )
+    assert code == 0, err
+    assert data["verdict"]["wins"] is False and data["written"] == str(target)
+    load_config(profile=target, dotenv=False)
+    assert "--output-always" in target.read_text()
