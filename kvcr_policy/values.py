@@ -22,13 +22,19 @@ from pydantic import BeforeValidator, ByteSize
 from .errors import ArgumentError
 
 __all__ = [
-    "SIZE_PATTERN", "SIZE_UNITS", "Size", "check_size_text", "parse_size", "shorten", "sized",
+    "SIZE_FORMS", "SIZE_PATTERN", "SIZE_UNITS", "Size", "as_written", "check_size_text",
+    "parse_size", "shorten", "sized",
 ]  # fmt: skip
 
 #: Unit names ByteSize knows, lower case ("b", "kb", "kib", ... "eib").
 SIZE_UNITS: frozenset[str] = frozenset(ByteSize.byte_sizes)
 _SIZE_TEXT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", re.ASCII)
 _EXAMPLES = "e.g. 512MiB, 64GiB or 1048576"
+#: The accepted forms, as every refusal lists them.
+SIZE_FORMS = (
+    "bytes: a number alone, or with a unit: decimal B, KB, MB, GB, TB, PB, EB (1000s) or binary "
+    "KiB, MiB, GiB, TiB, PiB, EiB (1024s); all-lower-case units (gib, gb) read the same"
+)
 
 _repr = reprlib.Repr()
 _repr.maxstring = 80
@@ -44,6 +50,28 @@ def sized(n: float) -> str:
             value = n / (1 << shift)
             return f"{value:.0f}{unit}" if value == int(value) else f"{value:.2f}{unit}"
     return f"{int(n)}B"
+
+
+def as_written(text: str | None, n: int) -> str:
+    """A size as it was written, with its binary size beside it where that says more
+    (``64GB (59.6 GiB)``); ``64GiB`` stays ``64GiB``; no text: the binary size alone."""
+    binary = sized(n)
+    if text is None:
+        return binary
+    if text.strip().lower().endswith("ib"):  # a binary unit already says it
+        return text.strip()
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{text.strip()} ({n / (1 << shift):.1f} {unit})"
+    return f"{text.strip()} ({n} B)"
+
+
+def _bits(unit: str) -> bool:
+    """A unit of bits: a capital prefix and a small b (Gb, Mb, Kib, Gib), or ``bit`` spelled
+    out; all-lower-case units (gb, gib) stay bytes, as the tools operators come from read them."""
+    if unit.lower().endswith(("bit", "bits")):
+        return True
+    return unit.endswith("b") and unit != unit.lower()
 
 
 def shorten(value: Any) -> str:
@@ -65,11 +93,14 @@ def check_size_text(value: Any) -> Any:
         )
         raise ValueError(message)
     unit = match.group(2).lower()
-    if unit and unit not in SIZE_UNITS:
+    if _bits(match.group(2)):
         message = (
-            f"unknown size unit {match.group(2)!r} (known: B, KB, KiB, MB, MiB, GB, GiB, TB, TiB, "
-            "PB, PiB, EB, EiB)"
+            f"{value.strip()!r} is in bits ({match.group(2)}: a lower-case b or 'bit' means bits); "
+            f"a size is in {SIZE_FORMS}"
         )
+        raise ValueError(message)
+    if unit and unit not in SIZE_UNITS:
+        message = f"unknown size unit {match.group(2)!r}; a size is in {SIZE_FORMS}"
         raise ValueError(message)
     number = Decimal(match.group(1)) * Decimal(ByteSize.byte_sizes[unit or "b"])
     if number != number.to_integral_value():

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError, ConfigIssue, UsageError
-from ..values import shorten
+from ..values import as_written, shorten
 from .profiles import base_chain
 from .provenance import DEFAULT, dotenv_origin, origin_for
 from .schema import ENV_PREFIX, STRATEGY_SECTIONS, VALIDATING_ORIGINS, PolicyConfig
@@ -74,6 +74,13 @@ class LoadedConfig:
     plugin_manager: PluginManager | None = field(default=None, compare=False, repr=False)
     #: The profiles ``profile`` extends (``[profile] base``), nearest first.
     bases: tuple[str, ...] = ()
+    #: Each byte size (``*_bytes``) that was given as text, as it was written (``64GB``).
+    written: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def size(self, path: str) -> str:
+        """The size at ``path`` as written, its binary size beside it (``64GB (59.6 GiB)``)."""
+        value = flatten(self.config.model_dump(mode="json")).get(path)
+        return as_written(self.written.get(path), int(value or 0))
 
     def origin(self, path: str) -> str:
         """Where the value at ``path`` came from."""
@@ -339,6 +346,7 @@ def load_config(
         registry=registry,
         plugin_manager=plugin_manager,
         bases=tuple(str(path) for path in chain[1:]),
+        written={p: v for p, v in values.items() if p.endswith("_bytes") and isinstance(v, str)},
     )
 
 

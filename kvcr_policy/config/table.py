@@ -21,6 +21,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from ..values import as_written
 from .loading import LoadedConfig, bundled_profiles
 from .sources import env_name, flatten
 
@@ -81,9 +82,12 @@ def short_origin(origin: str, cwd: Path | None = None, env: str | None = None) -
     return origin
 
 
-def _value(path: str, value: Any) -> str:
-    # Byte sizes read best as the size a profile would write: 16GiB, not 17179869184.
+def _value(path: str, value: Any, written: str | None = None) -> str:
+    # Byte sizes read best as the size a profile would write: 16GiB, not 17179869184; one
+    # given as text is echoed as written, its binary size beside it: 64GB (59.6 GiB).
     if path.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        if written is not None:
+            return as_written(written, value)
         for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
             if value >= 1 << shift and value % (1 << shift) == 0:
                 return f"{value >> shift}{unit}"
@@ -104,7 +108,7 @@ def config_rows(loaded: LoadedConfig, cwd: Path | None = None) -> list[Row]:
             Row(
                 section=section,
                 key=key,
-                value=_value(path, value),
+                value=_value(path, value, loaded.written.get(path)),
                 origin=short_origin(origin, cwd, env),
                 env=env,
                 changed=origin != "default",

@@ -133,6 +133,7 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
     config = loaded.config
     capacity = int(config.placement.capacity_bytes)
     capacity_from = _origin(loaded, "placement.capacity_bytes")
+    written = loaded.size("placement.capacity_bytes")  # 64GB (59.6 GiB): as the user wrote it
     pools, ranks = request.pools.value, request.ranks_per_host.value
     shared = _shared_by_ranks(loaded, geo.mla and request.tp.value > 1)
     per_rank = capacity * pools
@@ -157,7 +158,7 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
         )
     if slots < 1:
         plan.refusals.append(
-            f"placement.capacity_bytes = {sized(capacity)} (from {capacity_from}) holds no page "
+            f"placement.capacity_bytes = {written} (from {capacity_from}) holds no page "
             f"of {sized(geo.page_bytes)}: raise it to at least {sized(geo.page_bytes)}"
         )
     host = request.host_memory.value
@@ -168,7 +169,7 @@ def _memory(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan:
             else (f"{ranks} ranks per host (from {request.ranks_per_host.origin})")
         )
         plan.refusals.append(
-            f"placement.capacity_bytes = {sized(capacity)} (from {capacity_from}) x {pools} "
+            f"placement.capacity_bytes = {written} (from {capacity_from}) x {pools} "
             f"pool(s) (from {request.pools.origin}) x {times} = {sized(per_host)} of tier, "
             f"more than the host's {sized(host)} of memory (from {request.host_memory.origin}); "
             "lower placement.capacity_bytes or run fewer ranks per host"
