@@ -3,7 +3,7 @@ the CPU, in one process (run as a child: it initialises torch.distributed and SG
 parallel state)::
 
     python -m tests.integrations.sglang.controller_replay --requests 200 [--passes 2]
-        [--overrides JSON] [--profile NAME]
+        [--overrides JSON] [--profile NAME] [--trace data/traces/conversation_trace.jsonl.xz]
 
 prints one JSON object of figures per pass; the host pool is flushed between passes (a host
 tier restarted, storage kept), so the second pass reads back through prefetch.
@@ -49,6 +49,7 @@ from tests.integrations.sglang.replay_stack import (
     block_tokens,
     build_stack,
     page_kv,
+    read_requests,
 )
 
 WAIT_S = 120.0
@@ -283,8 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--passes", type=int, default=2, help="the host is flushed between")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with args.trace.open(encoding="utf-8") as lines:
-        requests = [json.loads(line) for _, line in zip(range(args.requests), lines, strict=False)]
+    requests = read_requests(args.trace, args.requests)
     replay = Replay(json.loads(args.overrides), args.profile)
     try:
         figures = replay.run(requests, args.passes)

@@ -14,6 +14,9 @@ device KV pool (``MHATokenToKVPool``) with its paged allocator, a real ``MHAToke
 
 from __future__ import annotations
 
+import gzip
+import json
+import lzma
 import tempfile
 import threading
 from pathlib import Path
@@ -22,11 +25,20 @@ from typing import Any
 
 import numpy as np
 
-TRACE = Path("/work/shared/data/mooncake-traces/conversation_trace.jsonl")
+#: The Mooncake conversation trace the repository bundles (data/traces/README.md).
+TRACE = Path(__file__).resolve().parents[3] / "data" / "traces" / "conversation_trace.jsonl.xz"
 BLOCK = 512  # tokens per block id of the trace
 LAYERS, HEADS, HEAD_DIM, PAGE = 2, 1, 8, 64  # bf16: 64 bytes a token, 4 KiB a page
 DEVICE_TOKENS = 4 * BLOCK  # the write-through chunk: 4 blocks at a time
 HOST_BLOCKS = 128  # host pool: 128 blocks (4 MiB), far below the trace's working set
+
+
+def read_requests(path: Path, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` requests of a trace of one JSON object per line; a ``.xz`` or
+    ``.gz`` file is read through Python's lzma or gzip, as ``kvcr-policy plan --trace`` does."""
+    opener: Any = {".xz": lzma.open, ".gz": gzip.open}.get(path.suffix, open)
+    with opener(path, "rt", encoding="utf-8") as lines:
+        return [json.loads(line) for _, line in zip(range(count), lines, strict=False)]
 
 
 def transfer_kv_direct(
