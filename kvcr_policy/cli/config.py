@@ -28,17 +28,21 @@ def show(
     ] = False,
 ) -> None:
     """The effective configuration and where each value came from."""
+    from ..backends.peer.credentials import secret_source
+
     loaded = load_config(profile=profile, overrides=overrides(set_))
+    secret = secret_source(loaded)  # where the effective secret comes from, never the secret
     if format is Format.json:
         data = loaded.config.model_dump(mode="json")
-        print_json({"config": data, "origins": dict(loaded.origins), "profile": loaded.profile})
+        print_json({"config": data, "origins": dict(loaded.origins), "profile": loaded.profile,
+                    "secret": {"value": secret[0], "from": secret[1]}})  # fmt: skip
         return
     if format is Format.toml:
         sys.stdout.write(toml_text(loaded))
         return
     from ..config.table import config_table
 
-    out.print(config_table(loaded, env=env))
+    out.print(config_table(loaded, env=env, notes={"security.secret": secret}))
 
 
 # ---- the TOML writer: a loaded configuration as a profile, each value with its origin ----

@@ -94,8 +94,13 @@ def _value(path: str, value: Any, written: str | None = None) -> str:
     return json.dumps(value)
 
 
-def config_rows(loaded: LoadedConfig, cwd: Path | None = None) -> list[Row]:
-    """Every effective leaf of ``loaded`` (empty ``options`` tables left out), in order."""
+def config_rows(
+    loaded: LoadedConfig,
+    cwd: Path | None = None,
+    notes: Mapping[str, tuple[str, str]] | None = None,
+) -> list[Row]:
+    """Every effective leaf of ``loaded`` (empty ``options`` tables left out), in order;
+    ``notes`` gives a leaf's value and origin as they take effect (the peer secret's file)."""
     rows = []
     data: Mapping[str, Any] = loaded.config.model_dump(mode="json")
     for path, value in flatten(data).items():
@@ -104,12 +109,13 @@ def config_rows(loaded: LoadedConfig, cwd: Path | None = None) -> list[Row]:
         section, _, key = path.partition(".")
         origin = loaded.origins.get(path, "default")
         env = env_name(path)
+        shown, where = (notes or {}).get(path, (None, None))
         rows.append(
             Row(
                 section=section,
                 key=key,
-                value=_value(path, value, loaded.written.get(path)),
-                origin=short_origin(origin, cwd, env),
+                value=shown or _value(path, value, loaded.written.get(path)),
+                origin=where or short_origin(origin, cwd, env),
                 env=env,
                 changed=origin != "default",
             )
@@ -117,10 +123,15 @@ def config_rows(loaded: LoadedConfig, cwd: Path | None = None) -> list[Row]:
     return rows
 
 
-def config_table(loaded: LoadedConfig, env: bool = False, cwd: Path | None = None) -> Table:
+def config_table(
+    loaded: LoadedConfig,
+    env: bool = False,
+    cwd: Path | None = None,
+    notes: Mapping[str, tuple[str, str]] | None = None,
+) -> Table:
     """A rich table of :func:`config_rows`: section headings, keys whole, values and origins
     wrapped rather than cut; values set anywhere but the schema default in bold."""
-    rows = config_rows(loaded, cwd)
+    rows = config_rows(loaded, cwd, notes)
     profile = short_path(loaded.profile, cwd) if loaded.profile else "none (schema defaults)"
     table = Table(
         title=f"profile: {profile}",

@@ -73,6 +73,12 @@ def _prose(path: Path) -> list[tuple[int, str]]:
     return spans
 
 
+def prose_spans(path: Path) -> list[tuple[str, str]]:
+    """The code spans of a page's prose, each with where it is (``page:line``)."""
+    name = str(path.relative_to(ROOT))
+    return [(f"{name}:{number}", span) for number, span in _prose(path)]
+
+
 def documented_commands() -> list[Documented]:
     """Every ``kvcr-policy ...`` line of README.md, docs/ and the plugins' READMEs."""
     found: list[Documented] = []

@@ -43,6 +43,7 @@ __all__ = [
     "client_credentials",
     "client_secret",
     "default_secret_file",
+    "secret_source",
     "server_keyring",
 ]
 
@@ -254,3 +255,24 @@ def server_keyring(loaded: LoadedConfig, *, create: bool = True) -> Keyring:
     admin = DEFAULT_TENANT in security.admin_tenants
     tenant = Tenant(DEFAULT_TENANT, secret, admin)
     return Keyring({key_id(secret): tenant}, source=source, created=created)
+
+
+def secret_source(loaded: LoadedConfig) -> tuple[str, str]:
+    """Where this process's peer secret will come from, as ``show`` prints it: a value
+    (``<hidden>``, never the secret) and its source, in the order :func:`client_secret` and
+    :func:`server_keyring` look; the secret itself is not read."""
+    security = loaded.config.security
+    if security.insecure:
+        return "null", f"none: security.insecure (from {loaded.origin('security.insecure')})"
+    if security.secret is not None:
+        return "<hidden>", loaded.origin("security.secret")
+    if security.secret_file is not None:
+        path = security.secret_file.expanduser()
+        return (
+            "<hidden>",
+            f"file {path} (security.secret_file, {loaded.origin('security.secret_file')})",
+        )
+    path = default_secret_file()
+    if path.exists():
+        return "<hidden>", f"file {path} (the default file)"
+    return "null", f"none yet: serve creates {path} (the default file)"
