@@ -27,6 +27,7 @@ from ..geometry import PoolGeometry
 from ..model.shape import ModelShape
 from ..values import sized
 from .batches import SAMPLE_PAGES, count_batches
+from .restore_time import link_figures, restore_time
 
 __all__ = [
     "Given",
@@ -304,10 +305,13 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
             f"(placement.capacity_bytes = {sized(capacity)}, from "
             f"{_origin(loaded, 'placement.capacity_bytes')}): a store of a full batch cannot fit"
         )
-    gbps = request.link_gbps.value
-    plan.figures["restore"]["link_gigabytes_per_s"] = gbps
-    plan.figures["restore"]["link_from"] = request.link_gbps.origin if gbps else None
-    plan.figures["restore"]["predicted_seconds"] = nbytes / (gbps * 1e9) if gbps else None
+    link = link_figures(
+        request.link_gbps.value, request.link_gbps.origin, request.ranks_per_host.value
+    )
+    restore, tier = plan.figures["restore"], plan.figures["tier"]
+    timing, warnings = restore_time(restore, tier, geo.page_size, link)
+    restore.update(timing)
+    plan.warnings += warnings
 
 
 def _in_flight(window: Any, total: int, batch: int, page_bytes: int) -> int:

@@ -62,10 +62,23 @@ def _rows(plan: Plan, title: dict[str, Any]) -> list[tuple[str, str]]:
         ("  tier slots", "whole (each slot one contiguous page)" if r["tier_slots"] == "whole"
                          else "mirror the pool's planes"),
     ]  # fmt: skip
+    ranks = r["ranks_restoring_at_once"]
+    if r["link_gigabytes_per_s"]:
+        rows.append(
+            ("  link", f"{r['link_gigabytes_per_s']:.1f} GB/s per host (from {r['link_from']}), "
+                       f"shared by its {ranks} rank(s): {r['link_gigabytes_per_s_per_rank']:.2f} "
+                       "GB/s each while all restore at once")
+        )  # fmt: skip
     if r["predicted_seconds"] is not None:
         rows.append(
-            ("  predicted time", f"{r['predicted_seconds']:.3f} s at "
-                                 f"{r['link_gigabytes_per_s']:.1f} GB/s (from {r['link_from']})")
+            ("  predicted time", f"{r['predicted_seconds']:.3f} s: {sized(r['bytes'])} per rank "
+                                 f"x {ranks} rank(s) = {sized(r['bytes_per_host'])} per host")
+        )  # fmt: skip
+    elif r["predicted_seconds_held"] is not None:
+        rows.append(
+            ("  predicted time", f"none for the whole prefix (larger than the tier); the "
+                                 f"{r['held_tokens']} tokens it holds: "
+                                 f"{r['predicted_seconds_held']:.3f} s")
         )  # fmt: skip
     else:
         hint = "no link limit: give --link-limit (e.g. 50GB/s) or --measure-link"

@@ -5,8 +5,10 @@ For every eviction strategy asked for and every capacity, the replay model
 bytes per rank and per host for that capacity, and the bytes per second that restores must
 deliver at the trace's arrival rate (hit tokens x bytes per token x pools / the trace's
 duration), compared with the link limit (``--link-limit``, ``observability.link_limit_gbps`` or
-``--measure-link``). The replay with no capacity limit gives the most any capacity can reach,
-and for each strategy the smallest listed capacity that reaches 90 % of it is named.
+``--measure-link``: the host's, shared by its ranks, so the host's restores are compared with
+it). The replay with no capacity limit gives the most any capacity can reach, and for each
+strategy the smallest listed capacity that reaches 90 % of it is named, next to the largest
+listed capacity that fits the host's memory; capacities that do not fit are warned about.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..config.schema import MAX_TIER_BYTES, EvictionSection
 from ..geometry import PoolGeometry
 from .figures import Given, Plan, PlanRequest, rank_geometry, sized
 from .replay import Replay, replay, replay_unbounded
+from .restore_time import link_figures
 from .trace import Trace
 
 __all__ = ["MAX_CAPACITY_TOKENS", "Eviction", "make_trace_plan"]
@@ -100,7 +103,8 @@ def _row(
         "fits_host": per_rank * ranks <= host if host is not None else None,
         "restore_bytes_per_s_rank": rate,
         "restore_bytes_per_s_host": rate * ranks if rate is not None else None,
-        "link_share": rate / (gbps * 1e9) if rate is not None and gbps else None,
+        # the host's ranks restore at once through the host's link (plan.restore_time)
+        "link_share": rate * ranks / (gbps * 1e9) if rate is not None and gbps else None,
     }
 
 
@@ -150,10 +154,7 @@ def make_trace_plan(
     plan.figures["trace"] = _trace_figures(trace, best)
     sizes = plan.figures["geometry"] = _sizes(request, geo, trace.block_tokens)
     gbps = request.link_gbps.value
-    plan.figures["link"] = {
-        "gigabytes_per_s": gbps,
-        "from": request.link_gbps.origin if gbps else None,
-    }
+    plan.figures["link"] = link_figures(gbps, request.link_gbps.origin, sizes["ranks_per_host"])
     if not trace.duration_s:
         plan.warnings.append(
             f"every request of {trace.path} arrives at the same time: no arrival rate, so no "
@@ -173,6 +174,7 @@ def make_trace_plan(
             (r["capacity_tokens"] for r in rows if r["hit_tokens"] >= ENOUGH * best.hit_tokens),
             None,
         )
+        fitting = [r["capacity_tokens"] for r in rows if r["fits_host"]]
         replays.append(
             {
                 "eviction": eviction.name,
@@ -180,8 +182,42 @@ def make_trace_plan(
                 "options": dict(eviction.section.options),
                 "capacities": rows,
                 "smallest_capacity_tokens_for_90pct_of_max": enough,
+                "largest_capacity_tokens_that_fits_host": max(fitting) if fitting else None,
                 "seconds": round(time.perf_counter() - start, 3),
             }
         )
     plan.figures["evictions"] = replays
+    plan.warnings += fit_warnings(replays, sizes)
     return plan
+
+
+def fit_warnings(replays: list[dict[str, Any]], sizes: dict[str, Any]) -> list[str]:
+    """What the host's memory rules out: every listed capacity, some, or the 90 % one."""
+    host = sizes["host_memory"]
+    if host is None or not replays:
+        return []
+    rows = replays[0]["capacities"]  # the same capacities and bytes for every strategy
+    over = [r for r in rows if r["fits_host"] is False]
+    where = f"the host's {sized(host)} of memory (from {sizes['host_memory_from']})"
+    if len(over) == len(rows):
+        smallest = min(rows, key=lambda r: r["capacity_tokens"])
+        return [
+            f"no listed capacity fits {where}: the smallest, {smallest['capacity_tokens']} "
+            f"tokens, needs {sized(smallest['tier_bytes_per_host'])} of tier per host; list "
+            "smaller capacities, fewer ranks per host, or a host with more memory"
+        ]
+    found = []
+    if over:
+        names = ", ".join(str(r["capacity_tokens"]) for r in over)
+        found.append(f"capacities {names} tokens need more tier than {where}")
+    for found_replay in replays:
+        enough = found_replay["smallest_capacity_tokens_for_90pct_of_max"]
+        row = next((r for r in rows if r["capacity_tokens"] == enough), None)
+        if row is not None and row["fits_host"] is False:
+            largest = found_replay["largest_capacity_tokens_that_fits_host"]
+            found.append(
+                f"{found_replay['eviction']}: the capacity reaching 90 % of the most reachable, "
+                f"{enough} tokens, does not fit {where}; the largest listed that fits is "
+                f"{largest} tokens"
+            )
+    return found

@@ -38,7 +38,9 @@ def _heading(plan: Plan) -> list[str]:
         f"over {duration:.0f} s ({t['requests_per_s']:.2f} requests/s)" if duration else "at once"
     )
     speed = (
-        f"{link['gigabytes_per_s']:.1f} GB/s (from {link['from']})"
+        f"{link['gigabytes_per_s']:.1f} GB/s per host (from {link['from']}), shared by its "
+        f"{link['ranks_sharing']} rank(s): {link['gigabytes_per_s_per_rank']:.2f} GB/s each; "
+        "'of link' is the host's restores over it"
         if link["gigabytes_per_s"]
         else "none: give --link-limit (e.g. 50GB/s) or --measure-link"
     )
@@ -75,19 +77,35 @@ def _table(replay: dict[str, Any]) -> Table:
     return table
 
 
+def _lines(replay: dict[str, Any]) -> list[str]:
+    """The 90 % line, and the largest listed capacity that fits the host beside it."""
+    rows = {r["capacity_tokens"]: r for r in replay["capacities"]}
+    enough = replay["smallest_capacity_tokens_for_90pct_of_max"]
+    if enough is None:
+        lines = ["90% of the most reachable: no listed capacity reaches it"]
+    else:
+        fits = rows[enough]["fits_host"]
+        note = " (does not fit the host)" if fits is False else ""
+        lines = [f"90% of the most reachable: {_count(enough)} tokens (smallest listed){note}"]
+    largest = replay["largest_capacity_tokens_that_fits_host"]
+    if largest is not None:
+        row = rows[largest]
+        lines.append(
+            f"largest listed that fits the host: {_count(largest)} tokens, "
+            f"{row['hit_rate']:.1%} ({_share(row['share_of_max'])} of max), "
+            f"{sized(row['tier_bytes_per_host'])} per host"
+        )
+    elif any(r["fits_host"] is False for r in rows.values()):
+        lines.append("largest listed that fits the host: none")
+    return lines
+
+
 def trace_tables(plan: Plan) -> Group:
     """The heading, a table per eviction strategy, the 90 % line, the bytes replay, warnings."""
     parts: list[Any] = [Text(line) for line in _heading(plan)]
     for replay in plan.figures["evictions"]:
         parts += [Text(""), _table(replay)]
-        enough = replay["smallest_capacity_tokens_for_90pct_of_max"]
-        parts.append(
-            Text(
-                f"90% of the most reachable: {_count(enough)} tokens (smallest listed)"
-                if enough is not None
-                else "90% of the most reachable: no listed capacity reaches it"
-            )
-        )
+        parts += [Text(line) for line in _lines(replay)]
     if any(r["fits_host"] is False for e in plan.figures["evictions"] for r in e["capacities"]):
         parts.append(Text("!: more tier than the host's memory"))
     found_all = plan.figures.get("bytes_replays", [])

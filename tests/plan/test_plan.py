@@ -59,7 +59,12 @@ def test_the_qwen3_plan(cli: Run) -> None:
     assert code == 0
     assert plan["tier"]["bytes_per_host"] == 8 * (4 << 30)
     assert plan["restore"]["bytes"] == 1812 * (2 << 20)
-    assert plan["restore"]["predicted_seconds"] == pytest.approx(1812 * (2 << 20) / 50e9)
+    # The host's 8 ranks restore their 3.54 GiB each at once through the host's 50 GB/s.
+    restore = plan["restore"]
+    assert restore["predicted_seconds"] == pytest.approx(8 * 1812 * (2 << 20) / 50e9)
+    assert restore["link_per"] == "host" and restore["ranks_restoring_at_once"] == 8
+    assert restore["link_gigabytes_per_s_per_rank"] == pytest.approx(50 / 8)
+    assert restore["bytes_per_host"] == 8 * restore["bytes"]
     assert plan["refusals"] == [] and plan["warnings"] == []
 
 
@@ -177,7 +182,7 @@ def test_a_real_restore_confirms_the_plan(cli: Run, registry: Registry) -> None:
 
 def test_a_measured_link(cli: Run) -> None:
     code, plan, err = _json(cli, "--geometry", "small", "--tokens", "4096", "--measure-link",
-                            "--set", "placement.capacity_bytes=64MiB")  # fmt: skip
+                            "--set", "placement.capacity_bytes=128MiB")  # fmt: skip
     assert code == 0, err
     restore = plan["restore"]
     assert restore["link_gigabytes_per_s"] > 0
@@ -221,3 +226,23 @@ def test_without_host_memory_the_plan_reads_the_memory_cgroups_limit(
     assert code == 2 and figures["host_memory"] == 64 << 30
     assert figures["host_memory_from"] == f"this machine's cgroup v2 memory.max ({limit})"
     assert f"64GiB of memory (from this machine's cgroup v2 memory.max ({limit}))" in err
+
+
+def test_no_restore_time_for_a_prefix_larger_than_the_tier(cli: Run) -> None:
+    """A 4 GiB tier holds 131,072 tokens per rank: a 1M-token prefix is not restored whole, so
+    no time is predicted for it, only for the tokens the tier holds (at the host's link shared
+    by its 8 ranks)."""
+    argv = ("--geometry", "qwen3-32b", "--tp", "8", "--tokens", "1000000", "--host-memory",
+            "2TiB", "--profile", "throughput", "--link-limit", "50GB/s")  # fmt: skip
+    code, plan, err = _json(cli, *argv)
+    assert code == 0, err
+    restore = plan["restore"]
+    assert restore["predicted_seconds"] is None and restore["held_tokens"] == 131072
+    held = 131072 // 64 * (2 << 20)
+    assert restore["predicted_seconds_held"] == pytest.approx(8 * held / 50e9)
+    assert any(w.startswith("no restore time for a prefix of 1000000 tokens")
+               for w in plan["warnings"])  # fmt: skip
+    code, out, err = cli(*argv)
+    text = " ".join(out.split())  # the table wraps at 80 columns
+    assert code == 0 and "none for the whole prefix" in text, err
+    assert "50.0 GB/s per host (from --link-limit), shared by its 8 rank(s): 6.25 GB/s" in text

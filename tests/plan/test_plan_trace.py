@@ -71,8 +71,9 @@ def test_the_figures_hold_together(cli: Run) -> None:
         assert row["fits_host"] == (row["tier_bytes_per_host"] <= 2 << 40)
         rate = row["hit_tokens"] * (32 << 10) / trace["duration_s"]
         assert row["restore_bytes_per_s_rank"] == pytest.approx(rate)
-        assert row["link_share"] == pytest.approx(rate / 20e9)
-    assert plan["link"] == {"gigabytes_per_s": 20.0, "from": "--link-limit"}
+        assert row["link_share"] == pytest.approx(8 * rate / 20e9)  # the host's 8 ranks
+    assert plan["link"] == {"gigabytes_per_s": 20.0, "from": "--link-limit", "per": "host",
+                            "ranks_sharing": 8, "gigabytes_per_s_per_rank": 2.5}  # fmt: skip
 
 
 def test_the_table_names_each_strategy(cli: Run) -> None:
@@ -211,3 +212,27 @@ def test_every_pool_counts_in_the_tier_and_the_restores(cli: Run) -> None:
         assert double["hit_tokens"] == single["hit_tokens"]
         for key in ("tier_bytes_per_rank", "restore_bytes_per_s_rank", "link_share"):
             assert double[key] == pytest.approx(2 * single[key])
+
+
+def test_the_largest_capacity_that_fits_the_host_stands_next_to_the_90_pct_line(cli: Run) -> None:
+    """2 TiB, 8 ranks: 3M tokens (0.73 TiB per host) fits, 10M (2.4 TiB) and 50M do not, and
+    50M is the one reaching 90 % of the most reachable."""
+    argv = (*DONE, "--tp", "8", "--host-memory", "2TiB")
+    plan = _json(cli, *argv)
+    (lru,) = plan["evictions"]
+    assert lru["smallest_capacity_tokens_for_90pct_of_max"] == 50_000_000
+    assert lru["largest_capacity_tokens_that_fits_host"] == 3_000_000
+    assert any("10000000, 50000000 tokens need more tier" in w for w in plan["warnings"])
+    assert any("50000000 tokens, does not fit" in w and "fits is 3000000" in w
+               for w in plan["warnings"])  # fmt: skip
+    code, out, err = cli(*argv)
+    assert code == 0, err
+    assert "(smallest listed) (does not fit the host)" in out
+    assert "largest listed that fits the host: 3M tokens" in out
+
+
+def test_a_warning_says_when_no_listed_capacity_fits(cli: Run) -> None:
+    plan = _json(cli, *DONE, "--tp", "8", "--host-memory", "25GB")
+    assert all(r["fits_host"] is False for r in plan["evictions"][0]["capacities"])
+    assert plan["evictions"][0]["largest_capacity_tokens_that_fits_host"] is None
+    assert any(w.startswith("no listed capacity fits the host's") for w in plan["warnings"])
