@@ -166,6 +166,8 @@ def _report(result: Any, screen_pct: float | None, plot: str | None, json_format
         if note is not None:
             out.print(note, markup=False, highlight=False)
         _print_table(data, result.baseline)
+        for said in _outcome_lines(verdict, plot):
+            out.print(said, markup=False, highlight=False)
     sys.stdout.flush()  # before /metrics is held up: a reader of a pipe sees the figures now
     if not result.verified:
         err.print("restored bytes did not match what was stored", markup=False)
@@ -174,6 +176,22 @@ def _report(result: Any, screen_pct: float | None, plot: str | None, json_format
         orders = ", ".join(verdict.failed_orders)
         err.print(f"regression screen failed in order(s) {orders}", markup=False)
         raise typer.Exit(1)
+
+
+def _outcome_lines(verdict: Any, plot: str | None) -> list[str]:
+    """What the text output says of ``--screen`` (passed or not) and ``--plot`` (where)."""
+    lines = []
+    if verdict is not None:
+        lines.append(
+            f"screen {verdict.percent:g} %: passed (P's median within {verdict.percent:g} % of "
+            "the baseline's in both orders)"
+            if verdict.passed
+            else f"screen {verdict.percent:g} %: FAILED in order(s) "
+            + ", ".join(verdict.failed_orders)
+        )
+    if plot:
+        lines.append(f"plot: wrote {plot}")
+    return lines
 
 
 def hold(exposed: MetricsServer, seconds: float | None) -> None:

@@ -91,18 +91,21 @@ def _toml_line(key: str, value: Any, origin: str) -> str:
 
 def validate(
     profiles: Annotated[list[str] | None, typer.Argument(help="Profile names or paths.")] = None,
+    set_: SetOpt = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
 ) -> None:
-    """Load each profile (with the environment) and report every error; exit 2 on any.
+    """Load each profile (with the environment and --set) and report every error; exit 2 on
+    any.
 
     A tier (placement.capacity_bytes) larger than this host or its memory cgroup is an error."""
     from ..config.preflight import check_host_fit
 
+    changes = overrides(set_)
     results = []
     for name in profiles or [None]:  # type: ignore[list-item]
         label = name or "environment + defaults"
         try:
-            check_host_fit(load_config(profile=name))
+            check_host_fit(load_config(profile=name, overrides=changes))
         except KVCRPolicyError as error:
             issues = error.issues if isinstance(error, ConfigError) else ()
             problems = [{"path": i.path, "origin": i.origin, "message": i.message} for i in issues]

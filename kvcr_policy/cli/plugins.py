@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from ..config.loading import load_config
@@ -42,14 +44,24 @@ def plugins(
     if format is PlainFormat.json:
         print_json({"strategies": kinds, "skipped": skipped})
         return
+    rows = [
+        (kind, spec["name"], f"{spec['distribution']} {spec['version']} ({spec['plugin']})",
+         escape(spec["description"]))
+        for kind, specs in kinds.items()
+        for spec in specs
+    ]  # fmt: skip
     table = Table()
     for column in ("kind", "name", "provided by", "description"):
         table.add_column(column)
-    for kind, specs in kinds.items():
-        for spec in specs:
-            provider = f"{spec['distribution']} {spec['version']} ({spec['plugin']})"
-            table.add_row(kind, spec["name"], provider, escape(spec["description"]))
-    out.print(table)
+    for row in rows:
+        table.add_row(*row)
+    # Off a terminal (a pipe, a file) the table is as wide as it needs: at rich's default of 80
+    # columns it cut names ("kvcr-policy-moonca…"), and nothing there wraps long lines.
+    if out.is_terminal:
+        out.print(table)
+    else:
+        wide = Measurement.get(out, out.options.update(max_width=10_000), table).maximum
+        Console(width=wide, soft_wrap=True).print(table)
     for item in skipped:
         word = "blocked" if item["blocked"] else "broken"
         err.print(

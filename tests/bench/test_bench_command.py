@@ -135,3 +135,16 @@ def test_cuda_target_without_a_gpu_exits_2_with_a_clear_message() -> None:
     assert done.returncode == 2
     assert "no CUDA device visible" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_text_output_says_what_the_screen_found_and_where_the_plot_went(
+    slow_profile: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plot = tmp_path / "restore.png"
+    code, out, _ = run_main(capsys, "bench", *SMALL, "--profile", "default", "--vs",
+                            slow_profile, "--screen", "50", "--plot", str(plot))  # fmt: skip
+    assert code == 0 and plot.is_file()
+    assert "screen 50 %: passed" in out and f"plot: wrote {plot}" in out
+    code, out, _ = run_main(capsys, "bench", *SMALL, "--profile", slow_profile, "--vs",
+                            "default", "--screen", "50")  # fmt: skip
+    assert code == 1 and "screen 50 %: FAILED in order(s) P,Q, Q,P" in out
