@@ -108,10 +108,13 @@ class Pipeline:
         self.backend = backend
         missing = coalescing.needs - backend.capabilities
         if missing:
-            what = ", ".join(sorted(missing))
+            # The transport is named only where the backend moves through it (dram); kvcr,
+            # mooncake and peer move pages themselves, and "transport 'cpu'" misled there.
+            moves = getattr(backend, "transport", None) is transport and transport is not None
+            via = f" (transport {getattr(transport, 'name', '?')!r})" if moves else ""
             message = (
-                f"backend {backend.name!r} (transport {getattr(transport, 'name', '?')!r}) "
-                f"cannot {what} descriptors, which {_asking(loaded, missing)}"
+                f"backend {backend.name!r}{via} cannot {' or '.join(sorted(missing))} "
+                f"descriptors, as {_asking(loaded, missing)}"
             )
             if self.config.coalescing.on_unsupported == "error":
                 raise UnsupportedError(message + "; set coalescing.on_unsupported = 'fallback'")
@@ -487,7 +490,7 @@ def _asking(loaded: LoadedConfig, missing: frozenset[str]) -> str:
     if missing - {"split"} or not options:
         strategy = loaded.origin("coalescing.strategy")
         options.insert(0, f"coalescing.strategy {section.strategy!r} (from {strategy})")
-    return " and ".join(options) + (" ask for" if len(options) > 1 else " asks for")
+    return " and ".join(options) + (" ask" if len(options) > 1 else " asks")
 
 
 def build_pipeline(loaded: LoadedConfig | None = None, *, transport: Any = None) -> Pipeline:

@@ -23,7 +23,7 @@ import typer
 
 from ..config.loading import load_config
 from .help import JsonOnly
-from .options import overrides
+from .options import err, overrides
 
 __all__ = ["sglang_config"]
 
@@ -63,6 +63,8 @@ def sglang_config(
 
         result = check_flag(check, EngineRank(tp, pp, mla))
         sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+        for warning in result["warnings"]:
+            err.print(f"warning: {warning}", markup=False, highlight=False)
         return
     pairs = overrides(set_)
     load_config(profile, None, pairs)  # as the backend will: fail here, not at start

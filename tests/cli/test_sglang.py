@@ -172,3 +172,16 @@ def test_format_json_is_the_report_of_both_modes(capsys: pytest.CaptureFixture[s
         code, out, err = run_main(capsys, "sglang-config", *args, "--format", "json")
         assert code == 0, err
         assert isinstance(json.loads(out), dict)
+
+
+@pytest.mark.parametrize(("v1", "warned"), [(0, True), (1, False)])
+def test_check_warns_that_interface_v1_off_takes_sglang_s_slower_path(
+    capsys: pytest.CaptureFixture[str], v1: int, warned: bool
+) -> None:
+    flag = "{" + LOADER + f', "class_name": "KVCRPolicyStorage", "interface_v1": {v1}}}'
+    status, out, err = run_main(capsys, "sglang-config", "--check", flag)
+    assert status == 0, err
+    warnings = json.loads(out)["warnings"]
+    assert bool(warnings) is warned and ("warning: interface_v1 is off" in err) is warned
+    if warned:
+        assert "two extra copies per page" in warnings[0]

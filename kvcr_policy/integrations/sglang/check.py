@@ -72,9 +72,16 @@ def check_flag(value: str, rank: EngineRank) -> dict[str, Any]:
     )
     loaded = load(options, engine)
     check_host_fit(loaded)  # a tier larger than this host: exit 2 here, not killed at start
+    warnings = []
+    if not options.interface_v1:
+        warnings.append(
+            "interface_v1 is off: SGLang then moves pages through the v0 API (page tensors, two "
+            'extra copies per page), its slower path; set "interface_v1": 1'
+        )
     return {
         "loads": True,
         "interface_v1": options.interface_v1,
+        "warnings": warnings,
         "profile": loaded.profile or "default",
         "backend": {"name": loaded.config.backend.name, "from": loaded.origin("backend.name")},
         "changed": {path: {"value": v, "from": o} for path, (v, o) in loaded.changed().items()},

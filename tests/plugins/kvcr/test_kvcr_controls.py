@@ -91,11 +91,11 @@ def test_coalescing_is_unsupported_and_on_unsupported_decides(
     with pytest.raises(UnsupportedError) as caught:
         kvcr_pipeline(profile="throughput", coalescing__on_unsupported="error")
     text = str(caught.value)
-    assert "backend 'kvcr'" in text and "cannot coalesce, split descriptors" in text
+    assert "backend 'kvcr' cannot coalesce or split descriptors, as" in text
     assert "coalescing.strategy 'contiguous' (from override)" in text
     assert "coalescing.split_bytes 67108864 (from override)" in text
     assert "set coalescing.on_unsupported = 'fallback'" in text
-    with pytest.raises(UnsupportedError, match=r"which coalescing\.split_bytes 1048576 \(from"):
+    with pytest.raises(UnsupportedError, match=r"as coalescing\.split_bytes 1048576 \(from"):
         kvcr_pipeline(coalescing__split_bytes="1MiB", coalescing__on_unsupported="error")
     with caplog.at_level(logging.WARNING, logger="kvcr_policy.pipeline"):
         # Unstaged (the profile alone stages these small fragments: one element per page).
