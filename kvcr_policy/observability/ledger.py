@@ -132,5 +132,5 @@ class Ledger:
                 calls=dict(self._calls),
                 pools=pools,
                 transport=transport,
-                memory=host_memory(pools),
+                memory=host_memory(pools, transport),
             )

@@ -36,9 +36,13 @@ class PipelineStats:
         return asdict(self)
 
 
-def host_memory(pools: dict[str, Any]) -> dict[str, Any]:
-    """Tier bytes, pinned bytes and registration seconds summed over pools that report them."""
+def host_memory(pools: dict[str, Any], backend: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Tier bytes, pinned bytes and registration seconds summed over pools that report them,
+    and the backend's own where it reports them once for all its pools (the segment a
+    Mooncake client contributes to the store)."""
     reports = [p for p in pools.values() if isinstance(p, dict)]
+    if backend:
+        reports.append({key: backend.get(key) for key in ("tier_bytes", "pinned_bytes")})
     total = {
         key: sum(p.get(key) or 0 for p in reports)
         for key in ("tier_bytes", "pinned_bytes", "registration_s")

@@ -88,4 +88,6 @@ def test_the_getting_started_page_is_in_the_site_navigation() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     quick = next(s for s in snippets(ROOT / "README.md") if "kvcr-policy bench" in s.code)
     assert quick.code in page, "the README's two quick-start commands, as written"
+    diagram = next(s for s in snippets(ROOT / "README.md") if "engine process" in s.code)
+    assert diagram.code in page, "the README's diagram of how pages move"
     assert "getting-started.md" in readme

@@ -272,6 +272,8 @@ class StoreClient:
             "protocol": o.protocol,
             "metadata": o.metadata,
             "segment_bytes": int(o.segment_bytes),
+            # the memory this process gives the store (its segment): stats().memory counts it
+            "tier_bytes": int(o.segment_bytes),
             "replicas": o.replicas,
             "preferred_segment": self.replicate.preferred_segment or None,
             "tenant": o.tenant,
