@@ -3,7 +3,9 @@
 A figure file written with matplotlib (the ``plot`` extra, as ``bench --plot``): PNG, SVG or
 PDF by the file's suffix, which any browser or viewer opens. The capacity axis is logarithmic
 (the listed sizes usually span decades); a dashed line marks the most any capacity can reach
-(the replay without a limit), and a ring the smallest listed capacity reaching 90 % of it.
+(the replay without a limit), a ring the smallest listed capacity reaching 90 % of it, and a
+dotted red line the most tokens the host's memory holds as tier (with ``--host-memory`` or the
+host's own): capacities right of it do not fit.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def write_curve(figures: dict[str, Any], path: str) -> None:
             if row["capacity_tokens"] == enough:
                 ax.plot([enough], [row["hit_rate"]], marker="o", markersize=14,
                         fillstyle="none", color=line.get_color())  # fmt: skip
+    geo = figures["geometry"]
+    if geo["host_memory"]:
+        per_token = geo["bytes_per_block_rank"] * geo["ranks_per_host"] / trace["block_tokens"]
+        fits = geo["host_memory"] / per_token
+        ax.axvline(fits, linestyle=":", color="red",
+                   label=f"host memory ({fits / 1e6:.3g}M tokens fit)")  # fmt: skip
     best = trace["max_hit_rate"]
     ax.axhline(best, linestyle="--", color="grey", label=f"no capacity limit ({best:.1%})")
     ax.set_xscale("log")

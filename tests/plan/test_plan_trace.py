@@ -105,10 +105,13 @@ def test_the_configured_eviction_and_its_options_are_used(cli: Run) -> None:
 
 def test_the_curve_is_drawn(cli: Run, tmp_path: Path) -> None:
     path = tmp_path / "curve.svg"
-    code, _, err = cli(*DONE, "--eviction", "lru,fifo", "--plot", str(path))
+    code, _, err = cli(*DONE, "--eviction", "lru,fifo", "--plot", str(path), "--tp", "8",
+                       "--host-memory", "2TiB")  # fmt: skip
     assert code == 0, err
     svg = path.read_text(encoding="utf-8")
     assert svg.startswith("<?xml") and "<svg" in svg and "no capacity limit (37.4%)" in svg
+    # 2 TiB over 8 ranks of 32 KiB a token: 8.39M tokens of tier fit the host
+    assert "host memory (8.39M tokens fit)" in svg
 
 
 def test_real_bytes_agree_with_the_model(cli: Run) -> None:
