@@ -38,8 +38,8 @@ __all__ = ["BATCH_PAGES", "PEER", "HiCacheFileComparison", "single_rank_config"]
 BATCH_PAGES = 128  # sglang/srt/mem_cache/hicache_storage.py: STORAGE_BATCH_SIZE
 PEER = "hicache-file"
 SGLANG_MISSING = (
-    "--peer hicache-file needs sglang==0.5.23: pip install 'kvcr-policy[sglang]' on a GPU "
-    "server, or bash .ci/install-sglang.sh from the source tree on a CPU-only machine"
+    "--peer hicache-file needs sglang==0.5.23: in the kvcr-policy clone, pip install -e "
+    "'.[sglang]' on a GPU server, or bash .ci/install-sglang.sh on a CPU-only machine"
 )
 
 

@@ -40,8 +40,8 @@ __all__ = ["PEER", "SGLangMooncakeComparison"]
 PEER = "sglang-mooncake"
 LAYOUTS = ("page_first", "page_first_direct")  # MooncakeStore._get_mha_buffer_meta
 SGLANG_MISSING = (
-    f"--peer {PEER} needs sglang==0.5.23: pip install 'kvcr-policy[sglang]' on a GPU server, "
-    "or bash .ci/install-sglang.sh from the source tree on a CPU-only machine"
+    f"--peer {PEER} needs sglang==0.5.23: in the kvcr-policy clone, pip install -e "
+    "'.[sglang]' on a GPU server, or bash .ci/install-sglang.sh on a CPU-only machine"
 )
 
 

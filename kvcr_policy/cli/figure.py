@@ -14,7 +14,7 @@ from ..errors import ArgumentError
 
 __all__ = ["INSTALL", "check_figure_path"]
 
-INSTALL = "pip install 'kvcr-policy[plot]'"
+INSTALL = "pip install torch==2.13.0 -e '.[plot]' in the kvcr-policy clone"
 
 
 def check_figure_path(path: str, option: str = "--plot") -> None:

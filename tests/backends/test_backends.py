@@ -43,7 +43,7 @@ def small_peer() -> Iterator[Any]:
     try:
         import ucxx  # noqa: F401
     except Exception as err:
-        pytest.skip(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+        pytest.skip(f"ucxx cannot be imported ({err}); pip install torch==2.13.0 -e '.[ucx]'")
     from kvcr_policy.backends.peer.process import PeerProcess
     from kvcr_policy.backends.peer.server.tiers import tier_bytes
 

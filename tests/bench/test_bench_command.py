@@ -103,7 +103,7 @@ def test_plot_is_checked_before_the_run(
     monkeypatch.setattr(figure_path, "find_spec", lambda name: None)
     code, out, err = run_main(capsys, "bench", *SMALL, "--plot", str(tmp_path / "run.png"))
     assert (code, out) == (2, "")
-    assert re.search(r"needs matplotlib.*kvcr-policy\[plot\]", err)
+    assert re.search(r"needs matplotlib.*-e '\.\[plot\]' in the kvcr-policy clone", err)
     monkeypatch.setattr(figure_path, "find_spec", lambda name: object())
     bad = ((tmp_path / "missing" / "run.png", "does not exist"), (tmp_path, "is a folder"))
     for path, says in bad:

@@ -20,7 +20,7 @@ def _ucxx() -> None:
     try:
         import ucxx  # noqa: F401
     except Exception as err:  # ImportError, or a broken native library
-        pytest.skip(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+        pytest.skip(f"ucxx cannot be imported ({err}); pip install torch==2.13.0 -e '.[ucx]'")
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,10 @@ def test_a_missing_optional_module_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(bench_adapter, "find_spec", lambda name: None)
-    with pytest.raises(BenchError, match=r"needs ucxx.*pip install 'kvcr-policy\[ucx\]'"):
+    with pytest.raises(
+        BenchError,
+        match=r"needs ucxx.*torch==2\.13\.0 -e '\.\[ucx\]' in the kvcr-policy",
+    ):
         resolve(BenchSetup(**SMALL, backend="peer"))
     monkeypatch.setattr(hicache, "find_spec", lambda name: None)
     with pytest.raises(BenchError, match=r"needs sglang==0\.5\.23"):

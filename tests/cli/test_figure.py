@@ -38,5 +38,8 @@ def test_without_matplotlib_the_install_command_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(figure_path, "find_spec", lambda name: None)
-    with pytest.raises(ArgumentError, match=r"needs matplotlib.*pip install 'kvcr-policy\[plot\]'"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"needs matplotlib.*torch==2\.13\.0 -e '\.\[plot\]' in the kvcr",
+    ):
         check_figure_path(str(tmp_path / "curve.png"))

@@ -91,3 +91,13 @@ def test_the_getting_started_page_is_in_the_site_navigation() -> None:
     diagram = next(s for s in snippets(ROOT / "README.md") if "engine process" in s.code)
     assert diagram.code in page, "the README's diagram of how pages move"
     assert "getting-started.md" in readme
+
+
+def test_no_message_of_the_code_names_an_install_that_cannot_work() -> None:
+    """The install hints of error messages (missing matplotlib, ucxx, SGLang, vLLM) install
+    from the clone too: ``pip install 'kvcr-policy[x]'`` finds nothing on an index."""
+    code = [*(ROOT / "kvcr_policy").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]
+    found = [f"{path.relative_to(ROOT)}:{number}" for path in code
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"install '?kvcr-policy(-\w+)?\[", line)]  # fmt: skip
+    assert not found, found

@@ -70,7 +70,8 @@ class PeerBackend:
         if not unix and not ucxx_available():
             message = (
                 "transport 'ucx' needs ucxx, which is not installed: "
-                "pip install 'kvcr-policy[ucx]' (PyPI ucxx-cu12); a peer on this host can be "
+                "pip install torch==2.13.0 -e '.[ucx]' in the kvcr-policy clone (PyPI "
+                "ucxx-cu12); a peer on this host can be "
                 "reached without it: transport.options.peer = 'unix:PATH'"
             )
             raise TransportError(message)

@@ -20,7 +20,9 @@ class PeerBench(BenchBackend):
     tier's shared memory (the default on one host: see docs/peer.md)."""
 
     name = "peer"
-    needs: ClassVar[Mapping[str, str]] = {"ucxx": "pip install 'kvcr-policy[ucx]'"}
+    needs: ClassVar[Mapping[str, str]] = {
+        "ucxx": "pip install torch==2.13.0 -e '.[ucx]' in the kvcr-policy clone"
+    }
     limit_text = "one UCX message of the same bytes, peer tier -> pool, same two processes"
     limit_short = "one UCX message"
 

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["KVCRPolicyStorage"]
 
 _INSTALL = (
-    "On a GPU server: pip install 'kvcr-policy[sglang]' (or pip install sglang==0.5.23); on a "
-    "CPU-only machine, from the kvcr_policy source tree: bash .ci/install-sglang.sh"
+    "On a GPU server, in the kvcr-policy clone: pip install -e '.[sglang]' (or pip install "
+    "sglang==0.5.23); on a CPU-only machine, in the clone: bash .ci/install-sglang.sh"
 )
 
 

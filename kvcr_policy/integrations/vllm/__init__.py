@@ -34,8 +34,8 @@ _MODULES = {
     "KVCRPolicyCachePolicy": "cache_policy",
 }
 INSTALL = (
-    "On a GPU server: pip install 'kvcr-policy[vllm]' (vllm==0.32.0); on a CPU-only machine, "
-    "from the kvcr_policy source tree: bash .ci/install-vllm.sh"
+    "On a GPU server, in the kvcr-policy clone: pip install torch==2.13.0 -e '.[vllm]' "
+    "(vllm==0.32.0); on a CPU-only machine, in the clone: bash .ci/install-vllm.sh"
 )
 
 

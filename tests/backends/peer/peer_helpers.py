@@ -27,7 +27,7 @@ def need_ucxx() -> None:
     try:
         import ucxx  # noqa: F401
     except Exception as err:  # ImportError, or a broken native library
-        missing(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+        missing(f"ucxx cannot be imported ({err}); pip install torch==2.13.0 -e '.[ucx]'")
 
 
 def promised_s(config: PolicyConfig) -> float:

@@ -161,7 +161,7 @@ def test_import_without_sglang_names_the_install_command() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert "needs SGLang 0.5.23" in out
-    assert "bash .ci/install-sglang.sh" in out and "kvcr-policy[sglang]" in out
+    assert "bash .ci/install-sglang.sh" in out and "-e '.[sglang]'" in out
 
 
 def test_overrides_may_be_json_text_or_a_file_and_each_value_names_its_key(

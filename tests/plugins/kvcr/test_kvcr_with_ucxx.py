@@ -23,7 +23,7 @@ def peer() -> Iterator[Any]:
     try:
         import ucxx  # noqa: F401
     except Exception as err:
-        missing(f"ucxx cannot be imported ({err}); pip install 'kvcr-policy[ucx]'")
+        missing(f"ucxx cannot be imported ({err}); pip install torch==2.13.0 -e '.[ucx]'")
     from kvcr_policy.backends.peer.process import PeerProcess
 
     server = PeerProcess({"transport.name": "ucx", "placement.capacity_bytes": "4MiB"})
