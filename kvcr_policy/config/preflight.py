@@ -25,4 +25,5 @@ def check_host_fit(loaded: LoadedConfig) -> Binding | None:
     if not registry.maps_tiers(loaded.config):
         return None
     placement, origin = loaded.config.placement, loaded.origin(SETTING)
-    return check_placement(placement, origin, what="each pool's tier", host=True)
+    written = loaded.written.get(SETTING)  # 64GB (59.6 GiB) in the message: as written
+    return check_placement(placement, origin, what="each pool's tier", host=True, written=written)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from kvcr_policy.config.schema import PlacementSection
 from kvcr_policy.errors import TierMemoryError
-from kvcr_policy.values import sized
+from kvcr_policy.values import as_written, sized
 
 from . import linux as _os
 from .headroom import Binding, Headroom, read_headroom
@@ -62,15 +62,17 @@ def check_tier(
     headroom: Headroom | None = None,
     *,
     setting: str = SETTING,
+    written: str | None = None,
 ) -> Binding | None:
     """Refuse ``request`` (:class:`TierMemoryError`) unless it fits what this process can get;
-    ``capacity`` and ``origin``: ``placement.capacity_bytes`` (or the ``setting`` that sized
-    it) and where it came from. Returns the binding limit (None where nothing was read)."""
+        ``capacity`` and ``origin``: ``placement.capacity_bytes`` (or the ``setting`` that sized
+        it) and where it came from; ``written``: the size as the user wrote it (``64GB``), echoed
+    with its binary size beside it. Returns the binding limit (None where nothing was read)."""
     headroom = read_headroom() if headroom is None else headroom
     binding = headroom.now() if request.committed else headroom.grow()
     need = request.nbytes + request.pending
     if binding is not None and need > binding.available:
-        raise TierMemoryError(_message(request, capacity, origin, binding, False, setting))
+        raise TierMemoryError(_message(request, capacity, origin, binding, False, setting, written))
     now = headroom.now()
     if not request.committed and now is not None and need > now.available:
         log.warning(
@@ -82,7 +84,12 @@ def check_tier(
 
 
 def check_host(
-    capacity: int, origin: str, *, what: str = "each pool's tier", headroom: Headroom | None = None
+    capacity: int,
+    origin: str,
+    *,
+    what: str = "each pool's tier",
+    headroom: Headroom | None = None,
+    written: str | None = None,
 ) -> Binding | None:
     """Refuse a tier of ``capacity`` bytes that is more than this host (or its memory cgroup)
     holds at all, whatever else runs: the question of ``validate``."""
@@ -90,19 +97,24 @@ def check_host(
     binding = headroom.host()
     request = TierRequest(what, mapped_bytes(capacity), committed=False)
     if binding is not None and request.nbytes > binding.available:
-        raise TierMemoryError(_message(request, capacity, origin, binding, True, SETTING))
+        raise TierMemoryError(_message(request, capacity, origin, binding, True, SETTING, written))
     return binding
 
 
 def check_placement(
-    placement: PlacementSection, origin: str, *, what: str, host: bool = False
+    placement: PlacementSection,
+    origin: str,
+    *,
+    what: str,
+    host: bool = False,
+    written: str | None = None,
 ) -> Binding | None:
     """:func:`check_tier` (or with ``host``, :func:`check_host`) of one tier of ``placement``."""
     capacity = int(placement.capacity_bytes)
     if host:
-        return check_host(capacity, origin, what=what)
+        return check_host(capacity, origin, what=what, written=written)
     request = TierRequest(what, mapped_bytes(capacity), committed=placement.prefault)
-    return check_tier(request, capacity, origin)
+    return check_tier(request, capacity, origin, written=written)
 
 
 def _left(binding: Binding) -> str:
@@ -114,7 +126,13 @@ def _left(binding: Binding) -> str:
 
 
 def _message(
-    request: TierRequest, capacity: int, origin: str, binding: Binding, whole: bool, setting: str
+    request: TierRequest,
+    capacity: int,
+    origin: str,
+    binding: Binding,
+    whole: bool,
+    setting: str,
+    written: str | None = None,
 ) -> str:
     limit = binding.limit
     if whole or (limit.shared and not request.committed):
@@ -133,7 +151,8 @@ def _message(
     lower = f"lower {setting} to at most {sized(most)}" if most > 0 else f"lower {setting}"
     where = "this host holds" if whole else "this process can get"
     return (
-        f"{setting} = {sized(capacity)} (from {origin}) is more than the memory {where}: "
+        f"{setting} = {as_written(written, capacity)} (from {origin}) is more than the memory "
+        f"{where}: "
         f"{request.what} {taken}{before}, and {room}; {lower}, or "
         f"{limit.fix}"
     )

@@ -105,3 +105,10 @@ def test_a_region_maps_whole_huge_pages(tmp_path: Path) -> None:
     with use_roots(sys=tmp_path / "sys"):
         assert mapped_bytes(1) == 2 * MIB and mapped_bytes(4 * MIB) == 4 * MIB
         assert mapped_bytes(4 * MIB + 1) == 6 * MIB
+
+
+def test_a_refused_size_is_echoed_as_written_with_its_binary_size(pod: FakeHost) -> None:
+    """validate --set placement.capacity_bytes=2GB: the message says 2GB (1.9 GiB), not 1.86GiB."""
+    with use_roots(proc=pod.proc, sys=pod.sys), pytest.raises(TierMemoryError) as caught:
+        check_host(2 * 10**9, ORIGIN, written="2GB")
+    assert f"placement.capacity_bytes = 2GB (1.9 GiB) (from {ORIGIN})" in str(caught.value)

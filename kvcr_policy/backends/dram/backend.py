@@ -187,7 +187,9 @@ class DramBackend:
                 committed,
                 self._pending,
             )
-            check_tier(request, capacity_bytes, self.loaded.origin("placement.capacity_bytes"))
+            setting = "placement.capacity_bytes"
+            written = self.loaded.written.get(setting)  # echoed as the user wrote it
+            check_tier(request, capacity_bytes, self.loaded.origin(setting), written=written)
             if self._placement_takes_device:
                 region = self.placement.open_region(name, tier_geometry.nbytes, device=device)
             else:
