@@ -45,10 +45,13 @@ __all__ = ["PeerPool"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.client.pool")
 
-#: Most keys of a set's other batches one RESERVE asks the server to keep (see _Transfer._keep):
-#: a set of up to this many pages beyond its batch never evicts its own present keys.
+#: Most keys of a set's other batches its first RESERVE asks the server to keep (see
+#: _Transfer._keep): a set of up to this many pages beyond its batch never evicts its own
+#: present keys (the server also keeps each batch's keys for the call's later batches).
 KEEP_KEYS = 16384
 KEEP_BYTES = 2 << 20
+#: Numbers of this process's set calls (RESERVE ``call``; 0 is no call).
+_CALLS = itertools.count(1)
 #: How long past ``op_timeout_s`` a batch waits for the peer's answer before it fails: the
 #: server gives a claim up at its own ``op_timeout_s`` and says so, and its sends stop before
 #: this side gives the pages to the fallback (which may read them again).
@@ -223,12 +226,16 @@ class _Transfer:
 
     #: What runs one batch on the connection (a read's or a write's).
     op: Callable[..., None]
+    #: Whether it is a get (no call number, no keys to keep).
+    read: bool
 
     def __init__(self, pool: PeerPool, keys: list[str], pages: np.ndarray) -> None:
         self.pool = pool
         self.keys = keys
         self.pages = pages
         self.limit = len(keys)
+        self.call = 0 if self.read else next(_CALLS)
+        self._kept = False  # the call's keys went with a RESERVE already
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
         pool = self.pool
@@ -260,7 +267,7 @@ class _Transfer:
             future.add_done_callback(partial(settle, i))
         return combined
 
-    def _keep(self, start: int, stop: int) -> tuple[list[str], ...]:
+    def _keep(self, start: int, stop: int, again: bool = False) -> tuple[ops.Keep, ...]:
         return ()
 
     def finish(self, moved: np.ndarray) -> list[bool]:
@@ -273,6 +280,7 @@ class _Transfer:
 class _Read(_Transfer):
     """A get: each batch claims its pages on the peer (CLAIM, SEND)."""
 
+    read = True
     miss = "absent"
 
     @staticmethod
@@ -284,6 +292,7 @@ class _Write(_Transfer):
     """A set: each batch reserves its slots on the peer (RESERVE, POST, COMMIT)."""
 
     needs: np.ndarray | None = None
+    read = False
     miss = "claimed"
 
     @staticmethod
@@ -293,10 +302,15 @@ class _Write(_Transfer):
         write = copies.write if target.shared else ops.write
         write(conn, target, keys, pages, shape, done, keep)
 
-    def _keep(self, start: int, stop: int) -> tuple[list[str], ...]:
-        """The keys outside ``[start, stop)`` (those after it first), which the server must not
-        evict for this batch: a set never evicts its own present keys. At most
-        :data:`KEEP_KEYS` of them (one RESERVE frame stays small)."""
+    def _keep(self, start: int, stop: int, again: bool = False) -> tuple[ops.Keep, ...]:
+        """A write's call number, and with its first batch (or ``again``: a retry, perhaps on
+        a new connection) the keys outside ``[start, stop)`` (those after it first), which no
+        batch of the call may evict: a set never evicts its own present keys. At most
+        :data:`KEEP_KEYS` of them, sent once per call (one RESERVE frame stays small, and a set
+        of many batches costs no more on the wire than its keys)."""
+        if self._kept and not again:
+            return ((self.call, ()),)
+        self._kept = True
         kept: list[str] = []
         size = 0
         for key in itertools.chain(self.keys[stop:], reversed(self.keys[:start])):
@@ -304,7 +318,7 @@ class _Write(_Transfer):
             if len(kept) == KEEP_KEYS or size > KEEP_BYTES:
                 break
             kept.append(key)
-        return (kept,)
+        return ((self.call, kept),)
 
 
 def _probe(conn: Any, target: ops.Target, *args: Any) -> None:
