@@ -97,6 +97,7 @@ class Families:
     peer_connections: Gauge
     peer_requests: Counter
     peer_rejected: Counter
+    peer_auth_failures: Counter
     build_info: Gauge
 
     def per_pool(self) -> list[Any]:
@@ -252,6 +253,13 @@ def _build(registry: CollectorRegistry) -> Families:
         peer_rejected=Counter(
             "kvcr_policy_peer_rejected_frames",
             "Frames a peer server rejected (malformed, truncated, oversize), by reason.",
+            ("backend", "profile", "reason"),
+            **kw,
+        ),
+        peer_auth_failures=Counter(
+            "kvcr_policy_peer_auth_failures",
+            "Connections a peer server refused at authentication, by reason (no_secret, "
+            "wrong_secret, bad_proof); each is logged with the client's address.",
             ("backend", "profile", "reason"),
             **kw,
         ),

@@ -38,6 +38,7 @@ def serve(
 
     from ...memory import preflight
     from ...observability.exposition import MetricsServer, check_public, serve_metrics
+    from .server import fd_limit
     from .server.server import PeerServer
 
     loaded = setup.loaded
@@ -46,16 +47,25 @@ def serve(
     if setup.metrics is not None:
         check_public(setup.metrics, loaded.config.observability.metrics_public)
     server = PeerServer(loaded, listen=setup.listen)
-    exposed: MetricsServer | None = None
+    soft, _ = fd_limit.raise_soft_limit()
+    fd_limit.fit_sessions(
+        len(server.keyring.names()),
+        server.admission.tenant_max_sessions,
+        loaded.origin("security.tenant_max_sessions"),
+        soft,
+    )
     if server.keyring.insecure:
         sys.stderr.write(
             "kvcr-policy serve: INSECURE: no authentication; every process that reaches "
             f"{server.host} can read, overwrite and delete every page\n"
         )
+    # The metrics port is bound before the tier starts (a busy one is an error before anything
+    # runs); /healthz answers from now on, /readyz once the server accepts clients.
+    exposed: MetricsServer | None = None
+    if setup.metrics is not None:
+        exposed = serve_metrics(setup.metrics, ready=lambda: server.state == "open")
     try:
         server.start()
-        if setup.metrics is not None:
-            exposed = serve_metrics(setup.metrics)
         line = {
             "listening": server.address,
             "pid": os.getpid(),

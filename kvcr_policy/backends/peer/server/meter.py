@@ -1,7 +1,8 @@
 """ServerMeter: what a peer server (``kvcr-policy serve``) records, per request, never per page.
 
 Connections it holds open, requests answered by kind (the wire's message kinds: a bounded
-set), frames rejected by reason (``malformed``: the frame or its payload did not decode;
+set), failed authentications by reason (:data:`AUTH_REASONS`), frames rejected by reason
+(``malformed``: the frame or its payload did not decode;
 ``unexpected``: a well-formed message out of order or not a client request), and, per tier it
 serves, the same tier gauges a pipeline exports (capacity, bytes used, claims, evictions) under
 ``backend="peer-server"``. Those follow the tier's store: it calls back after every change of
@@ -23,12 +24,16 @@ from kvcr_policy.errors import ClosedError
 from kvcr_policy.observability.meter import Level, PoolMeter
 from kvcr_policy.observability.metrics import families
 
-__all__ = ["BACKEND", "REJECT_REASONS", "ServerMeter", "open_server_meter"]
+__all__ = ["AUTH_REASONS", "BACKEND", "REJECT_REASONS", "ServerMeter", "open_server_meter"]
 
 log = logging.getLogger("kvcr_policy.observability")
 
 BACKEND = "peer-server"
 REJECT_REASONS = ("malformed", "unexpected")
+#: Why a client failed to authenticate. ``no_secret``: it sent no key id; ``wrong_secret``:
+#: its key id is no tenant's (another secret); ``bad_proof``: a tenant's key id with a proof
+#: that does not match it, the nonces and the UCX address it sent (a replay or a forgery).
+AUTH_REASONS = ("no_secret", "wrong_secret", "bad_proof")
 
 
 class ServerMeter:
@@ -41,6 +46,9 @@ class ServerMeter:
         self.connections = f.peer_connections.labels(BACKEND, profile)
         self.requests = {kind: f.peer_requests.labels(BACKEND, profile, kind) for kind in kinds}
         self.rejected = {r: f.peer_rejected.labels(BACKEND, profile, r) for r in REJECT_REASONS}
+        self.auth_failures = {
+            r: f.peer_auth_failures.labels(BACKEND, profile, r) for r in AUTH_REASONS
+        }
         self._tiers: dict[int, tuple[PoolMeter, Level]] = {}  # by tier: labels may repeat
         self._lock = threading.Lock()
         self._open = 0
@@ -62,6 +70,9 @@ class ServerMeter:
 
     def reject(self, reason: str) -> None:
         self.rejected[reason].inc()
+
+    def auth_failure(self, reason: str) -> None:
+        self.auth_failures[reason].inc()
 
     def tier(self, tier: Any) -> None:
         """Refresh the gauges of ``tier`` (a server tier with ``name``, ``usage()`` and
