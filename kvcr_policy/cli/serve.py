@@ -41,7 +41,8 @@ def serve(
         typer.Option(
             "--listen",
             "-l",
-            help="HOST:PORT to listen on (default transport.options.listen: 127.0.0.1:0).",
+            help="HOST:PORT to listen on (default transport.options.listen: 127.0.0.1:7480; "
+            "a HOST alone: port 7480; port 0: any free port).",
         ),
     ] = None,
     profile: Annotated[

@@ -202,7 +202,7 @@ def test_an_insecure_peer_is_loopback_only_and_clients_must_opt_in(tmp_path: Pat
     loaded = load_config(overrides={"security.insecure": True})
     with pytest.raises(ArgumentError, match="loopback"):
         PeerServer(loaded, listen="0.0.0.0:0")
-    with PeerServer(loaded) as peer:
+    with PeerServer(loaded, listen="127.0.0.1:0") as peer:
         geo = geometry(pages=4)
         for make in client_factory(peer.address):
             careful = make(write_secret(tmp_path / "mine"))

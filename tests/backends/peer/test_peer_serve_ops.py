@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from kvcr_policy.backends.peer.serve import with_port
 from kvcr_policy.errors import AuthenticationError
 from tests.backends.peer.peer_helpers import SERVER_SETS, Serve, need_ucxx
 from tests.backends.peer.tenants import client_factory, tenants_dir, write_secret
@@ -114,6 +115,32 @@ def test_half_sent_requests_leave_scrapes_and_logins_working(server: Any, folder
         next(makers, None)
 
 
+def test_bytes_served_and_stored_hits_and_misses_are_counted(server: Any, folder: Path) -> None:
+    geo = geometry(pages=8)
+    before = read_samples(server.info["metrics"])
+    makers = client_factory(server.address)
+    make = next(makers)
+    try:
+        pipeline = make(folder / "bob")
+        pipeline.register_pool("kv", geo, pool_buffer(geo, 5))
+        keys = fresh_keys(4)
+        assert pipeline.set(keys, token_indices(range(4), geo.page_size)) == [True] * 4
+        assert pipeline.get(keys[:3], token_indices(range(4, 7), geo.page_size)) == [True] * 3
+        assert pipeline.get(fresh_keys(2), token_indices(range(2), geo.page_size)) == [False] * 2
+    finally:
+        next(makers, None)
+    after = read_samples(server.info["metrics"])
+
+    def grew(name: str) -> float:
+        labels = {"backend": "peer-server"}
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("kvcr_policy_peer_stored_bytes_total") == 4 * geo.page_bytes
+    assert grew("kvcr_policy_peer_served_bytes_total") == 3 * geo.page_bytes
+    assert grew("kvcr_policy_peer_hits_total") == 3
+    assert grew("kvcr_policy_peer_misses_total") >= 1  # the leading miss ends the claim
+
+
 def test_a_wrong_secret_is_a_counted_logged_failure(server: Any, tmp_path: Path) -> None:
     geo = geometry(pages=2)
     before = read_samples(server.info["metrics"])
@@ -150,3 +177,40 @@ def test_session_caps_that_cannot_fit_the_limit_are_refused(folder: Path) -> Non
     assert "security.tenant_max_sessions (from default)" in err, err
     assert "2 tenants x 64 sessions x 12 descriptors" in err and "got 1024" in err, err
     assert "--set security.tenant_max_sessions=37" in err and "ulimit -Hn" in err, err
+
+
+@pytest.mark.parametrize(
+    ("given", "listen"),
+    [
+        (None, None),
+        ("127.0.0.1", "127.0.0.1:7480"),
+        ("localhost", "localhost:7480"),
+        ("[::1]", "[::1]:7480"),
+        ("127.0.0.1:0", "127.0.0.1:0"),
+        ("[::1]:9", "[::1]:9"),
+        ("unix:/tmp/x.sock", "unix:/tmp/x.sock"),
+    ],
+)
+def test_a_host_alone_listens_on_the_default_data_port(given: str | None, listen: str) -> None:
+    assert with_port(given) == listen
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "kvcr_policy", "serve", *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env=child_env(drop=("KVCR_",))
+    )
+
+
+@pytest.mark.parametrize("flag", ["--metrics", "--listen"])
+def test_a_busy_port_is_a_clear_error_before_anything_serves(flag: str) -> None:
+    need_ucxx()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        busy = f"127.0.0.1:{holder.getsockname()[1]}"
+        args = [flag, busy] + (["--listen", "127.0.0.1:0"] if flag == "--metrics" else [])
+        done = _serve(*args)
+    assert done.returncode != 0 and done.stdout == "", done.stdout
+    assert f"cannot listen on {busy}" in done.stderr and "Traceback" not in done.stderr
+    assert "another process holds it" in done.stderr, done.stderr
