@@ -9,6 +9,7 @@ known limit. Every wait is bounded (socket and handshake timeouts), none is time
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -214,3 +215,39 @@ def test_a_busy_port_is_a_clear_error_before_anything_serves(flag: str) -> None:
     assert done.returncode != 0 and done.stdout == "", done.stdout
     assert f"cannot listen on {busy}" in done.stderr and "Traceback" not in done.stderr
     assert "another process holds it" in done.stderr, done.stderr
+
+
+def test_a_peer_that_is_down_logs_a_warning_once_not_per_call(
+    folder: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """35 calls to a stopped server once logged 35 warnings; now each kind is logged once per
+    interval (an hour here, so a slow host cannot turn it into two)."""
+    import kvcr_policy.backends.peer.client.connection as connection
+    import kvcr_policy.backends.peer.client.pool as pool
+    import kvcr_policy.mover as mover
+
+    for module in (mover, pool, connection):
+        monkeypatch.setattr(module._repeats, "interval_s", 3600.0)
+        monkeypatch.setattr(module._repeats, "_kinds", type(module._repeats._kinds)())
+    sets = {**SERVER_SETS, "security.tenants_dir": str(folder)}
+    served = Serve(sets)
+    makers = client_factory(served.address)
+    make = next(makers)
+    calls = 12
+    try:
+        geo = geometry(pages=4)
+        pipeline = make(folder / "alice", transport__op_timeout_s=3)
+        pipeline.register_pool("kv", geo, pool_buffer(geo))
+        assert pipeline.set(fresh_keys(2), token_indices(range(2), geo.page_size)) == [True] * 2
+        served.proc.kill()
+        served.proc.wait(timeout=30)
+        with caplog.at_level(logging.WARNING, "kvcr_policy"):
+            for _ in range(calls):
+                keys = fresh_keys(2)
+                assert pipeline.set(keys, token_indices(range(2), geo.page_size)) == [False] * 2
+    finally:
+        next(makers, None)
+        served.stop()
+    templates = [r.msg for r in caplog.records if r.levelno >= logging.WARNING]
+    assert templates, "the first failure is logged"
+    assert len(templates) == len(set(templates)) < calls, templates
