@@ -28,6 +28,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..observability.logs import LogFormat, configure
 from .help import JsonOnly
 from .numbers import Finite
 from .options import overrides
@@ -70,7 +71,13 @@ def serve(
             "page. Loopback only; clients must set security.insecure = true. For tests.",
         ),
     ] = False,
-    log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+    log_level: Annotated[
+        str, typer.Option(help="Logging level: debug, info, warning, error or critical.")
+    ] = "info",
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(help="Log lines on stderr: text, or json (one object per line)."),
+    ] = LogFormat.text,
     metrics: Annotated[
         str | None,
         typer.Option(
@@ -87,11 +94,7 @@ def serve(
     from ..config.loading import load_config
     from ..observability.exposition import parse_listen
 
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure(log_level, log_format)
     values: dict[str, Any] = dict(overrides(set_))
     if metrics is not None:
         parse_listen(metrics)  # a bad address is refused before anything starts

@@ -9,6 +9,7 @@ known limit. Every wait is bounded (socket and handshake timeouts), none is time
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import subprocess
@@ -251,3 +252,29 @@ def test_a_peer_that_is_down_logs_a_warning_once_not_per_call(
     templates = [r.msg for r in caplog.records if r.levelno >= logging.WARNING]
     assert templates, "the first failure is logged"
     assert len(templates) == len(set(templates)) < calls, templates
+
+
+def test_log_format_json_writes_one_object_per_line(folder: Path) -> None:
+    need_ucxx()
+    served = Serve({**SERVER_SETS, "security.tenants_dir": str(folder)},
+                   args=("--log-format", "json"))  # fmt: skip
+    try:
+        wait_until(
+            lambda: any('"peer listening on' in line or "kvcr-policy peer listening" in line
+                        for line in served.log),
+            "the server to log where it listens",
+            30,
+        )  # fmt: skip
+    finally:
+        served.stop()
+    ours = [json.loads(line) for line in served.log if line.startswith('{"time"')]
+    listening = [d for d in ours if d["message"].startswith("kvcr-policy peer listening on")]
+    assert listening and listening[0]["level"] == "info", served.log
+    assert all(d["logger"].startswith("kvcr_policy") for d in ours)
+    assert not [line for line in served.log if " kvcr_policy." in line and " INFO " in line]
+
+
+def test_a_bad_log_level_is_a_clear_error() -> None:
+    done = _serve("--log-level", "loud", "--listen", "127.0.0.1:0")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "--log-level: expected one of debug, info" in done.stderr
