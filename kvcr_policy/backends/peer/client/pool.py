@@ -230,16 +230,12 @@ class _Transfer:
 
     #: What runs one batch on the connection (a read's or a write's).
     op: Callable[..., None]
-    #: Whether it is a get (no call number, no keys to keep).
-    read: bool
 
     def __init__(self, pool: PeerPool, keys: list[str], pages: np.ndarray) -> None:
         self.pool = pool
         self.keys = keys
         self.pages = pages
         self.limit = len(keys)
-        self.call = 0 if self.read else next(_CALLS)
-        self._kept = False  # the call's keys went with a RESERVE already
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
         pool = self.pool
@@ -271,7 +267,7 @@ class _Transfer:
             future.add_done_callback(partial(settle, i))
         return combined
 
-    def _keep(self, start: int, stop: int, again: bool = False) -> tuple[ops.Keep, ...]:
+    def _keep(self, start: int, stop: int) -> tuple[ops.Keep, ...]:
         return ()
 
     def finish(self, moved: np.ndarray) -> list[bool]:
@@ -284,7 +280,6 @@ class _Transfer:
 class _Read(_Transfer):
     """A get: each batch claims its pages on the peer (CLAIM, SEND)."""
 
-    read = True
     miss = "absent"
 
     @staticmethod
@@ -296,8 +291,12 @@ class _Write(_Transfer):
     """A set: each batch reserves its slots on the peer (RESERVE, POST, COMMIT)."""
 
     needs: np.ndarray | None = None
-    read = False
     miss = "claimed"
+
+    def __init__(self, pool: PeerPool, keys: list[str], pages: np.ndarray) -> None:
+        super().__init__(pool, keys, pages)
+        self.call = next(_CALLS)
+        self._kept = False  # the call's keys went with a RESERVE already
 
     @staticmethod
     def op(
@@ -306,13 +305,13 @@ class _Write(_Transfer):
         write = copies.write if target.shared else ops.write
         write(conn, target, keys, pages, shape, done, keep)
 
-    def _keep(self, start: int, stop: int, again: bool = False) -> tuple[ops.Keep, ...]:
-        """A write's call number, and with its first batch (or ``again``: a retry, perhaps on
-        a new connection) the keys outside ``[start, stop)`` (those after it first), which no
-        batch of the call may evict: a set never evicts its own present keys. At most
-        :data:`KEEP_KEYS` of them, sent once per call (one RESERVE frame stays small, and a set
-        of many batches costs no more on the wire than its keys)."""
-        if self._kept and not again:
+    def _keep(self, start: int, stop: int) -> tuple[ops.Keep, ...]:
+        """The call's number, and with its first batch the keys outside ``[start, stop)``
+        (those after it first), which no batch of the call may evict: a set never evicts its
+        own present keys. At most :data:`KEEP_KEYS` of them, sent once per call (one RESERVE
+        frame stays small, and a set of many batches costs no more on the wire than its
+        keys)."""
+        if self._kept:
             return ((self.call, ()),)
         self._kept = True
         kept: list[str] = []

@@ -27,7 +27,7 @@ from ..wire.payload import MAX_ADDRESS
 from .admission import Admission
 from .meter import ServerMeter
 
-__all__ = ["AUTH_LIMIT", "HELLO_LIMIT", "Handshake", "Opening"]
+__all__ = ["AUTH_LIMIT", "HELLO_LIMIT", "Admitter", "Handshake", "Opening"]
 
 #: Largest HELLO payload: fixed fields, two names of at most 256 bytes, key id and nonce.
 HELLO_LIMIT = 1024
@@ -37,7 +37,10 @@ AUTH_LIMIT = MAX_ADDRESS + 256
 MAX_HEARTBEAT_S = 600.0
 
 
-class _Server(Protocol):
+class Admitter(Protocol):
+    """What a handshake needs from the server: its keys, its admission, its TLS choice and
+    the check of a worker address (a session's :class:`~.session.Host` is one too)."""
+
     keyring: Keyring
     admission: Admission
     meter: ServerMeter | None
@@ -66,7 +69,7 @@ class Opening(Protocol):
     local: Any
 
     @property
-    def server(self) -> _Server: ...
+    def server(self) -> Admitter: ...
 
     def authenticated(self, tenant: str, admin: bool) -> None: ...
 
