@@ -116,6 +116,11 @@ class HttpEndpoint:
             self._server.close()
             for writer in list(self._open):
                 writer.transport.abort()
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:  # connections still open: ended, not left pending
+                task.cancel()
+            gathered = asyncio.gather(*pending, return_exceptions=True)
+            self._loop.run_until_complete(gathered)
             self._loop.run_until_complete(self._server.wait_closed())
             self._loop.close()
 

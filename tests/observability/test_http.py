@@ -7,6 +7,7 @@ that a stuck endpoint cannot pass.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -107,3 +108,20 @@ def test_an_oversize_head_is_dropped(endpoint: MetricsServer) -> None:
         except (ConnectionResetError, BrokenPipeError):
             pass
     assert get(endpoint, "/healthz")[0] == 200
+
+
+def test_close_ends_its_thread_with_connections_still_open() -> None:
+    server = serve_metrics("127.0.0.1:0", CollectorRegistry())
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(5)]
+    try:
+        for sock in held:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        assert get(server, "/healthz")[0] == 200
+        server.close()
+        assert not [t for t in threading.enumerate() if t.name == "kvcr-metrics-http"]
+        for sock in held:  # each was ended, not left waiting for its deadline
+            with contextlib.suppress(ConnectionResetError):
+                assert sock.recv(1) == b""
+    finally:
+        for sock in held:
+            sock.close()
