@@ -4,7 +4,9 @@ On start it prints one JSON line to stdout, ``{"listening": "HOST:PORT", "pid": 
 scripts and tests learn the port when ``--listen`` asks for port 0; the same is logged. The
 line also says where the secret came from (``secret``) and, when ``serve`` had to create one,
 the file it wrote (``secret_created``). With ``--metrics HOST:PORT`` it also serves
-``/metrics`` (its URL is in that line, ``"metrics"``). A signal stops it cleanly (see
+``/metrics``, ``/healthz`` and ``/readyz`` (the URL of ``/metrics`` is in that line,
+``"metrics"``); ``--log-format json`` makes its log one JSON object per line.
+A signal stops it cleanly (see
 :meth:`~kvcr_policy.backends.peer.server.server.PeerServer.stop`) and it exits 0. The peer
 runs it (:func:`kvcr_policy.backends.peer.serve.serve`); this module owns the command line,
 the process's logging and its signals.
@@ -81,7 +83,9 @@ def serve(
     metrics: Annotated[
         str | None,
         typer.Option(
-            "--metrics", help="Serve /metrics on HOST:PORT (a bare PORT listens on loopback)."
+            "--metrics",
+            help="Serve /metrics, /healthz and /readyz on HOST:PORT (a bare PORT listens on "
+            "loopback).",
         ),
     ] = None,
     format: Annotated[
