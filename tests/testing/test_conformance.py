@@ -59,7 +59,9 @@ def mooncake_master() -> Iterator[Any]:
     need_mooncake()
     from kvcr_policy_mooncake.master import MasterProcess
 
-    with MasterProcess() as master:
+    # Leases of 1 s (10 s by default): a delete after a get waits for its lease to end; the
+    # segment holds every page of the suite, so no eviction ever needs a lease to guard a read.
+    with MasterProcess(args=["--default_kv_lease_ttl=1000"]) as master:
         yield master
 
 
