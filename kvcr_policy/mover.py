@@ -28,11 +28,13 @@ from .backends.base import EarlyRead, PoolTier, ReadTransfer, Shape, Transfer, W
 from .descriptors import Descriptors, split_pieces
 from .errors import CapacityError, ClosedError
 from .observability.ledger import CallCounts
+from .observability.repeats import Repeats
 from .strategies import BatchingStrategy, CoalescingStrategy, FallbackStrategy
 
 __all__ = ["Mover"]
 
 log = logging.getLogger("kvcr_policy.pipeline")
+_repeats = Repeats(log)  # a tier that is down fails every call: one line per interval
 
 
 def _failed(err: BaseException) -> Future[np.ndarray]:
@@ -256,7 +258,8 @@ class _Flight:
                 self.error = err
             self.stop = True
         except Exception as err:
-            log.warning("batch of %d pages failed (%s); falling back", count, err)
+            kind = f"batch failed: {type(err).__name__}"  # the text varies (retry times)
+            _repeats.warning(kind, "batch of %d pages failed (%s); falling back", count, err)
             self.counts.failed(err, count)
             retry, transfer = self.mover.retry, self.transfer
             self.ok[positions] = self.mover.fallback.recover(

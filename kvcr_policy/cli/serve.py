@@ -4,7 +4,9 @@ On start it prints one JSON line to stdout, ``{"listening": "HOST:PORT", "pid": 
 scripts and tests learn the port when ``--listen`` asks for port 0; the same is logged. The
 line also says where the secret came from (``secret``) and, when ``serve`` had to create one,
 the file it wrote (``secret_created``). With ``--metrics HOST:PORT`` it also serves
-``/metrics`` (its URL is in that line, ``"metrics"``). A signal stops it cleanly (see
+``/metrics``, ``/healthz`` and ``/readyz`` (the URL of ``/metrics`` is in that line,
+``"metrics"``); ``--log-format json`` makes its log one JSON object per line.
+A signal stops it cleanly (see
 :meth:`~kvcr_policy.backends.peer.server.server.PeerServer.stop`) and it exits 0. The peer
 runs it (:func:`kvcr_policy.backends.peer.serve.serve`); this module owns the command line,
 the process's logging and its signals.
@@ -28,6 +30,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..observability.logs import LogFormat, configure
 from .help import JsonOnly
 from .numbers import Finite
 from .options import overrides
@@ -41,7 +44,8 @@ def serve(
         typer.Option(
             "--listen",
             "-l",
-            help="HOST:PORT to listen on (default transport.options.listen: 127.0.0.1:0).",
+            help="HOST:PORT to listen on (default transport.options.listen: 127.0.0.1:7480; "
+            "a HOST alone: port 7480; port 0: any free port).",
         ),
     ] = None,
     profile: Annotated[
@@ -69,11 +73,19 @@ def serve(
             "page. Loopback only; clients must set security.insecure = true. For tests.",
         ),
     ] = False,
-    log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+    log_level: Annotated[
+        str, typer.Option(help="Logging level: debug, info, warning, error or critical.")
+    ] = "info",
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(help="Log lines on stderr: text, or json (one object per line)."),
+    ] = LogFormat.text,
     metrics: Annotated[
         str | None,
         typer.Option(
-            "--metrics", help="Serve /metrics on HOST:PORT (a bare PORT listens on loopback)."
+            "--metrics",
+            help="Serve /metrics, /healthz and /readyz on HOST:PORT (a bare PORT listens on "
+            "loopback).",
         ),
     ] = None,
     format: Annotated[
@@ -86,11 +98,7 @@ def serve(
     from ..config.loading import load_config
     from ..observability.exposition import parse_listen
 
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure(log_level, log_format)
     values: dict[str, Any] = dict(overrides(set_))
     if metrics is not None:
         parse_listen(metrics)  # a bad address is refused before anything starts

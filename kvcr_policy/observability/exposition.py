@@ -1,6 +1,8 @@
 """Serving ``/metrics`` from a kvcr-policy process (``serve --metrics``, ``bench --metrics``).
 
-prometheus-client's own WSGI server runs in a daemon thread. The address is loopback unless
+The page is served by :class:`~.http.HttpEndpoint` (one bounded event loop in a daemon thread,
+with ``/healthz`` and ``/readyz`` beside ``/metrics``; its docstring says why not
+prometheus-client's threaded server). The address is loopback unless
 the caller names another host: ``--metrics 9480`` listens on ``127.0.0.1:9480``,
 ``--metrics 0.0.0.0:9480`` on every interface, which :func:`check_public` refuses unless
 ``observability.metrics_public`` is true (as ``serve`` refuses ``--insecure`` off loopback).
@@ -18,20 +20,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import (
-    REGISTRY,
-    CollectorRegistry,
-    disable_created_metrics,
-    start_http_server,
-)
+from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics
 
 from ..config.hosts import host_part
 from ..errors import ArgumentError
 from ..values import shorten
+from .http import HttpEndpoint, bind
 from .metrics import families
 
 __all__ = ["LOOPBACK", "MetricsServer", "check_public", "parse_listen", "serve_metrics"]
@@ -95,8 +93,7 @@ class MetricsServer:
 
     host: str
     port: int
-    _server: Any
-    _thread: threading.Thread
+    _endpoint: HttpEndpoint
 
     @property
     def url(self) -> str:
@@ -104,21 +101,21 @@ class MetricsServer:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
+        self._endpoint.close()
 
 
-def serve_metrics(listen: str, registry: CollectorRegistry | None = None) -> MetricsServer:
-    """Start serving ``/metrics`` on ``listen`` (see :func:`parse_listen`); port 0 picks one."""
+def serve_metrics(
+    listen: str,
+    registry: CollectorRegistry | None = None,
+    ready: Callable[[], bool] | None = None,
+) -> MetricsServer:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` (``ready()``; None: always) on
+    ``listen`` (see :func:`parse_listen`; port 0 picks one). The port is bound before this
+    returns: a busy one is an :class:`ArgumentError` naming it."""
     host, port = parse_listen(listen)
     disable_created_metrics()
     if registry is None:
         families()  # the build info is there from the first scrape
-    try:
-        server, thread = start_http_server(port, host, registry or _registry())
-    except OSError as err:
-        message = f"--metrics {listen}: cannot listen on {host}:{port}: {err.strerror or err}"
-        raise ArgumentError(message) from err
-    return MetricsServer(host, int(server.server_port), server, thread)
+    sock = bind(host, port, f"--metrics {shorten(listen)}")
+    endpoint = HttpEndpoint(sock, registry or _registry(), ready)
+    return MetricsServer(host, int(endpoint.port), endpoint)

@@ -97,6 +97,11 @@ class Families:
     peer_connections: Gauge
     peer_requests: Counter
     peer_rejected: Counter
+    peer_auth_failures: Counter
+    peer_hits: Counter
+    peer_misses: Counter
+    peer_served_bytes: Counter
+    peer_stored_bytes: Counter
     build_info: Gauge
 
     def per_pool(self) -> list[Any]:
@@ -253,6 +258,37 @@ def _build(registry: CollectorRegistry) -> Families:
             "kvcr_policy_peer_rejected_frames",
             "Frames a peer server rejected (malformed, truncated, oversize), by reason.",
             ("backend", "profile", "reason"),
+            **kw,
+        ),
+        peer_auth_failures=Counter(
+            "kvcr_policy_peer_auth_failures",
+            "Connections a peer server refused at authentication, by reason (no_secret, "
+            "wrong_secret, bad_proof); each is logged with the client's address.",
+            ("backend", "profile", "reason"),
+            **kw,
+        ),
+        peer_hits=Counter(
+            "kvcr_policy_peer_hits",
+            "Keys a peer server's tier held when a client claimed them (reads).",
+            pool,
+            **kw,
+        ),
+        peer_misses=Counter(
+            "kvcr_policy_peer_misses",
+            "Keys a client claimed that a peer server's tier did not hold.",
+            pool,
+            **kw,
+        ),
+        peer_served_bytes=Counter(
+            "kvcr_policy_peer_served_bytes",
+            "Bytes of pages a peer server sent to clients (reads that completed).",
+            pool,
+            **kw,
+        ),
+        peer_stored_bytes=Counter(
+            "kvcr_policy_peer_stored_bytes",
+            "Bytes of pages clients stored on a peer server (committed writes).",
+            pool,
             **kw,
         ),
         build_info=_build_info(registry),

@@ -68,7 +68,8 @@ def test_unreadable_profiles_exit_2_from_every_command(
 @pytest.mark.parametrize(
     ("address", "says"),
     [
-        ("nonsense", "expected HOST:PORT"),
+        ("nonsense:x", "port must be an integer in 0..65535"),
+        ("nonsense", "cannot listen on nonsense:7480"),  # a HOST alone: the default port
         ("127.0.0.1:99999", "port must be in 0..65535"),
         ("127.0.0.1:-1", "port must be in 0..65535"),
         ("999.1.1.1:7000", "cannot listen on 999.1.1.1:7000"),

@@ -41,10 +41,12 @@ SCRAPE = "200ms"
 # the whole run.
 VARIABLES = {
     "$__rate_interval": "2m",
-    **{f"${name}": ".*" for name in ("job", "instance", "backend", "profile", "pool")},
+    **{f"${name}": ".*" for name in ("job", "instance", "server", "backend", "profile", "pool")},
 }
 #: Every selector of every query filters by each of these.
 FILTERS = ("job", "instance", "backend", "profile", "pool")
+#: The panels of peer servers (``kvcr-policy serve``), whose instance is the ``$server``.
+SERVER_PANELS = "Server "
 #: Gauges of a process's tier: summed only within one process and backend (a peer server's tier
 #: and a client's are different tiers, and so are two processes').
 LEVELS = (
@@ -205,10 +207,18 @@ def test_the_dashboard_is_well_formed() -> None:
         assert "[$__rate_interval]" in expr or "rate(" not in expr, (title, ref)
         for metric, matchers in selectors(expr):
             for label in FILTERS:
-                assert matchers.get(label) == ("=~", f"${label}"), (title, ref, metric, label)
+                wanted = label
+                if label == "instance" and title.startswith(SERVER_PANELS):
+                    wanted = "server"
+                assert matchers.get(label) == ("=~", f"${wanted}"), (title, ref, metric, label)
         for labels, metric in aggregations(expr):
             if metric in LEVELS:  # never summed over processes or backends
                 assert {"instance", "backend"} <= set(labels), (title, ref, metric)
+    assert 'job=~"$job"' in variables["server"]["definition"]
+    served = {title for title, _, _ in found if title.startswith(SERVER_PANELS)}
+    for metric in ("served_bytes", "stored_bytes", "hits", "auth_failures", "connections"):
+        name = f"kvcr_policy_peer_{metric}"
+        assert any(name in expr for title, _, expr in found if title in served), metric
     share = [expr for title, _, expr in found if title == SHARE]
     assert len(share) == 1 and share[0].startswith("clamp_max(") and share[0].endswith(", 1)")
     # Bytes, seconds and the limit of the share are grouped alike: one process's own ratio.

@@ -15,7 +15,15 @@ from kvcr_policy.config.fields import number_field, size_field
 from kvcr_policy.config.hosts import host_port
 from kvcr_policy.values import Size, shorten
 
-__all__ = ["Capability", "SharedMemory", "Tls", "UcxOptions", "parse_address", "unix_address"]
+__all__ = [
+    "DATA_PORT",
+    "Capability",
+    "SharedMemory",
+    "Tls",
+    "UcxOptions",
+    "parse_address",
+    "unix_address",
+]
 
 #: Shortest heartbeat (0 is off): clients may not ask for faster ones, servers raise them to it.
 MIN_HEARTBEAT_S = 0.05
@@ -25,6 +33,9 @@ SharedMemory = Literal["auto", "off", "require"]
 #: ``unix:PATH`` names a Unix socket in the file system; ``unix:@NAME`` one in the abstract
 #: namespace (unix(7)). Longest usable path: sun_path holds 108 bytes with its NUL.
 UNIX_PREFIX = "unix:"
+#: The port `kvcr-policy serve` listens on when neither --listen nor transport.options.listen
+#: names one (a HOST alone gets it too).
+DATA_PORT = 7480
 _UNIX_PATH_MAX = 107
 Capability = Literal["coalesce", "split"]
 ProgressMode = Literal["blocking", "polling", "thread"]
@@ -80,9 +91,10 @@ class UcxOptions(BaseModel):
         "unix:PATH (unix:@NAME) of one on this host.",
     )
     listen: str = Field(
-        "127.0.0.1:0",
-        description="Where `kvcr-policy serve` listens when --listen is not given (port 0: any); "
-        "unix:PATH: a Unix socket only, same-host clients only, no UCX.",
+        f"127.0.0.1:{DATA_PORT}",
+        description="Where `kvcr-policy serve` listens when --listen is not given (a HOST "
+        f"alone: port {DATA_PORT}; port 0: any free port); unix:PATH: a Unix socket only, "
+        "same-host clients only, no UCX.",
     )
     tls: Tls = Field(
         "auto",

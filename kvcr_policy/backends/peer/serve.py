@@ -11,8 +11,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...config.loading import LoadedConfig
+from .options import DATA_PORT, UNIX_PREFIX
 
-__all__ = ["ServeSetup", "serve"]
+__all__ = ["ServeSetup", "serve", "with_port"]
+
+
+def with_port(listen: str | None) -> str | None:
+    """``listen`` with :data:`~.options.DATA_PORT` added to a HOST given alone (``127.0.0.1``,
+    ``localhost``, ``[::1]``); anything else as it is (a bad one is refused by the server)."""
+    if listen is None:
+        return None
+    text = listen.strip()
+    bracketed = text.startswith("[") and text.endswith("]")
+    if text and not text.startswith(UNIX_PREFIX) and (bracketed or ":" not in text):
+        return f"{text}:{DATA_PORT}"
+    return listen
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +51,7 @@ def serve(
 
     from ...memory import preflight
     from ...observability.exposition import MetricsServer, check_public, serve_metrics
+    from .server import fd_limit
     from .server.server import PeerServer
 
     loaded = setup.loaded
@@ -45,17 +59,26 @@ def serve(
                               what="each tier that serve opens")  # fmt: skip
     if setup.metrics is not None:
         check_public(setup.metrics, loaded.config.observability.metrics_public)
-    server = PeerServer(loaded, listen=setup.listen)
-    exposed: MetricsServer | None = None
+    server = PeerServer(loaded, listen=with_port(setup.listen))
+    soft, _ = fd_limit.raise_soft_limit()
+    fd_limit.fit_sessions(
+        len(server.keyring.names()),
+        server.admission.tenant_max_sessions,
+        loaded.origin("security.tenant_max_sessions"),
+        soft,
+    )
     if server.keyring.insecure:
         sys.stderr.write(
             "kvcr-policy serve: INSECURE: no authentication; every process that reaches "
             f"{server.host} can read, overwrite and delete every page\n"
         )
+    # The metrics port is bound before the tier starts (a busy one is an error before anything
+    # runs); /healthz answers from now on, /readyz once the server accepts clients.
+    exposed: MetricsServer | None = None
+    if setup.metrics is not None:
+        exposed = serve_metrics(setup.metrics, ready=lambda: server.state == "open")
     try:
         server.start()
-        if setup.metrics is not None:
-            exposed = serve_metrics(setup.metrics)
         line = {
             "listening": server.address,
             "pid": os.getpid(),

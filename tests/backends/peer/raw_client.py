@@ -96,7 +96,9 @@ class Raw:
             assert auth.verify(
                 secret, "server", opening.key_id, opening.nonce, challenge.nonce, challenge.proof
             ), "the server's proof does not match"
-            proof = auth.proof(secret, "client", opening.key_id, opening.nonce, challenge.nonce)
+            proof = auth.proof(
+                secret, "client", opening.key_id, opening.nonce, challenge.nonce, address
+            )
         answer = self.ask(m.Auth(proof, address))
         if isinstance(answer, m.Welcome):
             self.welcome = answer

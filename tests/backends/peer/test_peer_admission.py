@@ -90,7 +90,8 @@ def test_a_flood_of_made_up_key_ids_does_not_drop_a_real_handshake(
                 flood.append(raw)
             for raw in flood[-MAX_HANDSHAKES // 2 :]:  # the newest were answered: evidence
                 assert isinstance(raw.reply(), m.Challenge)
-            proof = auth.proof(secret, "client", opening.key_id, opening.nonce, challenge.nonce)
+            proof = auth.proof(secret, "client", opening.key_id, opening.nonce, challenge.nonce,
+                               worker.address)  # fmt: skip
             assert isinstance(legit.ask(m.Auth(proof, worker.address)), m.Welcome)
         finally:
             for raw in flood:

@@ -40,5 +40,7 @@ def test_a_slow_starting_checker_delays_the_server_instead_of_failing_it(
     need_ucxx()
     monkeypatch.setattr(AddressChecker, "_spawn", _slow_spawn)
     monkeypatch.setattr(server_module, "CHECK_TIMEOUT_S", _DELAY_S / 4)
-    with server_module.PeerServer(load_config(overrides={"security.insecure": True})) as peer:
+    with server_module.PeerServer(
+        load_config(overrides={"security.insecure": True}), listen="127.0.0.1:0"
+    ) as peer:
         assert peer.state == "open"

@@ -156,7 +156,9 @@ def bare_peer() -> Any:
     from kvcr_policy.backends.peer.server.server import PeerServer
 
     loaded = load_config(overrides={"placement.capacity_bytes": "64MiB"})
-    server = PeerServer(loaded, options=UcxOptions(capabilities=(), check_addresses=False))
+    server = PeerServer(
+        loaded, listen="127.0.0.1:0", options=UcxOptions(capabilities=(), check_addresses=False)
+    )
     with server:
         yield server
 

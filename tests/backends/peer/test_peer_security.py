@@ -144,9 +144,20 @@ def test_before_authentication_only_the_handshake_is_heard(
         opening = hello(secret)
         challenge = raw.ask(opening)
         assert isinstance(challenge, m.Challenge)
-        stale = auth.proof(secret, "client", opening.key_id, opening.nonce, b"\1" * 32)
+        stale = auth.proof(secret, "client", opening.key_id, opening.nonce, b"\1" * 32,
+                           worker.address)  # fmt: skip
         reply = raw.ask(m.Auth(stale, worker.address))
         assert isinstance(reply, m.Error) and reply.code == m.Err.AUTH
+    with Raw(server.address) as raw:  # this handshake's proof, sent with another UCX address
+        opening = hello(secret)
+        challenge = raw.ask(opening)
+        assert isinstance(challenge, m.Challenge)
+        other = worker.address[:-1] + bytes([worker.address[-1] ^ 1])
+        bound = auth.proof(secret, "client", opening.key_id, opening.nonce, challenge.nonce,
+                           other)  # fmt: skip
+        reply = raw.ask(m.Auth(bound, worker.address))  # the worker's pages would go elsewhere
+        assert isinstance(reply, m.Error) and reply.code == m.Err.AUTH
+        assert raw.reply() is None
     with Raw(server.address) as raw:  # the server's own proof sent back (reflection)
         opening = hello(secret)
         challenge = raw.ask(opening)
@@ -191,7 +202,7 @@ def test_an_insecure_peer_is_loopback_only_and_clients_must_opt_in(tmp_path: Pat
     loaded = load_config(overrides={"security.insecure": True})
     with pytest.raises(ArgumentError, match="loopback"):
         PeerServer(loaded, listen="0.0.0.0:0")
-    with PeerServer(loaded) as peer:
+    with PeerServer(loaded, listen="127.0.0.1:0") as peer:
         geo = geometry(pages=4)
         for make in client_factory(peer.address):
             careful = make(write_secret(tmp_path / "mine"))

@@ -58,7 +58,7 @@ def test_serve_binds_loopback_unless_told_otherwise() -> None:
     server = Serve(SETS, listen=None)  # no --listen: transport.options.listen's default
     try:
         host, port = server.address.rsplit(":", 1)
-        assert host == "127.0.0.1"
+        assert (host, port) == ("127.0.0.1", "7480")  # the documented default port
         assert listening_on(int(port)) == {"127.0.0.1"}
     finally:
         assert server.stop() == 0

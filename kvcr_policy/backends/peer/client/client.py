@@ -341,9 +341,10 @@ class PeerClient:
                 future.set_exception(error)
                 return
             proof = b""
+            address = b"" if conn.local else conn.link.address
             if secret is not None and not reply.insecure:
-                proof = auth.proof(secret, "client", key, nonce, reply.nonce)
-            message = m.Auth(proof, b"" if conn.local else conn.link.address)
+                proof = auth.proof(secret, "client", key, nonce, reply.nonce, address)
+            message = m.Auth(proof, address)
             conn.request(message, welcomed, options.connect_timeout_s, knob)
 
         def welcomed(reply: Any) -> None:

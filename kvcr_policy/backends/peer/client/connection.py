@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvcr_policy.errors import BackendUnavailableError
+from kvcr_policy.observability.repeats import Repeats
 
 from ..channel import Channel
 from ..link import Link
@@ -42,6 +43,7 @@ from ..worker import Worker
 __all__ = ["Connection", "Reply"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.client")
+_repeats = Repeats(log)  # a peer that is down fails every connect: one line per interval
 
 #: A reply callback receives the reply message, an ERROR message, or a TransportError.
 Reply = Callable[[Any], None]
@@ -227,12 +229,11 @@ class Connection:
         if self.dead is not None:
             return
         self.dead = reason
-        log.log(
-            logging.INFO if expected else logging.WARNING,
-            "peer %s: %s; connection closed",
-            self.peer,
-            reason,
-        )
+        if expected:
+            log.info("peer %s: %s; connection closed", self.peer, reason)
+        else:
+            kind = f"{self.peer} {reason}"
+            _repeats.warning(kind, "peer %s: %s; connection closed", self.peer, reason)
         if self._beat is not None:
             self._beat.cancel()
         if self.ep is not None:

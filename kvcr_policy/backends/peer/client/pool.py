@@ -33,6 +33,7 @@ from kvcr_policy.errors import (
     UnsupportedError,
 )
 from kvcr_policy.geometry import PoolGeometry
+from kvcr_policy.observability.repeats import Repeats
 
 from ...base import Endpoint, Shape
 from ..requests import memory_view, message_limit
@@ -44,6 +45,7 @@ from .client import PeerClient
 __all__ = ["PeerPool"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.client.pool")
+_repeats = Repeats(log)  # a peer that is down fails every call: one line per interval
 
 #: Most keys of a set's other batches its first RESERVE asks the server to keep (see
 #: _Transfer._keep): a set of up to this many pages beyond its batch never evicts its own
@@ -147,7 +149,9 @@ class PeerPool:
 
     def _miss(self, call: str, err: Exception) -> None:
         self.counters[f"{call}_errors"] += 1
-        log.warning("pool %r: %s on peer %s failed: %s", self.name, call, self.client.address, err)
+        kind = f"{self.client.address} {self.name} {call} {type(err).__name__}"
+        address = self.client.address
+        _repeats.warning(kind, "pool %r: %s on peer %s failed: %s", self.name, call, address, err)
 
     def contains(self, keys: Sequence[str]) -> int:
         """Leading keys present on the peer: one EXISTS round trip per MAX_KEYS keys; a peer

@@ -25,6 +25,7 @@ from ..options import MIN_HEARTBEAT_S
 from ..wire import messages as m
 from ..wire.payload import MAX_ADDRESS
 from .admission import Admission
+from .meter import ServerMeter
 
 __all__ = ["AUTH_LIMIT", "HELLO_LIMIT", "Admitter", "Handshake", "Opening"]
 
@@ -42,6 +43,7 @@ class Admitter(Protocol):
 
     keyring: Keyring
     admission: Admission
+    meter: ServerMeter | None
 
     def choose_tls(self, hello: m.Hello, local: bool) -> str: ...
 
@@ -100,6 +102,14 @@ class Handshake:
         with the reason, not with a closed connection)."""
         self.session.channel.fail(code, text, self.request)
 
+    def _auth_failed(self, reason: str, why: str) -> None:
+        """Count a failed authentication by ``reason`` and log it with the client's address
+        (rate-limited: :meth:`.admission.Admission.refused`)."""
+        server = self.session.server
+        if server.meter is not None:
+            server.meter.auth_failure(reason)
+        server.admission.refused(f"client {self.session.peer} failed authentication: {why}")
+
     def _hello(self, hello: m.Hello, request: int) -> None:
         session = self.session
         server = session.server
@@ -115,7 +125,7 @@ class Handshake:
         if keyring.insecure:
             challenge = m.Challenge(True, self.nonce, b"")
         elif not hello.key_id:
-            server.admission.refused(f"client {session.peer} sent no key id (it has no secret)")
+            self._auth_failed("no_secret", "sent no key id (it has no secret)")
             text = (
                 "this peer requires authentication and the client has no secret: set "
                 "KVCR_POLICY_SECURITY__SECRET or security.secret_file on the client to the "
@@ -125,6 +135,8 @@ class Handshake:
             return
         else:
             self.tenant = keyring.find(hello.key_id)
+            if self.tenant is None:  # counted now: the client stops at the server's proof
+                self._auth_failed("wrong_secret", "holds a secret this server does not")
             secret = self.tenant.secret if self.tenant is not None else keyring.decoy
             proof = auth.proof(secret, "server", hello.key_id, hello.nonce, self.nonce)
             challenge = m.Challenge(False, self.nonce, proof)
@@ -143,10 +155,13 @@ class Handshake:
         else:
             tenant = self.tenant
             good = tenant is not None and auth.verify(
-                tenant.secret, "client", hello.key_id, hello.nonce, self.nonce, msg.proof
-            )
+                tenant.secret, "client", hello.key_id, hello.nonce, self.nonce, msg.proof,
+                msg.address,
+            )  # fmt: skip
             if not good or tenant is None:
-                server.admission.refused(f"client {session.peer} failed authentication")
+                if tenant is not None:  # an unknown key id was counted at HELLO
+                    why = "sent a proof that does not match its key id, nonces and address"
+                    self._auth_failed("bad_proof", why)
                 text = "authentication failed: this peer does not hold the client's secret"
                 self._fail(m.Err.AUTH, text)
                 return

@@ -54,6 +54,7 @@ from ..requests import RequestGroup, Stall, Timer, message_limit
 from ..wire import messages as m
 from ..wire.coverage import Cover
 from ..worker import Worker
+from .meter import ServerMeter
 from .quarantine import Held
 from .tiers import Tier
 
@@ -85,6 +86,7 @@ class Owner(Protocol):
     tls: str
     op_timeout_s: float
     accepts: frozenset[str]
+    meter: ServerMeter | None
 
     def pool(self, number: int) -> Attachment: ...
 
@@ -250,8 +252,9 @@ class Transfers:
             return
         read = self.reads.get(msg.handle)
         held = read is not None and not read.sending
-        if held:
+        if held and read is not None:
             self._release(msg.handle)
+            self._moved(read, True, len(read.claim.slots))
         self.owner.channel.send(m.Sent(msg.handle, held), request)
         self.owner.close_if_drained()
 
@@ -287,7 +290,14 @@ class Transfers:
         )
         read.timer = self.owner.stall("sending a read", group)
 
+    def _moved(self, transfer: _Read | _Write, read: bool, pages: int) -> None:
+        if self.owner.meter is not None:
+            self.owner.meter.moved(transfer.pool.tier, read, pages)
+
     def _sent(self, number: int, request: int, failed: np.ndarray) -> None:
+        read = self.reads.get(number)
+        if read is not None and not failed.any():
+            self._moved(read, True, len(read.claim.slots))
         if self._release(number):
             self.owner.channel.send(m.Sent(number, not failed.any()), request)
             self.owner.close_if_drained()
@@ -417,6 +427,7 @@ class Transfers:
         write.timer.cancel()
         del self.writes[number]
         write.pool.tier.store.commit(res, ok.tolist())
+        self._moved(write, False, int(ok.sum()))
         ok |= np.asarray(res.present, dtype=bool)
         self.owner.channel.send(m.Written(number, ok), write.request)
         self.owner.close_if_drained()
