@@ -122,6 +122,39 @@ def test_a_tier_nobody_may_start_is_waited_for_then_reported(folder: Path) -> No
     pipeline.close()
 
 
+def test_a_starter_that_dies_before_its_tier_listens_is_replaced(folder: Path) -> None:
+    """A process holds the tier's lock (as a tier does while it starts) and is SIGKILLed
+    before anything listens: the waiting client sees the lock freed and starts the tier
+    itself, instead of waiting out start_timeout_s for a socket that never comes."""
+    folder.mkdir(mode=0o700)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+            str(folder / "default.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    threading.Timer(1.0, holder.kill).start()
+    values = host_values(folder, **{"backend.options.start_timeout_s": 120})
+    try:
+        with build_pipeline(load_config(overrides=values)) as pipeline:
+            geo = geometry("page_first", pages=4)
+            pipeline.register_pool("kv", geo, pool_buffer(geo))
+            assert pipeline.set(["a"], token_indices(range(1), geo.page_size), "kv") == [True]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tier_pid(folder / "default.lock") not in (None, holder.pid)
+
+
 def test_a_folder_other_users_can_reach_is_refused(tmp_path: Path) -> None:
     open_folder = tmp_path / "open"
     open_folder.mkdir(mode=0o777)
