@@ -38,6 +38,7 @@ from .backends.staging import PagePlanes, StagingArea, fragment_planes, packed, 
 from .bench_adapter import BenchBackend, BenchSetup, Pipeline
 from .config.hosts import host_part
 from .config.schema import (
+    AdmissionSection,
     BatchingSection,
     CoalescingSection,
     EvictionSection,
@@ -77,12 +78,15 @@ from .registry import (
     RegisterTransport,
 )
 from .strategies import (
+    Admission,
+    AdmissionStrategy,
     BatchingStrategy,
     CoalescingStrategy,
     EvictionPolicy,
     EvictionStrategy,
     FallbackStrategy,
     PlacementStrategy,
+    RestoreOutlook,
     ThreadTuningStrategy,
     Window,
     follow_coalescing,
@@ -95,6 +99,9 @@ MODULES = ("kvcr_policy", "kvcr_policy.plugin_api")
 
 __all__ = [
     "MODULES",
+    "Admission",
+    "AdmissionSection",
+    "AdmissionStrategy",
     "ArgumentError",
     "BackendContext",
     "BackendReporting",
@@ -142,6 +149,7 @@ __all__ = [
     "RegisterBenchBackend",
     "RegisterStrategy",
     "RegisterTransport",
+    "RestoreOutlook",
     "Shape",
     "Size",
     "StagingArea",

@@ -38,6 +38,7 @@ __all__ = [
     "TENANT_NAME",
     "TENANT_NAME_RULE",
     "VALIDATING_ORIGINS",
+    "AdmissionSection",
     "BackendSection",
     "BatchingSection",
     "CoalescingSection",
@@ -428,6 +429,22 @@ class EvictionSection(Section):
     options: dict[str, Any] = _options_field()
 
 
+class AdmissionSection(Section):
+    """How many leading present pages a lookup reports as hits: the admission strategy."""
+
+    strategy: str = Field(
+        "none",
+        min_length=1,
+        max_length=200,
+        description=(
+            "Name of the registered admission strategy: 'none' (upstream: every present page "
+            "is a hit), 'gate' (only a prefix that restores sooner than the engine computes "
+            "it) or a plugin's."
+        ),
+    )
+    options: dict[str, Any] = _options_field()
+
+
 #: Fewest characters a peer secret may have (a generated one has 43).
 MIN_SECRET_CHARS = 16
 #: A tenant's name: the name of its file in security.tenants_dir.
@@ -545,6 +562,7 @@ class PolicyConfig(Section):
     observability: ObservabilitySection = Field(default_factory=ObservabilitySection)
     security: SecuritySection = Field(default_factory=SecuritySection)
     eviction: EvictionSection = Field(default_factory=EvictionSection)
+    admission: AdmissionSection = Field(default_factory=AdmissionSection)
 
     @field_validator("eviction")
     @classmethod
@@ -591,6 +609,7 @@ POSITIONAL_TYPES: tuple[type[Section], ...] = (
     ObservabilitySection,
     SecuritySection,
     EvictionSection,
+    AdmissionSection,
 )
 
 #: Strategy sections and the registry kind that names their strategy.
@@ -601,4 +620,5 @@ STRATEGY_SECTIONS: dict[str, str] = {
     "thread_tuning": "thread_tuning",
     "fallback": "fallback",
     "eviction": "eviction",
+    "admission": "admission",
 }
