@@ -515,6 +515,16 @@ class SecuritySection(Section):
         description="`serve`: a session that sends nothing for this long is closed "
         "(0.1..86400 s); clients ping every transport.options.heartbeat_s while idle.",
     )
+    tenant_rate: GBPerSecond = Field(
+        None,
+        ge=1e-6,
+        le=1e5,
+        allow_inf_nan=False,
+        description="`serve`: most bytes per second one tenant's reads and writes may move "
+        "together, with a unit (e.g. '50MB/s', '10Gbit/s'; 1kB/s..100TB/s): a token bucket "
+        "per tenant holding 0.1 s of it; a request past it is answered once paid for. Unset: "
+        "no limit. `serve --tenant-rate` sets it.",
+    )
 
     @field_validator("admin_tenants")
     @classmethod

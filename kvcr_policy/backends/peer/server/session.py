@@ -41,6 +41,7 @@ from ..wire import messages as m
 from ..wire.framing import MAX_PAYLOAD
 from ..worker import Worker
 from .admission import Admission
+from .bandwidth import TenantBandwidth
 from .budget import FREE_PAYLOAD
 from .handshake import HELLO_LIMIT, Handshake
 from .meter import ServerMeter
@@ -85,6 +86,7 @@ class Host(Protocol):
     host_id: str
     keyring: Keyring
     admission: Admission
+    bandwidth: TenantBandwidth
     meter: ServerMeter | None
     local_name: str
 
@@ -335,6 +337,10 @@ class Session:
         if pool is None:
             raise PoolError(f"no attached pool number {number} (attached: {len(self.pools)})")
         return pool
+
+    def pace(self, nbytes: int) -> float:
+        """Seconds the answer to this tenant's request of ``nbytes`` waits (its bandwidth)."""
+        return self.server.bandwidth.delay(self.tenant, nbytes)
 
     def deadline(self, what: str, limit: float | None = None) -> Timer:
         """Abort the session unless cancelled within ``limit`` (default ``op_timeout_s``)."""
