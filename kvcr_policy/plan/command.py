@@ -214,6 +214,8 @@ def _break_even(loaded: LoadedConfig, command: PlanCommand, result: Plan) -> Non
     if not rates:
         return
     if options.prefill_tokens_per_s is None and not options.prefill_curve:
+        if not command.restore_rates:
+            return  # nobody asked: a plan without a gate or rates says nothing of it
         result.warnings.append(
             "no break-even without a prefill rate: give --prefill-rate TOKENS_PER_S or "
             "configure admission.options.prefill_tokens_per_s"

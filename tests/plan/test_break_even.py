@@ -43,7 +43,7 @@ def test_each_backend_gets_its_break_even_from_the_given_rates(cli: Run) -> None
 
 
 def test_without_a_prefill_rate_the_plan_says_what_to_give(cli: Run) -> None:
-    code, out, _ = cli(*QWEN, "--restore-rate", "peer=50MB/s", "--format", "json")
+    _, out, _ = cli(*QWEN, "--restore-rate", "peer=50MB/s", "--format", "json")
     data = json.loads(out)
     assert "break_even" not in data
     assert any("--prefill-rate" in warning for warning in data["warnings"])
