@@ -11,10 +11,11 @@ import typer
 
 from ..config.loading import profile_or
 from ..model.shape import ShapeOptions
+from .axes import BackendOpt, LayoutOpt, ScatterOpt, TargetOpt, TokensOpt
 from .figure import check_figure_path
 from .geometry import geometry_options
-from .numbers import MAX_HOLD_S, MAX_RANKS, MAX_REPEAT, MAX_TOKENS, Finite
-from .options import LAYOUT_HELP, PlainFormat, SetOpt, Target, overrides
+from .numbers import MAX_HOLD_S, MAX_RANKS, MAX_REPEAT, Finite
+from .options import PlainFormat, SetOpt, Target, overrides
 
 __all__ = ["bench"]
 
@@ -41,19 +42,13 @@ def bench(
         ),
     ] = None,
     vs: Annotated[str, typer.Option("--vs", help="Baseline profile (Q).")] = "default",
-    layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
-    tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
-    target: Annotated[Target, typer.Option("--target")] = Target.cpu,
+    layout: LayoutOpt = "layer_first",
+    tokens: TokensOpt = 8192,
+    target: TargetOpt = Target.cpu,
     transport: Annotated[
         Via, typer.Option("--transport", help="local tier, or ucx: the same as --backend peer.")
     ] = Via.local,
-    backend: Annotated[
-        str | None,
-        typer.Option(
-            "--backend",
-            help="Tier backend: dram, peer, kvcr or mooncake (default: the profile's).",
-        ),
-    ] = None,
+    backend: BackendOpt = None,
     peer: Annotated[
         Peer | None,
         typer.Option(
@@ -62,9 +57,7 @@ def bench(
     ] = None,
     ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=MAX_REPEAT)] = 5,
-    scatter: Annotated[
-        bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
-    ] = False,
+    scatter: ScatterOpt = False,
     set_: SetOpt = None,
     screen_pct: Annotated[
         float | None,

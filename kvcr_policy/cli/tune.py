@@ -11,9 +11,10 @@ import typer
 from ..config.loading import profile_or
 from ..model.shape import ShapeOptions, resolve_shape
 from ..tune.setup import MAX_BUDGET_S, MIN_BUDGET_S
+from .axes import BackendOpt, LayoutOpt, ScatterOpt, TargetOpt, TokensOpt
 from .geometry import geometry_options
-from .numbers import MAX_REPEAT, MAX_SEED, MAX_TOKENS, Finite
-from .options import LAYOUT_HELP, PlainFormat, SetOpt, Target, overrides
+from .numbers import MAX_REPEAT, MAX_SEED, Finite
+from .options import PlainFormat, SetOpt, Target, overrides
 
 __all__ = ["tune"]
 
@@ -32,18 +33,11 @@ def tune(
             "else throughput).",
         ),
     ] = None,
-    target: Annotated[Target, typer.Option("--target")] = Target.cpu,
-    backend: Annotated[
-        str | None,
-        typer.Option(
-            "--backend", help="Tier backend: dram, peer, kvcr or mooncake (default: the profile's)."
-        ),
-    ] = None,
-    layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
-    tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
-    scatter: Annotated[
-        bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
-    ] = False,
+    target: TargetOpt = Target.cpu,
+    backend: BackendOpt = None,
+    layout: LayoutOpt = "layer_first",
+    tokens: TokensOpt = 8192,
+    scatter: ScatterOpt = False,
     set_: SetOpt = None,
     budget: Annotated[
         float,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kvcr_policy.config.fields import number_field
 from kvcr_policy.config.schema import TENANT_NAME
 
 __all__ = ["HostOptions"]
@@ -36,20 +37,15 @@ class HostOptions(BaseModel):
     start: bool = Field(
         True, description="Start the tier when none runs (false: wait for one started else)."
     )
-    idle_exit_s: float = Field(
+    idle_exit_s: float = number_field(
         300.0,
-        ge=0,
-        le=86400,
-        allow_inf_nan=False,
-        description="A tier this process starts exits this long after its last client left "
+        0,
+        86400,
+        "A tier this process starts exits this long after its last client left "
         "(0: never, else 0.1..86400 s).",
     )
-    start_timeout_s: float = Field(
-        60.0,
-        ge=1,
-        le=3600,
-        allow_inf_nan=False,
-        description="Longest wait for the tier's socket, started here or by another process.",
+    start_timeout_s: float = number_field(
+        60.0, 1, 3600, "Longest wait for the tier's socket, started here or by another process."
     )
 
     @field_validator("idle_exit_s")

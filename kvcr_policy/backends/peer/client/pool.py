@@ -289,6 +289,11 @@ class _Write(_Transfer):
     needs: np.ndarray | None = None
     miss = "claimed"
 
+    def __init__(self, pool: PeerPool, keys: list[str], pages: np.ndarray) -> None:
+        super().__init__(pool, keys, pages)
+        self.call = next(_CALLS)
+        self._kept = False  # the call's keys went with a RESERVE already
+
     @staticmethod
     def op(
         conn: Any, target: ops.Target, keys: Any, pages: Any, shape: Any, keep: Any, done: Any
@@ -296,17 +301,12 @@ class _Write(_Transfer):
         write = copies.write if target.shared else ops.write
         write(conn, target, keys, pages, shape, done, keep)
 
-    def __init__(self, pool: PeerPool, keys: list[str], pages: np.ndarray) -> None:
-        super().__init__(pool, keys, pages)
-        self.call = next(_CALLS)
-        self._kept = False  # the call's keys went with a RESERVE already
-
     def _keep(self, start: int, stop: int) -> tuple[ops.Keep, ...]:
         """The call's number, and with its first batch the keys outside ``[start, stop)``
         (those after it first), which no batch of the call may evict: a set never evicts its
         own present keys. At most :data:`KEEP_KEYS` of them, sent once per call (one RESERVE
-        frame stays small, and a set of many batches costs no more on the wire than its keys);
-        the server keeps each batch's keys for the call's later batches too."""
+        frame stays small, and a set of many batches costs no more on the wire than its
+        keys)."""
         if self._kept:
             return ((self.call, ()),)
         self._kept = True
