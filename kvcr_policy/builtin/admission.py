@@ -149,5 +149,5 @@ def kvcr_register_strategies(register: RegisterStrategy) -> None:
         "gate",
         RestoreGate,
         options=GateOptions,
-        description="report the longest prefix that restores sooner than it computes",
+        description="Report the longest prefix that restores sooner than it computes.",
     )
