@@ -35,13 +35,14 @@ def kvcr_register_strategies(register: RegisterStrategy) -> None:
     Called by :func:`kvcr_policy.plugins.make_plugin_manager` once per plugin, when a manager is
     built (so the registry knows which plugin and distribution provided each name). All
     implementations are called; return values are ignored. ``kind`` is one of ``batching``,
-    ``coalescing``, ``placement``, ``thread_tuning``, ``fallback``, ``eviction``.
+    ``coalescing``, ``placement``, ``thread_tuning``, ``fallback``, ``eviction``, ``admission``.
     ``factory(section, options)`` receives the frozen config section and the validated options
     model and returns the strategy object (the protocols are in :mod:`kvcr_policy.strategies`;
     an eviction strategy makes one :class:`~kvcr_policy.strategies.EvictionPolicy` per store,
-    which the store calls directly, page by page); ``options`` is a pydantic model (unknown keys
-    should be forbidden) that validates the section's ``options`` table. Registering a name
-    twice is an error naming both plugins.
+    which the store calls directly, page by page; an admission strategy's ``admit`` runs once
+    per lookup, on the pipeline's live restore figures); ``options`` is a pydantic model
+    (unknown keys should be forbidden) that validates the section's ``options`` table.
+    Registering a name twice is an error naming both plugins.
     """
 
 

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from .admission import AdmissionDesk
 from .backends import reporting as reports
 from .backends.base import (
     BackendContext,
@@ -50,6 +51,8 @@ from .observability.meters import Meters
 from .observability.stats import PipelineStats
 from .plugins import PluginManager, make_plugin_manager
 from .strategies import (
+    Admission,
+    AdmissionStrategy,
     BatchingStrategy,
     CoalescingStrategy,
     EvictionStrategy,
@@ -94,6 +97,7 @@ class Pipeline:
         transport: Any,
         backend: TierBackend,
         eviction: EvictionStrategy | None = None,
+        admission: AdmissionStrategy | None = None,
     ) -> None:
         self.loaded = loaded
         self.config = loaded.config
@@ -107,6 +111,8 @@ class Pipeline:
         self.eviction = eviction
         self.transport = transport
         self.backend = backend
+        #: The admission strategy lookups ask (:meth:`admit`), with the live restore figures.
+        self.admission = AdmissionDesk(admission or _ReportAll())
         missing = coalescing.needs - backend.capabilities
         if missing:
             # The transport is named only where the backend moves through it (dram); kvcr,
@@ -290,6 +296,26 @@ class Pipeline:
         """The usable prefix over several pools: the minimum of their counts."""
         return min((self.exists(keys, name) for name in pools), default=0)
 
+    def admit(self, found: int, pools: Sequence[str] | None = None) -> int:
+        """How many of ``found`` leading present pages a lookup reports as hits: the
+        admission strategy's decision (``admission.strategy``; ``none``: all of them) on this
+        pipeline's live restore rate and queue, for pages of ``pools`` (every registered pool
+        when None: a restore reads a page of each), counted and explained (debug log)."""
+        with self._operation("admit"):
+            names = list(self._pools) if pools is None else list(pools)
+            geometries = [self._pool(name)[0] for name in names]
+            if not geometries or found <= 0:
+                return max(int(found), 0) if geometries else 0
+            first = geometries[0]
+            page_bytes = sum(g.page_bytes for g in geometries)
+            meter = self.meters.get(first.name)
+            return self.admission.decide(first.name, found, first.page_size, page_bytes, meter)
+
+    def prefill_observed(self, tokens: int, seconds: float) -> None:
+        """The engine computed ``tokens`` prompt tokens in ``seconds`` (an engine that exposes
+        its prefill time reports it here; the admission strategy then prefers it)."""
+        self.admission.prefills.add(tokens, seconds)
+
     # ---- data ---------------------------------------------------------------------------
 
     def get(
@@ -365,9 +391,14 @@ class Pipeline:
             if read:
                 claims = None if meter is None else meter.claims.inc
                 source = tier if early is None else early
-                return self._mover.read(source, keys, pages, page_bytes, counts, on_ready, claims)
+                with self.admission.restoring(len(keys) * page_bytes):
+                    return self._mover.read(
+                        source, keys, pages, page_bytes, counts, on_ready, claims
+                    )
             return self._mover.write(tier, keys, pages, page_bytes, counts)
         finally:
+            if read and counts.pages:
+                self.admission.restores.add(counts.pages * page_bytes, time.perf_counter() - start)
             self._ledger.record(counts, page_bytes)
             if meter is not None:
                 meter.record(counts, page_bytes, time.perf_counter() - start)
@@ -445,6 +476,13 @@ class Pipeline:
                 if meter is not None:
                     meter.placement(audit)  # the placement gauges follow every audit
             return found
+
+
+class _ReportAll:
+    """Admission when none was resolved (a pipeline built by hand): every present page."""
+
+    def admit(self, found: int, page_tokens: int, page_bytes: int, outlook: Any) -> Admission:
+        return Admission(found, "no_gate")
 
 
 def _rounds(

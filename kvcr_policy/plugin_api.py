@@ -46,6 +46,7 @@ from .bench_adapter import BenchBackend, BenchSetup, Pipeline
 from .config.fields import number_field, size_field
 from .config.hosts import host_part, host_port
 from .config.schema import (
+    AdmissionSection,
     BatchingSection,
     CoalescingSection,
     EvictionSection,
@@ -85,12 +86,15 @@ from .registry import (
     RegisterTransport,
 )
 from .strategies import (
+    Admission,
+    AdmissionStrategy,
     BatchingStrategy,
     CoalescingStrategy,
     EvictionPolicy,
     EvictionStrategy,
     FallbackStrategy,
     PlacementStrategy,
+    RestoreOutlook,
     ThreadTuningStrategy,
     Window,
     follow_coalescing,
@@ -103,6 +107,9 @@ MODULES = ("kvcr_policy", "kvcr_policy.plugin_api")
 
 __all__ = [
     "MODULES",
+    "Admission",
+    "AdmissionSection",
+    "AdmissionStrategy",
     "ArgumentError",
     "BackendContext",
     "BackendReporting",
@@ -150,6 +157,7 @@ __all__ = [
     "RegisterBenchBackend",
     "RegisterStrategy",
     "RegisterTransport",
+    "RestoreOutlook",
     "Shape",
     "Size",
     "StagingArea",

@@ -41,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcr_policy.builtin.thread_tuning",
     "kvcr_policy.builtin.fallback",
     "kvcr_policy.builtin.eviction",
+    "kvcr_policy.builtin.admission",
     "kvcr_policy.backends.dram.hooks",
     "kvcr_policy.backends.peer.hooks",
 )

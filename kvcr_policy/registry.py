@@ -27,7 +27,15 @@ __all__ = [
 ]
 
 #: Strategy kinds a plugin may register, in the order `kvcr-policy plugins` lists them.
-KINDS = ("batching", "coalescing", "placement", "thread_tuning", "fallback", "eviction")
+KINDS = (
+    "batching",
+    "coalescing",
+    "placement",
+    "thread_tuning",
+    "fallback",
+    "eviction",
+    "admission",
+)
 
 
 class NoOptions(BaseModel):

@@ -103,6 +103,24 @@ def plan(
     measure_link: Annotated[
         bool, typer.Option("--measure-link", help="Measure the link limit here with a probe.")
     ] = False,
+    restore_rate: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--restore-rate",
+            help="A backend's restore rate for its break-even prefix, NAME=RATE (e.g. "
+            "peer=50MB/s); repeat for more. The configured backend's is the link limit.",
+        ),
+    ] = None,
+    prefill_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--prefill-rate",
+            min=1e-3,
+            max=1e9,
+            help="The engine's prefill, tokens/s, for the break-even [default: the "
+            "configured gate's admission.options.prefill_tokens_per_s].",
+        ),
+    ] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
     *,
     shape: ShapeOptions,
@@ -137,5 +155,7 @@ def plan(
         link_gbps=link_gbps if link_gbps is not None else link_gbps_alias,
         measure_link=measure_link,
         json=format is PlainFormat.json,
+        restore_rates=tuple(restore_rate or ()),
+        prefill_rate=prefill_rate,
     )
     run(command)

@@ -69,6 +69,22 @@ def replay(
         typer.Option("--set", help="Override one value of the tier's configuration: KEY=VALUE."),
     ] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="The tier's backend (backend.name); peer: a `kvcr-policy serve` of the "
+            "replay's own, one per run [default: the profile's].",
+        ),
+    ] = None,
+    tier_rate: Annotated[
+        str | None,
+        typer.Option(
+            "--tier-rate",
+            help="With --backend peer: that serve's tenant bandwidth limit, with a unit "
+            "(e.g. 50MB/s) [default: no limit].",
+        ),
+    ] = None,
 ) -> None:
     """Replay a request trace through a real engine, without and with the L3 tier: TTFT,
     prefill saved, hits, and whether the greedy outputs are identical."""
@@ -85,6 +101,8 @@ def replay(
         passes=passes,
         overrides=overrides(set_),
         format=format.value,
+        backend=backend,
+        tier_rate=tier_rate,
     )
     from ..replay.command import run_command
 

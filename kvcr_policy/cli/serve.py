@@ -73,6 +73,14 @@ def serve(
             "page. Loopback only; clients must set security.insecure = true. For tests.",
         ),
     ] = False,
+    tenant_rate: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant-rate",
+            help="Most bytes per second each tenant's reads and writes may move, with a unit "
+            "(e.g. 50MB/s); sets security.tenant_rate. Default: no limit.",
+        ),
+    ] = None,
     log_level: Annotated[
         str, typer.Option(help="Logging level: debug, info, warning, error or critical.")
     ] = "info",
@@ -104,6 +112,8 @@ def serve(
         parse_listen(metrics)  # a bad address is refused before anything starts
     if insecure:
         values["security.insecure"] = True
+    if tenant_rate is not None:
+        values["security.tenant_rate"] = tenant_rate
     # stdout carries the one JSON line only: UCX's own log (stdout by default) goes to stderr
     # with ours, so a supervisor that reads just that line never leaves UCX blocked on a full
     # pipe (a flush warning per close filled one and froze a server's worker thread).

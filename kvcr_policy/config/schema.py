@@ -38,6 +38,7 @@ __all__ = [
     "TENANT_NAME",
     "TENANT_NAME_RULE",
     "VALIDATING_ORIGINS",
+    "AdmissionSection",
     "BackendSection",
     "BatchingSection",
     "CoalescingSection",
@@ -413,6 +414,22 @@ class EvictionSection(Section):
     options: dict[str, Any] = _options_field()
 
 
+class AdmissionSection(Section):
+    """How many leading present pages a lookup reports as hits: the admission strategy."""
+
+    strategy: str = Field(
+        "none",
+        min_length=1,
+        max_length=200,
+        description=(
+            "Name of the registered admission strategy: 'none' (upstream: every present page "
+            "is a hit), 'gate' (only a prefix that restores sooner than the engine computes "
+            "it) or a plugin's."
+        ),
+    )
+    options: dict[str, Any] = _options_field()
+
+
 #: Fewest characters a peer secret may have (a generated one has 43).
 MIN_SECRET_CHARS = 16
 #: A tenant's name: the name of its file in security.tenants_dir.
@@ -480,6 +497,16 @@ class SecuritySection(Section):
         "`serve`: a session that sends nothing for this long is closed "
         "(0.1..86400 s); clients ping every transport.options.heartbeat_s while idle.",
     )
+    tenant_rate: GBPerSecond = Field(
+        None,
+        ge=1e-6,
+        le=1e5,
+        allow_inf_nan=False,
+        description="`serve`: most bytes per second one tenant's reads and writes may move "
+        "together, with a unit (e.g. '50MB/s', '10Gbit/s'; 1kB/s..100TB/s): a token bucket "
+        "per tenant holding 0.1 s of it; a request past it is answered once paid for. Unset: "
+        "no limit. `serve --tenant-rate` sets it.",
+    )
 
     @field_validator("admin_tenants")
     @classmethod
@@ -527,6 +554,7 @@ class PolicyConfig(Section):
     observability: ObservabilitySection = Field(default_factory=ObservabilitySection)
     security: SecuritySection = Field(default_factory=SecuritySection)
     eviction: EvictionSection = Field(default_factory=EvictionSection)
+    admission: AdmissionSection = Field(default_factory=AdmissionSection)
 
     @field_validator("eviction")
     @classmethod
@@ -573,6 +601,7 @@ POSITIONAL_TYPES: tuple[type[Section], ...] = (
     ObservabilitySection,
     SecuritySection,
     EvictionSection,
+    AdmissionSection,
 )
 
 #: Strategy sections and the registry kind that names their strategy.
@@ -583,4 +612,5 @@ STRATEGY_SECTIONS: dict[str, str] = {
     "thread_tuning": "thread_tuning",
     "fallback": "fallback",
     "eviction": "eviction",
+    "admission": "admission",
 }

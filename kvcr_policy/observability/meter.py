@@ -61,6 +61,15 @@ class PoolMeter:
             key = (id(f), labels)
             _open[key] = _open.get(key, 0) + 1
 
+    def admission(self, admitted: int, reason: str, declined: int, why: str) -> None:
+        """One lookup's admission: ``admitted`` pages reported for ``reason``, ``declined``
+        present pages left to the engine for ``why``."""
+        family = self._families.admission_pages
+        if admitted:
+            family.labels(*self._labels, "admitted", reason).inc(admitted)
+        if declined:
+            family.labels(*self._labels, "declined", why).inc(declined)
+
     def direction(self, read: bool) -> DirectionMeter:
         return self.restore if read else self.store
 

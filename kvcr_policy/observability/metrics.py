@@ -88,6 +88,7 @@ class Families:
     fallback_pages: Counter
     misses: Counter
     evictions: Counter
+    admission_pages: Counter
     claims: Gauge
     capacity: Gauge
     used: Gauge
@@ -208,6 +209,13 @@ def _build(registry: CollectorRegistry) -> Families:
             **kw,
         ),
         evictions=Counter("kvcr_policy_evictions", "Pages evicted from the tier.", pool, **kw),
+        admission_pages=Counter(
+            "kvcr_policy_admission_pages",
+            "Present pages a lookup reported as hits (decision 'admitted') or left to the "
+            "engine to compute ('declined'), by the admission strategy's reason.",
+            (*pool, "decision", "reason"),
+            **kw,
+        ),
         claims=Gauge(
             "kvcr_policy_claims_outstanding",
             "Tier pages claimed by restores in flight.",

@@ -24,8 +24,9 @@ from ..config.loading import LoadedConfig, load_config
 from ..config.schema import EvictionSection
 from ..errors import ArgumentError
 from ..model.shape import ShapeOptions, resolve_shape
-from .figures import Given, make_plan, rank_geometry
-from .report import plan_table
+from .break_even import break_even, gate_options, restore_rates
+from .figures import Given, Plan, make_plan, rank_geometry
+from .report import break_even_lines, plan_table
 from .request import build_request
 from .trace import MAX_BYTES_REQUESTS, MAX_INPUT_TOKENS, Trace, read_trace
 from .workload import Eviction, make_trace_plan
@@ -141,6 +142,9 @@ class PlanCommand:
     link_gbps: float | None = None
     measure_link: bool = False
     json: bool = False
+    #: ``--restore-rate NAME=RATE`` each, and ``--prefill-rate`` (tokens/s): break-even rows.
+    restore_rates: tuple[str, ...] = ()
+    prefill_rate: float | None = None
 
     def deployment(self) -> dict[str, Any]:
         """The keywords :func:`~.request.build_request` takes besides the shape and tokens."""
@@ -168,12 +172,15 @@ def run(command: PlanCommand) -> None:
             prefix_tokens=command.prefix_tokens, **common,
         )  # fmt: skip
         result = make_plan(loaded, request)
+        _break_even(loaded, command, result)
         if command.json:
             _print_json({"profile": loaded.profile, **result.to_dict()})
         else:
             title = {"profile": loaded.profile and Path(loaded.profile).stem,
                      "geometry": request.geometry["name"].value}  # fmt: skip
             out.print(plan_table(result, title))
+            for line in break_even_lines(result.figures.get("break_even", [])):
+                out.print(line, markup=False, highlight=False)
         _finish(result.refusals)
         return
     for value, option in ((command.tokens, "--tokens"), (command.prefix_tokens, "--prefix-tokens")):
@@ -185,6 +192,41 @@ def run(command: PlanCommand) -> None:
     _trace_plan(loaded, command.trace, command.block_tokens or 512, command.capacity_tokens,
                 command.eviction, bytes_requests, command.plot, command.shape, common,
                 command.json)  # fmt: skip
+
+
+def _break_even(loaded: LoadedConfig, command: PlanCommand, result: Plan) -> None:
+    """The break-even row of each backend whose restore rate is known, when a prefill rate is
+    (``--prefill-rate`` or the configured gate's): ``figures["break_even"]``."""
+    restore = result.figures.get("restore")
+    geometry = result.figures.get("geometry")
+    if restore is None or geometry is None:
+        return
+    config = loaded.config
+    registry = loaded.registry
+    backend = config.backend.name
+    if registry is not None:
+        backend = registry.backend_for(backend, config.transport.name)
+    rates = restore_rates(
+        backend, restore.get("link_gigabytes_per_s"),
+        restore.get("link_from"), command.restore_rates,
+    )  # fmt: skip
+    options = gate_options(loaded, command.prefill_rate)
+    if not rates:
+        return
+    if options.prefill_tokens_per_s is None and not options.prefill_curve:
+        if not command.restore_rates:
+            return  # nobody asked: a plan without a gate or rates says nothing of it
+        result.warnings.append(
+            "no break-even without a prefill rate: give --prefill-rate TOKENS_PER_S or "
+            "configure admission.options.prefill_tokens_per_s"
+        )
+        return
+    up_to = command.prefix_tokens or command.tokens or geometry["page_size"]
+    result.figures["break_even"] = [
+        break_even(name, rate, origin, geometry["page_size"], geometry["bytes_per_page_rank"],
+                   up_to, options).to_dict()
+        for name, rate, origin in rates
+    ]  # fmt: skip
 
 
 def _trace_plan(

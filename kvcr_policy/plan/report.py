@@ -9,7 +9,7 @@ from rich.table import Table
 
 from .figures import Plan, sized
 
-__all__ = ["plan_table"]
+__all__ = ["break_even_lines", "plan_table"]
 
 
 def _share(part: int, whole: int | None) -> str:
@@ -102,3 +102,16 @@ def plan_table(plan: Plan, title: dict[str, Any]) -> Table:
         for warning in plan.warnings:
             table.add_row("  !", escape(warning))
     return table
+
+
+def break_even_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per backend: its break-even prefix (below it, recomputing wins)."""
+    lines = []
+    for row in rows:
+        rate = f"{row['restore_bytes_per_s'] / 1e6:,.1f} MB/s ({row['rate_from']})"
+        if row["tokens"] is None:
+            verdict = f"recomputing wins at every prefix up to {row['up_to_tokens']:,} tokens"
+        else:
+            verdict = f"restoring wins from {row['tokens']:,} tokens (below, recomputing)"
+        lines.append(f"break-even {row['backend']} at {rate}: {verdict}")
+    return lines

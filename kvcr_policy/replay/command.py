@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from .figures import compare
+from .figures import compare, compare_no_tier
 from .prompts import prompts
 from .report import render
 from .setup import ReplaySetup
@@ -23,8 +23,10 @@ def replay(setup: ReplaySetup) -> dict[str, Any]:
         file=sys.stderr,
         flush=True,
     )
-    baseline, tier = runner(setup, chosen)
-    outputs_identical = baseline.pop("outputs") == tier.pop("outputs")
+    runs = runner(setup, chosen)
+    outputs = [run.pop("outputs") for run in runs]
+    no_tier, baseline, tier = runs[0], runs[-2], runs[-1]
+    extra = {} if baseline is no_tier else compare_no_tier(no_tier)
     return {
         "engine": setup.engine,
         "trace": str(setup.trace),
@@ -34,9 +36,12 @@ def replay(setup: ReplaySetup) -> dict[str, Any]:
         "block_tokens": setup.block_tokens,
         "profile": setup.profile,
         "baseline": setup.vs or "no L3 tier",
-        "outputs_identical": outputs_identical,
+        "backend": setup.backend,
+        "tier_rate": setup.tier_rate,
+        "outputs_identical": all(o == outputs[0] for o in outputs),
         **compare(baseline, tier),
-        "runs": {"baseline": baseline, "tier": tier},
+        **extra,
+        "runs": {run["label"]: run for run in runs},
     }
 
 

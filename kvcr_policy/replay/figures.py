@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["compare", "percentile", "summarize"]
+__all__ = ["compare", "compare_no_tier", "percentile", "summarize"]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -51,3 +51,9 @@ def compare(baseline: dict[str, Any], tier: dict[str, Any]) -> dict[str, Any]:
     head["hit_tokens"] = tier["hit_tokens"]
     head["bytes_restored"] = tier["bytes_restored"]
     return head
+
+
+def compare_no_tier(no_tier: dict[str, Any]) -> dict[str, Any]:
+    """The run without an L3 tier beside a ``--vs`` baseline: its TTFT and prefill."""
+    names = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "prefill_tokens_computed")
+    return {f"no_tier_{name}": no_tier["measured"][name] for name in names}

@@ -42,4 +42,9 @@ def render(result: dict[str, Any]) -> str:
         ),
     ]
     lines += [f"{name:28}{a:>16}{b:>16}" for name, a, b in rows]
+    if "no_tier_ttft_p50_s" in result:  # --vs: the run without an L3 tier, too
+        lines.append(
+            f"without an L3 tier: TTFT p50 {_ms(result['no_tier_ttft_p50_s'])}, "
+            f"p90 {_ms(result['no_tier_ttft_p90_s'])}"
+        )
     return "\n".join(lines)

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from ..config.rates import parse_rate
 from ..errors import ReplayError
 
-__all__ = ["DEFAULT_TRACE", "ENGINES", "ReplaySetup"]
+__all__ = ["DEFAULT_TRACE", "ENGINES", "ReplaySetup", "labelled_runs"]
 
 ENGINES: Final = ("vllm", "sglang")
 #: The trace replayed when none is named: the repository's own copy of Mooncake's.
@@ -38,6 +39,14 @@ class ReplaySetup:
     passes: int = 2
     overrides: dict[str, Any] = field(default_factory=dict)
     format: Literal["table", "json"] = "table"
+    #: The tier's backend (``backend.name``); None: the profile's.
+    backend: str | None = None
+    #: ``peer`` only: the replay's ``serve`` limits its tenant to this rate (``50MB/s``).
+    tier_rate: str | None = None
+
+    @property
+    def tier_bytes_per_s(self) -> float | None:
+        return None if self.tier_rate is None else parse_rate(self.tier_rate)
 
     def __post_init__(self) -> None:
         def refuse(option: str, expected: str, got: object) -> None:
@@ -69,6 +78,17 @@ class ReplaySetup:
                 "a multiple of 32 for vLLM (its CPU block size)",
                 self.block_tokens,
             )
+        if self.tier_rate is not None:
+            try:
+                parse_rate(self.tier_rate)
+            except ValueError as err:
+                raise ReplayError(f"replay --tier-rate: {err}") from None
+            if self.backend != "peer":
+                message = (
+                    "replay --tier-rate limits the replay's own `kvcr-policy serve` (a tenant "
+                    f"bandwidth limit): add --backend peer (got --backend {self.backend})"
+                )
+                raise ReplayError(message)
         if self.tp not in (1, 2):
             refuse("--tp", "1 or 2", self.tp)
         if not self.trace.is_file():
@@ -77,3 +97,12 @@ class ReplaySetup:
                 f"under data/traces/ of the source tree (e.g. {DEFAULT_TRACE})"
             )
             raise ReplayError(message)
+
+
+def labelled_runs(setup: ReplaySetup) -> list[tuple[str, str | None]]:
+    """The runs of a replay, ``(label, profile)`` (None: no L3 tier), the last measured
+    against the others: ``baseline`` (no tier) and ``tier``; with ``--vs``, ``no_tier``, then
+    ``baseline`` (the ``--vs`` profile) and ``tier``."""
+    if setup.vs is None:
+        return [("baseline", None), ("tier", setup.profile)]
+    return [("no_tier", None), ("baseline", setup.vs), ("tier", setup.profile)]

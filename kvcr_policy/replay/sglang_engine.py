@@ -28,7 +28,8 @@ from ..integrations.sglang.config import extra_config_for
 from .figures import summarize
 from .prefill import prefill_seconds_per_token
 from .prompts import Prompt
-from .setup import ReplaySetup
+from .setup import ReplaySetup, labelled_runs
+from .tier import run_tier as _tier
 
 __all__ = ["VOCAB", "run_sglang"]
 
@@ -41,18 +42,26 @@ TIMEOUT_S = 1800
 PAGE_BYTES = 4096  # sglang_stack: 2 layers x 64 tokens x 1 head x 8 dims x bf16 x (K, V)
 
 
+def _capacity(prompts: list[Prompt]) -> int:
+    """A tier that holds every page of the prompts, twice over (at least 64 MiB)."""
+    pages = sum(len(p.tokens) // 64 for p in prompts)
+    return max(64 << 20, 2 * pages * PAGE_BYTES)
+
+
 def _extra(
-    setup: ReplaySetup, profile: str | None, prompts: list[Prompt], folder: Path
+    setup: ReplaySetup,
+    profile: str | None,
+    prompts: list[Prompt],
+    folder: Path,
+    tier: dict[str, Any],
 ) -> dict | None:
     if profile is None:
         return None
-    overrides: dict[str, Any] = dict(setup.overrides)
+    overrides: dict[str, Any] = {**tier, **setup.overrides}
     if setup.tp > 1:
         overrides.setdefault("backend.options.dir", str(folder / "host-tier"))
         overrides.setdefault("backend.options.idle_exit_s", 30)
-    if "placement.capacity_bytes" not in overrides:
-        pages = sum(len(p.tokens) // 64 for p in prompts)
-        overrides["placement.capacity_bytes"] = max(64 << 20, 2 * pages * PAGE_BYTES)
+    overrides.setdefault("placement.capacity_bytes", _capacity(prompts))
     return extra_config_for(profile, overrides)
 
 
@@ -164,8 +173,8 @@ def _figures(result: dict[str, Any], label: str, passes: int) -> dict[str, Any]:
     }
 
 
-def run_sglang(setup: ReplaySetup, prompts: list[Prompt]) -> tuple[dict, dict]:
-    """(the run without the tier or with ``--vs``, the run with ``--profile``)."""
+def run_sglang(setup: ReplaySetup, prompts: list[Prompt]) -> list[dict]:
+    """The runs: without the tier, with ``--vs`` (when given), with ``--profile``."""
     spec = find_spec("sglang")
     if spec is None or spec.origin is None:  # a folder named sglang is no SGLang
         raise ReplayError(MISSING)
@@ -173,22 +182,23 @@ def run_sglang(setup: ReplaySetup, prompts: list[Prompt]) -> tuple[dict, dict]:
     print(f"replay: prefill stand-in {rate * 1e6:.1f} us per token (measured)", file=sys.stderr)
     runs = []
     with tempfile.TemporaryDirectory(prefix="kvcr-replay-sglang-") as name:
-        for label, profile in (("baseline", setup.vs), ("tier", setup.profile)):
+        for label, profile in labelled_runs(setup):
             folder = Path(name) / label
             folder.mkdir()
-            job = {
-                "label": label,
-                "prompts": [list(p.tokens) for p in prompts],
-                "passes": setup.passes,
-                "prefill_s_per_token": rate,
-                "mla": setup.mla,
-                "extra": _extra(setup, profile, prompts, folder),
-            }
-            try:
-                result = _merge(_run(job, folder, setup.tp))
-            finally:
-                _stop_host_tiers(folder)
+            with _tier(setup, profile, _capacity(prompts)) as tier:
+                job = {
+                    "label": label,
+                    "prompts": [list(p.tokens) for p in prompts],
+                    "passes": setup.passes,
+                    "prefill_s_per_token": rate,
+                    "mla": setup.mla,
+                    "extra": _extra(setup, profile, prompts, folder, tier),
+                }
+                try:
+                    result = _merge(_run(job, folder, setup.tp))
+                finally:
+                    _stop_host_tiers(folder)
             figures = _figures(result, label, setup.passes)
             figures.update(prefill_s_per_token=rate, tp=setup.tp, mla=setup.mla)
             runs.append(figures)
-    return runs[0], runs[1]
+    return runs

@@ -95,6 +95,10 @@ class Replay:
         self._to_device(keys[:hit], digest)
         computed = (len(keys) - hit) * PAGE
         ttft = time.perf_counter() - started + computed * self.rate
+        if self.storage and computed:  # the engine's prefill rate, for the admission gate
+            self.controller.storage_backend.pipeline.prefill_observed(
+                computed, computed * self.rate
+            )
         for key in keys[hit:]:
             digest.update(self._kv(key).tobytes())
         self._write_through(tokens, keys, hit, locked)
@@ -226,11 +230,15 @@ class Replay:
     def _counters(self) -> dict[str, int]:
         if not self.storage:
             return {}
-        stats = self.controller.storage_backend.get_stats().kvcr_policy
-        return {
+        backend = self.controller.storage_backend
+        stats = backend.get_stats().kvcr_policy
+        counters = {
             name: int(stats.get(name) or 0)
             for name in ("pages_read", "pages_written", "bytes_read", "bytes_written")
         }
+        for (decision, _), pages in backend.pipeline.admission.counts.items():
+            counters[f"{decision}_pages"] = counters.get(f"{decision}_pages", 0) + pages
+        return counters
 
     def close(self) -> None:
         if self.storage:

@@ -21,7 +21,8 @@ from ..errors import ReplayError
 from ..integrations.vllm.config import connector_config_for
 from .figures import summarize
 from .prompts import Prompt
-from .setup import ReplaySetup
+from .setup import ReplaySetup, labelled_runs
+from .tier import run_tier as _tier
 from .vllm_model import BLOCK_BYTES, BLOCK_SIZE, write_model
 
 __all__ = ["run_job", "run_vllm", "vllm_job"]
@@ -33,16 +34,26 @@ MISSING = (
 TIMEOUT_S = 1800
 
 
-def vllm_job(setup: ReplaySetup, prompts: list[Prompt], folder: Path, profile: str | None) -> dict:
-    """The job of one run: ``profile`` None runs without the connector."""
+def _capacity(prompts: list[Prompt]) -> int:
+    pages = sum(len(p.tokens) // BLOCK_SIZE for p in prompts)
+    return max(64 << 20, 2 * pages * BLOCK_BYTES)
+
+
+def vllm_job(
+    setup: ReplaySetup,
+    prompts: list[Prompt],
+    folder: Path,
+    profile: str | None,
+    tier: dict[str, Any] | None = None,
+) -> dict:
+    """The job of one run: ``profile`` None runs without the connector; ``tier``: overrides
+    that point it at the replay's own peer tier (:mod:`.tier`)."""
     longest = max(len(p.tokens) for p in prompts) + setup.output_tokens
     max_len = math.ceil(longest / BLOCK_SIZE) * BLOCK_SIZE
     transfer = None
     if profile is not None:
-        overrides = dict(setup.overrides)
-        if "placement.capacity_bytes" not in overrides:
-            pages = sum(len(p.tokens) // BLOCK_SIZE for p in prompts)
-            overrides["placement.capacity_bytes"] = max(64 << 20, 2 * pages * BLOCK_BYTES)
+        overrides = {**(tier or {}), **setup.overrides}
+        overrides.setdefault("placement.capacity_bytes", _capacity(prompts))
         transfer = connector_config_for(profile, overrides)
     return {
         "model": str(folder / "model"),
@@ -107,8 +118,8 @@ def _figures(result: dict[str, Any], label: str, passes: int) -> dict[str, Any]:
     }
 
 
-def run_vllm(setup: ReplaySetup, prompts: list[Prompt]) -> tuple[dict, dict]:
-    """(the run without the tier or with ``--vs``, the run with ``--profile``)."""
+def run_vllm(setup: ReplaySetup, prompts: list[Prompt]) -> list[dict]:
+    """The runs: without the tier, with ``--vs`` (when given), with ``--profile``."""
     spec = find_spec("vllm")
     if spec is None or spec.origin is None:  # a folder named vllm is no vLLM
         raise ReplayError(MISSING)
@@ -116,7 +127,9 @@ def run_vllm(setup: ReplaySetup, prompts: list[Prompt]) -> tuple[dict, dict]:
         folder = Path(name)
         write_model(folder / "model")
         runs = []
-        for label, profile in (("baseline", setup.vs), ("tier", setup.profile)):
-            result = run_job(vllm_job(setup, prompts, folder, profile), label, folder)
+        for label, profile in labelled_runs(setup):
+            with _tier(setup, profile, _capacity(prompts)) as tier:
+                job = vllm_job(setup, prompts, folder, profile, tier)
+                result = run_job(job, label, folder)
             runs.append(_figures(result, label, setup.passes))
-    return runs[0], runs[1]
+    return runs

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from .admission import Admission, AdmissionStrategy, RestoreOutlook
 from .eviction_policy import EvictionPolicy
 
 if TYPE_CHECKING:
@@ -20,12 +21,15 @@ if TYPE_CHECKING:
     from ..memory.region import Region
 
 __all__ = [
+    "Admission",
+    "AdmissionStrategy",
     "BatchingStrategy",
     "CoalescingStrategy",
     "EvictionPolicy",
     "EvictionStrategy",
     "FallbackStrategy",
     "PlacementStrategy",
+    "RestoreOutlook",
     "ThreadTuningStrategy",
     "Window",
     "follow_coalescing",

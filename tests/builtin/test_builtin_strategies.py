@@ -26,6 +26,7 @@ from kvcr_policy.config.schema import (
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.registry import NoOptions, Registry
 from kvcr_policy.strategies import (
+    AdmissionStrategy,
     BatchingStrategy,
     CoalescingStrategy,
     EvictionStrategy,
@@ -45,6 +46,7 @@ PROTOCOLS = {
     "thread_tuning": ThreadTuningStrategy,
     "fallback": FallbackStrategy,
     "eviction": EvictionStrategy,
+    "admission": AdmissionStrategy,
 }
 
 

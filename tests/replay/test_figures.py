@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.replay.figures import compare, percentile, summarize
+from kvcr_policy.replay.figures import compare, compare_no_tier, percentile, summarize
 
 values = st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=50)
 
@@ -35,3 +35,14 @@ def test_the_comparison_reads_the_measured_pass() -> None:
     head = compare(base, tier)
     assert head["ttft_p50_s"] == 0.1 and head["baseline_ttft_p50_s"] == 1.0
     assert head["prefill_tokens_saved"] == 90 and head["prefill_tokens_computed"] == 10
+
+
+def test_the_run_without_a_tier_is_reported_beside_a_baseline_profile() -> None:
+    record = {"pass": 1, "ttft_s": 0.5, "prompt_tokens": 100, "cached_tokens": 0}
+    no_tier = {"measured": summarize([record], 1)}
+    assert compare_no_tier(no_tier) == {
+        "no_tier_ttft_p50_s": 0.5,
+        "no_tier_ttft_p90_s": 0.5,
+        "no_tier_ttft_p99_s": 0.5,
+        "no_tier_prefill_tokens_computed": 100,
+    }

@@ -43,3 +43,25 @@ def test_the_tier_serves_the_second_visit_with_the_same_kv(tp: int, mla: bool) -
                     for n in (1, len(tier["passes"])))  # fmt: skip
     assert first * writers <= counters["pages_written"] <= every * writers
     assert counters["pages_read"] == tp * result["hit_tokens"] // PAGE
+
+
+def test_a_gated_tier_behind_a_limited_peer_is_compared_with_ungated_and_no_tier() -> None:
+    """Three runs: no tier, throughput and gated, each over a `serve` of its own limited to
+    2 MB/s a tenant. Which pages the gate admits depends on the rates measured on this
+    machine, so the test asks only that every decision is counted and outputs never change."""
+    if not sglang_installed():
+        missing(SGLANG_MISSING)
+    setup = ReplaySetup(
+        engine="sglang", trace=ROOT / DEFAULT_TRACE, requests=4, profile="gated",
+        vs="throughput", backend="peer", tier_rate="2MB/s",
+    )  # fmt: skip
+    result = replay(setup)
+    assert result["outputs_identical"] is True
+    assert set(result["runs"]) == {"no_tier", "baseline", "tier"}
+    assert result["no_tier_ttft_p50_s"] is not None and result["tier_rate"] == "2MB/s"
+    runs = result["runs"]
+    assert all(run["mismatched_pages"] == 0 for run in runs.values())
+    counters = runs["tier"]["backend_counters"]
+    decided = counters.get("admitted_pages", 0) + counters.get("declined_pages", 0)
+    assert decided > 0  # the gate decided every lookup that found pages
+    assert "declined_pages" not in runs["baseline"]["backend_counters"]  # throughput: no gate

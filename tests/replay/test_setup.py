@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy.errors import ReplayError
-from kvcr_policy.replay.setup import DEFAULT_TRACE, ReplaySetup
+from kvcr_policy.replay.setup import DEFAULT_TRACE, ReplaySetup, labelled_runs
 from tests.support.paths import ROOT
 
 TRACE = ROOT / DEFAULT_TRACE
@@ -23,6 +23,8 @@ TRACE = ROOT / DEFAULT_TRACE
         ({"engine": "sglang", "passes": 1}, "--passes: expected 2 to 4"),
         ({"engine": "sglang", "tp": 3}, "--tp: expected 1 or 2"),
         ({"engine": "sglang", "trace": Path("no/such.jsonl")}, "is not a file"),
+        ({"engine": "sglang", "tier_rate": "50MB/s"}, "add --backend peer"),
+        ({"engine": "sglang", "backend": "peer", "tier_rate": "50"}, "--tier-rate: expected a"),
     ],
 )
 def test_a_setup_that_cannot_run_is_refused(fields: dict, says: str) -> None:
@@ -34,3 +36,16 @@ def test_a_setup_that_cannot_run_is_refused(fields: dict, says: str) -> None:
 def test_each_engine_has_its_own_block_size() -> None:
     assert ReplaySetup(engine="vllm", trace=TRACE).block_tokens == 32
     assert ReplaySetup(engine="sglang", trace=TRACE).block_tokens == 512
+
+
+def test_a_baseline_profile_adds_a_run_without_the_tier() -> None:
+    plain = ReplaySetup(engine="sglang", trace=TRACE, profile="gated")
+    assert labelled_runs(plain) == [("baseline", None), ("tier", "gated")]
+    versus = ReplaySetup(
+        engine="sglang", trace=TRACE, profile="gated", vs="throughput", backend="peer",
+        tier_rate="50MB/s",
+    )  # fmt: skip
+    assert labelled_runs(versus) == [
+        ("no_tier", None), ("baseline", "throughput"), ("tier", "gated"),
+    ]  # fmt: skip
+    assert versus.tier_bytes_per_s == 50e6

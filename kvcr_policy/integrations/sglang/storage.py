@@ -152,16 +152,29 @@ class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
         # tensor API (cache_controller.py, attach_storage_backend): exists answers for that.
         if not self.options.interface_v1:
             try:
-                return self._objects.exists(keys, self._pools.kv_page_bytes())
+                found = self._objects.exists(keys, self._pools.kv_page_bytes())
             except Exception as err:
                 self._failed("exists", "v0", len(keys), err)
                 return 0
+            return self._admit(found, list(self.pipeline.pools))
         kv = self.pools.get(KV)
         if kv is not None and kv.kind == "logical":
             # As MooncakeStore: a logical anchor has no KV object; only batch_exists_v2,
             # which asks its side pools, can say what is restorable.
             return 0
-        return self._count(KV, keys)
+        return self._admit(self._count(KV, keys), [KV])
+
+    def _admit(self, found: int, pools: list[str]) -> int:
+        """How many of ``found`` leading present pages to report (``admission.strategy``: a
+        page not reported is recomputed); every page when the admission cannot be asked."""
+        names = [name for name in pools if name in self.pipeline.pools]
+        if found <= 0 or not names:
+            return found
+        try:
+            return self.pipeline.admit(found, names)
+        except Exception as err:  # the gate must never turn a lookup into a failure
+            log.warning("kvcr_policy: admission of %d pages failed, all admitted: %s", found, err)
+            return found
 
     def batch_get_v1(
         self,

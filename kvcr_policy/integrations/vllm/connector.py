@@ -188,7 +188,9 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         pipeline = self._pipeline or published(self.engine_id)
         if pipeline is None:
             return 0  # the worker has not registered its blocks yet
-        return int(pipeline.exists(keys, POOL))
+        # The admission strategy may report fewer (``admission.strategy``; none: all): a
+        # block not reported is computed by vLLM instead of loaded.
+        return pipeline.admit(int(pipeline.exists(keys, POOL)), [POOL])
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int

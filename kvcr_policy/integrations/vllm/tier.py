@@ -112,7 +112,8 @@ class KVCRPolicyTier(SecondaryTierManager):
 
     def _present(self, key: OffloadKey) -> int:
         try:
-            return int(self.pipeline.exists([self._key(key)], POOL))
+            found = int(self.pipeline.exists([self._key(key)], POOL))
+            return self.pipeline.admit(found, [POOL])  # a declined block is recomputed
         except Exception as err:  # a failed lookup is a miss
             log.warning("kvcr_policy: tier lookup failed: %s", err)
             return 0

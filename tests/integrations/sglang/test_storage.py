@@ -425,3 +425,25 @@ def test_sglangs_at_file_form_builds_the_backend_and_origins_name_the_file(
         assert line in caplog.text
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize(("restore", "expected"), [(1.0, 0), (1e15, 6)])
+def test_batch_exists_reports_what_the_admission_gate_admits(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, restore: float, expected: int
+) -> None:
+    # Rates injected by configuration (no restore runs, so none is measured): a tier of
+    # 1 byte/s is declined whole, one of 1 PB/s admitted whole, against 1e6 tokens/s.
+    options = {"prefill_tokens_per_s": 1e6, "restore_bytes_per_s": restore}
+    backend = make_backend(
+        profile="gated", overrides={"admission.strategy": "gate", "admission.options": options}
+    )
+    pool = kit.mha("layer_first")
+    backend.register_mem_pool_host(pool)
+    keys = [f"gate-{i}" for i in range(6)]
+    assert backend.batch_set_v1(keys, kit.indices(pool, list(range(6)))) == [True] * 6
+    assert backend.batch_exists(keys) == expected
+    hit = backend.batch_exists_v2(keys)
+    assert hit.kv_hit_pages == expected
+    reason = "restores_sooner" if expected else "computes_sooner"
+    decision = "admitted" if expected else "declined"
+    assert backend.pipeline.admission.counts == {(decision, reason): 12}

@@ -28,8 +28,16 @@ TIER = {
 }
 
 
+#: The admission gate against a tier assumed to deliver 1 byte/s (injected: no restore runs
+#: before the lookup, so none is measured) and an engine computing 1e6 tokens/s.
+SLOW_GATE = {
+    "admission.strategy": "gate",
+    "admission.options": {"prefill_tokens_per_s": 1e6, "restore_bytes_per_s": 1.0},
+}
+
+
 @pytest.fixture
-def tiering(vllm: None) -> Iterator[Any]:
+def tiering(vllm: None, request: pytest.FixtureRequest) -> Iterator[Any]:
     from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
     from vllm.v1.kv_offload.tiering.manager import (
@@ -45,7 +53,9 @@ def tiering(vllm: None) -> Iterator[Any]:
         cpu_page_size=mmap.PAGESIZE,
     )
     primary = CPUPrimaryTierOffloadingManager(num_chunks=CHUNKS, mmap_region=region)
-    tier = SecondaryTierFactory.create_secondary_tier(TIER, primary.get_kv_memoryview(), None)
+    extra = getattr(request, "param", {})  # more overrides, by indirect parametrization
+    config = {**TIER, "overrides": {**TIER["overrides"], **extra}}  # type: ignore[dict-item]
+    tier = SecondaryTierFactory.create_secondary_tier(config, primary.get_kv_memoryview(), None)
     manager = TieringOffloadingManager(primary, [tier])
     yield manager
     manager.shutdown()
@@ -114,6 +124,19 @@ def test_a_chunk_evicted_from_the_primary_comes_back_byte_exact(tiering: Any) ->
     spec = tiering.prepare_load([key(1)], ctx)
     assert np.array_equal(rows(tiering)[spec.chunk_ids[0]], chunk_bytes(1))
     tiering.complete_load([key(1)], ctx)
+    tiering.on_request_finished(ctx)
+
+
+@pytest.mark.parametrize("tiering", [SLOW_GATE], indirect=True)
+def test_a_chunk_the_admission_gate_declines_is_a_miss_and_counted(tiering: Any) -> None:
+    from vllm.v1.kv_offload.base import LookupResult
+
+    store(tiering, "a", [0, 1, 2, 3])
+    store(tiering, "b", [4, 5, 6, 7])  # 0..3 are only in our tier now
+    tier = tiering.secondary_tiers[0]
+    ctx, result = lookup(tiering, "c", 1)
+    assert result is LookupResult.MISS  # present, but computing it is sooner
+    assert tier.pipeline.admission.counts == {("declined", "computes_sooner"): 1}
     tiering.on_request_finished(ctx)
 
 

@@ -59,6 +59,7 @@ from ..wire import messages as m
 from ..worker import Worker, acquire_worker
 from .addrcheck import READY_TIMEOUT_S, AddressChecker
 from .admission import Admission
+from .bandwidth import TenantBandwidth
 from .labels import tenant_labels
 from .meter import ServerMeter, open_server_meter
 from .quarantine import Held, Quarantine, open_pidfd
@@ -195,6 +196,8 @@ class PeerServer:
         self.dead_after_s = self.options.dead_after_s
         self.keyring: Keyring = server_keyring(self.loaded)
         self.admission = Admission(security.tenant_max_sessions)
+        rate = None if security.tenant_rate is None else security.tenant_rate * 1e9
+        self.bandwidth = TenantBandwidth(rate)  # security.tenant_rate: opt-in, per tenant
         # Descriptor shapes accepted; every server accepts client-shaped lists ("shaped").
         self.capabilities: frozenset[str] = frozenset(self.options.capabilities)
         self.capabilities_mask = m.capability_mask(self.capabilities | {"shaped"})

@@ -39,6 +39,7 @@ from ..requests import RequestGroup, Stall, Timer
 from ..wire import messages as m
 from ..wire.framing import MAX_PAYLOAD
 from ..worker import Worker
+from .bandwidth import TenantBandwidth
 from .budget import FREE_PAYLOAD
 from .handshake import HELLO_LIMIT, Admitter, Handshake
 from .meter import ServerMeter
@@ -81,6 +82,7 @@ class Host(Admitter, Protocol):
     capabilities_mask: int
     server_id: int
     host_id: str
+    bandwidth: TenantBandwidth
     meter: ServerMeter | None
     local_name: str
 
@@ -320,6 +322,10 @@ class Session:
         if pool is None:
             raise PoolError(f"no attached pool number {number} (attached: {len(self.pools)})")
         return pool
+
+    def pace(self, nbytes: int) -> float:
+        """Seconds the answer to this tenant's request of ``nbytes`` waits (its bandwidth)."""
+        return self.server.bandwidth.delay(self.tenant, nbytes)
 
     def deadline(self, what: str, limit: float | None = None) -> Timer:
         """Abort the session unless cancelled within ``limit`` (default ``op_timeout_s``)."""

@@ -100,6 +100,8 @@ class Owner(Protocol):
 
     def hold(self, items: list[Held]) -> None: ...
 
+    def pace(self, nbytes: int) -> float: ...
+
 
 @dataclass(slots=True)
 class _Read:
@@ -233,9 +235,22 @@ class Transfers:
             self.owner.channel.send(m.Claimed(0, claim.slots), request)
             return
         number = next(self._ids)
-        timer = self.owner.worker.later(self.owner.op_timeout_s, lambda: self._expire(number))
+        # The tenant's bandwidth (security.tenant_rate): the answer waits until its bytes are
+        # paid for, and the claim's time to be used starts from the answer.
+        wait = self.owner.pace(len(claim.slots) * pool.tier.geometry.page_bytes)
+        timer = self.owner.worker.later(
+            wait + self.owner.op_timeout_s, lambda: self._expire(number)
+        )
         self.reads[number] = _Read(pool, claim, timer)
-        self.owner.channel.send(m.Claimed(number, claim.slots), request)
+        self._answer(wait, m.Claimed(number, claim.slots), request)
+
+    def _answer(self, wait: float, message: m.Message, request: int) -> None:
+        """Send ``message`` now, or after ``wait`` seconds on the loop (a closed channel
+        drops it: the claim or reservation was let go with the session)."""
+        if wait <= 0:
+            self.owner.channel.send(message, request)
+        else:
+            self.owner.worker.later(wait, lambda: self.owner.channel.send(message, request))
 
     def _no_messages(self, kind: str) -> bool:
         """A shared-memory session moves no UCX messages: SEND, POST and PROBE end it."""
@@ -338,11 +353,13 @@ class Transfers:
         reservation = pool.tier.store.reserve(msg.keys, self._call_keys(msg))
         todo = np.flatnonzero(reservation.slots >= 0)
         number = next(self._ids)
-        write = _Write(pool, reservation, todo, request, self.owner.deadline("a write"))
+        wait = self.owner.pace(len(todo) * pool.tier.geometry.page_bytes)  # as claim
+        limit = wait + self.owner.op_timeout_s
+        write = _Write(pool, reservation, todo, request, self.owner.deadline("a write", limit))
         if len(todo) == 0:  # nothing to receive: COMMIT follows at once
             write.posted, write.arrived = True, np.zeros(0, dtype=bool)
         self.writes[number] = write
-        self.owner.channel.send(m.Reserved(number, reservation.slots), request)
+        self._answer(wait, m.Reserved(number, reservation.slots), request)
 
     def _call_keys(self, msg: m.Reserve) -> set[str] | list[str]:
         """The keys no batch of ``msg``'s call may evict: those its first batch named and those

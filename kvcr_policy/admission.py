@@ -1,0 +1,109 @@
+"""Lookup-time admission of one pipeline: its live restore figures, the decision, the record.
+
+The pipeline feeds :class:`AdmissionDesk` from every restore call (the bytes queued while it
+runs, then the bytes it moved and its seconds: a decayed rate, :mod:`.observability.rates`)
+and from the prefill rate an engine reports where it exposes one. A lookup
+(:meth:`~kvcr_policy.pipeline.Pipeline.admit`) asks the configured admission strategy how
+many of its leading present pages to report, counts the decision in the pool's
+``kvcr_policy_admission_pages`` and in :attr:`AdmissionDesk.counts`, and explains it at debug
+level (logger ``kvcr_policy.admission``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from .observability.meter import PoolMeter
+from .observability.rates import DecayedRate
+from .strategies import Admission, AdmissionStrategy, RestoreOutlook
+
+__all__ = ["AdmissionDesk"]
+
+log = logging.getLogger("kvcr_policy.admission")
+
+#: Half-life of the restore and prefill rates: long enough to smooth one slow call, short
+#: enough that a tier that slowed down (or a tenant that started sharing it) shows in seconds.
+HALF_LIFE_S = 10.0
+
+
+class AdmissionDesk:
+    """One pipeline's admission strategy and what it decides on; thread-safe."""
+
+    def __init__(
+        self,
+        strategy: AdmissionStrategy,
+        clock: Callable[[], float] = time.monotonic,
+        half_life_s: float = HALF_LIFE_S,
+    ) -> None:
+        self.strategy = strategy
+        self.restores = DecayedRate(half_life_s, clock)
+        self.prefills = DecayedRate(half_life_s, clock)
+        self._lock = threading.Lock()
+        self._queued = 0
+        #: Pages by ``(decision, reason)`` since the pipeline opened.
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    @contextmanager
+    def restoring(self, nbytes: int) -> Iterator[None]:
+        """A restore of ``nbytes`` is queued or moving while the block runs."""
+        with self._lock:
+            self._queued += nbytes
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._queued -= nbytes
+
+    def outlook(self) -> RestoreOutlook:
+        """What the tier delivers now: the figures a decision is made on."""
+        with self._lock:
+            queued = self._queued
+        return RestoreOutlook(
+            self.restores.per_second, queued, self.restores.idle_s, self.prefills.per_second
+        )
+
+    def decide(
+        self, pool: str, found: int, page_tokens: int, page_bytes: int, meter: PoolMeter | None
+    ) -> int:
+        """How many of ``found`` leading present pages of ``pool`` to report; counted."""
+        if found <= 0:
+            return 0
+        outlook = self.outlook()
+        decision = self.strategy.admit(found, page_tokens, page_bytes, outlook)
+        pages = min(max(int(decision.pages), 0), found)  # a plugin cannot report more
+        declined = found - pages
+        with self._lock:
+            if pages:
+                self.counts["admitted", decision.reason] += pages
+            if declined:
+                self.counts["declined", decision.declined or decision.reason] += declined
+        if meter is not None:
+            meter.admission(pages, decision.reason, declined, decision.declined or decision.reason)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s", _explain(pool, found, pages, decision, outlook, page_bytes))
+        return pages
+
+
+def _explain(
+    pool: str, found: int, pages: int, d: Admission, o: RestoreOutlook, page_bytes: int
+) -> str:
+    def seconds(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:.4f} s"
+
+    rate = "unmeasured" if o.bytes_per_s is None else f"{o.bytes_per_s / 1e6:.1f} MB/s"
+    prefill = (
+        "engine unreported"
+        if o.prefill_tokens_per_s is None
+        else (f"{o.prefill_tokens_per_s:.0f} tokens/s reported")
+    )
+    declined = f", {found - pages} declined ({d.declined or d.reason})" if pages < found else ""
+    return (
+        f"pool {pool!r}: {pages} of {found} present pages admitted ({d.reason}){declined}; "
+        f"restore of {found} pages ({found * page_bytes} bytes, {o.queued_bytes} queued) "
+        f"{seconds(d.restore_s)} at {rate}, compute {seconds(d.compute_s)} ({prefill})"
+    )

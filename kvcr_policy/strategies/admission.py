@@ -1,0 +1,59 @@
+"""The admission kind: how many leading present pages a lookup reports as hits.
+
+A lookup (SGLang's ``batch_exists*``, vLLM's ``get_num_new_matched_tokens`` and its tier's
+``lookup``) first counts the leading run of present pages, then asks the admission strategy
+how many of them to report: a page not reported is recomputed by the engine instead of
+restored. The pipeline hands the strategy what it measures live (:class:`RestoreOutlook`);
+the strategy is a pure decision on those numbers, so tests drive it with injected rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Admission", "AdmissionStrategy", "RestoreOutlook"]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreOutlook:
+    """What the tier is delivering now, for one pipeline (one backend, one tenant).
+
+    ``bytes_per_s``: the decayed rate of this pipeline's restores (None before the first);
+    ``queued_bytes``: bytes of restores in flight now, which a new restore waits behind;
+    ``idle_s``: seconds since the last restore ended (None before the first);
+    ``prefill_tokens_per_s``: the engine's prefill rate where the engine reported it (None
+    when it did not: the strategy then uses its own calibrated or configured rate).
+    """
+
+    bytes_per_s: float | None
+    queued_bytes: int = 0
+    idle_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A decision: report ``pages`` leading pages as hits. ``reason`` says why they were
+    admitted, ``declined`` why the others were not (labels of the
+    ``kvcr_policy_admission_pages`` metric: short, from a fixed set per strategy);
+    ``restore_s`` and ``compute_s`` are the expected seconds to restore and to compute all
+    ``found`` pages, where the strategy estimated them (the debug log shows them)."""
+
+    pages: int
+    reason: str
+    declined: str = ""
+    restore_s: float | None = None
+    compute_s: float | None = None
+
+
+@runtime_checkable
+class AdmissionStrategy(Protocol):
+    """Decides, at lookup time, how many of the ``found`` leading present pages to report."""
+
+    def admit(
+        self, found: int, page_tokens: int, page_bytes: int, outlook: RestoreOutlook
+    ) -> Admission:
+        """At most ``found`` pages (of ``page_tokens`` tokens and ``page_bytes`` bytes each,
+        over every pool a restore reads) to report, and why; called once per lookup."""
+        ...

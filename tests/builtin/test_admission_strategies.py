@@ -1,0 +1,155 @@
+"""The admission strategies: 'none' reports every present page; the gate reports the longest
+prefix that restores sooner than it computes, within its margin. Every rate here is injected
+(a RestoreOutlook and options), never measured on this machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcr_policy.builtin.admission import GateOptions, NoAdmission, RestoreGate, compute_seconds
+from kvcr_policy.config.loading import load_config
+from kvcr_policy.config.schema import AdmissionSection
+from kvcr_policy.errors import ConfigError
+from kvcr_policy.registry import NoOptions, Registry
+from kvcr_policy.strategies import AdmissionStrategy, RestoreOutlook
+
+SECTION = AdmissionSection()
+PAGE_TOKENS, PAGE_BYTES = 64, 16 << 20  # qwen3-32b: 256 KiB a token, 64 tokens a page
+
+
+def gate(**options: object) -> RestoreGate:
+    return RestoreGate(SECTION, GateOptions.model_validate({"probe_after_s": None, **options}))
+
+
+def test_none_reports_every_present_page() -> None:
+    strategy = NoAdmission(SECTION, NoOptions())
+    assert isinstance(strategy, AdmissionStrategy)
+    decision = strategy.admit(12, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(1.0))
+    assert (decision.pages, decision.reason) == (12, "no_gate")
+
+
+def test_a_tier_faster_than_prefill_is_admitted_whole() -> None:
+    # 64 tokens per 16 MiB page at 1,000 tokens/s: 64 ms to compute; 10 GB/s restores in 1.7 ms.
+    decision = gate(prefill_tokens_per_s=1000).admit(
+        100, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(10e9)
+    )
+    assert (decision.pages, decision.reason, decision.declined) == (100, "restores_sooner", "")
+
+
+def test_a_tier_slower_than_prefill_is_declined_whole() -> None:
+    # 50 MB/s: a page in 0.34 s; 10,000 tokens/s computes it in 6.4 ms.
+    decision = gate(prefill_tokens_per_s=10_000).admit(
+        100, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(50e6)
+    )
+    assert (decision.pages, decision.reason, decision.declined) == (
+        0,
+        "computes_sooner",
+        "computes_sooner",
+    )
+
+
+def test_bytes_already_queued_decline_a_short_prefix_and_admit_a_long_one() -> None:
+    # Per page: restore 16.8 ms at 1 GB/s, compute 64 ms; 1 GB queued costs 1 s up front.
+    fast = gate(prefill_tokens_per_s=1000)
+    queued = RestoreOutlook(1e9, queued_bytes=1_000_000_000)
+    assert fast.admit(10, PAGE_TOKENS, PAGE_BYTES, queued).pages == 0
+    assert fast.admit(40, PAGE_TOKENS, PAGE_BYTES, queued).pages == 40
+
+
+def test_a_prefill_curve_gives_the_longest_prefix_that_restores_sooner() -> None:
+    # The rate varies with the prompt's length: restoring at 1 GB/s (16.8 ms a page) beats
+    # computing a short prefix (1,000 tokens/s) but not a long one (100,000 tokens/s).
+    curve = gate(prefill_curve={64: 1000, 6400: 100_000})
+    decision = curve.admit(100, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(1e9))
+    k = np.arange(1, 101)
+    restore = k * PAGE_BYTES / 1e9
+    compute = k * PAGE_TOKENS / np.interp(k * PAGE_TOKENS, [64, 6400], [1000, 100_000])
+    assert decision.pages == int(np.flatnonzero(restore <= compute)[-1]) + 1
+    assert 0 < decision.pages < 100
+    assert decision.declined == "computes_sooner"
+
+
+def test_the_engines_reported_rate_wins_over_the_configured_one() -> None:
+    configured = gate(prefill_tokens_per_s=1e9)  # would always decline
+    outlook = RestoreOutlook(1e9, prefill_tokens_per_s=100.0)  # the engine says: slow prefill
+    assert configured.admit(8, PAGE_TOKENS, PAGE_BYTES, outlook).pages == 8
+
+
+def test_without_a_compute_rate_or_a_restore_rate_every_page_is_admitted() -> None:
+    assert gate().admit(5, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(1.0)).reason == (
+        "no_compute_rate"
+    )
+    decision = gate(prefill_tokens_per_s=10).admit(5, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(None))
+    assert (decision.pages, decision.reason) == (5, "unmeasured")
+    assumed = gate(prefill_tokens_per_s=10_000, restore_bytes_per_s=1e6)
+    assert assumed.admit(5, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(None)).pages == 0
+
+
+def test_a_tier_idle_past_probe_after_s_is_tried_again() -> None:
+    probing = gate(prefill_tokens_per_s=10_000, probe_after_s=30)
+    slow = RestoreOutlook(1e6, idle_s=29.0)
+    assert probing.admit(5, PAGE_TOKENS, PAGE_BYTES, slow).pages == 0
+    idle = RestoreOutlook(1e6, idle_s=31.0)
+    assert probing.admit(5, PAGE_TOKENS, PAGE_BYTES, idle).reason == "probe"
+
+
+rates = st.floats(1e3, 1e12, allow_nan=False, allow_infinity=False)
+
+
+@given(
+    found=st.integers(0, 2000),
+    page_tokens=st.integers(1, 1024),
+    page_bytes=st.integers(1, 1 << 26),
+    restore=rates,
+    queued=st.integers(0, 1 << 34),
+    prefill=st.floats(1.0, 1e7),
+    margin=st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
+)
+def test_the_gate_never_admits_a_prefix_that_restores_slower_than_it_computes_beyond_the_margin(
+    found: int,
+    page_tokens: int,
+    page_bytes: int,
+    restore: float,
+    queued: int,
+    prefill: float,
+    margin: float,
+) -> None:
+    strategy = gate(prefill_tokens_per_s=prefill, margin=margin)
+    decision = strategy.admit(
+        found, page_tokens, page_bytes, RestoreOutlook(restore, queued_bytes=queued)
+    )
+    assert 0 <= decision.pages <= found
+    if decision.pages:  # the admitted prefix: restored within (1 + margin) of its compute
+        restore_s = (queued + decision.pages * page_bytes) / restore
+        compute_s = decision.pages * page_tokens / prefill
+        assert restore_s <= (1 + margin) * compute_s * (1 + 1e-9)
+    # ... and it is the longest such prefix: every longer one restores slower.
+    for k in range(decision.pages + 1, found + 1, max(1, found // 50)):
+        assert (queued + k * page_bytes) / restore > (1 + margin) * k * page_tokens / prefill * (
+            1 - 1e-9
+        )
+
+
+def test_compute_seconds_is_nan_without_any_rate() -> None:
+    assert np.isnan(compute_seconds(np.array([64.0]), GateOptions(), None)).all()
+
+
+def test_the_gated_profile_is_throughput_plus_the_gate(registry: Registry) -> None:
+    gated = load_config("gated", environ={}, registry=registry)
+    throughput = load_config("throughput", environ={}, registry=registry).config
+    assert gated.config.admission.strategy == "gate"
+    assert gated.config.model_copy(update={"admission": AdmissionSection()}) == throughput
+    assert "gated.toml [admission]" in gated.origin("admission.strategy")
+    assert load_config(environ={}, registry=registry).config.admission.strategy == "none"
+
+
+def test_a_gate_option_out_of_range_is_refused_with_its_origin(registry: Registry) -> None:
+    environ = {"KVCR_POLICY_ADMISSION__OPTIONS__MARGIN": "-1"}
+    with pytest.raises(ConfigError) as caught:
+        loaded = load_config("gated", environ=environ, registry=registry)
+        spec = registry.get("admission", "gate")
+        spec.create(loaded.config.admission, options=loaded.config.admission.options)
+    assert "margin" in str(caught.value)

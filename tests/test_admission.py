@@ -1,0 +1,80 @@
+"""Pipeline.admit and its AdmissionDesk: the live figures a lookup decides on, the decision
+counted in the desk and in ``kvcr_policy_admission_pages``. Rates are injected (configured or
+added to the desk), never taken from this machine's speed."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import REGISTRY
+
+from kvcr_policy.admission import AdmissionDesk
+from kvcr_policy.builtin.admission import GateOptions, RestoreGate
+from kvcr_policy.config.schema import AdmissionSection
+from kvcr_policy.observability.rates import DecayedRate
+from tests.support.pipelines import Build, build, stored_pool
+from tests.support.pools import P, token_indices
+
+__all__ = ["build"]  # the rig's fixture, used here
+
+SLOW = {
+    "admission.strategy": "gate",
+    "admission.options": {"prefill_tokens_per_s": 1e6, "restore_bytes_per_s": 1.0},
+}
+
+
+def test_the_default_profile_admits_every_present_page(build: Build) -> None:
+    pipeline, _, _, _, keys = stored_pool(build, n=6)
+    assert pipeline.admit(pipeline.exists(keys)) == 6
+    assert pipeline.admission.counts == {("admitted", "no_gate"): 6}
+
+
+def test_a_slow_tier_is_declined_and_counted_in_metrics(build: Build) -> None:
+    pipeline, _, _, _, keys = stored_pool(build, "gated", SLOW, n=6)
+    assert pipeline.admit(pipeline.exists(keys), ["kv"]) == 0
+    assert pipeline.admission.counts == {("declined", "computes_sooner"): 6}
+    labels = {"backend": "dram", "profile": "gated", "pool": "kv"}
+    declined = {**labels, "decision": "declined", "reason": "computes_sooner"}
+    assert (REGISTRY.get_sample_value("kvcr_policy_admission_pages_total", declined) or 0) >= 6
+
+
+def test_a_measured_fast_tier_replaces_the_assumed_rate(build: Build) -> None:
+    pipeline, geo, *_ = stored_pool(build, "gated", SLOW, n=6)
+    pipeline.admission.restores.add(geo.page_bytes * 1e9, 1.0)  # injected: 1e9 pages a second
+    assert pipeline.admit(6) == 6
+    assert pipeline.admission.counts == {("admitted", "restores_sooner"): 6}
+
+
+def test_a_restore_feeds_the_rate_and_leaves_nothing_queued(build: Build) -> None:
+    pipeline, _, _, _, keys = stored_pool(build, "gated", SLOW, n=4)
+    assert pipeline.admission.outlook().bytes_per_s is None
+    assert pipeline.get(keys, token_indices(range(8, 12), P)) == [True] * 4
+    outlook = pipeline.admission.outlook()
+    assert outlook.bytes_per_s is not None and outlook.bytes_per_s > 0
+    assert outlook.queued_bytes == 0 and outlook.idle_s is not None
+
+
+def test_the_engines_prefill_rate_is_used_when_reported(build: Build) -> None:
+    pipeline, *_ = stored_pool(build, "gated", SLOW, n=3)
+    pipeline.prefill_observed(1, 1e6)  # the engine: one token in 11 days
+    assert pipeline.admission.outlook().prefill_tokens_per_s == pytest.approx(1e-6)
+    assert pipeline.admit(3) == 3
+
+
+def test_queued_bytes_count_while_a_restore_runs_and_the_decision_is_explained(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    options = GateOptions(prefill_tokens_per_s=1000, probe_after_s=None)
+    desk = AdmissionDesk(RestoreGate(AdmissionSection(), options), clock=lambda: now[0])
+    desk.restores = DecayedRate(10.0, lambda: now[0])
+    desk.restores.add(1e9, 1.0)  # 1 GB/s
+    # One page: 1 MB restores in 1 ms, 64 tokens compute in 64 ms; 1 GB queued: 1 s first.
+    assert desk.decide("kv", 1, 64, 1_000_000, None) == 1
+    with desk.restoring(1_000_000_000), caplog.at_level(logging.DEBUG, "kvcr_policy.admission"):
+        assert desk.outlook().queued_bytes == 1_000_000_000
+        assert desk.decide("kv", 1, 64, 1_000_000, None) == 0
+    assert desk.outlook().queued_bytes == 0
+    assert "0 of 1 present pages admitted (computes_sooner)" in caplog.text
+    assert "1000000000 queued" in caplog.text and "1000.0 MB/s" in caplog.text
