@@ -43,6 +43,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcr_policy.builtin.eviction",
     "kvcr_policy.backends.dram.hooks",
     "kvcr_policy.backends.peer.hooks",
+    "kvcr_policy.backends.file.hooks",
 )
 
 
