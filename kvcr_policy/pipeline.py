@@ -43,9 +43,10 @@ from .errors import (
 from .geometry import BufferInfo, PoolGeometry, check_unchanged, page_indices, validate_buffer
 from .keys import check_keys, rounds
 from .mover import Mover
+from .observability.ledger import CallCounts, Ledger
 from .observability.meter import PoolMeter
 from .observability.meters import Meters
-from .observability.stats import PipelineStats, StatsRecorder
+from .observability.stats import PipelineStats
 from .plugins import PluginManager, make_plugin_manager
 from .strategies import (
     BatchingStrategy,
@@ -75,7 +76,8 @@ class Pipeline:
 
     Metrics (``observability.metrics``): each pool gets a
     :class:`~kvcr_policy.observability.meter.PoolMeter` that exists, get and set feed once per
-    call (the window once per batch), never per page.
+    call, never per page: the same :class:`~kvcr_policy.observability.ledger.CallCounts` each
+    call adds to the totals :meth:`stats` reports.
     """
 
     def __init__(
@@ -117,12 +119,14 @@ class Pipeline:
         self.allowed = coalescing.needs & backend.capabilities
         self._pools: dict[str, tuple[PoolGeometry, PoolTier]] = {}
         self._memory: dict[str, tuple[Any, BufferInfo]] = {}  # the buffer, as validated
+        #: Pools whose tier starts a read's first copies early (:class:`PoolReadsEarly`).
+        self._reads_early: set[str] = set()
         self.refused: dict[str, str] = {}
         # The ``profile`` label of the metrics is the profile file's name.
         profile = Path(loaded.profile).stem if loaded.profile else "default"
         self.meters = Meters(self.config.observability.metrics, backend.name, profile)
-        self._stats = StatsRecorder()
-        self._mover = Mover(batching, coalescing, self.allowed, fallback, self._stats)
+        self._ledger = Ledger()
+        self._mover = Mover(batching, coalescing, self.allowed, fallback)
         self._cond = threading.Condition()
         self._active = 0
         #: The counters as close() left them (stats() raises ClosedError after close).
@@ -142,7 +146,7 @@ class Pipeline:
         try:
             yield
         finally:
-            self._stats.timed(call, time.perf_counter() - start)
+            self._ledger.timed(call, time.perf_counter() - start)
             with self._cond:
                 self._active -= 1
                 self._cond.notify_all()
@@ -209,6 +213,8 @@ class Pipeline:
                 raise
             self._pools[name] = (geometry, tier)
             self._memory[name] = (buffer, info)
+            if isinstance(tier, PoolReadsEarly):
+                self._reads_early.add(name)
             self.refused.pop(name, None)
             log.info("pool %r registered on backend %r: %s", name, self.backend.name, geometry)
             meter = self.meters.open(name)
@@ -277,7 +283,7 @@ class Pipeline:
         """How many keys from the start are present, asked in metadata-query batches."""
         with self._operation("exists"):
             keys = check_keys(keys, "exists")
-            self._stats.add(keys_queried=len(keys))
+            self._ledger.queried(len(keys))
             geometry, tier = self._pool(pool)
             start = time.perf_counter()
             found = self._mover.count(tier, keys)
@@ -327,8 +333,11 @@ class Pipeline:
             try:
                 geometry, tier = self._pool(pool, touch=True)
                 name = geometry.name
-                if read:
-                    early = self._read_early(tier, keys)
+                if read and name in self._reads_early:
+                    # The read's first copies, started while the call is checked: for pages
+                    # stored together they begin before the indices are validated and the
+                    # keys claimed, and are kept only where the claim finds the same bytes.
+                    early = cast(PoolReadsEarly, tier).read_early(keys)
                 pages = self._pages(geometry, keys, indices)
             except PoolError:
                 if name is not None and (name in self._pools or name in self.refused):
@@ -338,14 +347,6 @@ class Pipeline:
         finally:
             if early is not None:
                 early.cancel()  # a no-op once the call's transfer used it and finished
-
-    @staticmethod
-    def _read_early(tier: PoolTier, keys: list[str]) -> EarlyRead | None:
-        """The read's first copies, started while the call is checked (:class:`PoolReadsEarly`):
-        for a read of pages stored together, the copies begin before the indices are validated
-        and the keys claimed. Kept only where the claim finds the same bytes."""
-        start = getattr(tier, "read_early", None)
-        return None if start is None else cast(PoolReadsEarly, tier).read_early(keys)
 
     def _rounds(
         self,
@@ -357,21 +358,15 @@ class Pipeline:
         on_ready: Callable[[int], None] | None,
         early: EarlyRead | None,
     ) -> list[bool]:
-        meter = self.meters.get(geometry.name)
         repeats = rounds(keys)
         if repeats is None:
-            return self._mover.run(
-                tier, read, keys, pages, geometry.page_bytes, on_ready, meter, early
-            )
+            return self._call(geometry, tier, read, keys, pages, on_ready, early)
         # A backend sees each key once per call (kvcr_policy.keys): a set stores the first
         # occurrence's page and every occurrence reports it; a get reads round after round.
         results = np.zeros(len(keys), dtype=bool)
         for positions in repeats if read else repeats[:1]:
             batch = [keys[i] for i in positions]
-            moved = self._mover.run(
-                tier, read, batch, pages[positions], geometry.page_bytes, None, meter
-            )
-            results[positions] = moved
+            results[positions] = self._call(geometry, tier, read, batch, pages[positions])
         if not read:
             outcome = dict(zip((keys[i] for i in repeats[0]), results[repeats[0]], strict=True))
             return [bool(outcome[key]) for key in keys]
@@ -380,6 +375,34 @@ class Pipeline:
         if on_ready is not None and leading:
             on_ready(leading)
         return results.tolist()
+
+    def _call(
+        self,
+        geometry: PoolGeometry,
+        tier: PoolTier,
+        read: bool,
+        keys: list[str],
+        pages: np.ndarray,
+        on_ready: Callable[[int], None] | None = None,
+        early: EarlyRead | None = None,
+    ) -> list[bool]:
+        """One get or set call through the mover, recorded once in the ledger and the meter."""
+        meter = self.meters.get(geometry.name)
+        page_bytes = geometry.page_bytes
+        counts = CallCounts(read)
+        start = time.perf_counter()
+        try:
+            if read:
+                claims = None if meter is None else meter.claims.inc
+                source = tier if early is None else early
+                return self._mover.read(source, keys, pages, page_bytes, counts, on_ready, claims)
+            return self._mover.write(tier, keys, pages, page_bytes, counts)
+        finally:
+            self._ledger.record(counts, page_bytes)
+            if meter is not None:
+                meter.record(counts, page_bytes, time.perf_counter() - start)
+                if not read and counts.error is None:
+                    meter.usage(tier)  # a write may have evicted and filled slots
 
     def get_pools(self, requests: Mapping[str, tuple[Sequence[str], Any]]) -> dict[str, list[bool]]:
         """:meth:`get` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""
@@ -440,7 +463,7 @@ class Pipeline:
 
     def _snapshot(self) -> PipelineStats:
         pools = {name: reports.stats_of(tier) for name, (_, tier) in self._pools.items()}
-        return self._stats.snapshot(pools, reports.describe(self.backend))
+        return self._ledger.snapshot(pools, reports.describe(self.backend))
 
     def audit(self) -> dict[str, Any]:
         """The placement audit of every pool whose backend places memory."""

@@ -26,9 +26,11 @@ from .backends.base import (
     PoolReadsEarly,
     PoolSpec,
     PoolTier,
+    ReadTransfer,
     Shape,
     TierBackend,
     Transfer,
+    WriteTransfer,
     check_device,
 )
 from .backends.reporting import BackendReporting, PoolReporting, TierUsage
@@ -134,6 +136,7 @@ __all__ = [
     "PoolReporting",
     "PoolSpec",
     "PoolTier",
+    "ReadTransfer",
     "Region",
     "RegisterBackend",
     "RegisterBenchBackend",
@@ -150,6 +153,7 @@ __all__ = [
     "TransportError",
     "UnsupportedError",
     "Window",
+    "WriteTransfer",
     "build_descriptors",
     "check_device",
     "coalesce",

@@ -14,7 +14,8 @@ batch at a time and never loops over a call's pages itself::
 
     PoolTier                            one pool on one backend
       .contains(keys) -> int            leading keys present (one metadata-query batch)
-      .begin(read, keys, pages)         -> Transfer for one get or set call
+      .read(keys, pages)                -> ReadTransfer for one get call
+      .write(keys, pages)               -> WriteTransfer for one set call
       .delete(keys) -> int, .clear()
       .close()                          waits for in-flight work; frees nothing a transfer may
                                         still touch; calls after it raise ClosedError
@@ -28,28 +29,36 @@ batch at a time and never loops over a call's pages itself::
       PoolTier.audit() -> dict | None   where its memory landed (backends that place memory)
       PoolTier.usage() -> TierUsage     capacity, bytes used, evictions (metrics)
 
-    Reading early, optional (:class:`PoolReadsEarly`; the pipeline asks where it exists)
+    Reading early, optional (:class:`PoolReadsEarly`, a runtime-checkable protocol: the
+    pipeline checks each pool tier for it once, when the pool registers)
       PoolTier.read_early(keys)         -> EarlyRead | None: a read's first copies, started
                                         before the call is validated and claimed
-      EarlyRead.begin(read, keys, pages) in place of PoolTier.begin for that call: keeps the
+      EarlyRead.read(keys, pages)       in place of PoolTier.read for that call: keeps the
                                         copies only where its claim finds the same bytes
       EarlyRead.cancel()                nothing of it is used after (idempotent); the pipeline
                                         calls it once the call ends, however it ends
 
-    Transfer                            the keys of one call, in order
-      .limit                            keys it covers from the start (a read: the claimed run)
+    ReadTransfer                        the keys of one get call, in order
+      .limit                            keys it claimed from the start: the present run
+      .miss                             why keys past ``limit`` miss, a metrics reason
+                                        ("absent", or "evicted" where the backend knows)
+    WriteTransfer                       the keys of one set call, in order
+      .limit                            keys it covers from the start (reserved)
       .needs                            bool mask over those keys: pages to move (None: all)
-      .miss                             optional: why keys past ``limit`` miss, a metrics
-                                        reason ("absent", "evicted", "claimed"; default
-                                        "absent" for a read, "claimed" for a write)
+      .miss                             why keys past ``limit`` are not stored ("claimed": held
+                                        by transfers in flight)
+    both
       .submit(positions, shape)         -> Future of per-position success (bool array)
-      .retry(position) -> bool          one page alone, synchronously (the fallback's unit)
-      .finish(moved) -> list[bool]      publish / release; the call's result per key
+      .finish(moved) -> list[bool]      release / publish; the call's result per key
       .abort()                          undo after an exception; never while a batch runs
 
 **A backend never sees a key twice in one call.** The pipeline splits a call with repeated
 keys into rounds (:func:`kvcr_policy.keys.rounds`) before any backend sees it, so the keys of
-one ``begin`` are distinct and a backend needs no handling of repeats.
+one ``read`` or ``write`` are distinct and a backend needs no handling of repeats.
+
+**A failed batch is the fallback's.** A backend retries nothing itself: the mover hands the
+pages of a batch that raised to the fallback strategy, which submits them again one at a time,
+``submit([position], shape)`` with a ``shape`` that keeps the plain descriptors.
 
 ``shape(plain, within=None)`` is the mover's: it takes the plain descriptors of a batch (``src``
 and ``dst`` relative to each side's buffer, one per fragment, built with
@@ -65,7 +74,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -84,9 +93,11 @@ __all__ = [
     "PoolReadsEarly",
     "PoolSpec",
     "PoolTier",
+    "ReadTransfer",
     "Shape",
     "TierBackend",
     "Transfer",
+    "WriteTransfer",
     "check_device",
 ]
 
@@ -170,19 +181,36 @@ def check_device(spec: PoolSpec, devices: frozenset[str], mover: str) -> None:
         raise PoolError(message)
 
 
-class Transfer(Protocol):
-    """The keys of one get or set call on one pool; see the module docstring."""
+class ReadTransfer(Protocol):
+    """The keys of one get call on one pool: its claimed leading run; see the module
+    docstring."""
 
     limit: int
-    needs: np.ndarray | None
+    miss: str
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]: ...
-
-    def retry(self, position: int) -> bool: ...
 
     def finish(self, moved: np.ndarray) -> list[bool]: ...
 
     def abort(self) -> None: ...
+
+
+class WriteTransfer(Protocol):
+    """The keys of one set call on one pool: what it reserved; see the module docstring."""
+
+    limit: int
+    needs: np.ndarray | None
+    miss: str
+
+    def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]: ...
+
+    def finish(self, moved: np.ndarray) -> list[bool]: ...
+
+    def abort(self) -> None: ...
+
+
+#: Either kind, where only what both have is used (the mover's loop).
+Transfer = ReadTransfer | WriteTransfer
 
 
 class PoolTier(Protocol):
@@ -190,7 +218,9 @@ class PoolTier(Protocol):
 
     def contains(self, keys: Sequence[str]) -> int: ...
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> Transfer: ...
+    def read(self, keys: list[str], pages: np.ndarray) -> ReadTransfer: ...
+
+    def write(self, keys: list[str], pages: np.ndarray) -> WriteTransfer: ...
 
     def delete(self, keys: Sequence[str]) -> int: ...
 
@@ -202,11 +232,12 @@ class PoolTier(Protocol):
 class EarlyRead(Protocol):
     """A read's first copies, started early (:class:`PoolReadsEarly`)."""
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> Transfer: ...
+    def read(self, keys: list[str], pages: np.ndarray) -> ReadTransfer: ...
 
     def cancel(self) -> None: ...
 
 
+@runtime_checkable
 class PoolReadsEarly(Protocol):
     """A pool tier that starts a read's first copies before the call is validated (optional;
     see the module docstring)."""

@@ -1,42 +1,14 @@
-"""What one pool and one direction record (:class:`DirectionMeter`), a call's totals
-(:class:`CallCounts`), a gauge moved by differences (:class:`Level`) and the miss reason of an
-error (:func:`miss_reason`): the parts :class:`~.meter.PoolMeter` is made of."""
+"""What one pool and one direction record (:class:`DirectionMeter`) and a gauge moved by
+differences (:class:`Level`): the parts :class:`~.meter.PoolMeter` is made of."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from .ledger import CallCounts
 from .metrics import MISS_REASONS, Families
 
-__all__ = ["CallCounts", "DirectionMeter", "Level", "miss_reason"]
-
-
-def miss_reason(err: BaseException) -> str:
-    """The miss reason (:data:`~.metrics.MISS_REASONS`) of an exception on the data path."""
-    from ..errors import BackendUnavailableError, CapacityError, ClosedError, PoolError
-
-    if isinstance(err, CapacityError):
-        return "claimed"
-    if isinstance(err, PoolError):
-        return "pool_refused"
-    if isinstance(err, BackendUnavailableError | ClosedError | ConnectionError | TimeoutError):
-        return "backend_unavailable"
-    return "transport_error"
-
-
-@dataclass(slots=True)
-class CallCounts:
-    """What one get or set call moved, summed by the mover while it runs."""
-
-    batches: int = 0
-    pages: int = 0
-    plain: int = 0
-    coalesced: int = 0
-    sent: int = 0
-    #: The miss reason of the last batch that failed (its pages went to the fallback).
-    failure: str = "transport_error"
-    fallback: dict[str, int] = field(default_factory=dict)
+__all__ = ["DirectionMeter", "Level"]
 
 
 class Level:
@@ -72,13 +44,8 @@ class DirectionMeter:
         self.misses = {reason: f.misses.labels(*moved, reason) for reason in MISS_REASONS}
         self.fallback = {reason: f.fallback_pages.labels(*moved, reason) for reason in MISS_REASONS}
 
-    def window(self, batches: int, nbytes: int) -> None:
-        """One batch was submitted with ``batches`` batches and ``nbytes`` bytes in flight."""
-        self.inflight_batches.observe(batches)
-        self.inflight_bytes.observe(nbytes)
-
     def call(self, counts: CallCounts, page_bytes: int) -> None:
-        """One call's totals."""
+        """One call's totals, and the window after each of its submits."""
         if counts.pages:
             self.pages.inc(counts.pages)
             self.bytes.inc(counts.pages * page_bytes)
@@ -87,7 +54,10 @@ class DirectionMeter:
             self.plain.inc(counts.plain)
             self.coalesced.inc(counts.coalesced)
             self.sent.inc(counts.sent)
-        for reason, pages in counts.fallback.items():
+        for batches, nbytes in counts.windows:
+            self.inflight_batches.observe(batches)
+            self.inflight_bytes.observe(nbytes)
+        for (_, reason), pages in counts.fallback.items():
             self.fallback[reason].inc(pages)
 
     def miss(self, reason: str, pages: int) -> None:

@@ -20,18 +20,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
-from .direction import CallCounts, DirectionMeter, Level, miss_reason
+from .direction import DirectionMeter, Level
+from .ledger import CallCounts, miss_reason
 from .metrics import POOL_LABELS, Families
 
-__all__ = [
-    "CallCounts",
-    "DirectionMeter",
-    "Level",
-    "PoolMeter",
-    "miss_reason",
-]
+__all__ = ["DirectionMeter", "Level", "PoolMeter"]
 
 # Open meters per (registry families, labels): the level series go when the last one closes.
 _open_lock = threading.Lock()
@@ -79,58 +72,36 @@ class PoolMeter:
 
     # ---- one get or set call ---------------------------------------------------------------
 
-    def done(
-        self,
-        read: bool,
-        n_keys: int,
-        transfer: Any,
-        moved: np.ndarray,
-        stored: int,
-        counts: CallCounts,
-        page_bytes: int,
-        seconds: float,
-    ) -> None:
-        """A call that returned: its totals, latency and misses by reason.
+    def record(self, call: CallCounts, page_bytes: int, seconds: float) -> None:
+        """A get or set call that ended (:class:`~.ledger.CallCounts`): its totals, latency and
+        misses by reason.
 
-        Keys past ``transfer.limit`` miss for the backend's reason (``transfer.miss``). Within
-        it, pages the mover did not get through miss for the reason of the batch that failed,
-        or, where no batch raised, because the source said so (a read: ``absent``; a write:
-        ``claimed``); a write's remaining failures (``n_keys - stored`` beyond those) are keys
-        another transfer held.
+        A call that raised misses every page it did not move, for the reason of its error.
+        Otherwise keys past the transfer's ``limit`` miss for the backend's reason
+        (``call.past``); within it, pages the mover did not get through miss for the reason of
+        the batch that failed, or, where no batch raised, because the source said so (a read:
+        ``absent``; a write: ``claimed``); a write's remaining failures (``keys - stored``
+        beyond those) are keys another transfer held.
         """
+        read = call.read
         side = self.direction(read)
         if read:
-            self._restored(counts.pages * page_bytes, seconds)
+            self._restored(call.pages * page_bytes, seconds)
         # Seconds before bytes: a scrape between the two reads a speed too low, never too high.
         self.seconds["get" if read else "set"].observe(seconds)
-        side.call(counts, page_bytes)
-        limit = transfer.limit
-        past = n_keys - limit
-        default = "absent" if read else "claimed"
-        side.miss(getattr(transfer, "miss", default), past)
-        within = counts.failure if counts.fallback else default
-        if read:
-            side.miss(within, limit - counts.pages)
+        side.call(call, page_bytes)
+        if call.error is not None:
+            side.miss(miss_reason(call.error), call.keys - call.pages)
             return
-        needs = transfer.needs
-        if needs is None:
-            lost = limit - int(np.count_nonzero(moved))
-        else:
-            lost = int(np.count_nonzero(needs[:limit] & ~moved))
-        side.miss(within, lost)
-        side.miss(default, n_keys - stored - past - lost)
-
-    def failed(
-        self, read: bool, n_keys: int, counts: CallCounts, err: BaseException, page_bytes: int,
-        seconds: float,
-    ) -> None:  # fmt: skip
-        """A call that raised: what moved before, and every other page as a miss."""
-        side = self.direction(read)
+        default = "absent" if read else "claimed"
+        past = call.keys - call.limit
+        side.miss(call.past or default, past)
+        within = call.failure if call.fallback else default
         if read:
-            self._restored(counts.pages * page_bytes, seconds)
-        self.seconds["get" if read else "set"].observe(seconds)
-        side.call(counts, page_bytes)
-        side.miss(miss_reason(err), n_keys - counts.pages)
+            side.miss(within, call.limit - call.pages)
+            return
+        side.miss(within, call.lost)
+        side.miss(default, call.keys - call.stored - past - call.lost)
 
     def link_limit(self, bytes_per_second: float) -> None:
         """Export the link limit (bytes per second) of this pool: the one probed or configured,

@@ -32,7 +32,7 @@ from ..base import BackendContext, Endpoint, PoolSpec, check_device
 from ..reporting import TierUsage
 from .store import Store
 from .stores import new_store, takes
-from .transfer import DramTransfer, EarlyRead, Side, read_early
+from .transfer import DramRead, DramWrite, EarlyRead, Side, read_early
 from .transports.base import CopyBatch, Transport
 
 log = logging.getLogger("kvcr_policy.backends.dram")
@@ -74,8 +74,11 @@ class DramPool:
     def contains(self, keys: Any) -> int:
         return self.store.contains_prefix(keys)
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> DramTransfer:
-        return DramTransfer(self, read, keys, pages)
+    def read(self, keys: list[str], pages: np.ndarray) -> DramRead:
+        return DramRead(self, keys, pages)
+
+    def write(self, keys: list[str], pages: np.ndarray) -> DramWrite:
+        return DramWrite(self, keys, pages)
 
     def read_early(self, keys: list[str]) -> EarlyRead | None:
         """A read's first copies, started before the call is validated (:func:`.read_early`)."""

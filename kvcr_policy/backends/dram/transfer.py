@@ -1,5 +1,6 @@
-"""One get or set on one pool of the ``dram`` backend: the claim or reservation it holds, the
-batches it submits to the copy transport, and what it reads ahead.
+"""One get (:class:`DramRead`) or set (:class:`DramWrite`) on one pool of the ``dram`` backend:
+the claim or reservation it holds, the batches it submits to the copy transport, and what a
+read reads ahead.
 
 A read claims the slots of its leading present run for the whole call, lets the transport read
 ahead of its first batch (:meth:`.Transport.read_ahead`), and forgets that before it releases
@@ -16,19 +17,19 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from ...descriptors import build_descriptors, slot_descriptors
 from ...geometry import PoolGeometry
-from ..base import Endpoint, Shape, Transfer
+from ..base import Endpoint, Shape
 from .store import Claim, Reservation, Store
 from .transports.base import CopyBatch, Transport
 
 log = logging.getLogger("kvcr_policy.backends.dram")
 
-__all__ = ["DramTransfer", "EarlyRead", "Side", "read_early"]
+__all__ = ["DramRead", "DramWrite", "EarlyRead", "Side", "read_early"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,7 @@ def _read_ahead(pool: Pool, slots: np.ndarray) -> object | None:
 @dataclass(frozen=True, slots=True, eq=False)
 class EarlyRead:
     """A read's first copies, started from the slots its keys had before the call was
-    validated and claimed (:func:`read_early`); :meth:`begin` takes the place of the pool's."""
+    validated and claimed (:func:`read_early`); :meth:`read` takes the place of the pool's."""
 
     pool: Pool
     ticket: object
@@ -90,8 +91,8 @@ class EarlyRead:
             and np.array_equal(claim.generations[:n], self.generations)
         )
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> Transfer:
-        return DramTransfer(self.pool, read, keys, pages, self if read else None)
+    def read(self, keys: list[str], pages: np.ndarray) -> DramRead:
+        return DramRead(self.pool, keys, pages, self)
 
     def cancel(self) -> None:
         """Nothing read early is used after (idempotent; a no-op once its read finished)."""
@@ -111,71 +112,34 @@ def read_early(pool: Pool, keys: list[str]) -> EarlyRead | None:
     return None if ticket is None else EarlyRead(pool, ticket, slots, generations)
 
 
-class DramTransfer:
-    """One get or set on one DRAM pool: the claim or reservation it holds, and its batches."""
+class _Copies:
+    """The batches of one call: copy batches between the pool's pages and the call's slots,
+    on the transport's threads."""
 
-    def __init__(
-        self,
-        pool: Pool,
-        read: bool,
-        keys: list[str],
-        pages: np.ndarray,
-        early: EarlyRead | None = None,
-    ) -> None:
-        self.pool = pool
-        self.read = read
-        self.keys = keys
-        self.pages = pages
-        self.claim: Claim | None = None
-        self.reservation: Reservation | None = None
-        self.ticket: object = None
-        if read:
-            self.claim = pool.store.claim(keys, distinct=True)  # distinct (backends.base)
-            self.slots = self.claim.slots
-            self.limit = len(self.slots)
-            self.needs: np.ndarray | None = None
-            self.miss = "evicted" if self.claim.evicted else "absent"
-            if early is not None and not early.holds(self.claim):
-                early.cancel()  # read from slots that changed since: never used
-                early = None
-            if early is not None:
-                self.ticket = early.ticket  # read from these very bytes: adopted
-            elif pool.transport.whole_slots and self.limit:
-                self._read_ahead()
-        else:
-            self.reservation = pool.store.reserve(keys)
-            self.slots = self.reservation.slots
-            self.limit = len(self.reservation.keys)
-            self.needs = self.slots >= 0
-            self.miss = "claimed"  # keys past limit: every slot held by transfers in flight
+    #: Which way the bytes go: tier -> pool (a read) or pool -> tier.
+    to_pool: ClassVar[bool]
+    slots: np.ndarray
+    ticket: object = None
 
-    def _read_ahead(self) -> None:
-        """Let the transport start on the claimed slots before the first batch is planned
-        (:meth:`.Transport.read_ahead`): the claim keeps them unchanged until finish. The
-        claim never outlives an interrupted start."""
-        try:
-            self.ticket = _read_ahead(self.pool, self.slots)
-        except BaseException:
-            self.abort()
-            raise
+    def __init__(self, pool: Pool, keys: list[str], pages: np.ndarray) -> None:
+        self.pool, self.keys, self.pages = pool, keys, pages
 
-    def _batch(self, positions: np.ndarray, shape: Shape | None) -> CopyBatch:
+    def _batch(self, positions: np.ndarray, shape: Shape) -> CopyBatch:
         pool, tier = self.pool.pool_side, self.pool.tier_side
         slots, pages = self.slots[positions], self.pages[positions]
-        if self.read:
+        if self.to_pool:
             src, dst, src_idx, dst_idx = tier, pool, slots, pages
         else:
             src, dst, src_idx, dst_idx = pool, tier, pages, slots
         if self.pool.transport.whole_slots:  # the tier side slot by slot
-            plain = slot_descriptors(pool.geometry, pages, tier.geometry, slots, read=self.read)
+            read = self.to_pool
+            plain = slot_descriptors(pool.geometry, pages, tier.geometry, slots, read=read)
         else:
             plain = build_descriptors(src.geometry, src_idx, dst.geometry, dst_idx)
-        shaped = plain if shape is None else shape(plain)
-        return CopyBatch(src.endpoint, dst.endpoint, shaped, self.ticket)
+        return CopyBatch(src.endpoint, dst.endpoint, shape(plain), self.ticket)
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
-        batch = self._batch(positions, shape)
-        moved = self.pool.transport.submit(batch)
+        moved = self.pool.transport.submit(self._batch(positions, shape))
         done: Future[np.ndarray] = Future()
         count = len(positions)
 
@@ -189,9 +153,37 @@ class DramTransfer:
         moved.add_done_callback(settle)
         return done
 
-    def retry(self, position: int) -> bool:
-        self.pool.transport.copy(self._batch(np.array([position]), None))
-        return True
+
+class DramRead(_Copies):
+    """One get on one DRAM pool: the claim of its leading present run, held for the call."""
+
+    to_pool = True
+
+    def __init__(
+        self, pool: Pool, keys: list[str], pages: np.ndarray, early: EarlyRead | None = None
+    ) -> None:
+        super().__init__(pool, keys, pages)
+        self.claim: Claim = pool.store.claim(keys, distinct=True)  # distinct (backends.base)
+        self.slots = self.claim.slots
+        self.limit = len(self.slots)
+        self.miss = "evicted" if self.claim.evicted else "absent"
+        if early is not None and not early.holds(self.claim):
+            early.cancel()  # read from slots that changed since: never used
+            early = None
+        if early is not None:
+            self.ticket = early.ticket  # read from these very bytes: adopted
+        elif pool.transport.whole_slots and self.limit:
+            self._read_ahead()
+
+    def _read_ahead(self) -> None:
+        """Let the transport start on the claimed slots before the first batch is planned
+        (:meth:`.Transport.read_ahead`): the claim keeps them unchanged until finish. The
+        claim never outlives an interrupted start."""
+        try:
+            self.ticket = _read_ahead(self.pool, self.slots)
+        except BaseException:
+            self.abort()
+            raise
 
     def _forget(self) -> None:
         """Before the claim ends: nothing read ahead of it may be used after."""
@@ -200,24 +192,39 @@ class DramTransfer:
             self.ticket = None
 
     def finish(self, moved: np.ndarray) -> list[bool]:
-        store, keys = self.pool.store, self.keys
-        result = [False] * len(keys)
-        if self.claim is not None:
-            self._forget()
-            store.release(self.claim)
-            result[: self.limit] = moved.tolist()
-            return result
+        self._forget()
+        self.pool.store.release(self.claim)
+        result = [False] * len(self.keys)
+        result[: self.limit] = moved.tolist()
+        return result
+
+    def abort(self) -> None:
+        self._forget()
+        self.pool.store.release(self.claim)
+
+
+class DramWrite(_Copies):
+    """One set on one DRAM pool: its reservation, published for the pages that arrived."""
+
+    to_pool = False
+    #: Keys past ``limit``: every slot is held by transfers in flight.
+    miss = "claimed"
+
+    def __init__(self, pool: Pool, keys: list[str], pages: np.ndarray) -> None:
+        super().__init__(pool, keys, pages)
+        self.reservation: Reservation = pool.store.reserve(keys)
+        self.slots = self.reservation.slots
+        self.limit = len(self.reservation.keys)
+        self.needs: np.ndarray | None = self.slots >= 0
+
+    def finish(self, moved: np.ndarray) -> list[bool]:
         reservation = self.reservation
-        assert reservation is not None
         ok = moved & (self.slots >= 0)
-        store.commit(reservation, ok.tolist())
+        self.pool.store.commit(reservation, ok.tolist())
+        result = [False] * len(self.keys)
         for i in range(self.limit):  # the keys are distinct (backends.base)
             result[i] = bool(ok[i]) or reservation.present[i]
         return result
 
     def abort(self) -> None:
-        if self.claim is not None:
-            self._forget()
-            self.pool.store.release(self.claim)
-        elif self.reservation is not None:
-            self.pool.store.abort(self.reservation)
+        self.pool.store.abort(self.reservation)

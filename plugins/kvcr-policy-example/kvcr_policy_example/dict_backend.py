@@ -9,8 +9,9 @@ coalescing profile does with it) and copies each page fragment by fragment.
 It keeps the seam's promises: a read claims its pages, and a claimed page is never evicted or
 overwritten until the read releases it; a write publishes only pages that arrived; batches run
 on ``threads`` worker threads, so delivery windows bound something real; ``fail_every`` makes
-every N-th batch fail after its first page (the fallback strategy then retries page by page);
-close waits for every batch, and calls after it raise ``ClosedError``.
+every N-th batch of several pages fail after its first page (the fallback strategy then submits
+its pages again one by one); close waits for every batch, and calls after it raise
+``ClosedError``. A read and a write are two small classes (:class:`_Read`, :class:`_Write`).
 """
 
 from __future__ import annotations
@@ -64,58 +65,79 @@ class _Page:
     claims: int = 0
 
 
-class _Transfer:
-    def __init__(self, pool: _DictPool, read: bool, keys: list[str], pages: np.ndarray) -> None:
-        self.pool, self.read, self.keys, self.pages = pool, read, keys, pages
-        self.needs: np.ndarray | None = None
-        self.held: list[str] = []
-        self.staged: dict[int, bytearray] = {}
-        if read:
-            self.held = pool.claim(keys)
-            self.limit = len(self.held)
-        else:
-            self.limit = len(keys)
+class _Batches:
+    """What a get and a set share: each batch's pages moved one by one on the backend's
+    threads (every ``fail_every``-th batch of several pages fails after its first page)."""
 
-    def _move_page(self, position: int) -> None:
-        pool = self.pool
-        page = int(self.pages[position])
-        if self.read:
-            data = pool.pages[self.keys[position]].data
-            for src, dst, n in pool.fragments(page):
-                ctypes.memmove(pool.address + dst, (ctypes.c_char * n).from_buffer(data, src), n)
-        else:
-            data = bytearray(pool.page_bytes)
-            for src, dst, n in pool.fragments(page):
-                ctypes.memmove((ctypes.c_char * n).from_buffer(data, src), pool.address + dst, n)
-            self.staged[position] = data
+    def __init__(self, pool: _DictPool, keys: list[str], pages: np.ndarray) -> None:
+        self.pool, self.keys, self.pages = pool, keys, pages
+        self.limit = len(keys)
+
+    def _page(self, position: int) -> None:
+        raise NotImplementedError
 
     def _run(self, positions: np.ndarray, fail: bool) -> np.ndarray:
         for i, position in enumerate(positions.tolist()):
             if fail and i == 1:
                 raise TransportError("dict backend: injected failure (fail_every)")
-            self._move_page(position)
+            self._page(position)
         return np.ones(len(positions), dtype=bool)
 
     def submit(self, positions: np.ndarray, shape: Shape) -> Future[np.ndarray]:
         return self.pool.backend.run(self._run, positions)
 
-    def retry(self, position: int) -> bool:
-        self._move_page(position)
-        return True
+
+class _Read(_Batches):
+    """One get: the leading present keys claimed (never evicted until :meth:`finish`)."""
+
+    miss = "absent"
+
+    def __init__(self, pool: _DictPool, keys: list[str], pages: np.ndarray) -> None:
+        super().__init__(pool, keys, pages)
+        self.held = pool.claim(keys)
+        self.limit = len(self.held)
+
+    def _page(self, position: int) -> None:
+        pool = self.pool
+        data = pool.pages[self.keys[position]].data
+        for src, dst, n in pool.fragments(int(self.pages[position])):
+            ctypes.memmove(pool.address + dst, (ctypes.c_char * n).from_buffer(data, src), n)
+
+    def finish(self, moved: np.ndarray) -> list[bool]:
+        self.pool.release(self.held)
+        result = [False] * len(self.keys)
+        result[: self.limit] = moved.tolist()
+        return result
+
+    def abort(self) -> None:
+        self.pool.release(self.held)
+
+
+class _Write(_Batches):
+    """One set: each page copied out of the pool, published at :meth:`finish` if it arrived."""
+
+    needs: np.ndarray | None = None
+    miss = "claimed"
+
+    def __init__(self, pool: _DictPool, keys: list[str], pages: np.ndarray) -> None:
+        super().__init__(pool, keys, pages)
+        self.staged: dict[int, bytearray] = {}
+
+    def _page(self, position: int) -> None:
+        pool = self.pool
+        data = bytearray(pool.page_bytes)
+        for src, dst, n in pool.fragments(int(self.pages[position])):
+            ctypes.memmove((ctypes.c_char * n).from_buffer(data, src), pool.address + dst, n)
+        self.staged[position] = data
 
     def finish(self, moved: np.ndarray) -> list[bool]:
         result = [False] * len(self.keys)
-        if self.read:
-            self.pool.release(self.held)
-            result[: self.limit] = moved.tolist()
-            return result
         for position in np.flatnonzero(moved).tolist():
             result[position] = self.pool.publish(self.keys[position], self.staged[position])
         return result
 
     def abort(self) -> None:
-        if self.read:
-            self.pool.release(self.held)
+        """Nothing published: the copies are dropped with this object."""
 
 
 class _DictPool:
@@ -183,8 +205,11 @@ class _DictPool:
                 count += 1
             return count
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> _Transfer:
-        return _Transfer(self, read, keys, pages)
+    def read(self, keys: list[str], pages: np.ndarray) -> _Read:
+        return _Read(self, keys, pages)
+
+    def write(self, keys: list[str], pages: np.ndarray) -> _Write:
+        return _Write(self, keys, pages)
 
     def delete(self, keys: Sequence[str]) -> int:
         with self.lock:
@@ -227,6 +252,7 @@ class DictBackend:
         self._pools: list[_DictPool] = []
         self._lock = threading.Lock()
         self._batches = 0
+        self._failable = 0  # batches of several pages: every fail_every-th of them fails
         self._closed = False
 
     def run(self, work: Any, positions: np.ndarray) -> Future[np.ndarray]:
@@ -235,7 +261,9 @@ class DictBackend:
                 raise ClosedError("backend 'dict' is closed; build a new pipeline")
             self._batches += 1
             every = self.options.fail_every
-            fail = every is not None and self._batches % every == 0 and len(positions) > 1
+            if every is not None and len(positions) > 1:  # a page submitted alone never fails
+                self._failable += 1
+            fail = every is not None and len(positions) > 1 and self._failable % every == 0
             return self._executor.submit(work, positions, fail)
 
     def attach(self, spec: PoolSpec) -> _DictPool:

@@ -26,7 +26,7 @@ from .layout import PageLayout
 from .policy import TierPolicy
 from .runner import Runner
 from .staging import Staging
-from .transfer import LOCAL, PRESENT, KvcrTransfer
+from .transfer import LOCAL, PRESENT, KvcrRead, KvcrWrite
 
 __all__ = ["KvcrPool", "kept"]
 
@@ -78,8 +78,11 @@ class KvcrPool:
                 return i
         return len(statuses)
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> KvcrTransfer:
-        return KvcrTransfer(self, read, keys, pages)
+    def read(self, keys: list[str], pages: np.ndarray) -> KvcrRead:
+        return KvcrRead(self, keys, pages)
+
+    def write(self, keys: list[str], pages: np.ndarray) -> KvcrWrite:
+        return KvcrWrite(self, keys, pages)
 
     def delete(self, keys: Sequence[str]) -> int:
         """Forget the present ``keys``: later lookups miss them, and KVCR evicts their blocks

@@ -12,19 +12,50 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .runner import Entries
+from .runner import Entries, Runner
+from .staging import Staging
 
-if TYPE_CHECKING:
-    from .transfer import KvcrTransfer
-
-__all__ = ["PARTS", "move", "move_one"]
+__all__ = ["PARTS", "Batch", "move"]
 
 #: A part is at most this fraction of the usable slots: one in flight while one is copied.
 PARTS = 2
+
+
+class StagedPool(Protocol):
+    """What a staged batch uses of its pool (:class:`~.pool.KvcrPool`)."""
+
+    @property
+    def staging(self) -> Staging | None: ...
+
+    @property
+    def runner(self) -> Runner: ...
+
+
+class Batch(Protocol):
+    """What a staged batch uses of its transfer (:class:`~.transfer.KvcrTransfer`, which
+    imports this module: the protocol keeps the two apart)."""
+
+    @property
+    def read(self) -> bool: ...
+
+    @property
+    def pool(self) -> StagedPool: ...
+
+    @property
+    def pages(self) -> np.ndarray: ...
+
+    @property
+    def blocks(self) -> list[bytes]: ...
+
+    def claim_late(self, positions: np.ndarray) -> list[Any]: ...
+
+    def ok(self, entries: Entries, position: int) -> bool: ...
+
+    def check(self, positions: np.ndarray, entries: Entries) -> None: ...
 
 
 @dataclass
@@ -36,7 +67,7 @@ class _Part:
     future: Future[Entries] | None = None
 
 
-def _start(t: KvcrTransfer, part: np.ndarray, slots: list[int]) -> _Part:
+def _start(t: Batch, part: np.ndarray, slots: list[int]) -> _Part:
     """Claim (restore) or gather (store) the part, and start its one KVCR call."""
     staging, runner = t.pool.staging, t.pool.runner
     assert staging is not None  # only a staged pool's batches come here
@@ -57,7 +88,7 @@ def _start(t: KvcrTransfer, part: np.ndarray, slots: list[int]) -> _Part:
     return call
 
 
-def _finish(t: KvcrTransfer, call: _Part) -> Entries:
+def _finish(t: Batch, call: _Part) -> Entries:
     """Wait for the part's call, release its claims, scatter what arrived, give its slots back
     (retired instead when KVCR never reported the call done: it may still write them)."""
     staging, runner = t.pool.staging, t.pool.runner
@@ -77,8 +108,9 @@ def _finish(t: KvcrTransfer, call: _Part) -> Entries:
         staging.area.give(call.slots, retire=retire)
 
 
-def move(t: KvcrTransfer, positions: np.ndarray) -> np.ndarray:
-    """Move a batch's pages; raise when any did not move (the fallback then retries them)."""
+def move(t: Batch, positions: np.ndarray) -> np.ndarray:
+    """Move a batch's pages; raise when any did not move (the fallback then submits them again
+    one by one)."""
     staging = t.pool.staging
     assert staging is not None
     area = staging.area
@@ -106,13 +138,3 @@ def move(t: KvcrTransfer, positions: np.ndarray) -> np.ndarray:
             with contextlib.suppress(Exception):  # the error under way is the one raised
                 _finish(t, pending)
     return np.ones(len(positions), dtype=bool)
-
-
-def move_one(t: KvcrTransfer, position: int) -> bool:
-    """The fallback's retry of one page."""
-    staging = t.pool.staging
-    assert staging is not None
-    part = np.array([position], dtype=np.int64)
-    slots = staging.area.take(1, wait=True)
-    assert slots is not None
-    return t.ok(_finish(t, _start(t, part, slots)), position)

@@ -1,4 +1,4 @@
-"""KvcrTransfer: one get or set on a KVCR pool; the ``Transfer`` of ``kvcr``.
+"""KvcrRead and KvcrWrite: one get or set on a KVCR pool; the transfers of ``kvcr``.
 
 Each batch of a call is one ``deliver`` (a read) or ``deposit`` (a write) of exactly that
 batch's pages, so ``batching`` sets the size of every KVCR call and the delivery window bounds
@@ -11,7 +11,7 @@ handles. Blocks KVCR keeps in G3 files must be copied into DRAM to be claimed, s
 of them on, each batch claims its own blocks right before its ``deliver`` and releases them when
 it completes (DRAM then holds a delivery window of them, not the whole run). KVCR also claims
 each block for the duration of its own copy. A batch in which any page failed fails as a whole,
-so the fallback strategy retries it page by page and only pages that arrived count.
+so the fallback strategy submits its pages again one by one and only pages that arrived count.
 
 A staged pool (:mod:`.staging`) moves each batch on its own thread, in parts of at most its
 staging slots: a store gathers the part's pages into slots and deposits one element per page; a
@@ -22,13 +22,12 @@ the pages that arrived into the pool, then gives the slots back.
 from __future__ import annotations
 
 from concurrent.futures import Executor, Future
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from kvcr.types import CacheTier, QueryStatus
 
 from kvcr_policy.plugin_api import (
-    Descriptors,
     PoolGeometry,
     Shape,
     TransportError,
@@ -41,7 +40,7 @@ from .layout import PageLayout
 from .runner import Entries, Runner
 from .staging import Staging
 
-__all__ = ["LOCAL", "PRESENT", "KvcrTransfer"]
+__all__ = ["LOCAL", "PRESENT", "KvcrRead", "KvcrTransfer", "KvcrWrite"]
 
 #: What ``contains`` counts as present: in KVCR's local DRAM, or in its G3 files.
 LOCAL = (QueryStatus.HIT, CacheTier.LOCAL_G2)
@@ -71,27 +70,18 @@ def _status(entries: Entries, block: bytes) -> str:
     return "no result" if entry is None else str(entry.status.value)
 
 
-def _plain(plain: Descriptors, within: frozenset[str] | None = None) -> Descriptors:
-    """A page the fallback retries alone travels unshaped."""
-    return plain
-
-
 class KvcrTransfer:
-    """One get or set on one KVCR pool; see the module docstring."""
+    """One get or set on one KVCR pool (:class:`KvcrRead`, :class:`KvcrWrite`); see the module
+    docstring."""
 
-    def __init__(self, pool: Pool, read: bool, keys: list[str], pages: np.ndarray) -> None:
-        self.pool, self.read, self.keys, self.pages = pool, read, keys, pages
+    #: A get (``deliver`` into the pool) or a set (``deposit`` from it).
+    read: ClassVar[bool]
+
+    def __init__(self, pool: Pool, keys: list[str], pages: np.ndarray) -> None:
+        self.pool, self.keys, self.pages = pool, keys, pages
         self.blocks = pool.keys.block_keys(keys)
         self.handles: list[Any] = []
-        self.needs: np.ndarray | None = None  # the keys are distinct (backends.base): all
         self.local = 0  # a read's leading run claimed up front (in KVCR's DRAM)
-        if read:
-            try:
-                self.limit = self._claim()
-            except BaseException:  # the pipeline never sees this transfer: release here
-                pool.runner.release(self.handles)
-                raise
-            return
         self.limit = len(keys)
 
     def _claim(self) -> int:
@@ -209,17 +199,6 @@ class KvcrTransfer:
             )
             raise TransportError(message)
 
-    def retry(self, position: int) -> bool:
-        one = np.array([position], dtype=np.int64)
-        if self.pool.stager is not None:
-            return staged.move_one(self, position)
-        late = self.claim_late(one) if self.read else []
-        try:
-            entries = self._start(one, _plain).result()
-        finally:
-            self.pool.runner.release(late)
-        return _ok(entries, self.blocks[position])
-
     def finish(self, moved: np.ndarray) -> list[bool]:
         result = [False] * len(self.keys)
         if self.read:
@@ -232,3 +211,26 @@ class KvcrTransfer:
     def abort(self) -> None:
         self.pool.runner.release(self.handles)
         self.handles = []
+
+
+class KvcrRead(KvcrTransfer):
+    """One get: its leading present run claimed (:meth:`_claim`), released at finish."""
+
+    read = True
+    miss = "absent"
+
+    def __init__(self, pool: Pool, keys: list[str], pages: np.ndarray) -> None:
+        super().__init__(pool, keys, pages)
+        try:
+            self.limit = self._claim()
+        except BaseException:  # the pipeline never sees this transfer: release here
+            pool.runner.release(self.handles)
+            raise
+
+
+class KvcrWrite(KvcrTransfer):
+    """One set: every key deposited (the keys are distinct, backends.base: all move)."""
+
+    read = False
+    needs: np.ndarray | None = None
+    miss = "claimed"

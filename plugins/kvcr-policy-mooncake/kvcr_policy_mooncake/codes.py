@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["Code", "describe", "is_master_down"]
+__all__ = ["STORED", "Code", "describe", "is_master_down"]
 
 
 class Code(IntEnum):
@@ -32,6 +32,8 @@ class Code(IntEnum):
 
 #: Codes after which the master is presumed down: the health state opens.
 MASTER_DOWN = frozenset({Code.RPC_FAIL, Code.RPC_TIMEOUT})
+#: Put codes of a page now present: stored, or present already (the first value stays).
+STORED = frozenset({0, Code.OBJECT_ALREADY_EXISTS})
 
 
 def describe(code: int) -> str:

@@ -22,7 +22,8 @@ code means:
 - set: 0 or OBJECT_ALREADY_EXISTS -> present (a present key keeps its first value), once
   ``batch_is_exist`` confirms it: Mooncake also answers 0 for a key whose earlier put never
   finished (its writer died mid-put), and stores nothing; such an object is replaced by an
-  upsert, and a page that is still absent is not stored (:meth:`.transfer.Transfer._confirmed`);
+  upsert, and a page that is still absent is not stored
+  (:meth:`.transfer.MooncakeTransfer._confirmed`);
   NO_AVAILABLE_HANDLE on every key of a batch -> CapacityError (the store is full: nothing
   more fits); master down -> not stored.
 
@@ -52,7 +53,7 @@ from .codes import describe
 from .objects import ObjectPlan
 from .probe import Prober
 from .staging import Staging
-from .transfer import Transfer
+from .transfer import MooncakeRead, MooncakeWrite
 
 __all__ = ["MooncakePool"]
 
@@ -140,9 +141,13 @@ class MooncakePool:
             found += 1
         return found
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> Transfer:
-        self._check_open("get" if read else "set")
-        return Transfer(self, read, keys, pages)
+    def read(self, keys: list[str], pages: np.ndarray) -> MooncakeRead:
+        self._check_open("get")
+        return MooncakeRead(self, keys, pages)
+
+    def write(self, keys: list[str], pages: np.ndarray) -> MooncakeWrite:
+        self._check_open("set")
+        return MooncakeWrite(self, keys, pages)
 
     def delete(self, keys: Sequence[str]) -> int:
         """Remove ``keys``; an object under a lease (a recent get or exists) stays."""

@@ -21,9 +21,8 @@ import numpy as np
 from kvcr_policy.plugin_api import PoolError, TransportError
 
 from .client import StoreClient
-from .codes import describe
+from .codes import STORED, describe
 from .objects import ObjectPlan
-from .transfer import STORED
 
 __all__ = ["Prober"]
 

@@ -1,4 +1,5 @@
-"""Transfer: one get or set on one :class:`~.pool.MooncakePool`, cut into store calls.
+"""MooncakeRead and MooncakeWrite: one get or set on one :class:`~.pool.MooncakePool`, cut
+into store calls.
 
 Each call moves at most ``call_pages`` pages, straight between pool memory and the segments
 (the batch calls of :mod:`.objects`), or through the pool's staging area (:mod:`.staging`);
@@ -9,21 +10,22 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import ClassVar, Protocol
 
 import numpy as np
 
-from kvcr_policy.plugin_api import CapacityError, Shape, TransportError
+from kvcr_policy.plugin_api import CapacityError, PoolGeometry, Shape, TransportError
 
-from .codes import Code, describe, is_master_down
-from .staging import StagedBatch
+from .client import StoreClient
+from .codes import STORED, Code, describe, is_master_down
+from .objects import ObjectPlan
+from .staging import StagedBatch, Staging
 
-if TYPE_CHECKING:
-    from concurrent.futures import Future
-
-    from .pool import MooncakePool
-
-__all__ = ["STORED", "Transfer"]
+__all__ = ["MooncakeRead", "MooncakeTransfer", "MooncakeWrite", "Pool"]
 
 _ABSENT = frozenset({Code.OBJECT_NOT_FOUND, Code.REPLICA_IS_NOT_READY})
 #: Read codes that are misses, not failures to retry: absent, or a segment that did not answer.
@@ -34,20 +36,45 @@ _SKIPPED_AS = {
     "calls_past_deadline": Code.RPC_TIMEOUT,
     "calls_after_transfer_fail": Code.TRANSFER_FAIL,
 }
-STORED = frozenset({0, Code.OBJECT_ALREADY_EXISTS})
 #: Write codes that are pages not stored, not failures to retry: an unfinished object that an
-#: upsert could not replace (:meth:`Transfer._confirmed`).
+#: upsert could not replace (:meth:`MooncakeTransfer._confirmed`).
 _NOT_STORED = frozenset({Code.REPLICA_IS_NOT_READY})
 
 
-class Transfer:
-    """One get or set on one pool: each batch's store calls (and, staged, its scatters) have
-    finished when the batch's future resolves, so nothing is held between batches and
-    :meth:`abort` has nothing to undo."""
+class Pool(Protocol):
+    """What a transfer uses of its :class:`~.pool.MooncakePool` (which imports this module: the
+    protocol keeps the two apart)."""
 
-    def __init__(self, pool: MooncakePool, read: bool, keys: list[str], pages: np.ndarray) -> None:
+    name: str
+    geometry: PoolGeometry
+    client: StoreClient
+    plan: ObjectPlan
+    staging: Staging | None
+    call_pages: int
+    op_timeout_s: float
+    counters: Counter[str]
+
+    def run(
+        self, work: Callable[[np.ndarray], np.ndarray], positions: np.ndarray
+    ) -> Future[np.ndarray]: ...
+
+    def contains(self, keys: Sequence[str]) -> int: ...
+
+    def moving(self) -> AbstractContextManager[object]: ...
+
+    def count_codes(self, call: str, codes: Sequence[int]) -> None: ...
+
+
+class MooncakeTransfer:
+    """One get or set on one pool (:class:`MooncakeRead`, :class:`MooncakeWrite`): each batch's
+    store calls (and, staged, its scatters) have finished when the batch's future resolves, so
+    nothing is held between batches and :meth:`abort` has nothing to undo."""
+
+    #: A get (``batch_get_into`` into the pool) or a set (``batch_put_from`` from it).
+    read: ClassVar[bool]
+
+    def __init__(self, pool: Pool, keys: list[str], pages: np.ndarray) -> None:
         self.pool = pool
-        self.read = read
         self.keys = keys
         self.pages = pages
         self.objects = pool.plan.keys(keys)
@@ -55,10 +82,7 @@ class Transfer:
         #: The first position whose page a segment failed to send: later ones are not asked.
         self.dead_from = len(keys)
         self._lock = threading.Lock()  # batches of one transfer run on several threads
-        # A read covers the leading run present now: one batch_is_exist, whose lease keeps
-        # those objects from eviction and removal while the batches read them (the claim).
-        self.limit = pool.contains(keys) if read else len(keys)
-        self.needs: np.ndarray | None = None  # the keys are distinct (backends.base): all
+        self.limit = len(keys)
 
     def _skipped(self, part: np.ndarray) -> str | None:
         """Why the pages of ``part`` are missed without a store call, if they are."""
@@ -198,9 +222,6 @@ class Transfer:
         # No descriptors to shape: each page is one object, gathered or scattered in place.
         return self.pool.run(self._move, positions)
 
-    def retry(self, position: int) -> bool:
-        return bool(self._move(np.array([position]))[0])
-
     def finish(self, moved: np.ndarray) -> list[bool]:
         result = [False] * len(self.keys)
         result[: self.limit] = [bool(x) for x in moved[: self.limit]]
@@ -208,3 +229,23 @@ class Transfer:
 
     def abort(self) -> None:
         """Nothing to undo: each batch was one call, complete when it returned."""
+
+
+class MooncakeRead(MooncakeTransfer):
+    """One get: it covers the leading run present now, one ``batch_is_exist`` whose lease keeps
+    those objects from eviction and removal while the batches read them (the claim)."""
+
+    read = True
+    miss = "absent"
+
+    def __init__(self, pool: Pool, keys: list[str], pages: np.ndarray) -> None:
+        super().__init__(pool, keys, pages)
+        self.limit = pool.contains(keys)
+
+
+class MooncakeWrite(MooncakeTransfer):
+    """One set: every key put (the keys are distinct, backends.base: all move)."""
+
+    read = False
+    needs: np.ndarray | None = None
+    miss = "claimed"

@@ -163,9 +163,13 @@ class PeerPool:
                 return start + min(int(reply.count), len(chunk))
         return len(keys)
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> _Transfer:
-        self._check_open("get" if read else "set")
-        return _Transfer(self, read, keys, pages)
+    def read(self, keys: list[str], pages: np.ndarray) -> _Read:
+        self._check_open("get")
+        return _Read(self, keys, pages)
+
+    def write(self, keys: list[str], pages: np.ndarray) -> _Write:
+        self._check_open("set")
+        return _Write(self, keys, pages)
 
     def delete(self, keys: Sequence[str]) -> int:
         self._check_open("delete")
@@ -217,12 +221,11 @@ class _Transfer:
     """One get or set on a peer pool: every batch is claimed or reserved on the peer itself,
     so nothing is held between batches and :meth:`abort` has nothing to undo."""
 
-    needs: np.ndarray | None = None
+    #: What runs one batch on the connection (a read's or a write's).
+    op: Callable[..., None]
 
-    def __init__(self, pool: PeerPool, read: bool, keys: list[str], pages: np.ndarray) -> None:
+    def __init__(self, pool: PeerPool, keys: list[str], pages: np.ndarray) -> None:
         self.pool = pool
-        self.read = read
-        self.op = _read if read else _write
         self.keys = keys
         self.pages = pages
         self.limit = len(keys)
@@ -252,30 +255,48 @@ class _Transfer:
 
         for i, (a, b) in enumerate(chunks):
             future = pool.client.start(
-                pool, self.op, self.keys[a:b], self.pages[a:b], within, *self._keep(a, b)
+                pool, type(self).op, self.keys[a:b], self.pages[a:b], within, *self._keep(a, b)
             )
             future.add_done_callback(partial(settle, i))
         return combined
 
-    def retry(self, position: int) -> bool:
-        pool = self.pool
-        one = pool.client.run(
-            pool,
-            self.op,
-            self.keys[position : position + 1],
-            self.pages[position : position + 1],
-            _plain,
-            *self._keep(position, position + 1),
-            timeout=pool.timeout,
-        )
-        return bool(one[0])
+    def _keep(self, start: int, stop: int) -> tuple[list[str], ...]:
+        return ()
+
+    def finish(self, moved: np.ndarray) -> list[bool]:
+        return [bool(x) for x in moved]
+
+    def abort(self) -> None:
+        """Nothing to undo: each batch released its claim or reservation on the peer."""
+
+
+class _Read(_Transfer):
+    """A get: each batch claims its pages on the peer (CLAIM, SEND)."""
+
+    miss = "absent"
+
+    @staticmethod
+    def op(conn: Any, target: ops.Target, *args: Any) -> None:
+        (copies.read if target.shared else ops.read)(conn, target, *args)
+
+
+class _Write(_Transfer):
+    """A set: each batch reserves its slots on the peer (RESERVE, POST, COMMIT)."""
+
+    needs: np.ndarray | None = None
+    miss = "claimed"
+
+    @staticmethod
+    def op(
+        conn: Any, target: ops.Target, keys: Any, pages: Any, shape: Any, keep: Any, done: Any
+    ) -> None:
+        write = copies.write if target.shared else ops.write
+        write(conn, target, keys, pages, shape, done, keep)
 
     def _keep(self, start: int, stop: int) -> tuple[list[str], ...]:
-        """A write's keys outside ``[start, stop)`` (those after it first), which the server
-        must not evict for this batch: a set never evicts its own present keys. At most
-        :data:`KEEP_KEYS` of them (one RESERVE frame stays small); none for a read."""
-        if self.read:
-            return ()
+        """The keys outside ``[start, stop)`` (those after it first), which the server must not
+        evict for this batch: a set never evicts its own present keys. At most
+        :data:`KEEP_KEYS` of them (one RESERVE frame stays small)."""
         kept: list[str] = []
         size = 0
         for key in itertools.chain(self.keys[stop:], reversed(self.keys[:start])):
@@ -285,31 +306,9 @@ class _Transfer:
             kept.append(key)
         return (kept,)
 
-    def finish(self, moved: np.ndarray) -> list[bool]:
-        return [bool(x) for x in moved]
-
-    def abort(self) -> None:
-        """Nothing to undo: each batch released its claim or reservation on the peer."""
-
-
-def _read(conn: Any, target: ops.Target, *args: Any) -> None:
-    (copies.read if target.shared else ops.read)(conn, target, *args)
-
-
-def _write(
-    conn: Any, target: ops.Target, keys: Any, pages: Any, shape: Any, keep: Any, done: Any
-) -> None:
-    write = copies.write if target.shared else ops.write
-    write(conn, target, keys, pages, shape, done, keep)
-
 
 def _probe(conn: Any, target: ops.Target, *args: Any) -> None:
     (copies.probe if target.shared else ops.probe)(conn, target, *args)
-
-
-def _plain(descriptors: Descriptors) -> Descriptors:
-    """A single page retried by the fallback travels as plain descriptors."""
-    return descriptors
 
 
 class _Deadline(Future):
