@@ -45,9 +45,6 @@ class FilePool:
     def write(self, keys: list[str], pages: np.ndarray) -> FileWrite:
         return FileWrite(self.tier, self.side, keys, pages)
 
-    def begin(self, read: bool, keys: list[str], pages: np.ndarray) -> FileRead | FileWrite:
-        return self.read(keys, pages) if read else self.write(keys, pages)
-
     def delete(self, keys: Any) -> int:
         return self.tier.drop(list(keys))
 

@@ -63,10 +63,6 @@ class _Base:
         self.tier, self.side, self.keys, self.pages = tier, side, keys, pages
         self.started = time.perf_counter()
 
-    def retry(self, position: int) -> bool:
-        """One page alone, synchronously (the fallback's unit)."""
-        return bool(self.submit(np.array([position]), None).result()[0])
-
     def _count(self, moved: np.ndarray, read: bool) -> None:
         nbytes = int(np.count_nonzero(moved)) * self.tier.files.page_bytes
         seconds = time.perf_counter() - self.started
