@@ -1,7 +1,8 @@
 """Tiers for the SGLang tests that run on every tier: the embedded ``dram`` tier, a ``peer``
-(a real ``kvcr-policy serve`` over UCX) and ``mooncake`` (a real ``mooncake_master``; each
-backend contributes its own segment). ``tier_overrides`` is what a backend's extra_config
-``overrides`` add to reach the tier; servers are started once per module and stopped by PID.
+(a real ``kvcr-policy serve`` over UCX), ``mooncake`` (a real ``mooncake_master``; each
+backend contributes its own segment) and ``file`` (slot files in the test's own folder).
+``tier_overrides`` is what a backend's extra_config ``overrides`` add to reach the tier;
+servers are started once per module and stopped by PID.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 from tests.integrations.conftest import TIER
 
-TIERS = ["dram", "peer", "mooncake"]
+TIERS = ["dram", "peer", "mooncake", "file"]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,13 @@ def overrides_for(tier: str, request: pytest.FixtureRequest) -> dict[str, Any]:
             "backend.name": "mooncake",
             "backend.options.master": master.address,
             "backend.options.segment_bytes": TIER,
+        }
+    if tier == "file":
+        return {
+            "backend.name": "file",
+            "backend.options.path": str(request.getfixturevalue("tmp_path")),
+            "backend.options.capacity_bytes": TIER,
+            "backend.options.min_free_bytes": 0,
         }
     raise AssertionError(f"unknown tier {tier!r}")
 
