@@ -20,7 +20,7 @@ from ..base import BackendContext, PoolSpec, check_device
 from ..dram.stores import new_store
 from ..reporting import TierUsage
 from .directory import fit_capacity, open_files, pool_directory
-from .engine import IOEngine, PoolSide
+from .engine import IOEngine, PoolSide, pool_view
 from .options import FileOptions
 from .tier import FileTier, Watermarks
 from .transfer import FileRead, FileWrite
@@ -34,7 +34,10 @@ class FilePool:
     def __init__(self, spec: PoolSpec, tier: FileTier) -> None:
         self.name = spec.name
         self.tier = tier
-        self.side = PoolSide(spec.endpoint.address, spec.geometry)
+        endpoint = spec.endpoint
+        # Buffered files move pages between the page cache and the pool itself (engine).
+        view = None if tier.files.direct else pool_view(endpoint.address, endpoint.nbytes)
+        self.side = PoolSide(endpoint.address, spec.geometry, view)
 
     def contains(self, keys: Any) -> int:
         return self.tier.contains(keys)

@@ -12,17 +12,21 @@ profile, ``kernel.io_uring_disabled``), where the tier would need this pool as a
 anyway. With jobs of several MiB the per-job cost of a thread hand-off (a few µs) is noise.
 
 A batch of a read or write is cut into *runs*: slots consecutive in the slot file, at most
-one staging buffer each; each run is one ``preadv``/``pwritev`` of contiguous file bytes
-through a page-aligned staging buffer (anonymous ``mmap``: aligned for ``O_DIRECT``), then
-one native gather or scatter between the buffer and the pool's fragments. Reads check each
-page's CRC-32C against its commit record before copying it into the pool: a page that fails
-is reported not moved, never copied. Staging buffers are made on demand, at most one per
+one staging buffer each; each run is one ``preadv``/``pwritev`` of contiguous file bytes.
+With direct I/O the run goes through a page-aligned staging buffer (anonymous ``mmap``:
+``O_DIRECT`` needs aligned memory, and an engine's pool is 16- or 64-byte aligned), then one
+native gather or scatter between the buffer and the pool's fragments; a read checks each
+page's CRC-32C before copying it, so a damaged page never reaches the pool. With buffered
+I/O the run's iovecs are the pool's fragments themselves (no staging copy: the kernel copies
+between the page cache and the pool once), and a read checks each page's CRC-32C in the pool
+before reporting it moved. Staging buffers are made on demand, at most one per
 thread, and reused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import mmap
 import os
@@ -43,12 +47,23 @@ from .records import checksum
 __all__ = ["IOEngine", "PoolSide", "plan_runs"]
 
 
+#: iovecs per preadv/pwritev (IOV_MAX is 1024 on Linux, <limits.h>).
+IOV_MAX = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSide:
-    """The pool a transfer reads into or writes from: its base address and layout."""
+    """The pool a transfer reads into or writes from: its base address and layout, and, for
+    buffered files, a byte view of it (iovecs straight into the pool)."""
 
     address: int
     geometry: PoolGeometry
+    view: memoryview | None = None
+
+
+def pool_view(address: int, nbytes: int) -> memoryview:
+    """A writable byte view of ``nbytes`` of memory at ``address`` (the registered pool)."""
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
 
 
 class _Buffer:
@@ -145,6 +160,9 @@ class IOEngine:
         if side is not None:
             page_bytes = side.geometry.page_bytes
 
+        if side is not None and side.view is not None:
+            return self._run(lambda: _read_in_place(fd, stride, side, first, pages, crcs))
+
         def job() -> np.ndarray:
             size = len(pages) * stride
             buffer = self._buffer(stride)
@@ -174,6 +192,8 @@ class IOEngine:
     ) -> Future[np.ndarray]:
         """Write ``pages`` into slots ``first..``; the CRC-32C of each page (uint32)."""
         page_bytes = side.geometry.page_bytes
+        if side.view is not None:
+            return self._run(lambda: _write_in_place(fd, stride, side, first, pages))
 
         def job() -> np.ndarray:
             size = len(pages) * stride
@@ -205,3 +225,64 @@ class IOEngine:
         for buffer in self._made:
             buffer.close()
         self._made.clear()
+
+
+def _iovecs(side: PoolSide, stride: int, pages: np.ndarray) -> tuple[list[list[memoryview]], int]:
+    """Per page, the pool's fragments in slot order (and the slot's padding); the padding."""
+    assert side.view is not None
+    geometry, view = side.geometry, side.view
+    size = geometry.fragment_bytes
+    pad = stride - geometry.page_bytes
+    filler = [memoryview(bytearray(pad))] if pad else []
+    offsets = fragment_offsets(geometry, pages).T.tolist()
+    return [[view[o : o + size] for o in row] + filler for row in offsets], pad
+
+
+def _vectored(call: Callable[..., int], fd: int, iovecs: list[memoryview], offset: int) -> int:
+    """One preadv/pwritev per IOV_MAX iovecs from ``offset`` on; bytes moved."""
+    moved = 0
+    for start in range(0, len(iovecs), IOV_MAX):
+        chunk = iovecs[start : start + IOV_MAX]
+        done = call(fd, chunk, offset + moved)
+        moved += done
+        if done < sum(len(v) for v in chunk):
+            break
+    return moved
+
+
+def _read_in_place(
+    fd: int, stride: int, side: PoolSide, first: int, pages: np.ndarray, crcs: np.ndarray
+) -> np.ndarray:
+    per_page, _ = _iovecs(side, stride, pages)
+    flat = [v for page in per_page for v in page]
+    try:
+        got = _vectored(os.preadv, fd, flat, first * stride)
+    except OSError:
+        return np.zeros(len(pages), dtype=bool)
+    ok = np.zeros(len(pages), dtype=bool)
+    page_bytes = side.geometry.page_bytes
+    for j, page in enumerate(per_page):
+        if j * stride + page_bytes <= got:
+            crc = 0
+            for piece in page[: side.geometry.fragments_per_page]:
+                crc = checksum(piece, crc)
+            ok[j] = crc == int(crcs[j])
+    return ok
+
+
+def _write_in_place(
+    fd: int, stride: int, side: PoolSide, first: int, pages: np.ndarray
+) -> np.ndarray:
+    per_page, _ = _iovecs(side, stride, pages)
+    crcs = []
+    for page in per_page:
+        crc = 0
+        for piece in page[: side.geometry.fragments_per_page]:
+            crc = checksum(piece, crc)
+        crcs.append(crc)
+    flat = [v for page in per_page for v in page]
+    size = len(pages) * stride
+    written = _vectored(os.pwritev, fd, flat, first * stride)
+    if written != size:
+        raise OSError(errno.ENOSPC, f"short write: {written} of {size} bytes")
+    return np.array(crcs, dtype=np.uint32)
