@@ -471,6 +471,16 @@ class Store:
             self._check_open("evict")
             return self._evict(count, frozenset())
 
+    def victims(self, count: int) -> list[str]:
+        """The keys the policy would evict next to free ``count`` slots (unclaimed, not held
+        by an open reservation), evicting nothing: what a tier in front of another demotes
+        before a write evicts them."""
+        with self._lock:
+            self._check_open("victims")
+            claims, held = self._claims.counts, self._held
+            chosen = self._policy.victims(count, lambda slot: claims[slot] == 0 and held[slot] == 0)
+            return [key for key in map(self._owner.__getitem__, chosen) if key is not None]
+
     # ---- state ----------------------------------------------------------------------------
 
     def watch(self, changed: Callable[[], None]) -> None:

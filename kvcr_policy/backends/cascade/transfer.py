@@ -1,0 +1,101 @@
+"""A get across the cascade's two levels: DRAM's keys from DRAM, the others from disk, then
+the disk's hits promoted into DRAM (:meth:`.pool.CascadePool.promote`)."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from .pool import CascadePool
+
+__all__ = ["CascadeRead"]
+
+
+def _covered(subset: np.ndarray, limit: int, end: int) -> int:
+    """Positions of the call covered from the start when a level claimed only ``limit`` of
+    its ``subset``: up to the first it did not claim."""
+    return int(subset[limit]) if limit < len(subset) else end
+
+
+class CascadeRead:
+    """One get: the leading run present on either level, each level's part claimed there."""
+
+    needs = None
+    miss = "absent"
+
+    def __init__(self, pool: CascadePool, keys: list[str], pages: np.ndarray) -> None:
+        self.pool, self.keys, self.pages = pool, keys, pages
+        front, back = pool.where(keys)
+        misses = np.flatnonzero(~(front | back))
+        run = int(misses[0]) if len(misses) else len(keys)
+        self.on_front = np.flatnonzero(front[:run])
+        self.on_back = np.flatnonzero(back[:run])
+        self.front = pool.front.read([keys[i] for i in self.on_front], pages[self.on_front])
+        try:
+            self.back = pool.back.read([keys[i] for i in self.on_back], pages[self.on_back])
+        except BaseException:
+            self.front.abort()
+            raise
+        self.limit = min(_covered(self.on_front, self.front.limit, run),
+                         _covered(self.on_back, self.back.limit, run))  # fmt: skip
+        # Where each position of the call is within its level's transfer.
+        self.level = np.full(len(keys), -1, dtype=np.int64)
+        self.local = np.zeros(len(keys), dtype=np.int64)
+        self.level[self.on_front], self.local[self.on_front] = 0, np.arange(len(self.on_front))
+        self.level[self.on_back], self.local[self.on_back] = 1, np.arange(len(self.on_back))
+
+    def submit(self, positions: np.ndarray, shape: Any) -> Future[np.ndarray]:
+        done: Future[np.ndarray] = Future()
+        result = np.zeros(len(positions), dtype=bool)
+        parts = []
+        for level, transfer in ((0, self.front), (1, self.back)):
+            rows = np.flatnonzero(self.level[positions] == level)
+            if len(rows):
+                parts.append((rows, transfer.submit(self.local[positions[rows]], shape)))
+        left, lock = [len(parts)], threading.Lock()
+        if not parts:
+            done.set_result(result)
+
+        def settle(rows: np.ndarray, future: Future[np.ndarray]) -> None:
+            error = future.exception()
+            if error is not None and not done.done():
+                done.set_exception(error)
+                return
+            if error is None:
+                result[rows] = future.result()
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last and not done.done():
+                done.set_result(result)
+
+        for rows, future in parts:
+            future.add_done_callback(functools.partial(settle, rows))
+        return done
+
+    def finish(self, moved: np.ndarray) -> list[bool]:
+        moved = np.asarray(moved, dtype=bool)
+        full = np.zeros(len(self.keys), dtype=bool)
+        full[: len(moved)] = moved
+        front = self.front.finish(full[self.on_front][: self.front.limit])
+        back = self.back.finish(full[self.on_back][: self.back.limit])
+        result = [False] * len(self.keys)
+        for i, ok in zip(self.on_front.tolist(), front, strict=False):
+            result[i] = ok and i < self.limit
+        for i, ok in zip(self.on_back.tolist(), back, strict=False):
+            result[i] = ok and i < self.limit
+        hits = [self.keys[i] for i in self.on_front.tolist() if result[i]]
+        self.pool.used(hits)
+        promoted = [i for i in self.on_back.tolist() if result[i]]
+        self.pool.counts["dram_hits"] += len(hits)
+        self.pool.counts["file_hits"] += len(promoted)
+        self.pool.promote([self.keys[i] for i in promoted], self.pages[promoted])
+        return result
+
+    def abort(self) -> None:
+        self.front.abort()
+        self.back.abort()
