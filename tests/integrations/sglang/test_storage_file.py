@@ -1,9 +1,9 @@
-"""SGLang's factory builds our backend on the ``file`` tier: pages round-trip byte-exact
-through HiCache's v1 and v2 calls, and survive the backend being closed and built again."""
+"""SGLang's factory builds our backend on the ``file`` tier and on the ``cascade`` (DRAM in
+front of it): pages round-trip byte-exact through HiCache's v1 and v2 calls, and survive the
+backend being closed and built again."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,31 +19,36 @@ def _overrides(tier: str, request: pytest.FixtureRequest) -> dict[str, Any]:
     return overrides_for(tier, request)
 
 
+TIERS = ["file", "cascade"]
+
+
+@pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_head"])
-def test_mha_pool_round_trips_on_the_file_tier(
-    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, layout: str,
+def test_mha_pool_round_trips(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, layout: str, tier: str,
     request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
-    backend = make_backend(overrides=_overrides("file", request))
+    backend = make_backend(overrides=_overrides(tier, request))
     pool = kit.mha(layout)
     backend.register_mem_pool_host(pool)
-    assert backend.pipeline.stats().to_dict()["transport"]["name"] == "file"
+    assert backend.pipeline.stats().to_dict()["transport"]["name"] == tier
     round_trip(sg, kit, backend, pool, n=8, seed=7)
 
 
-def test_mla_pool_round_trips_on_the_file_tier(
-    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, request: pytest.FixtureRequest
-) -> None:
-    backend = make_backend({"is_mla_model": True}, overrides=_overrides("file", request))
+@pytest.mark.parametrize("tier", TIERS)
+def test_mla_pool_round_trips(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, tier: str,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    backend = make_backend({"is_mla_model": True}, overrides=_overrides(tier, request))
     pool = kit.mla("page_first")
     backend.register_mem_pool_host(pool)
     round_trip(sg, kit, backend, pool, n=8, seed=7)
 
 
 def test_pages_survive_a_restart_of_the_backend(
-    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, tmp_path: Path,
-    request: pytest.FixtureRequest,
-) -> None:  # fmt: skip
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, request: pytest.FixtureRequest
+) -> None:
     overrides = _overrides("file", request)
     first = make_backend(overrides=overrides)
     pool = kit.mha("page_first")
