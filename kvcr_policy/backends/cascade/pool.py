@@ -24,8 +24,9 @@ from ...descriptors import Descriptors
 from ..dram.backend import DramPool
 from ..file.backend import FilePool
 from ..file.engine import PoolSide
+from ..file.tier import Counters
 from ..file.transfer import FileWrite
-from ..reporting import TierUsage, stats_of
+from ..reporting import LevelUsage, TierUsage, stats_of
 
 __all__ = ["CascadePool", "plain"]
 
@@ -54,6 +55,10 @@ def run_write(transfer: Any) -> list[bool]:
 class CascadePool:
     """One pool's two levels; see the module docstring."""
 
+    #: A get moves pages between the levels and counts each level's reads: the pipeline
+    #: refreshes the usage metrics after it as after a set.
+    usage_on_read = True
+
     def __init__(self, name: str, front: DramPool, back: FilePool, admit_hits: int,
                  promote: bool) -> None:  # fmt: skip
         self.name = name
@@ -63,6 +68,7 @@ class CascadePool:
         self.uses: OrderedDict[str, int] = OrderedDict()
         self.uses_max = 2 * front.store.capacity
         self.lock = threading.Lock()
+        self.dram_reads = Counters()  # the disk level keeps its own (FileTier.counters)
         self.counts = {
             "demoted": 0,
             "not_admitted": 0,
@@ -152,13 +158,34 @@ class CascadePool:
     def probe(self, nbytes: int) -> None:
         self.front.probe(nbytes)
 
+    def read_from_dram(self, hits: int, seconds: float) -> None:
+        """A get found ``hits`` pages in DRAM; the call took ``seconds``."""
+        with self.lock:
+            self.counts["dram_hits"] += hits
+            if hits:
+                self.dram_reads.read_bytes += hits * self.region.geometry.page_bytes
+                self.dram_reads.read_s += seconds
+
     def stats(self) -> dict[str, Any]:
-        return {"dram": stats_of(self.front), "file": stats_of(self.back), **self.counts}
+        """Each level's own figures, its capacity and restore rate (read bytes over the
+        seconds of the gets that read them), then demotions, promotions and hits."""
+        reads, page = self.dram_reads, self.region.geometry.page_bytes
+        dram = {**stats_of(self.front), "capacity_bytes": self.front.store.capacity * page,
+                "read_bytes": reads.read_bytes, "read_s": reads.read_s,
+                "read_gbps": reads.rates()["read_gbps"]}  # fmt: skip
+        return {"dram": dram, "file": stats_of(self.back), **self.counts}
 
     def usage(self) -> TierUsage:
         a, b = self.front.usage(), self.back.usage()
+        file = self.back.tier.counters
+        levels = (
+            LevelUsage("dram", a.capacity_bytes, a.used_bytes, self.dram_reads.read_bytes,
+                       self.dram_reads.read_s, self.counts["dram_hits"]),
+            LevelUsage("file", b.capacity_bytes, b.used_bytes, file.read_bytes, file.read_s,
+                       self.counts["file_hits"]),
+        )  # fmt: skip
         return TierUsage(a.capacity_bytes + b.capacity_bytes, a.used_bytes + b.used_bytes,
-                         a.evictions + b.evictions)  # fmt: skip
+                         a.evictions + b.evictions, levels)  # fmt: skip
 
     def close(self) -> None:
         """Nothing of its own: each level's backend closes its pools."""

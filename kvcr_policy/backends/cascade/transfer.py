@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -29,6 +30,7 @@ class CascadeRead:
 
     def __init__(self, pool: CascadePool, keys: list[str], pages: np.ndarray) -> None:
         self.pool, self.keys, self.pages = pool, keys, pages
+        self.started = time.perf_counter()
         front, back = pool.where(keys)
         misses = np.flatnonzero(~(front | back))
         run = int(misses[0]) if len(misses) else len(keys)
@@ -91,8 +93,9 @@ class CascadeRead:
         hits = [self.keys[i] for i in self.on_front.tolist() if result[i]]
         self.pool.used(hits)
         promoted = [i for i in self.on_back.tolist() if result[i]]
-        self.pool.counts["dram_hits"] += len(hits)
-        self.pool.counts["file_hits"] += len(promoted)
+        self.pool.read_from_dram(len(hits), time.perf_counter() - self.started)
+        with self.pool.lock:
+            self.pool.counts["file_hits"] += len(promoted)
         self.pool.promote([self.keys[i] for i in promoted], self.pages[promoted])
         return result
 

@@ -4,12 +4,15 @@ what was demoted survives a restart."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import prometheus_client
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvcr_policy.config.loading import load_config
 from kvcr_policy.pipeline import Pipeline, build_pipeline
@@ -104,3 +107,47 @@ def test_what_was_demoted_survives_a_restart(rig: Any) -> None:
     second = open_()
     assert second.exists(keys[:8]) == 8  # the demoted half; DRAM's half died with it
     assert _restored(second, keys[:8], buffer, reference) == [True] * 8
+
+
+def _levels(profile: str) -> dict[tuple[str, str], float]:
+    """The cascade's per-level series of this pipeline's profile label, from the default
+    registry as /metrics shows it (prometheus-client's own text format and parser)."""
+    found: dict[tuple[str, str], float] = {}
+    text = prometheus_client.generate_latest().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if labels.get("profile") == profile and "level" in labels:
+                found[(sample.name, labels["level"])] = sample.value
+    return found
+
+
+def test_each_level_s_capacity_and_rate_in_stats_and_metrics(rig: Any, tmp_path: Path) -> None:
+    _, buffer, reference = rig
+    profile = tmp_path / f"levels{uuid.uuid4().hex[:8]}.toml"  # a label no other test uses
+    profile.write_text("", encoding="utf-8")
+    pipeline = build_pipeline(load_config(profile, overrides=_overrides(tmp_path / "t")))
+    pipeline.register_pool("kv", GEO, buffer)
+    keys = [f"k{i}" for i in range(16)]
+    _set_in_fours(pipeline, keys)
+    assert _restored(pipeline, keys[:4], buffer, reference) == [True] * 4  # from disk
+    assert pipeline.get(keys[12:], token_indices(range(40, 44), 4)) == [True] * 4  # DRAM
+    figures = _figures(pipeline)
+    dram, disk = figures["dram"], figures["file"]
+    assert dram["capacity_bytes"] == DRAM_PAGES * GEO.page_bytes
+    assert disk["capacity_bytes"] == 64 * GEO.page_bytes
+    assert dram["read_bytes"] == 4 * GEO.page_bytes == disk["read_bytes"]
+    assert dram["read_gbps"] > 0 and disk["read_gbps"] > 0
+    seen = _levels(profile.stem)
+    assert seen[("kvcr_policy_tier_level_capacity_bytes", "dram")] == dram["capacity_bytes"]
+    assert seen[("kvcr_policy_tier_level_capacity_bytes", "file")] == disk["capacity_bytes"]
+    assert seen[("kvcr_policy_tier_level_used_bytes", "file")] == 12 * GEO.page_bytes
+    assert seen[("kvcr_policy_tier_level_read_bytes_total", "file")] == 4 * GEO.page_bytes
+    assert seen[("kvcr_policy_tier_level_hits_total", "dram")] == 4
+    assert seen[("kvcr_policy_tier_level_read_seconds_total", "dram")] == pytest.approx(
+        dram["read_s"]
+    )
+    pipeline.close()
+    gone = _levels(profile.stem)
+    assert ("kvcr_policy_tier_level_used_bytes", "file") not in gone  # went with the tier
+    assert gone[("kvcr_policy_tier_level_hits_total", "file")] == 4  # counters stay
