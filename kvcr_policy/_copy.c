@@ -42,7 +42,8 @@ static void stream_copy(char *dst, const char *src, size_t n)
         _mm_stream_si128((__m128i *)(dst + i + 32), c);
         _mm_stream_si128((__m128i *)(dst + i + 48), d);
     }
-    _mm_sfence(); /* streamed stores are visible to other threads before we return */
+    /* No fence here: copy_many fences once, after its last copy. A fence per copy waits for
+     * the write-combining buffers to drain at every fragment of a scattered restore. */
     memcpy(dst + body, src + body, n - body);
 #else
     memcpy(dst, src, n);
@@ -81,16 +82,25 @@ static PyObject *copy_many(PyObject *self, PyObject *args)
         }
     }
     Py_BEGIN_ALLOW_THREADS
+    int streamed = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         char *to = (char *)(uintptr_t)(dst_base + (unsigned long long)d[i]);
         const char *from = (const char *)(uintptr_t)(src_base + (unsigned long long)s[i]);
         size_t n = (size_t)l[i];
         if (stream_from > 0 && n >= (size_t)stream_from &&
-            !overlaps((uintptr_t)to, (uintptr_t)from, n))
+            !overlaps((uintptr_t)to, (uintptr_t)from, n)) {
             stream_copy(to, from, n);
-        else
+            streamed = 1;
+        } else {
             memmove(to, from, n);
+        }
     }
+#if KVCR_HAVE_STREAM
+    if (streamed)
+        _mm_sfence(); /* streamed stores are visible to other threads before we return */
+#else
+    (void)streamed;
+#endif
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     result = Py_None;

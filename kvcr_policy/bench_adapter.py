@@ -75,6 +75,12 @@ class BenchSetup:
     #: ``--devices``: the GPU of each rank on ``cuda`` (several ranks may share one); None
     #: runs rank ``r`` on GPU ``r``.
     devices: tuple[int, ...] | None = None
+    #: The model's page shape (``layers``, ``heads``, ``head_dim``, ``dtype``, ``page_size``;
+    #: ``mla`` is :attr:`mla`), ``geometry`` then being the model's name; None: the preset
+    #: ``geometry`` names (:mod:`kvcr_policy.model.shape`).
+    dims: Mapping[str, Any] | None = None
+    #: ``--tp``: the tensor-parallel size whose rank's shard one restore moves (None: ``ranks``).
+    tp: int | None = None
 
 
 class BenchBackend:

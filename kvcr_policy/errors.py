@@ -23,6 +23,7 @@ Every error a user can meet derives from :class:`KVCRPolicyError`; catching it c
     ├── UnimplementedError     an engine API that this backend deliberately does not provide
     ├── BenchError             a benchmark could not run or its bytes did not verify
     │   └── TuneError          ``tune`` could not run: an input, the budget, no candidate measured
+    ├── ReplayError            ``replay`` could not run a trace through an engine, or it failed
     └── ClosedError            a call reached an object that is closing or closed
 
 Where a built-in exception type is what callers of a Python API expect, the class derives from
@@ -60,6 +61,7 @@ __all__ = [
     "PluginError",
     "PoolError",
     "ProtocolError",
+    "ReplayError",
     "SchemaDriftError",
     "TierMemoryError",
     "TransportError",
@@ -229,6 +231,10 @@ class UnimplementedError(KVCRPolicyError, NotImplementedError):
 
 class BenchError(KVCRPolicyError):
     """A benchmark could not run (bad arguments, missing dependency) or did not verify."""
+
+
+class ReplayError(KVCRPolicyError):
+    """``replay`` cannot run as asked (an input, a missing engine) or an engine run failed."""
 
 
 class TuneError(BenchError):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn, get_args
 
@@ -58,6 +58,7 @@ __all__ = [
     "check_pages",
     "check_unchanged",
     "fragment_offsets",
+    "key_pages",
     "page_indices",
     "preset",
     "validate_buffer",
@@ -395,6 +396,19 @@ def page_indices(geometry: PoolGeometry, token_indices: object) -> Int64Array:
         return firsts // size
     _explain_indices(geometry, flat)
     raise AssertionError("unreachable: malformed token indices were not explained")
+
+
+def key_pages(geometry: PoolGeometry, keys: Sequence[str], indices: Any) -> np.ndarray:
+    """The page of each key: :func:`page_indices` of ``indices``, one page per key (else an
+    :class:`IndicesError` naming the pool and how many token indices a key takes)."""
+    pages = page_indices(geometry, indices)
+    if len(pages) != len(keys):
+        message = (
+            f"pool {geometry.name!r}: {len(keys)} keys but indices for {len(pages)} pages; "
+            f"pass {geometry.page_size} token indices per key"
+        )
+        raise IndicesError(message)
+    return pages
 
 
 def _well_formed(rows: Int64Array, firsts: Int64Array, tokens: int) -> bool:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,7 +41,7 @@ from .errors import (
     UnsupportedError,
     UsageError,
 )
-from .geometry import BufferInfo, PoolGeometry, check_unchanged, page_indices, validate_buffer
+from .geometry import BufferInfo, PoolGeometry, check_unchanged, key_pages, validate_buffer
 from .keys import check_keys, rounds
 from .mover import Mover
 from .observability.ledger import CallCounts, Ledger
@@ -267,16 +268,6 @@ class Pipeline:
             check_unchanged(pool[0], buffer, info)
         return pool
 
-    def _pages(self, geometry: PoolGeometry, keys: Sequence[str], indices: Any) -> np.ndarray:
-        pages = page_indices(geometry, indices)
-        if len(pages) != len(keys):
-            message = (
-                f"pool {geometry.name!r}: {len(keys)} keys but indices for {len(pages)} "
-                f"pages; pass {geometry.page_size} token indices per key"
-            )
-            raise IndicesError(message)
-        return pages
-
     # ---- metadata -----------------------------------------------------------------------
 
     def exists(self, keys: Sequence[str], pool: str | None = None) -> int:
@@ -338,43 +329,19 @@ class Pipeline:
                     # stored together they begin before the indices are validated and the
                     # keys claimed, and are kept only where the claim finds the same bytes.
                     early = cast(PoolReadsEarly, tier).read_early(keys)
-                pages = self._pages(geometry, keys, indices)
+                pages = key_pages(geometry, keys, indices)
             except PoolError:
                 if name is not None and (name in self._pools or name in self.refused):
                     self.count_misses(name, read, "pool_refused", len(keys))
                 raise
-            return self._rounds(geometry, tier, read, keys, pages, on_ready, early)
+            repeats = rounds(keys)
+            if repeats is None:
+                return self._call(geometry, tier, read, keys, pages, on_ready, early)
+            call = partial(self._call, geometry, tier, read)
+            return _rounds(call, read, keys, pages, repeats, on_ready)
         finally:
             if early is not None:
                 early.cancel()  # a no-op once the call's transfer used it and finished
-
-    def _rounds(
-        self,
-        geometry: PoolGeometry,
-        tier: PoolTier,
-        read: bool,
-        keys: list[str],
-        pages: np.ndarray,
-        on_ready: Callable[[int], None] | None,
-        early: EarlyRead | None,
-    ) -> list[bool]:
-        repeats = rounds(keys)
-        if repeats is None:
-            return self._call(geometry, tier, read, keys, pages, on_ready, early)
-        # A backend sees each key once per call (kvcr_policy.keys): a set stores the first
-        # occurrence's page and every occurrence reports it; a get reads round after round.
-        results = np.zeros(len(keys), dtype=bool)
-        for positions in repeats if read else repeats[:1]:
-            batch = [keys[i] for i in positions]
-            results[positions] = self._call(geometry, tier, read, batch, pages[positions])
-        if not read:
-            outcome = dict(zip((keys[i] for i in repeats[0]), results[repeats[0]], strict=True))
-            return [bool(outcome[key]) for key in keys]
-        leading = int(np.argmin(results)) if not results.all() else len(keys)
-        results[leading:] = False  # reads report the leading run, as without repeats
-        if on_ready is not None and leading:
-            on_ready(leading)
-        return results.tolist()
 
     def _call(
         self,
@@ -477,6 +444,30 @@ class Pipeline:
                 if meter is not None:
                     meter.placement(audit)  # the placement gauges follow every audit
             return found
+
+
+def _rounds(
+    call: Callable[[list[str], np.ndarray], list[bool]],
+    read: bool,
+    keys: list[str],
+    pages: np.ndarray,
+    repeats: list[np.ndarray],
+    on_ready: Callable[[int], None] | None,
+) -> list[bool]:
+    """A call whose keys repeat, made as ``call(keys, pages)`` per round (kvcr_policy.keys), so
+    that a backend sees each key once per call: a set stores the first occurrence's page and
+    every occurrence reports it; a get reads round after round."""
+    results = np.zeros(len(keys), dtype=bool)
+    for positions in repeats if read else repeats[:1]:
+        results[positions] = call([keys[i] for i in positions], pages[positions])
+    if not read:
+        outcome = dict(zip((keys[i] for i in repeats[0]), results[repeats[0]], strict=True))
+        return [bool(outcome[key]) for key in keys]
+    leading = int(np.argmin(results)) if not results.all() else len(keys)
+    results[leading:] = False  # reads report the leading run, as without repeats
+    if on_ready is not None and leading:
+        on_ready(leading)
+    return results.tolist()
 
 
 def _asking(loaded: LoadedConfig, missing: frozenset[str]) -> str:

@@ -34,9 +34,17 @@ from .backends.base import (
     check_device,
 )
 from .backends.reporting import BackendReporting, PoolReporting, TierUsage
-from .backends.staging import PagePlanes, StagingArea, fragment_planes, packed, stages_pages
+from .backends.staging import (
+    PagePlanes,
+    StagingArea,
+    fragment_planes,
+    packed,
+    stages_pages,
+    staging_pages,
+)
 from .bench_adapter import BenchBackend, BenchSetup, Pipeline
-from .config.hosts import host_part
+from .config.fields import number_field, size_field
+from .config.hosts import host_part, host_port
 from .config.schema import (
     BatchingSection,
     CoalescingSection,
@@ -162,10 +170,14 @@ __all__ = [
     "fragment_planes",
     "hookimpl",
     "host_part",
+    "host_port",
     "key_part",
     "mismatch",
+    "number_field",
     "packed",
+    "size_field",
     "stages_pages",
+    "staging_pages",
     "strategy_name",
     "tunable",
 ]

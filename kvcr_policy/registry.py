@@ -19,6 +19,7 @@ __all__ = [
     "NoOptions",
     "RegisterBackend",
     "RegisterBenchBackend",
+    "RegisterNamed",
     "RegisterStrategy",
     "RegisterTransport",
     "Registry",
@@ -47,7 +48,10 @@ class RegisterStrategy(Protocol):
     ) -> None: ...
 
 
-class RegisterTransport(Protocol):
+class RegisterNamed(Protocol):
+    """``register(name, factory, options=..., description=...)``: what the transport and the
+    backend hooks are handed (the kind is the hook's)."""
+
     def __call__(
         self,
         name: str,
@@ -58,15 +62,9 @@ class RegisterTransport(Protocol):
     ) -> None: ...
 
 
-class RegisterBackend(Protocol):
-    def __call__(
-        self,
-        name: str,
-        factory: Callable[..., Any],
-        *,
-        options: type[BaseModel] = ...,
-        description: str = ...,
-    ) -> None: ...
+#: ``kvcr_register_transports``' and ``kvcr_register_backends``' callbacks: one shape.
+RegisterTransport = RegisterNamed
+RegisterBackend = RegisterNamed
 
 
 class RegisterBenchBackend(Protocol):

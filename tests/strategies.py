@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import get_args, get_origin
+from typing import Any, get_args, get_origin
 
 import numpy as np
 from hypothesis import strategies as st
@@ -363,7 +363,7 @@ def _keys_pages(draw: st.DrawFn, cls: type) -> m.Message:
         draw(st.lists(st.integers(0, 2**40), min_size=len(ks), max_size=len(ks))), dtype=np.int64
     )
     if cls is m.Reserve:
-        return cls(draw(_u32), ks, pages, draw(_keys))
+        return cls(draw(_u32), ks, pages, draw(_u64), draw(_keys))
     return cls(draw(_u32), ks, pages)
 
 
@@ -657,9 +657,10 @@ def fuzz_requests(draw: st.DrawFn) -> m.Message:
     if cls in (m.Kind.CLEAR, m.Kind.STATS):
         return (m.Clear if cls is m.Kind.CLEAR else m.Stats)(pool)
     if cls in (m.Kind.CLAIM, m.Kind.RESERVE):
-        keep: tuple[list[str], ...] = ()
-        if cls is m.Kind.RESERVE:  # the set's other keys: any, present or not, hostile too
+        keep: tuple[Any, ...] = ()
+        if cls is m.Kind.RESERVE:  # a call (any number, 0 none) and its other keys, hostile too
             keep = (
+                draw(st.sampled_from([0, 1, 2, 2**64 - 1])),
                 draw(st.one_of(st.lists(st.text("ab-09", max_size=9), max_size=6), _fuzz_keys())),
             )
         message = m.Claim if cls is m.Kind.CLAIM else m.Reserve

@@ -82,6 +82,16 @@ def test_the_import_contracts_name_every_package() -> None:
     assert (packages | modules) - {"kvcr_policy.cli"} == below
 
 
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest imports a test file by its base name (the folders have no __init__.py): a second
+    file of the same name anywhere under tests/ fails the whole run at collection."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not clashes, f"rename one of each: {clashes}"
+
+
 def test_every_test_path_the_docs_name_exists() -> None:
     docs = [ROOT / "README.md", ROOT / "tests" / "README.md", ROOT / ".ci" / "run"]
     docs += sorted((ROOT / "docs").rglob("*.md")) + sorted((ROOT / "plugins").glob("*/README.md"))

@@ -36,7 +36,14 @@ import numpy.typing as npt
 from ..errors import PoolError, TransportError
 from ..geometry import PoolGeometry
 
-__all__ = ["PagePlanes", "StagingArea", "fragment_planes", "packed", "stages_pages"]
+__all__ = [
+    "PagePlanes",
+    "StagingArea",
+    "fragment_planes",
+    "packed",
+    "stages_pages",
+    "staging_pages",
+]
 
 Int64Array = npt.NDArray[np.int64]
 #: Rows or pages: a list of ints or an int64 array.
@@ -49,6 +56,20 @@ def packed(lengths: Int64Array) -> Int64Array:
     to ``page_bytes`` then fills exactly one row)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     return np.cumsum(lengths) - lengths
+
+
+def staging_pages(name: str, page_bytes: int, nbytes: int, why: str) -> int:
+    """How many pages of ``page_bytes`` a backend's staging area of ``nbytes`` (its
+    ``backend.options.staging_bytes``) holds for pool ``name``: at least one, else a
+    :class:`PoolError` that says how much to set and ``why`` more helps."""
+    if nbytes < page_bytes:
+        message = (
+            f"pool {name!r}: backend.options.staging_bytes ({nbytes} bytes) holds no page of it "
+            f"({page_bytes} bytes); set it to at least {page_bytes} bytes ({why}), or "
+            "backend.options.staging = 'never'"
+        )
+        raise PoolError(message)
+    return nbytes // page_bytes
 
 
 def fragment_planes(geometry: PoolGeometry, address: int, nbytes: int, name: str) -> np.ndarray:

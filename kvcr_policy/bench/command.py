@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..model.shape import ShapeOptions, resolve_shape
 from ..observability.exposition import MetricsServer, check_public, serve_metrics
 from .headline import headline, ratio_note
 from .plot import write_plot
@@ -56,11 +57,10 @@ class BenchCommand:
     #: ``--set`` (both sides) and ``--vs-set`` (Q only, after ``--set``).
     overrides: Mapping[str, str] = field(default_factory=dict)
     vs_overrides: Mapping[str, str] = field(default_factory=dict)
-    #: The pool: its model, layout and size, where it lives, and the store order.
-    geometry: str = "qwen3-32b"
+    #: The pool: the model's page shape, the layout and size, where it lives, the store order.
+    shape: ShapeOptions = field(default_factory=ShapeOptions)
     layout: str = "layer_first"
     tokens: int = 8192
-    mla: bool = False
     scatter: bool = False
     target: str = "cpu"
     #: The tier: ``--transport`` (``local`` or ``ucx``), ``--backend`` and the peer's UCX
@@ -78,17 +78,20 @@ class BenchCommand:
     #: ``--metrics HOST:PORT`` and how long /metrics stays up after the run.
     metrics: str | None = None
     metrics_hold: float | None = None
+    #: Every page shape of the target's matrix, one table (:mod:`.sweep_command`).
+    sweep: bool = False
 
     def setup(self) -> BenchSetup:
         """The run's axes and sizes (checked by :func:`~.resolve.resolve`)."""
+        model = resolve_shape(self.shape, default="qwen3-32b")
         return BenchSetup(
             self.profile,
             self.vs,
-            self.geometry,
+            model.name,
             self.layout,
             self.tokens,
             self.repeat,
-            self.mla,
+            model.mla,
             self.scatter,
             dict(self.overrides),
             target=self.target,
@@ -99,12 +102,19 @@ class BenchCommand:
             metrics=self.metrics is not None,
             ranks=self.ranks,
             devices=parse_devices(self.devices, self.ranks),
+            dims={key: value for key, value in model.dims().items() if key != "mla"},
+            tp=self.shape.tp,
         )
 
 
 def run(command: BenchCommand) -> None:
     """Check, run, print; see the module docstring."""
     metrics = command.metrics
+    if command.sweep:
+        from .sweep_command import check_sweep
+
+        check_sweep(command.shape, command.layout, command.tokens, command.scatter,
+                    command.ranks, command.devices, command.plot, metrics)  # fmt: skip
     if metrics is not None:  # a bad or public address is refused before anything starts
         from ..config.loading import load_config
 
@@ -116,6 +126,11 @@ def run(command: BenchCommand) -> None:
     screen_pct = command.screen_pct
     if screen_pct is not None and not 0 <= screen_pct < 100:
         raise BenchError(f"--screen: expected a percent in [0, 100), got {screen_pct}")
+    if command.sweep:
+        from .sweep_command import run_sweep_command
+
+        run_sweep_command(setup, screen_pct, "json" if command.json else "table")
+        return
     plan = resolve(setup)
     exposed = serve_metrics(metrics) if metrics is not None else None
     try:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 from ..config.loading import load_config
-from ..geometry import LAYOUTS, PRESETS, Layout, PoolGeometry, preset
+from ..geometry import LAYOUTS, Layout, PoolGeometry
 from ..memory.headroom import read_headroom
 from .backends import bench_backends, default_backend
 from .hicache import PEER, HiCacheFileComparison
@@ -24,6 +24,7 @@ from .plan import Comparison, Plan
 from .setup import BenchError, BenchSetup
 from .sglang_mooncake import PEER as SGLANG_MOONCAKE
 from .sglang_mooncake import SGLangMooncakeComparison
+from .shape import model_shape
 from .sides import ProfileComparison
 from .targets import TARGETS
 from .tp import check_ranks, shard_geometry
@@ -43,11 +44,10 @@ def _choice(what: str, value: str, known: Iterable[str]) -> BenchError:
 
 
 def _measured(setup: BenchSetup) -> PoolGeometry:
-    if setup.geometry not in PRESETS:
-        raise _choice("geometry", setup.geometry, PRESETS)
+    shape = model_shape(setup)
     if setup.layout not in LAYOUTS:
         raise _choice("layout", setup.layout, LAYOUTS)
-    page = int(PRESETS[setup.geometry]["page_size"])
+    page = shape.page_size
     if setup.tokens < page or setup.tokens % page:
         whole = max(page, setup.tokens - setup.tokens % page)
         message = (
@@ -55,10 +55,9 @@ def _measured(setup: BenchSetup) -> PoolGeometry:
             f"{setup.tokens}; try --tokens {whole}"
         )
         raise BenchError(message)
-    layout = cast(Layout, setup.layout)
-    geometry = preset(setup.geometry, layout=layout, tokens=setup.tokens, mla=setup.mla)
-    # With --ranks, one restore moves one rank's tensor-parallel shard.
-    return replace(shard_geometry(geometry, setup.ranks), name="kv")
+    geometry = shape.pool(cast(Layout, setup.layout), setup.tokens)
+    # With --tp (else --ranks), one restore moves one rank's tensor-parallel shard.
+    return replace(shard_geometry(geometry, setup.tp or setup.ranks), name="kv")
 
 
 #: Share of the memory available that a run may plan to fill (the rest: Python, torch, UCX).

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..geometry import PRESETS, PoolGeometry
+from ..geometry import PoolGeometry
 from .plan import Plan
 from .setup import BenchError, BenchSetup
+from .shape import model_shape
 from .targets import CpuTarget, CudaTarget
 
 __all__ = [
@@ -54,11 +55,11 @@ def shard_geometry(geometry: PoolGeometry, ranks: int) -> PoolGeometry:
 
 def describe_shard(plan: Plan) -> dict[str, Any]:
     """The JSON's ``shard``: KV heads in the model and per rank, and whether ranks replicate."""
-    full = 1 if plan.setup.mla else int(PRESETS[plan.setup.geometry]["heads"])
+    full = model_shape(plan.setup).heads
     return {
         "kv_heads": full,
         "kv_heads_per_rank": plan.measured.heads,
-        "replicated": plan.setup.mla or plan.setup.ranks > full,
+        "replicated": plan.setup.mla or (plan.setup.tp or plan.setup.ranks) > full,
     }
 
 

@@ -19,6 +19,8 @@ frozen object where the work lives elsewhere: :class:`~kvcr_policy.plan.command.
       tune.py      tune
       serve.py     serve (the peer tier, kvcr_policy.backends.peer.serve)
       sglang.py    sglang-config
+      replay.py    replay (kvcr_policy.replay)
+      geometry.py  the geometry options of plan, bench and tune, declared once
 
 Errors print one clear message on stderr and exit 2 (schema drift and a failed regression
 screen exit 1); a traceback is a bug.
@@ -32,7 +34,7 @@ from typing import Annotated
 import typer
 
 from ..errors import KVCRPolicyError
-from . import audit, bench, config, plan, plugins, serve, sglang, tune
+from . import audit, bench, config, plan, plugins, replay, serve, sglang, tune
 from .help import PlainGroup, plain_help, version_callback
 from .options import err
 
@@ -102,6 +104,7 @@ for _name, _command in (
     ("tune", tune.tune),
     ("serve", serve.serve),
     ("sglang-config", sglang.sglang_config),
+    ("replay", replay.replay),
 ):
     app.command(_name)(_command)
 plain_help(app)

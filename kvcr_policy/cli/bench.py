@@ -10,9 +10,21 @@ from typing import Annotated
 import typer
 
 from ..config.loading import profile_or
+from ..model.shape import ShapeOptions
 from .figure import check_figure_path
-from .numbers import MAX_HOLD_S, MAX_RANKS, MAX_REPEAT, MAX_TOKENS, Finite
-from .options import LAYOUT_HELP, PlainFormat, SetOpt, Target, overrides
+from .geometry import geometry_options
+from .numbers import MAX_HOLD_S, MAX_RANKS, MAX_REPEAT, Finite
+from .options import (
+    BackendOpt,
+    LayoutOpt,
+    PlainFormat,
+    ScatterOpt,
+    SetOpt,
+    Target,
+    TargetOpt,
+    TokensOpt,
+    overrides,
+)
 
 __all__ = ["bench"]
 
@@ -27,6 +39,7 @@ class Peer(str, Enum):
     sglang_mooncake = "sglang-mooncake"
 
 
+@geometry_options
 def bench(
     profile: Annotated[
         str | None,
@@ -38,20 +51,13 @@ def bench(
         ),
     ] = None,
     vs: Annotated[str, typer.Option("--vs", help="Baseline profile (Q).")] = "default",
-    geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
-    layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
-    tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
-    target: Annotated[Target, typer.Option("--target")] = Target.cpu,
+    layout: LayoutOpt = "layer_first",
+    tokens: TokensOpt = 8192,
+    target: TargetOpt = Target.cpu,
     transport: Annotated[
         Via, typer.Option("--transport", help="local tier, or ucx: the same as --backend peer.")
     ] = Via.local,
-    backend: Annotated[
-        str | None,
-        typer.Option(
-            "--backend",
-            help="Tier backend: dram, peer, kvcr or mooncake (default: the profile's).",
-        ),
-    ] = None,
+    backend: BackendOpt = None,
     peer: Annotated[
         Peer | None,
         typer.Option(
@@ -60,10 +66,7 @@ def bench(
     ] = None,
     ucx_tls: Annotated[str, typer.Option("--ucx-tls", help="auto, sm or tcp.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=MAX_REPEAT)] = 5,
-    mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
-    scatter: Annotated[
-        bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
-    ] = False,
+    scatter: ScatterOpt = False,
     set_: SetOpt = None,
     screen_pct: Annotated[
         float | None,
@@ -73,6 +76,10 @@ def bench(
             help="Exit 1 if P is this % below Q in either order (0..100).",
         ),
     ] = None,
+    sweep: Annotated[
+        bool,
+        typer.Option("--sweep", help="Run every page shape of the target's matrix: one table."),
+    ] = False,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of every run.")] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
     vs_set: Annotated[
@@ -112,11 +119,13 @@ def bench(
             "per rank. Default: rank r on GPU r.",
         ),
     ] = None,
+    *,
+    shape: ShapeOptions,
 ) -> None:
     """Store and restore KV pages with two profiles; ratios to limits measured in the same run."""
     from ..bench.command import BenchCommand, run
 
-    if plot:
+    if plot and not sweep:  # a sweep refuses --plot itself
         check_figure_path(plot)  # before the run, not after it
     command = BenchCommand(
         profile=profile_or(profile, "throughput"),
@@ -124,10 +133,9 @@ def bench(
         peer=None if peer is None else peer.value,
         overrides=overrides(set_),
         vs_overrides=overrides(vs_set),
-        geometry=geometry,
+        shape=shape,
         layout=layout,
         tokens=tokens,
-        mla=mla,
         scatter=scatter,
         target=target.value,
         transport=transport.value,
@@ -141,5 +149,6 @@ def bench(
         json=format is PlainFormat.json,
         metrics=metrics,
         metrics_hold=metrics_hold,
+        sweep=sweep,
     )
     run(command)

@@ -9,14 +9,17 @@ from typing import Annotated
 import typer
 
 from ..config.rates import MAX_LINK_GBPS, MIN_LINK_GBPS
+from ..model.shape import ShapeOptions
 from ..plan.trace import MAX_BLOCK_TOKENS, MAX_BYTES_REQUESTS
 from .figure import check_figure_path
-from .numbers import MAX_DIM, MAX_RANKS, MAX_TOKENS, RateOption
+from .geometry import geometry_options
+from .numbers import MAX_RANKS, MAX_TOKENS, RateOption
 from .options import LAYOUT_HELP, PlainFormat, ProfileOpt, SetOpt, overrides, size_option
 
 __all__ = ["plan"]
 
 
+@geometry_options
 def plan(
     tokens: Annotated[
         int | None,
@@ -78,21 +81,7 @@ def plan(
     ] = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
-    geometry: Annotated[
-        str | None, typer.Option("--geometry", help="A model preset: qwen3-32b or small.")
-    ] = None,
-    layers: Annotated[int | None, typer.Option("--layers", min=1, max=MAX_DIM)] = None,
-    heads: Annotated[
-        int | None, typer.Option("--heads", min=1, max=MAX_DIM, help="KV heads.")
-    ] = None,
-    head_dim: Annotated[int | None, typer.Option("--head-dim", min=1, max=MAX_DIM)] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="e.g. bfloat16.")] = None,
-    page_size: Annotated[int | None, typer.Option("--page-size", min=1, max=MAX_DIM)] = None,
-    mla: Annotated[bool | None, typer.Option("--mla/--mha", help="An MLA latent pool.")] = None,
     layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
-    tp: Annotated[
-        int | None, typer.Option("--tp", min=1, max=MAX_RANKS, help="Tensor-parallel size.")
-    ] = None,
     pp: Annotated[
         int | None, typer.Option("--pp", min=1, max=MAX_RANKS, help="Pipeline-parallel size.")
     ] = None,
@@ -132,6 +121,8 @@ def plan(
         bool, typer.Option("--measure-link", help="Measure the link limit here with a probe.")
     ] = False,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+    *,
+    shape: ShapeOptions,
 ) -> None:
     """Sizing before deploying: tier memory per rank and host, and the restore of a prefix;
     or, with --trace, the hit rate each tier capacity buys on a real request trace.
@@ -141,7 +132,6 @@ def plan(
     """
     from ..plan.command import PlanCommand, run
 
-    dims = dict(layers=layers, heads=heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
     if plot is not None and trace is not None:
         check_figure_path(plot)  # before the trace is read and replayed
     command = PlanCommand(
@@ -157,10 +147,8 @@ def plan(
         plot=plot,
         disk_capacity_tokens=disk_capacity_tokens,
         disk_gbps=disk_gbps,
-        geometry=geometry,
-        dims={**dims, "mla": mla},
+        shape=shape,
         layout=layout,
-        tp=tp,
         pp=pp,
         ranks_per_host=ranks_per_host,
         pools=pools,

@@ -9,15 +9,28 @@ from typing import Annotated, TypeVar
 import typer
 
 from ..config.loading import profile_or
+from ..model.shape import ShapeOptions, resolve_shape
 from ..tune.setup import MAX_BUDGET_S, MIN_BUDGET_S
-from .numbers import MAX_REPEAT, MAX_SEED, MAX_TOKENS, Finite
-from .options import LAYOUT_HELP, PlainFormat, SetOpt, Target, overrides
+from .geometry import geometry_options
+from .numbers import MAX_REPEAT, MAX_SEED, Finite
+from .options import (
+    BackendOpt,
+    LayoutOpt,
+    PlainFormat,
+    ScatterOpt,
+    SetOpt,
+    Target,
+    TargetOpt,
+    TokensOpt,
+    overrides,
+)
 
 __all__ = ["tune"]
 
 T = TypeVar("T")
 
 
+@geometry_options
 def tune(
     start: Annotated[
         str | None,
@@ -29,20 +42,11 @@ def tune(
             "else throughput).",
         ),
     ] = None,
-    target: Annotated[Target, typer.Option("--target")] = Target.cpu,
-    backend: Annotated[
-        str | None,
-        typer.Option(
-            "--backend", help="Tier backend: dram, peer, kvcr or mooncake (default: the profile's)."
-        ),
-    ] = None,
-    geometry: Annotated[str, typer.Option("--geometry", help="qwen3-32b or small.")] = "qwen3-32b",
-    layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
-    tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)] = 8192,
-    mla: Annotated[bool, typer.Option("--mla", help="An MLA pool (one latent head).")] = False,
-    scatter: Annotated[
-        bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
-    ] = False,
+    target: TargetOpt = Target.cpu,
+    backend: BackendOpt = None,
+    layout: LayoutOpt = "layer_first",
+    tokens: TokensOpt = 8192,
+    scatter: ScatterOpt = False,
     set_: SetOpt = None,
     budget: Annotated[
         float,
@@ -91,19 +95,24 @@ def tune(
     write_alias: Annotated[Path | None, typer.Option("--write", hidden=True)] = None,
     always_alias: Annotated[bool, typer.Option("--always-write", hidden=True)] = False,
     check_alias: Annotated[Path | None, typer.Option("--check", hidden=True)] = None,
+    *,
+    shape: ShapeOptions,
 ) -> None:
     """Search the tunable knobs on this host; write the profile only if it wins."""
     from ..tune.command import TuneCommand, run
     from ..tune.setup import TuneSetup
 
+    model = resolve_shape(shape, default="qwen3-32b")
     setup = TuneSetup(
         start=profile_or(start, "throughput"),
-        geometry=geometry,
+        geometry=model.name,
         layout=layout,
         tokens=tokens,
         target=target.value,
         backend=backend,
-        mla=mla,
+        mla=model.mla,
+        dims={key: value for key, value in model.dims().items() if key != "mla"},
+        tp=shape.tp,
         scatter=scatter,
         overrides=overrides(set_),
         budget_s=budget,

@@ -14,7 +14,7 @@ import re
 
 from ..values import shorten
 
-__all__ = ["host_part"]
+__all__ = ["host_part", "host_port"]
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _NAME = re.compile(rf"(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*\.?", re.ASCII)
@@ -48,3 +48,27 @@ def host_part(raw: str, *, text: str, where: str) -> str:
         )
         raise ValueError(message) from None
     return raw
+
+
+def host_port(
+    text: str, *, where: str, example: str = "127.0.0.1:7480", low_port: int = 0
+) -> tuple[str, int]:
+    """``"host:port"`` (``"[v6]:port"`` for IPv6) -> ``(host, port)``, the port from
+    ``low_port`` to 65535; ValueError naming ``where`` (and ``example``, the form) says why."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        message = f"{where}: expected HOST:PORT (e.g. {example}), got {shorten(text)}"
+        raise ValueError(message)
+    host = host_part(host, text=text, where=where)
+    try:
+        port = int(port_text)
+    except ValueError:
+        message = (
+            f"{where}: port must be an integer in {low_port}..65535, got {shorten(port_text)} "
+            f"in {shorten(text)}"
+        )
+        raise ValueError(message) from None
+    if not low_port <= port <= 65535:
+        message = f"{where}: port must be in {low_port}..65535, got {port} in {shorten(text)}"
+        raise ValueError(message)
+    return host, port

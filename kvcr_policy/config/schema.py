@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ByteSize,
     ConfigDict,
     Field,
     SecretStr,
@@ -27,6 +26,7 @@ from pydantic import (
 
 from ..errors import UsageError
 from ..values import Size
+from .fields import number_field, size_field
 from .rates import GBPerSecond
 from .tunable import tunable
 
@@ -103,45 +103,47 @@ class BatchingSection(Section):
     """How reads and metadata queries are grouped, and how much may be in flight at once."""
 
     strategy: str = Field("fixed", description="Name of the registered batching strategy.")
-    read_batch_pages: int = Field(
+    read_batch_pages: int = number_field(
         128,
-        gt=0,
-        le=65536,
-        description="Pages per read or write batch (1..65536).",
-        json_schema_extra=tunable(choices=(32, 64, 128, 256, 512, 1024, 2048)),
+        0,
+        65536,
+        "Pages per read or write batch (1..65536).",
+        above=True,
+        tuned=tunable(choices=(32, 64, 128, 256, 512, 1024, 2048)),
     )
-    query_batch_keys: int = Field(
-        128, gt=0, le=1 << 20, description="Keys per metadata-query batch (1..1048576)."
+    query_batch_keys: int = number_field(
+        128, 0, 1 << 20, "Keys per metadata-query batch (1..1048576).", above=True
     )
-    window_batches: int | None = Field(
+    window_batches: int | None = number_field(
         None,
-        gt=0,
-        le=65536,
-        description="Most batches in flight at once (1..65536); unset means unbounded.",
-        json_schema_extra=tunable(choices=(None, 1, 2, 4, 8, 16)),
+        0,
+        65536,
+        "Most batches in flight at once (1..65536); unset means unbounded.",
+        above=True,
+        tuned=tunable(choices=(None, 1, 2, 4, 8, 16)),
     )
-    window_pages: int | None = Field(
+    window_pages: int | None = number_field(
         None,
-        gt=0,
-        le=1 << 24,
-        description="Most pages in flight at once (1..16777216); unset means unbounded.",
+        0,
+        1 << 24,
+        "Most pages in flight at once (1..16777216); unset means unbounded.",
+        above=True,
     )
-    window_bytes: Size | None = Field(
+    window_bytes: Size | None = size_field(
         None,
-        gt=0,
-        le=1 << 50,
-        description="Most bytes in flight at once (e.g. '1GiB', at most 1PiB); unset means "
-        "unbounded.",
+        1 << 50,
+        "Most bytes in flight at once (e.g. '1GiB', at most 1PiB); unset means unbounded.",
     )
     options: dict[str, Any] = _options_field()
-    first_batch_pages: int | None = Field(
+    first_batch_pages: int | None = number_field(
         None,
-        gt=0,
-        le=65536,
-        description="Pages in the first read or write batch of a call (1..65536; above "
+        0,
+        65536,
+        "Pages in the first read or write batch of a call (1..65536; above "
         "read_batch_pages counts as read_batch_pages), each next batch twice the last up to "
         "read_batch_pages, so the first copy starts before a whole batch is planned; unset "
         "means every batch is read_batch_pages.",
+        above=True,
     )
 
     @model_validator(mode="after")
@@ -162,13 +164,11 @@ class CoalescingSection(Section):
     strategy: str = Field(
         "none", description="Name of the coalescing strategy: 'none' sends one per fragment."
     )
-    split_bytes: Size | None = Field(
+    split_bytes: Size | None = size_field(
         None,
-        gt=0,
-        le=1 << 40,
-        description="Cut descriptors longer than this (e.g. UCX '8MiB', at most 1TiB); unset: "
-        "never.",
-        json_schema_extra=tunable(choices=(None, "4MiB", "16MiB", "64MiB", "256MiB")),
+        1 << 40,
+        "Cut descriptors longer than this (e.g. UCX '8MiB', at most 1TiB); unset: never.",
+        tuned=tunable(choices=(None, "4MiB", "16MiB", "64MiB", "256MiB")),
     )
     on_unsupported: Literal["fallback", "error"] = Field(
         "fallback",
@@ -181,11 +181,8 @@ class PlacementSection(Section):
     """Backing, huge pages, NUMA and slot allocation of the process-owned DRAM tier."""
 
     strategy: str = Field("anonymous", description="Name of the placement strategy.")
-    capacity_bytes: Size = Field(
-        ByteSize(4 << 30),
-        gt=0,
-        le=MAX_TIER_BYTES,
-        description="DRAM tier size reserved per pool (e.g. '64GiB', at most 256TiB).",
+    capacity_bytes: Size = size_field(
+        4 << 30, MAX_TIER_BYTES, "DRAM tier size reserved per pool (e.g. '64GiB', at most 256TiB)."
     )
     prefault: bool = Field(False, description="Touch the whole tier when it opens.")
     huge_pages: Literal["off", "prefer", "require"] = Field(
@@ -255,14 +252,13 @@ class ThreadTuningSection(Section):
     """Python thread-switch tuning while a pipeline is open."""
 
     strategy: str = Field("switch_interval", description="Name of the thread tuning strategy.")
-    switch_interval_s: float | None = Field(
+    switch_interval_s: float | None = number_field(
         None,
-        ge=1e-6,
-        le=1.0,
-        allow_inf_nan=False,
-        description="sys.setswitchinterval value while open (e.g. 0.0005; 1e-6..1.0, Python "
+        1e-6,
+        1.0,
+        "sys.setswitchinterval value while open (e.g. 0.0005; 1e-6..1.0, Python "
         "stores less than a microsecond as 0); unset: untouched.",
-        json_schema_extra=tunable(choices=(None, 0.0001, 0.0005, 0.001, 0.005)),
+        tuned=tunable(choices=(None, 0.0001, 0.0005, 0.001, 0.005)),
     )
     options: dict[str, Any] = _options_field()
 
@@ -273,11 +269,8 @@ class FallbackSection(Section):
     strategy: str = Field(
         "sparse", description="Name of the fallback strategy: 'sparse' retries page by page."
     )
-    max_retries: int = Field(
-        1,
-        ge=0,
-        le=100,
-        description="Per-page retries of a failed batch before the page is a miss (0..100).",
+    max_retries: int = number_field(
+        1, 0, 100, "Per-page retries of a failed batch before the page is a miss (0..100)."
     )
     options: dict[str, Any] = _options_field()
 
@@ -286,34 +279,30 @@ class TransportSection(Section):
     """Which transport moves the bytes, and its common knobs."""
 
     name: str = Field("cpu", description="Registered transport: 'cpu', 'cuda', 'ucx', 'memory'.")
-    threads: int = Field(
+    threads: int = number_field(
         1,
-        ge=0,
-        le=1024,
-        description="Copy threads of the cpu transport (0..1024); 0 means one per CPU core.",
-        json_schema_extra=tunable(
+        0,
+        1024,
+        "Copy threads of the cpu transport (0..1024); 0 means one per CPU core.",
+        tuned=tunable(
             choices=(1, 2, 4, 8, 16, 32, 64), at_most_cpus=True, when={"transport.name": ["cpu"]}
         ),
     )
-    op_timeout_s: float = Field(
+    op_timeout_s: float = number_field(
         30.0,
-        ge=0.001,
-        le=86400,
-        allow_inf_nan=False,
-        description="Longest a single transfer may take before it counts as failed "
-        "(0.001..86400 s).",
+        0.001,
+        86400,
+        "Longest a single transfer may take before it counts as failed (0.001..86400 s).",
     )
     options: dict[str, Any] = _options_field()
-    stream_min_bytes: Size | None = Field(
+    stream_min_bytes: Size | None = size_field(
         None,
-        gt=0,
-        le=1 << 40,
-        description=(
-            "cpu transport: copies of at least this size use non-temporal stores (e.g. '1MiB', "
-            "at most 1TiB); unset: plain memmove."
-        ),
-        json_schema_extra=tunable(
-            choices=(None, "256KiB", "1MiB", "4MiB", "16MiB"), when={"transport.name": ["cpu"]}
+        1 << 40,
+        "cpu transport: copies of at least this size use non-temporal stores (e.g. '1MiB', "
+        "at most 1TiB); unset: plain memmove.",
+        tuned=tunable(
+            choices=(None, "16KiB", "256KiB", "1MiB", "4MiB", "16MiB"),
+            when={"transport.name": ["cpu"]},
         ),
     )
 
@@ -365,15 +354,12 @@ class ObservabilitySection(Section):
             "per NUMA node) and export it; Pipeline.audit() always refreshes the gauges."
         ),
     )
-    link_probe_bytes: Size | None = Field(
+    link_probe_bytes: Size | None = size_field(
         None,
-        gt=0,
-        le=1 << 40,
-        description=(
-            "Measure the link limit when a pool registers: one move of this many bytes from "
-            "the tier into the pool's first bytes, before the engine uses the pool (e.g. "
-            "'256MiB', at most 1TiB); unset: not measured."
-        ),
+        1 << 40,
+        "Measure the link limit when a pool registers: one move of this many bytes from "
+        "the tier into the pool's first bytes, before the engine uses the pool (e.g. "
+        "'256MiB', at most 1TiB); unset: not measured.",
     )
     link_limit_gbps: GBPerSecond = Field(
         None,
@@ -470,31 +456,28 @@ class SecuritySection(Section):
         description="`serve`: tenants whose STATS also count every tenant's tiers and sessions "
         "(never their keys or pages).",
     )
-    tenant_quota_bytes: Size | None = Field(
+    tenant_quota_bytes: Size | None = size_field(
         None,
-        gt=0,
-        le=1 << 50,
-        description="`serve`: most bytes one tenant's tiers may cost, pages and bookkeeping (3 KiB "
+        1 << 50,
+        "`serve`: most bytes one tenant's tiers may cost, pages and bookkeeping (3 KiB "
         "a slot) together (at most 1PiB); unset: transport.options.max_tiers tiers of "
         "placement.capacity_bytes.",
     )
-    tenant_max_sessions: int = Field(
-        64, ge=1, le=1024, description="`serve`: most connections one tenant may hold (1..1024)."
+    tenant_max_sessions: int = number_field(
+        64, 1, 1024, "`serve`: most connections one tenant may hold (1..1024)."
     )
-    handshake_timeout_s: float = Field(
+    handshake_timeout_s: float = number_field(
         5.0,
-        ge=0.05,
-        le=300,
-        allow_inf_nan=False,
-        description="`serve`: a connection must authenticate within this (0.05..300 s); until "
+        0.05,
+        300,
+        "`serve`: a connection must authenticate within this (0.05..300 s); until "
         "then its frames are small (at most 64 KiB).",
     )
-    idle_timeout_s: float = Field(
+    idle_timeout_s: float = number_field(
         60.0,
-        ge=0.1,
-        le=86400,
-        allow_inf_nan=False,
-        description="`serve`: a session that sends nothing for this long is closed "
+        0.1,
+        86400,
+        "`serve`: a session that sends nothing for this long is closed "
         "(0.1..86400 s); clients ping every transport.options.heartbeat_s while idle.",
     )
 

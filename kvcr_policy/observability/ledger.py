@@ -18,6 +18,12 @@ from .stats import PipelineStats, host_memory
 
 __all__ = ["CallCounts", "Ledger", "miss_reason"]
 
+#: The totals :class:`~.stats.PipelineStats` reports as they were summed.
+_COUNTED = (
+    "pages_read", "pages_written", "bytes_read", "bytes_written", "descriptors_before",
+    "descriptors_after", "batches", "keys_queried",
+)  # fmt: skip
+
 
 def miss_reason(err: BaseException) -> str:
     """The miss reason (:data:`~.metrics.MISS_REASONS`) of an exception on the data path."""
@@ -115,18 +121,10 @@ class Ledger:
 
     def snapshot(self, pools: dict[str, Any], transport: dict[str, Any]) -> PipelineStats:
         with self._lock:
-            c = self._counts
             return PipelineStats(
-                pages_read=c["pages_read"],
-                pages_written=c["pages_written"],
-                bytes_read=c["bytes_read"],
-                bytes_written=c["bytes_written"],
-                descriptors_before=c["descriptors_before"],
-                descriptors_after=c["descriptors_after"],
-                batches=c["batches"],
+                **{name: self._counts[name] for name in _COUNTED},
                 peak_inflight_batches=self._peaks["inflight_batches"],
                 peak_inflight_bytes=self._peaks["inflight_bytes"],
-                keys_queried=c["keys_queried"],
                 fallbacks=dict(self._fallbacks),
                 seconds={k: round(v, 6) for k, v in self._seconds.items()},
                 calls=dict(self._calls),

@@ -23,6 +23,7 @@ from rich.console import Console
 from ..config.loading import LoadedConfig, load_config
 from ..config.schema import EvictionSection
 from ..errors import ArgumentError
+from ..model.shape import ShapeOptions, resolve_shape
 from .cascade import DiskLevel
 from .figures import Given, make_plan, rank_geometry
 from .report import plan_table
@@ -134,13 +135,10 @@ class PlanCommand:
     #: ``--trace``: the disk level behind each capacity (tokens, as typed) and its rate (GB/s).
     disk_capacity_tokens: str | None = None
     disk_gbps: float | None = None
-    #: The model: a preset, or its dimensions (``layers``, ``heads``, ``head_dim``, ``dtype``,
-    #: ``page_size``, ``mla``), and the pool layout.
-    geometry: str | None = None
-    dims: Mapping[str, Any] = field(default_factory=dict)
+    #: The model's page shape (a preset, a config.json or its dimensions; ``tp``), the layout.
+    shape: ShapeOptions = field(default_factory=ShapeOptions)
     layout: str = "layer_first"
     #: The deployment: ranks, pools and the host.
-    tp: int | None = None
     pp: int | None = None
     ranks_per_host: int | None = None
     pools: int | None = None
@@ -150,11 +148,11 @@ class PlanCommand:
     json: bool = False
 
     def deployment(self) -> dict[str, Any]:
-        """The keywords :func:`~.request.build_request` takes besides the geometry and tokens."""
+        """The keywords :func:`~.request.build_request` takes besides the shape and tokens."""
         return dict(
-            dims=dict(self.dims), layout=self.layout, tp=self.tp, pp=self.pp,
-            ranks_per_host=self.ranks_per_host, pools=self.pools, host_memory=self.host_memory,
-            link_gbps=self.link_gbps, measure_link=self.measure_link,
+            layout=self.layout, tp=self.shape.tp, pp=self.pp, ranks_per_host=self.ranks_per_host,
+            pools=self.pools, host_memory=self.host_memory, link_gbps=self.link_gbps,
+            measure_link=self.measure_link,
         )  # fmt: skip
 
 
@@ -172,7 +170,7 @@ def run(command: PlanCommand) -> None:
         if command.tokens is None:
             raise ArgumentError("plan needs --tokens N (tokens the tier holds) or --trace FILE")
         request = build_request(
-            loaded, geometry=command.geometry, tokens=command.tokens,
+            loaded, shape=resolve_shape(command.shape), tokens=command.tokens,
             prefix_tokens=command.prefix_tokens, **common,
         )  # fmt: skip
         result = make_plan(loaded, request)
@@ -180,7 +178,7 @@ def run(command: PlanCommand) -> None:
             _print_json({"profile": loaded.profile, **result.to_dict()})
         else:
             title = {"profile": loaded.profile and Path(loaded.profile).stem,
-                     "geometry": command.geometry}  # fmt: skip
+                     "geometry": request.geometry["name"].value}  # fmt: skip
             out.print(plan_table(result, title))
         _finish(result.refusals)
         return
@@ -191,7 +189,7 @@ def run(command: PlanCommand) -> None:
     if bytes_requests is not None and not 1 <= bytes_requests <= MAX_BYTES_REQUESTS:
         raise ArgumentError(f"--bytes: 1..{MAX_BYTES_REQUESTS} requests; got {bytes_requests}")
     _trace_plan(loaded, command.trace, command.block_tokens or 512, command.capacity_tokens,
-                command.eviction, bytes_requests, command.plot, command.geometry, common,
+                command.eviction, bytes_requests, command.plot, command.shape, common,
                 command.json, _disk(command))  # fmt: skip
 
 
@@ -219,7 +217,7 @@ def _trace_plan(
     eviction: str | None,
     bytes_requests: int | None,
     plot: str | None,
-    geometry: str | None,
+    shape: ShapeOptions,
     common: dict[str, Any],
     json_format: bool,
     disk: Given | None = None,
@@ -227,13 +225,10 @@ def _trace_plan(
     capacities = capacities_given(capacity_tokens) if capacity_tokens is not None else None
     evictions = evictions_given(loaded, eviction)
     trace = read_trace(path, block_tokens)
-    preset, preset_from = geometry, None
-    if geometry is None and all(value is None for value in common["dims"].values()):
-        preset, preset_from = "qwen3-32b", "default (--geometry qwen3-32b)"
     widest = min(max(trace.inputs), MAX_INPUT_TOKENS)
     request = build_request(
-        loaded, geometry=preset, tokens=widest, prefix_tokens=widest, geometry_from=preset_from,
-        **common,
+        loaded, shape=resolve_shape(shape, default="qwen3-32b"), tokens=widest,
+        prefix_tokens=widest, **common,
     )  # fmt: skip
     if capacities is None:
         capacities = _default_capacity(loaded, request, block_tokens)

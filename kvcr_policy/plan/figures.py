@@ -23,8 +23,8 @@ import numpy as np
 from ..config.loading import LoadedConfig
 from ..config.schema import MAX_TIER_BYTES
 from ..descriptors import build_descriptors, slot_descriptors, split_pieces
-from ..errors import ArgumentError
-from ..geometry import PRESETS, PoolGeometry
+from ..geometry import PoolGeometry
+from ..model.shape import ModelShape
 from ..values import sized
 from .batches import SAMPLE_PAGES, count_batches
 
@@ -84,35 +84,12 @@ def _origin(loaded: LoadedConfig, path: str) -> str:
     return short_origin(loaded.origin(path))
 
 
-def geometry_given(
-    preset: str | None,
-    explicit: dict[str, tuple[Any, str]],
-    layout: Given,
-    preset_from: str | None = None,
-) -> dict[str, Given]:
-    """Model dimensions from a preset (origin ``preset_from``, by default ``--geometry NAME``)
-    overridden by explicit options (each with its own origin)."""
-    fields: dict[str, Given] = {"mla": Given(False, "default"), "layout": layout}
-    if preset is not None:
-        if preset not in PRESETS:
-            message = f"--geometry {preset!r}: expected one of {', '.join(PRESETS)}"
-            raise ArgumentError(message)
-        for key, value in PRESETS[preset].items():
-            fields[key] = Given(value, preset_from or f"--geometry {preset}")
-    for key, (value, origin) in explicit.items():
-        if value is None:
-            continue
-        if key in fields and fields[key].value != value and preset is not None:
-            origin = f"{origin}, over {fields[key].origin}'s {fields[key].value}"
-        fields[key] = Given(value, origin)
-    missing = [k for k in ("layers", "heads", "head_dim", "dtype", "page_size") if k not in fields]
-    if missing:
-        message = (
-            f"the plan needs a model geometry: give --geometry ({', '.join(PRESETS)}) or each of "
-            f"--layers --heads --head-dim --dtype --page-size (missing: {', '.join(missing)})"
-        )
-        raise ArgumentError(message)
-    return fields
+def geometry_given(shape: ModelShape, layout: Given) -> dict[str, Given]:
+    """The model's dimensions (:func:`~kvcr_policy.model.shape.resolve_shape`), each with its
+    origin, its name and the layout."""
+    fields = {key: Given(value, shape.origins.get(key, "default")) for key, value in
+              shape.dims().items()}  # fmt: skip
+    return {**fields, "name": Given(shape.name, "the model"), "layout": layout}
 
 
 def rank_geometry(request: PlanRequest, plan: Plan) -> PoolGeometry | None:

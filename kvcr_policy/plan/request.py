@@ -14,6 +14,7 @@ from typing import Any
 from ..config.loading import LoadedConfig
 from ..config.rates import MAX_LINK_GBPS, MIN_LINK_GBPS
 from ..errors import ArgumentError
+from ..model.shape import ModelShape
 from .figures import Given, PlanRequest, geometry_given
 
 __all__ = ["build_request"]
@@ -30,8 +31,7 @@ def _given(value: Any, option: str, default: Any) -> Given:
 def build_request(
     loaded: LoadedConfig,
     *,
-    geometry: str | None,
-    dims: dict[str, Any],
+    shape: ModelShape,
     layout: str,
     tp: int | None,
     pp: int | None,
@@ -42,14 +42,11 @@ def build_request(
     host_memory: int | None,
     link_gbps: float | None,
     measure_link: bool,
-    geometry_from: str | None = None,
 ) -> PlanRequest:
-    """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line (``geometry_from``:
-    where a preset named by default came from)."""
+    """The :class:`PlanRequest` of one ``kvcr-policy plan`` command line."""
     from ..memory.headroom import read_headroom
 
-    explicit = {key: (value, f"--{key.replace('_', '-')}") for key, value in dims.items()}
-    fields = geometry_given(geometry, explicit, Given(layout, "--layout"), geometry_from)
+    fields = geometry_given(shape, Given(layout, "--layout"))
     tp_given, pp_given = _given(tp, "--tp", 1), _given(pp, "--pp", 1)
     ranks = ranks_per_host
     ranks_given = (

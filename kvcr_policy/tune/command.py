@@ -107,7 +107,14 @@ def _command_line(setup: TuneSetup, write: Path | None) -> str:
     args = ["--profile", setup.start, "--target", setup.target]
     if setup.backend is not None:
         args += ["--backend", setup.backend]
-    args += ["--geometry", setup.geometry, "--layout", setup.layout]
+    if setup.dims is None:
+        args += ["--geometry", setup.geometry]
+    else:
+        for key, value in setup.dims.items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+    if setup.tp is not None:
+        args += ["--tp", str(setup.tp)]
+    args += ["--layout", setup.layout]
     args += ["--tokens", str(setup.tokens), "--budget", f"{setup.budget_s:g}"]
     args += ["--mla"] * setup.mla + ["--scatter"] * setup.scatter
     for key, value in setup.overrides.items():

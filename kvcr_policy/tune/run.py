@@ -25,7 +25,7 @@ from ..config.profiles import read_meta
 from ..config.sources import flatten
 from .host import describe_host
 from .search import Search, Trial, confirm_repeats
-from .setup import MAX_BUDGET_S, TuneError, TuneSetup
+from .setup import MAX_BUDGET_S, SHAPE_KEYS, TuneError, TuneSetup
 from .space import Knob, search_space
 from .verdict import MIN_REPEATS, Verdict, judge
 from .written import render_profile
@@ -223,11 +223,20 @@ def _recorded(path: Path, fallback: TuneSetup) -> TuneSetup:
         message = f"{path} names no base profile ([profile] base = ...): nothing to check against"
         raise TuneError(message)
     tune = dict(meta.tune)
-    known = {"target", "backend", "geometry", "layout", "tokens", "mla", "scatter", "set"}
+    known = {"target", "backend", "geometry", "layout", "tokens", "mla", "scatter", "set", "tp",
+             *SHAPE_KEYS}  # fmt: skip
     unknown = sorted(set(tune) - known)
     if unknown:
         raise TuneError(f"{path} [profile.tune]: unknown key(s) {', '.join(unknown)}")
     sets = tune.pop("set", None)
+    dims = {key: tune.pop(key) for key in SHAPE_KEYS if key in tune}
+    if dims:
+        missing = [key for key in SHAPE_KEYS if key not in dims]
+        if missing:
+            recorded = ", ".join(dims)
+            message = f"{path} [profile.tune]: records {recorded} but not {', '.join(missing)}"
+            raise TuneError(message)
+        tune["dims"] = dims
     where = f"profile {path} [profile]"
     base = str(resolve_base(meta.base, path.resolve().parent, where))
     axes = {k: v for k, v in tune.items() if v is not None}

@@ -9,13 +9,15 @@ from typing import Any
 from ..bench_adapter import BenchSetup
 from ..errors import TuneError
 
-__all__ = ["MAX_BUDGET_S", "METADATA_KEYS", "MIN_BUDGET_S", "TuneError", "TuneSetup"]
+__all__ = ["MAX_BUDGET_S", "METADATA_KEYS", "MIN_BUDGET_S", "SHAPE_KEYS", "TuneError", "TuneSetup"]
 
 #: Keys of the metadata figure each measurement takes (the bench's ``exists``): tune ranks
 #: restores only, so the figure is kept as small as the runner allows.
 METADATA_KEYS = 1
 #: Longest run ``tune --budget`` asks for (a week), and the least it can use (one second).
 MIN_BUDGET_S, MAX_BUDGET_S = 1.0, 7 * 86400.0
+#: The model dimensions ``[profile.tune]`` records beside ``geometry`` (its name).
+SHAPE_KEYS = ("layers", "heads", "head_dim", "dtype", "page_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,10 @@ class TuneSetup:
     seed: int = 0
     #: The regression screen, in percent, that a written profile must pass in both orders.
     screen_pct: float = 5.0
+    #: The model's page shape (:attr:`.BenchSetup.dims`); None: the preset ``geometry``.
+    dims: Mapping[str, Any] | None = None
+    #: ``--tp``: the tensor-parallel size whose rank's shard is measured.
+    tp: int | None = None
 
     def bench(self, profile: str, vs: str, repeat: int) -> BenchSetup:
         """One measured comparison of ``profile`` (P) against ``vs`` (Q) on these axes."""
@@ -59,6 +65,8 @@ class TuneSetup:
             target=self.target,
             backend=self.backend,
             exists_keys=METADATA_KEYS,
+            dims=None if self.dims is None else dict(self.dims),
+            tp=self.tp,
         )
 
     def record(self) -> dict[str, Any]:
@@ -71,5 +79,7 @@ class TuneSetup:
             "tokens": self.tokens,
             "mla": self.mla,
             "scatter": self.scatter,
+            **{key: (self.dims or {}).get(key) for key in SHAPE_KEYS},
+            "tp": self.tp,
             "set": {key: str(value) for key, value in self.overrides.items()},
         }

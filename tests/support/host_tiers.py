@@ -8,11 +8,17 @@ import signal
 import time
 from pathlib import Path
 
+from kvcr_policy.backends.peer.host_tier import lock_held
+
 __all__ = ["stop_host_tiers", "tier_pid"]
 
 
 def tier_pid(lock: Path) -> int | None:
-    """The pid a running host tier wrote into its lock file (None: none runs)."""
+    """The pid a running host tier wrote into its lock file (None: none runs). A tier runs
+    while its lock is held: a killed one that nobody reaped (a zombie, where the container's
+    init does not reap) has released it."""
+    if not lock_held(lock):
+        return None
     try:
         text = lock.read_text().strip()
     except OSError:

@@ -34,7 +34,7 @@ import functools
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
@@ -252,7 +252,7 @@ class Store:
     # ---- writes ---------------------------------------------------------------------------
 
     @_changes
-    def reserve(self, keys: Sequence[str], keep: Sequence[str] = ()) -> Reservation:
+    def reserve(self, keys: Sequence[str], keep: Collection[str] = ()) -> Reservation:
         """Hold slots for the keys that are neither published nor being written.
 
         Consecutive keys get one contiguous run of slots when one is free. When free slots are
@@ -283,7 +283,8 @@ class Store:
                     asked.add(key)
                     needed.append(position)
             protect = {index[key] for key, hit in zip(keys, present, strict=True) if hit}
-            protect.update(index[key] for key in keep if key in index)
+            if keep and self._free.free < len(needed):  # only an eviction looks at ``keep``
+                protect.update(index[key] for key in keep if key in index)
             slots = self._obtain(len(needed), protect)
             cover = needed[len(slots)] if len(slots) < len(needed) else count
             if cover == 0 and count:

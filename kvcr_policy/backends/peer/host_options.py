@@ -9,12 +9,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kvcr_policy.config.fields import number_field
 from kvcr_policy.config.schema import TENANT_NAME
 
-__all__ = ["MIN_IDLE_EXIT_S", "HostOptions"]
+__all__ = ["HostOptions"]
 
-#: The least idle time a host tier waits before it exits (0: it never exits by itself).
-MIN_IDLE_EXIT_S = 1.0
+#: The shortest idle exit but 0 (off): the tier looks for clients twice a second.
+MIN_IDLE_EXIT_S = 0.1
 
 
 class HostOptions(BaseModel):
@@ -36,26 +37,20 @@ class HostOptions(BaseModel):
     start: bool = Field(
         True, description="Start the tier when none runs (false: wait for one started else)."
     )
-    idle_exit_s: float = Field(
+    idle_exit_s: float = number_field(
         300.0,
-        ge=0,
-        le=86400,
-        allow_inf_nan=False,
-        description="A tier this process starts exits this long after its last client left "
-        "(0: never; else at least 1 s).",
+        0,
+        86400,
+        "A tier this process starts exits this long after its last client left "
+        "(0: never, else 0.1..86400 s).",
     )
-    start_timeout_s: float = Field(
-        60.0,
-        ge=1,
-        le=3600,
-        allow_inf_nan=False,
-        description="Longest wait for the tier's socket, started here or by another process.",
+    start_timeout_s: float = number_field(
+        60.0, 1, 3600, "Longest wait for the tier's socket, started here or by another process."
     )
 
     @field_validator("idle_exit_s")
     @classmethod
-    def _never_or_sane(cls, value: float) -> float:
-        # An idle check every 1e-300 s would end a tier before its first client connects.
+    def _off_or_sane(cls, value: float) -> float:
         if 0 < value < MIN_IDLE_EXIT_S:
-            raise ValueError(f"expected 0 (never) or {MIN_IDLE_EXIT_S:g}..86400 s, got {value}")
+            raise ValueError(f"expected 0 (never) or {MIN_IDLE_EXIT_S}..86400 s, got {value}")
         return value

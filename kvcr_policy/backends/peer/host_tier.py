@@ -108,23 +108,24 @@ class HostTier:
 
     def start(self, loaded: LoadedConfig, credentials: ClientCredentials) -> None:
         """Start the tier unless another process serves it or is starting it; return once its
-        socket accepts (BackendUnavailableError after ``start_timeout_s``)."""
+        socket accepts (BackendUnavailableError after ``start_timeout_s``). A tier that dies
+        before it listens (killed while it starts) frees its lock: the next try starts one."""
         deadline = time.monotonic() + self.options.start_timeout_s
-        if not self.options.start:
-            self._wait(deadline, None)
-            return
-        lock = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # it runs, or another process is starting it
-            os.close(lock)
-            self._wait(deadline, None)
-            return
-        try:
-            child = self._spawn(loaded, credentials, lock)
-        finally:
-            os.close(lock)  # the tier holds it now (or nobody does: it failed to start)
-        self._wait(deadline, child)
+        while True:
+            child = None
+            if self.options.start:
+                lock = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # it runs, or another process is starting it
+                    os.close(lock)
+                else:
+                    try:
+                        child = self._spawn(loaded, credentials, lock)
+                    finally:
+                        os.close(lock)  # the tier holds it now (or nobody: it failed to start)
+            if self._wait(deadline, child):
+                return
 
     def _spawn(self, loaded: LoadedConfig, credentials: ClientCredentials, lock: int) -> Any:
         overrides, secret = server_overrides(loaded, credentials)
@@ -157,13 +158,15 @@ class HostTier:
         error = _last_error(self.log)
         return f": {error}" if error else ""
 
-    def _wait(self, deadline: float, child: Any) -> None:
+    def _wait(self, deadline: float, child: Any) -> bool:
+        """True once the socket accepts; False when nobody holds the lock any more (the tier
+        or its starter died before it listened: start one again, when this process may)."""
         pause = 0.02
         while True:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 try:
                     probe.connect(str(self.socket))
-                    return
+                    return True
                 except OSError:
                     pass
             if child is not None and child.poll() not in (None, 0):  # 0: it went on its own
@@ -179,8 +182,25 @@ class HostTier:
                     f"(its log: {self.log})"
                 )
                 raise BackendUnavailableError(message)
+            if self.options.start and not lock_held(self.lock):
+                return False
             time.sleep(pause)
             pause = min(2 * pause, 0.2)
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process holds ``path``'s ``flock`` (a host tier runs or is starting)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops the shared lock taken, if any
+    return False
 
 
 def _last_error(log: Path) -> str:

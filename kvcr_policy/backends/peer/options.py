@@ -9,9 +9,10 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvcr_policy.config.hosts import host_part
+from kvcr_policy.config.fields import number_field, size_field
+from kvcr_policy.config.hosts import host_port
 from kvcr_policy.values import Size, shorten
 
 __all__ = ["Capability", "SharedMemory", "Tls", "UcxOptions", "parse_address", "unix_address"]
@@ -50,23 +51,7 @@ def unix_address(text: str, *, where: str = "address") -> str | None:
 
 def parse_address(text: str, *, where: str = "address") -> tuple[str, int]:
     """``"host:port"`` (``"[v6]:port"`` for IPv6) -> ``(host, port)``; ValueError says why."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host:
-        message = f"{where}: expected HOST:PORT (e.g. 127.0.0.1:7480), got {shorten(text)}"
-        raise ValueError(message)
-    host = host_part(host, text=text, where=where)
-    try:
-        port = int(port_text)
-    except ValueError:
-        message = (
-            f"{where}: port must be an integer in 0..65535, got {shorten(port_text)} in "
-            f"{shorten(text)}"
-        )
-        raise ValueError(message) from None
-    if not 0 <= port <= 65535:
-        message = f"{where}: port must be in 0..65535, got {port} in {shorten(text)}"
-        raise ValueError(message)
-    return host, port
+    return host_port(text, where=where)
 
 
 def is_loopback(host: str) -> bool:
@@ -109,18 +94,19 @@ class UcxOptions(BaseModel):
         description="UCX progress: blocking (epoll), polling (spin) or thread; "
         "env UCXPY_PROGRESS_MODE wins when set.",
     )
-    rndv_thresh: Size | None = Field(
+    rndv_thresh: Size | None = size_field(
         None,
-        ge=0,
-        le=1 << 40,
-        description="UCX_RNDV_THRESH (at most 1TiB; ucxx sets 8192 when unset).",
+        1 << 40,
+        "UCX_RNDV_THRESH (at most 1TiB; ucxx sets 8192 when unset).",
+        low=0,
+        from_low=True,
     )
-    tcp_seg_size: Size | None = Field(
-        ByteSize(512 << 10),
-        ge=1 << 10,
-        le=1 << 30,
-        description="UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE (1KiB..1GiB; >= 512k: 5x on "
-        "loopback).",
+    tcp_seg_size: Size | None = size_field(
+        512 << 10,
+        1 << 30,
+        "UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE (1KiB..1GiB; >= 512k: 5x on loopback).",
+        low=1 << 10,
+        from_low=True,
     )
     net_devices: str | None = Field(
         None, description="UCX_NET_DEVICES, e.g. 'lo' to keep tcp on loopback."
@@ -133,19 +119,14 @@ class UcxOptions(BaseModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="Further UCX_* / UCXPY_* variables, applied if unset."
     )
-    connect_timeout_s: float = Field(
-        5.0,
-        ge=0.01,
-        le=3600,
-        allow_inf_nan=False,
-        description="Longest a connect and handshake may take (0.01..3600 s).",
+    connect_timeout_s: float = number_field(
+        5.0, 0.01, 3600, "Longest a connect and handshake may take (0.01..3600 s)."
     )
-    heartbeat_s: float = Field(
+    heartbeat_s: float = number_field(
         2.0,
-        ge=0,
-        le=600,
-        allow_inf_nan=False,
-        description="Ping interval while a connection waits for its peer or idles (0, or "
+        0,
+        600,
+        "Ping interval while a connection waits for its peer or idles (0, or "
         "0.05..600 s). 0 disables (then only operation timeouts detect a dead peer, and the "
         "server closes a silent session after security.idle_timeout_s).",
     )
@@ -158,12 +139,11 @@ class UcxOptions(BaseModel):
         description="`serve` validates each client's UCX worker address in a helper process "
         "first (a malformed one aborts the process that unpacks it).",
     )
-    max_tiers: int = Field(
+    max_tiers: int = number_field(
         16,
-        ge=1,
-        le=1024,
-        description="Most tiers (pools of distinct layouts) one tenant may hold on `serve` "
-        "(1..1024).",
+        1,
+        1024,
+        "Most tiers (pools of distinct layouts) one tenant may hold on `serve` (1..1024).",
     )
     cma: bool = Field(
         False,
@@ -173,12 +153,11 @@ class UcxOptions(BaseModel):
         "unless UCX_TLS is set (set it for RDMA fabrics).",
     )
 
-    dead_after_s: float = Field(
+    dead_after_s: float = number_field(
         DEAD_AFTER_S,
-        ge=0.1,
-        le=3600,
-        allow_inf_nan=False,
-        description="A peer that answers nothing at all for this long is dead (0.1..3600 s; "
+        0.1,
+        3600,
+        "A peer that answers nothing at all for this long is dead (0.1..3600 s; "
         "default 30 s, or two heartbeat_s when that is longer): a late answer counts as life, "
         "and time this process itself was stalled never counts. `serve` closes a session whose "
         "pinging client sent nothing for this long (or security.idle_timeout_s if shorter).",

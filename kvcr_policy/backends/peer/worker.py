@@ -160,6 +160,18 @@ _registry_lock = threading.Lock()
 _shared: dict[bool, Worker] = {}  # by uses_ucx
 
 
+def _forget_in_child() -> None:
+    """A forked child has no worker thread (only the forking thread survives a fork): it must
+    start its own, never hand work to a loop that does not run there (its calls would wait
+    for answers until their deadlines). Engines fork their workers (vLLM's mp executor)."""
+    global _registry_lock
+    _registry_lock = threading.Lock()  # the parent may have held it at the fork
+    _shared.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def acquire_worker(options: UcxOptions, ucx: bool = True) -> Worker:
     """The process's UCX worker thread (started on first use), with one more user counted;
     ``ucx=False``: the process's worker loop without UCX (see the module docstring)."""

@@ -14,15 +14,15 @@ larger than a slot is cut into chunks of at most :data:`STAGING_BYTES`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Final
 
 import numpy as np
 import torch
 
 from ...backends.staging import StagingArea
-from ...errors import IndicesError
-from ...geometry import PoolGeometry, page_indices
+from ...geometry import PoolGeometry, key_pages
 from ...pipeline import Pipeline
 from .access import PageAccess
 from .pools import flat_geometry
@@ -68,56 +68,48 @@ class StagedPool:
 
     def _pages(self, keys: Sequence[str], token_indices: Any) -> torch.Tensor:
         indices = _indices(token_indices)
-        pages = page_indices(self.indices, indices)
-        if len(pages) != len(keys):
-            message = (
-                f"pool {self.name!r}: {len(keys)} keys but indices for {len(pages)} pages; "
-                f"pass {self.access.page_size} token indices per key"
-            )
-            raise IndicesError(message)
+        key_pages(self.indices, keys, indices)  # one page of token indices per key
         return indices
+
+    @contextmanager
+    def _slot(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """A slot of the staging area for one call: its rows in the stand-in pool, its bytes."""
+        taken = self.area.take(1, wait=True)
+        assert taken is not None  # waited for
+        try:
+            yield self.area.slot_rows(taken[0]), self.area.slot_bytes(taken[0])
+        finally:
+            self.area.give(taken)
+
+    def _parts(self, count: int) -> Iterator[tuple[int, int]]:
+        """``[start, stop)`` of each part of a call of ``count`` keys: a slot's rows at most."""
+        return ((start, min(start + self.rows, count)) for start in range(0, count, self.rows))
 
     def set(self, keys: Sequence[str], token_indices: Any) -> list[bool]:
         """Store the pages at ``token_indices`` under ``keys``; True per key now stored."""
         indices = self._pages(keys, token_indices)
         size, done = self.access.page_size, [False] * len(keys)
-        slot = self._take()
-        try:
-            rows, staging = self.area.slot_rows(slot), self.area.slot_bytes(slot)
-            for start in range(0, len(keys), self.rows):
-                stop = min(start + self.rows, len(keys))
+        with self._slot() as (rows, staging):
+            for start, stop in self._parts(len(keys)):
                 self.access.gather(indices[start * size : stop * size], staging)
                 stored = self._pipeline.set(keys[start:stop], rows[: stop - start], self.name)
                 done[start:stop] = [bool(x) for x in stored]
-        finally:
-            self.area.give([slot])
         return done
 
     def get(self, keys: Sequence[str], token_indices: Any) -> list[bool]:
         """Restore ``keys`` into the pages at ``token_indices``; only the leading run arrives."""
         indices = self._pages(keys, token_indices)
         size, done = self.access.page_size, [False] * len(keys)
-        slot = self._take()
-        try:
-            rows, staging = self.area.slot_rows(slot), self.area.slot_bytes(slot)
-            for start in range(0, len(keys), self.rows):
-                stop = min(start + self.rows, len(keys))
+        with self._slot() as (rows, staging):
+            for start, stop in self._parts(len(keys)):
                 got = self._pipeline.get(keys[start:stop], rows[: stop - start], self.name)
                 lead = next((i for i, ok in enumerate(got) if not ok), stop - start)
                 if lead:
-                    pages = indices[start * size : (start + lead) * size]
-                    self.access.scatter(pages, staging)
+                    self.access.scatter(indices[start * size : (start + lead) * size], staging)
                     done[start : start + lead] = [True] * lead
                 if lead < stop - start:
                     break
-        finally:
-            self.area.give([slot])
         return done
-
-    def _take(self) -> int:
-        taken = self.area.take(1, wait=True)
-        assert taken is not None  # waited for
-        return taken[0]
 
     def exists(self, keys: Sequence[str]) -> int:
         return self._pipeline.exists(list(keys), self.name)

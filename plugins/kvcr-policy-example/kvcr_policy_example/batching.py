@@ -17,9 +17,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from kvcr_policy.plugin_api import BatchingSection, Size, Window, hookimpl, tunable
+from kvcr_policy.plugin_api import (
+    BatchingSection,
+    Size,
+    Window,
+    hookimpl,
+    number_field,
+    size_field,
+    tunable,
+)
 
 if TYPE_CHECKING:
     from kvcr_policy.plugin_api import RegisterStrategy
@@ -32,32 +40,28 @@ class AdaptiveOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    page_bytes: Size = Field(
-        gt=0,
-        le=1 << 40,
-        description="Bytes of one page of the pool (e.g. '16MiB' for qwen3-32b, P=64; at most "
-        "1TiB).",
+    page_bytes: Size = size_field(
+        ...,
+        1 << 40,
+        "Bytes of one page of the pool (e.g. '16MiB' for qwen3-32b, P=64; at most 1TiB).",
     )
-    target_batch_bytes: Size = Field(
-        ByteSize(256 << 20),
-        gt=0,
-        le=1 << 48,
-        description="Bytes a read batch aims at (e.g. '256MiB'; at most 256TiB).",
-        # `kvcr-policy tune` searches these like any built-in knob.
-        json_schema_extra=tunable(choices=("4MiB", "16MiB", "64MiB", "256MiB", "1GiB", "4GiB")),
+    target_batch_bytes: Size = size_field(
+        256 << 20,
+        1 << 48,
+        "Bytes a read batch aims at (e.g. '256MiB'; at most 256TiB).",
+        tuned=tunable(choices=("4MiB", "16MiB", "64MiB", "256MiB", "1GiB", "4GiB")),
     )
-    first_batch_bytes: Size | None = Field(
+    first_batch_bytes: Size | None = size_field(
         None,
-        gt=0,
-        le=1 << 48,
-        description="Bytes of the first batch; each next one doubles up to the target. Unset: "
+        1 << 48,
+        "Bytes of the first batch; each next one doubles up to the target. Unset: "
         "every batch aims at the target.",
     )
-    min_batch_pages: int = Field(
-        1, gt=0, le=65536, description="Fewest pages in a full-size batch (1..65536)."
+    min_batch_pages: int = number_field(
+        1, 0, 65536, "Fewest pages in a full-size batch (1..65536).", above=True
     )
-    max_batch_pages: int = Field(
-        4096, gt=0, le=65536, description="Most pages in any batch (1..65536)."
+    max_batch_pages: int = number_field(
+        4096, 0, 65536, "Most pages in any batch (1..65536).", above=True
     )
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvcr_policy.plugin_api import CoalescingSection, Descriptors, coalesce, hookimpl
+from kvcr_policy.plugin_api import CoalescingSection, Descriptors, coalesce, hookimpl, number_field
 
 if TYPE_CHECKING:
     from kvcr_policy.plugin_api import RegisterStrategy
@@ -26,7 +26,7 @@ class PiecesOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    pieces: int = Field(3, ge=1, le=64, description="Pieces each merged run is cut into.")
+    pieces: int = number_field(3, 1, 64, "Pieces each merged run is cut into.")
     merge: bool = Field(True, description="Merge contiguous runs before cutting.")
 
 

@@ -19,9 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-from kvcr_policy.plugin_api import EvictionSection, hookimpl
+from kvcr_policy.plugin_api import EvictionSection, hookimpl, number_field
 
 if TYPE_CHECKING:
     from kvcr_policy.plugin_api import RegisterStrategy
@@ -36,18 +36,11 @@ class S3FIFOOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    small_share: float = Field(
-        0.1,
-        ge=0.001,
-        le=0.999,
-        allow_inf_nan=False,
-        description="Share of the slots for the small queue of new pages (0.001..0.999).",
+    small_share: float = number_field(
+        0.1, 0.001, 0.999, "Share of the slots for the small queue of new pages (0.001..0.999)."
     )
-    promote_reads: int = Field(
-        1,
-        ge=1,
-        le=_MAX_READS,
-        description="Reads in the small queue that move a page to the main queue (1..3).",
+    promote_reads: int = number_field(
+        1, 1, _MAX_READS, "Reads in the small queue that move a page to the main queue (1..3)."
     )
 
 

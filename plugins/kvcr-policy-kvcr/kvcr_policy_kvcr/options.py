@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvcr_policy.plugin_api import Size, follow_coalescing
+from kvcr_policy.plugin_api import Size, follow_coalescing, number_field, size_field
 
 __all__ = ["KvcrOptions", "resolved_staging", "tls_keeps_tcp"]
 
@@ -44,11 +44,11 @@ class KvcrOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    listen_port: int | None = Field(
+    listen_port: int | None = number_field(
         None,
-        ge=1,
-        le=65535,
-        description="Port of the NIXL metadata listener KVCR requires (one per pool, so a "
+        1,
+        65535,
+        "Port of the NIXL metadata listener KVCR requires (one per pool, so a "
         "port given here serves a single pool); unset: a free port is chosen per pool.",
     )
     ucx_net_devices: str | None = Field(
@@ -71,12 +71,11 @@ class KvcrOptions(BaseModel):
         default_factory=dict,
         description="Further UCX_* variables for the runner, each applied only if unset.",
     )
-    poll_interval_s: float = Field(
+    poll_interval_s: float = number_field(
         0.0005,
-        ge=0.00001,
-        le=0.1,
-        allow_inf_nan=False,
-        description="How often completions are collected while KVCR operations are in flight "
+        0.00001,
+        0.1,
+        "How often completions are collected while KVCR operations are in flight "
         "(KVCR's own progress loop looks at its transfers about once a millisecond).",
     )
     g3_paths: tuple[Path, ...] = Field(
@@ -84,11 +83,10 @@ class KvcrOptions(BaseModel):
         description="Files of KVCR's G3 file tier (one set per pool: the pool name is appended); "
         "empty: no G3. Pages must be one fragment (MLA page-first layouts) in kvcr 0.1.1.",
     )
-    g3_capacity_bytes_per_file: Size | None = Field(
+    g3_capacity_bytes_per_file: Size | None = size_field(
         None,
-        gt=0,
-        le=1 << 48,
-        description="Bytes of each G3 file: whole pages, required with g3_paths (at most 256TiB).",
+        1 << 48,
+        "Bytes of each G3 file: whole pages, required with g3_paths (at most 256TiB).",
     )
     g3_backend: str = Field(
         "POSIX", min_length=1, description="NIXL backend of the G3 file tier (POSIX on CPU)."
@@ -106,18 +104,16 @@ class KvcrOptions(BaseModel):
         "pool when it is attached (staged blocks are keyed apart: the other form never finds "
         "them).",
     )
-    staging_bytes: Size = Field(
-        ByteSize(64 << 20),
-        gt=0,
-        le=1 << 40,
-        description="Host memory of the staging area of each staged pool (at most 1TiB; at "
+    staging_bytes: Size = size_field(
+        64 << 20,
+        1 << 40,
+        "Host memory of the staging area of each staged pool (at most 1TiB; at "
         "least one page), taken and registered with KVCR once, when the pool is attached.",
     )
-    staging_below_bytes: Size = Field(
-        ByteSize(64 << 10),
-        gt=0,
-        le=1 << 40,
-        description="auto: stage pages whose fragments are smaller than this (at most 1TiB); "
+    staging_below_bytes: Size = size_field(
+        64 << 10,
+        1 << 40,
+        "auto: stage pages whose fragments are smaller than this (at most 1TiB); "
         "the default stages the 16 KiB and 32 KiB fragments of small layer_first pages, where "
         "one element per page pays, not the 64 KiB and larger ones, where it costs.",
     )

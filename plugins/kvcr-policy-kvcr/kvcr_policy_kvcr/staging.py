@@ -28,7 +28,7 @@ from typing import Any
 
 from kvcr.types import MemoryRef, RegionDescriptor
 
-from kvcr_policy.plugin_api import PagePlanes, PoolError, PoolSpec, StagingArea
+from kvcr_policy.plugin_api import PagePlanes, PoolSpec, StagingArea, staging_pages
 
 __all__ = ["MAX_SLOTS", "Staging"]
 
@@ -42,15 +42,9 @@ class Staging:
 
     def __init__(self, spec: PoolSpec, nbytes: int, pool: str, agent: str) -> None:
         page = spec.geometry.page_bytes
-        if nbytes < page:
-            message = (
-                f"pool {spec.name!r}: backend.options.staging_bytes ({nbytes} bytes) holds no "
-                f"page of it ({page} bytes); set it to at least {page} bytes (a batch's pages "
-                "at once or more, so that a call moves a whole batch), or "
-                "backend.options.staging = 'never'"
-            )
-            raise PoolError(message)
-        self.area = StagingArea(f"pool {pool!r}", page, min(nbytes // page, MAX_SLOTS))
+        why = "a batch's pages at once or more, so that a call moves a whole batch"
+        pages = staging_pages(spec.name, page, nbytes, why)
+        self.area = StagingArea(f"pool {pool!r}", page, min(pages, MAX_SLOTS))
         self.pages = PagePlanes(
             spec.geometry, spec.endpoint.address, spec.endpoint.nbytes, spec.name
         )

@@ -12,7 +12,7 @@ from typing import Literal, cast
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
-from kvcr_policy.plugin_api import Size, follow_coalescing, host_part
+from kvcr_policy.plugin_api import Size, follow_coalescing, host_port, number_field, size_field
 
 __all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "resolved_call_priority", "split_address"]
 
@@ -23,15 +23,7 @@ MIN_SEGMENT_BYTES = 16 << 20
 
 def split_address(text: str, *, where: str = "master") -> tuple[str, int]:
     """``"host:port"`` (``"[v6]:port"`` for IPv6) -> ``(host, port)``; ValueError says why."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host:
-        message = f"{where}: expected HOST:PORT (e.g. 10.0.0.5:50051), got {text!r}"
-        raise ValueError(message)
-    host = host_part(host, text=text, where=where)
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        message = f"{where}: expected a port in 1..65535 after the last ':', got {text!r}"
-        raise ValueError(message)
-    return host, int(port_text)
+    return host_port(text, where=where, example="10.0.0.5:50051", low_port=1)
 
 
 class MooncakeOptions(BaseModel):
@@ -65,21 +57,21 @@ class MooncakeOptions(BaseModel):
         description="The address other clients reach this one at; auto: this host's address "
         "on the route to the master (127.0.0.1 when the master is on loopback).",
     )
-    segment_bytes: Size = Field(
-        ByteSize(4 << 30),
-        ge=0,
-        le=1 << 48,
-        description="Memory this client contributes to the store (0: none, a pure reader or "
+    segment_bytes: Size = size_field(
+        4 << 30,
+        1 << 48,
+        "Memory this client contributes to the store (0: none, a pure reader or "
         "writer; else at least 16MiB, at most 256TiB). Pages land in any client's segment.",
+        low=0,
+        from_low=True,
     )
-    buffer_bytes: Size = Field(
-        ByteSize(16 << 20),
-        gt=0,
-        le=1 << 40,
-        description="The client's local transfer buffer (pages move zero-copy from the "
+    buffer_bytes: Size = size_field(
+        16 << 20,
+        1 << 40,
+        "The client's local transfer buffer (pages move zero-copy from the "
         "registered pool; Mooncake still needs one; at most 1TiB).",
     )
-    replicas: int = Field(1, ge=1, le=16, description="Copies of each page across segments.")
+    replicas: int = number_field(1, 1, 16, "Copies of each page across segments.")
     preferred_segment: str | None = Field(
         None,
         description="Segment puts should land in first (a client's HOST:PORT name; 'local': "
@@ -95,36 +87,34 @@ class MooncakeOptions(BaseModel):
         "each one's quota. Mooncake authenticates no client: this keeps apart deployments "
         "that share a master, not a hostile client.",
     )
-    connect_timeout_s: float = Field(
+    connect_timeout_s: float = number_field(
         10.0,
-        ge=0.01,
-        le=600,
-        allow_inf_nan=False,
-        description="Start-up fails after this long without an answering master (0.01..600 s; "
+        0.01,
+        600,
+        "Start-up fails after this long without an answering master (0.01..600 s; "
         "else "
         "Mooncake's own setup() blocks about 90 s).",
     )
-    threads: int | None = Field(
+    threads: int | None = number_field(
         None,
-        ge=1,
-        le=64,
-        description="Store calls in flight at once; unset: batching.window_batches, or 1 "
+        1,
+        64,
+        "Store calls in flight at once; unset: batching.window_batches, or 1 "
         "when the window is unbounded (one synchronous call at a time, as upstream).",
     )
-    call_buffers: int | None = Field(
+    call_buffers: int | None = number_field(
         None,
-        ge=1,
-        le=1 << 20,
-        description="Most buffers (page fragments) one store call moves, at most 1048576; a "
+        1,
+        1 << 20,
+        "Most buffers (page fragments) one store call moves, at most 1048576; a "
         "bigger batch is cut into calls of this many. Unset, and never more: the tcp "
         "transport's per-peer queue (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER, 1024 unless set).",
     )
-    recheck_s: float = Field(
+    recheck_s: float = number_field(
         0.5,
-        ge=0.01,
-        le=60,
-        allow_inf_nan=False,
-        description="How often the master is checked (0.01..60 s): while it is down every call "
+        0.01,
+        60,
+        "How often the master is checked (0.01..60 s): while it is down every call "
         "answers misses at once, and service resumes within this long of it coming back.",
     )
 
@@ -137,18 +127,14 @@ class MooncakeOptions(BaseModel):
         "multi-buffer calls; 'auto': pages of more than one fragment, each smaller than "
         "staging_below_bytes; 'always': every page of more than one fragment.",
     )
-    staging_bytes: Size = Field(
-        ByteSize(256 << 20),
-        gt=0,
-        le=1 << 40,
-        description="Host memory of the staging area of each staged pool (at most 1TiB; at "
+    staging_bytes: Size = size_field(
+        256 << 20,
+        1 << 40,
+        "Host memory of the staging area of each staged pool (at most 1TiB; at "
         "least one page), taken and registered once, when the pool is attached.",
     )
-    staging_below_bytes: Size = Field(
-        ByteSize(1 << 20),
-        gt=0,
-        le=1 << 40,
-        description="auto: stage pages whose fragments are smaller than this (at most 1TiB).",
+    staging_below_bytes: Size = size_field(
+        1 << 20, 1 << 40, "auto: stage pages whose fragments are smaller than this (at most 1TiB)."
     )
 
     call_priority: Literal["with_coalescing", "normal", "idle", "auto"] = Field(

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kvcr_policy.plugin_api import PagePlanes, PoolError, PoolSpec, StagingArea
+from kvcr_policy.plugin_api import PagePlanes, PoolError, PoolSpec, StagingArea, staging_pages
 
 from .client import StoreClient
 from .codes import describe
@@ -38,15 +38,8 @@ class Staging:
 
     def __init__(self, client: StoreClient, spec: PoolSpec, nbytes: int, threads: int) -> None:
         page = spec.geometry.page_bytes
-        if nbytes < page:
-            message = (
-                f"pool {spec.name!r}: backend.options.staging_bytes ({nbytes} bytes) holds no "
-                f"page of it ({page} bytes); set it to at least {page} bytes (two pages or "
-                "more let a restore scatter one call while the next is on the wire), or "
-                "backend.options.staging = 'never'"
-            )
-            raise PoolError(message)
-        pages = nbytes // page
+        why = "two pages or more let a restore scatter one call while the next is on the wire"
+        pages = staging_pages(spec.name, page, nbytes, why)
         slots = max(1, min(pages, 2 * threads))  # two per batch in flight
         self.area = StagingArea(f"pool {spec.name!r}", page, slots, pages // slots)
         self.pages = PagePlanes(

@@ -67,7 +67,12 @@ def run_writer(values: dict[str, Any], seed: int, index: int) -> Any:
     )
 
 
-def test_processes_share_one_tier_started_once(folder: Path) -> None:
+def test_processes_share_one_tier_started_once(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No secret anywhere (the suite's servers made one in its XDG_CONFIG_HOME): the first
+    # process makes the tier's own, and the writers (children) find it as this process does.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     values = host_values(folder)
     writers = [run_writer(values, 11, index) for index in range(4)]  # four start at once
     for writer in writers:
@@ -115,6 +120,39 @@ def test_a_tier_nobody_may_start_is_waited_for_then_reported(folder: Path) -> No
     with pytest.raises(BackendUnavailableError, match=r"start_timeout_s = 1\.0 s"):
         pipeline.register_pool("kv", geo, pool_buffer(geo))
     pipeline.close()
+
+
+def test_a_starter_that_dies_before_its_tier_listens_is_replaced(folder: Path) -> None:
+    """A process holds the tier's lock (as a tier does while it starts) and is SIGKILLed
+    before anything listens: the waiting client sees the lock freed and starts the tier
+    itself, instead of waiting out start_timeout_s for a socket that never comes."""
+    folder.mkdir(mode=0o700)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+            str(folder / "default.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    threading.Timer(1.0, holder.kill).start()
+    values = host_values(folder, **{"backend.options.start_timeout_s": 120})
+    try:
+        with build_pipeline(load_config(overrides=values)) as pipeline:
+            geo = geometry("page_first", pages=4)
+            pipeline.register_pool("kv", geo, pool_buffer(geo))
+            assert pipeline.set(["a"], token_indices(range(1), geo.page_size), "kv") == [True]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tier_pid(folder / "default.lock") not in (None, holder.pid)
 
 
 def test_a_folder_other_users_can_reach_is_refused(tmp_path: Path) -> None:

@@ -201,7 +201,7 @@ def test_descriptors_outside_the_claim_are_refused(
     assert refused is None or (isinstance(refused, m.Error) and refused.code == m.Err.BAD_REQUEST)
 
     if refused is not None:  # the connection stays; a write outside its slots fares the same
-        reserved = raw.ask(m.Reserve(number, fresh_keys(2), np.arange(2, dtype=np.int64), []))
+        reserved = raw.ask(m.Reserve(number, fresh_keys(2), np.arange(2, dtype=np.int64), 0, []))
         assert isinstance(reserved, m.Reserved)
         offsets, lengths = _outside(Cover.of_pages(tier, reserved.slots), tier, how)
         posted = raw.ask(m.Post(reserved.reservation, offsets, lengths))

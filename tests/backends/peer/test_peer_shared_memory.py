@@ -232,7 +232,7 @@ secret = default_secret()
 raw.handshake_with(hello(secret, tls=3), secret, b"")
 attach(raw)
 keys = [f"held-{i}" for i in range(4)]
-reserved = raw.ask(m.Reserve(0, keys, np.arange(4, dtype=np.int64), []))
+reserved = raw.ask(m.Reserve(0, keys, np.arange(4, dtype=np.int64), 0, []))
 assert isinstance(reserved, m.Reserved) and (reserved.slots >= 0).all(), reserved
 print("reserved", flush=True)
 sys.stdin.readline()
@@ -278,3 +278,33 @@ def test_reservations_of_a_gone_session_wait_for_its_process(unix_server: Serve)
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_set_of_many_batches_names_its_keys_once(
+    unix_server: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each RESERVE of a set's batches used to carry the set's other keys (up to 16,384): a set
+    of 100,000 keys in batches of 128 queued gigabytes of keys (the bench's metadata phase
+    closed its own connection). The keys now go with the first batch; the others name the
+    call, whose keys the server keeps. The set stores every key, byte for byte."""
+    from kvcr_policy.backends.peer.client.connection import Connection
+
+    sent: list[m.Reserve] = []
+    request = Connection.request
+
+    def spy(self: Any, message: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(message, m.Reserve):
+            sent.append(message)
+        return request(self, message, *args, **kwargs)
+
+    monkeypatch.setattr(Connection, "request", spy)
+    n = 4096
+    geo = geometry("page_first", pages=n, layers=1, head_dim=2, name="many")
+    with open_pipeline(unix_server.address, "default") as pipeline:
+        buffer = pool_buffer(geo, 5)
+        pipeline.register_pool("many", geo, buffer)
+        keys = fresh_keys(n)
+        assert pipeline.set(keys, token_indices(range(n), geo.page_size), "many") == [True] * n
+        assert pipeline.exists(keys, "many") == n
+    assert len(sent) >= n // 128 and len({r.call for r in sent}) == 1 and sent[0].call > 0
+    assert sum(len(r.keep) for r in sent) < n

@@ -14,9 +14,10 @@ most CAPACITY keys is then fully present, evicts at least the overflow and makes
 appear; between calls the server's tier holds no claim and no reservation and never more than
 CAPACITY pages.
 
-A set cut into batches reserves per batch on the peer, each RESERVE naming the set's other keys
-for the server to keep, so, as in the local store, no batch evicts a key another batch of the
-same set holds: the machine asserts that every eviction of a set was needed for its overflow.
+A set cut into batches reserves per batch on the peer, its first RESERVE naming the set's other
+keys for the server to keep for the whole call (the others name only the call), so, as in the
+local store, no batch evicts a key another batch of the same set holds: the machine asserts
+that every eviction of a set was needed for its overflow.
 (A get whose batches are in flight together reports only the leading run on every backend: the
 mover cuts what arrived after a miss.)
 """

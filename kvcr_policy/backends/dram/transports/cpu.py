@@ -7,8 +7,9 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
-from pydantic import BaseModel, ByteSize, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
+from kvcr_policy.config.fields import size_field
 from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.config.tunable import tunable
 from kvcr_policy.descriptors import Descriptors
@@ -26,12 +27,13 @@ _MIN_PARALLEL_BYTES = 4 << 20
 
 class CpuOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    min_parallel_bytes: Size = Field(
-        ByteSize(_MIN_PARALLEL_BYTES),
-        ge=0,
-        le=1 << 36,
-        description="Smaller batches are copied by one thread (at most 64GiB).",
-        json_schema_extra=tunable(choices=(1 << 20, 4 << 20, 16 << 20, 64 << 20)),
+    min_parallel_bytes: Size = size_field(
+        _MIN_PARALLEL_BYTES,
+        1 << 36,
+        "Smaller batches are copied by one thread (at most 64GiB).",
+        low=0,
+        from_low=True,
+        tuned=tunable(choices=(1 << 20, 4 << 20, 16 << 20, 64 << 20)),
     )
 
 

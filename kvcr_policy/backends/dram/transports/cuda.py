@@ -25,7 +25,7 @@ from kvcr_policy.memory.cuda import NO_CUDA, require_cuda
 from kvcr_policy.memory.locality import DeviceLocality
 
 from .base import CopyBatch, Endpoint, Transport, check_bounds
-from .cuda_options import CudaOptions, resolved_modes
+from .cuda_options import CudaOptions, resolved_calls, resolved_modes
 from .cuda_paths import CopyPaths
 from .cuda_pinned import Interface, Registration, cuda_locality, register, unregister
 
@@ -77,7 +77,10 @@ class CudaTransport(Transport):
         # Views of the endpoints batches name, by identity (a pool's endpoints live as long as
         # the pool): made once, not per batch; dropped when a region detaches.
         self._sides: dict[int, tuple[Endpoint, dict[str, Any], int | None]] = {}
-        self._copy = CopyPaths(torch, options, self.gather, self.staging, self._count)
+        self.calls = resolved_calls(options, config.coalescing.strategy)
+        self._copy = CopyPaths(
+            torch, options, self.gather, self.staging, self._count, calls=self.calls
+        )
 
     # ---- regions ------------------------------------------------------------------------
 
@@ -311,6 +314,9 @@ class CudaTransport(Transport):
             paths = dict(self._paths)
         return {
             **super().describe(),
+            "copy_calls": self.calls,
+            # The runtime whose batch call moves the pieces, None where one call each does.
+            "batch_runtime": None if self._copy.batch is None else self._copy.batch.version,
             "gather": self.gather,
             "gather_below_bytes": int(self.options.gather_below_bytes),
             "gather_chunk_bytes": int(self.options.gather_chunk_bytes),

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from kvcr_policy.config.fields import number_field, size_field
 from kvcr_policy.config.tunable import tunable
 from kvcr_policy.strategies import follow_coalescing
 from kvcr_policy.values import Size
 
-__all__ = ["CudaOptions", "resolved_modes"]
+__all__ = ["CudaOptions", "resolved_calls", "resolved_modes"]
 
 
 class CudaOptions(BaseModel):
@@ -32,28 +33,36 @@ class CudaOptions(BaseModel):
         ),
         json_schema_extra=tunable(choices=("auto", "always", "never")),
     )
-    gather_below_bytes: Size = Field(
-        ByteSize(2 << 20),
-        gt=0,
-        le=1 << 40,
-        description="auto: gather when the mean descriptor is smaller (at most 1TiB).",
-        json_schema_extra=tunable(choices=("256KiB", "1MiB", "2MiB", "8MiB", "32MiB")),
+    copy_calls: Literal["with_coalescing", "batched", "each"] = Field(
+        "with_coalescing",
+        description=(
+            "How copies between the tier and a GPU are issued: 'batched' issues every piece of "
+            "a batch (or of a staging buffer) in one cudaMemcpyBatchAsync, half on a second "
+            "stream (CUDA 12.8 or later; else one call each); 'each' one copy call per piece "
+            "(upstream); 'with_coalescing' is 'batched' when coalescing.strategy is not "
+            "'none', else 'each'."
+        ),
+        json_schema_extra=tunable(choices=("batched", "each")),
     )
-    gather_min_descriptors: int = Field(
+    gather_below_bytes: Size = size_field(
+        256 << 10,
+        1 << 40,
+        "auto: a batch whose mean descriptor is smaller is fragmented: staged "
+        "when its host runs are long, else gathered (at most 1TiB).",
+        tuned=tunable(choices=("256KiB", "1MiB", "2MiB", "8MiB", "32MiB")),
+    )
+    gather_min_descriptors: int = number_field(
         64,
-        ge=1,
-        le=1 << 30,
-        description="auto: gather only batches with at least this many descriptors (at most "
-        "1073741824).",
-        json_schema_extra=tunable(choices=(8, 32, 64, 256, 1024)),
+        1,
+        1 << 30,
+        "auto: gather only batches with at least this many descriptors (at most 1073741824).",
+        tuned=tunable(choices=(8, 32, 64, 256, 1024)),
     )
-    gather_chunk_bytes: Size = Field(
-        ByteSize(256 << 20),
-        gt=0,
-        le=1 << 40,
-        description="Most bytes one gather kernel moves (also bounds its GPU scratch memory; at "
-        "most 1TiB).",
-        json_schema_extra=tunable(choices=("32MiB", "64MiB", "256MiB", "1GiB")),
+    gather_chunk_bytes: Size = size_field(
+        256 << 20,
+        1 << 40,
+        "Most bytes one gather kernel moves (also bounds its GPU scratch memory; at most 1TiB).",
+        tuned=tunable(choices=("32MiB", "64MiB", "256MiB", "1GiB")),
     )
     staging: Literal["with_coalescing", "auto", "always", "never"] = Field(
         "with_coalescing",
@@ -67,29 +76,28 @@ class CudaOptions(BaseModel):
         ),
         json_schema_extra=tunable(choices=("auto", "always", "never")),
     )
-    staging_buffer_bytes: Size = Field(
-        ByteSize(32 << 20),
-        gt=0,
-        le=1 << 34,
-        description="Bytes of one staging buffer (at most 16GiB); the ring takes "
+    staging_buffer_bytes: Size = size_field(
+        32 << 20,
+        1 << 34,
+        "Bytes of one staging buffer (at most 16GiB); the ring takes "
         "staging_buffers of them on each GPU, once, when a tier registers with staging on.",
-        json_schema_extra=tunable(choices=("8MiB", "16MiB", "32MiB", "64MiB", "128MiB")),
+        tuned=tunable(choices=("8MiB", "16MiB", "32MiB", "64MiB", "128MiB")),
     )
-    staging_buffers: int = Field(
+    staging_buffers: int = number_field(
         8,
-        ge=2,
-        le=64,
-        description="Buffers in the staging ring (2..64): how many copies and scatters overlap, "
+        2,
+        64,
+        "Buffers in the staging ring (2..64): how many copies and scatters overlap, "
         "and how much of a read is copied ahead while its first batch is planned.",
-        json_schema_extra=tunable(choices=(2, 3, 4, 8)),
+        tuned=tunable(choices=(2, 3, 4, 8)),
     )
-    staging_min_span_bytes: Size = Field(
-        ByteSize(4 << 20),
-        gt=0,
-        le=1 << 40,
-        description="auto: stage only batches whose contiguous host runs average at least this "
-        "(at most 1TiB); shorter runs cross PCIe no faster than the fragments themselves.",
-        json_schema_extra=tunable(choices=("1MiB", "2MiB", "4MiB", "16MiB")),
+    staging_min_span_bytes: Size = size_field(
+        256 << 10,
+        1 << 40,
+        "auto: stage only batches whose contiguous host runs average at least this "
+        "(at most 1TiB); shorter runs cross PCIe no faster than the fragments themselves "
+        "(with copy_calls 'each', runs below about 4MiB cross slower than they would gathered).",
+        tuned=tunable(choices=("256KiB", "1MiB", "4MiB", "16MiB")),
     )
     tier_slots: Literal["with_staging", "mirror", "whole"] = Field(
         "with_staging",
@@ -102,6 +110,13 @@ class CudaOptions(BaseModel):
         ),
         json_schema_extra=tunable(choices=("mirror", "whole")),
     )
+
+
+def resolved_calls(options: CudaOptions, coalescing: str) -> str:
+    """``batched`` or ``each``: :attr:`CudaOptions.copy_calls` under ``coalescing.strategy``."""
+    if options.copy_calls != "with_coalescing":
+        return options.copy_calls
+    return "each" if coalescing == "none" else "batched"
 
 
 def resolved_modes(options: CudaOptions, coalescing: str) -> tuple[str, str, bool]:

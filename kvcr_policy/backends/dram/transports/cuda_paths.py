@@ -1,7 +1,9 @@
 """How the cuda transport moves one batch on its stream: copies, gather kernels or the staging ring.
 
 - ``copies``: one asynchronous copy per descriptor (a copy engine at the PCIe rate once
-  descriptors are large, i.e. coalesced);
+  descriptors are large, i.e. coalesced), or every descriptor in one batch call where
+  ``copy_calls`` is ``batched`` (:mod:`.cuda_batch`), which keeps pieces of a few hundred KiB
+  at the PCIe rate too;
 - ``gather``: many small descriptors become a few index kernels that read or write the pinned
   tier through its device mapping (:mod:`.cuda_gather`);
 - ``staging``: many small descriptors whose host side comes in long contiguous runs cross PCIe
@@ -22,10 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from .cuda_batch import BatchCopier, load_batch
 from .cuda_chunks import chunk_bounds, host_runs, overlapping
 from .cuda_gather import choose_kernel, plan_rows, run_rows
 from .cuda_options import CudaOptions
-from .cuda_staging import StagingRing, host_spans, plan_staging, stage
+from .cuda_plan import host_spans, page_pieces, plan_staging, row_unit, stage
+from .cuda_staging import StagingRing
 
 __all__ = ["CopyPaths", "copies"]
 
@@ -34,6 +38,7 @@ class CopyPaths:
     """The per-batch choice of path and its enqueueing, for one transport.
 
     ``count(name, n)`` adds ``n`` to the transport's counter ``name`` (staged chunks here).
+    ``calls`` is ``batched`` or ``each`` (:func:`.cuda_options.resolved_calls`).
     """
 
     def __init__(
@@ -43,14 +48,18 @@ class CopyPaths:
         gather: str,
         staging: str,
         count: Callable[[str, int], None],
+        calls: str = "each",
     ) -> None:
         self._torch = torch
         self.options = options
         self.gather = gather
         self.staging = staging
         self._count = count
+        #: The batch call, when ``calls`` is ``batched`` and the runtime has it.
+        self.batch: BatchCopier | None = load_batch(torch) if calls == "batched" else None
         self.rings: dict[int, StagingRing] = {}
         self.aux: dict[int, Any] = {}
+        self._sides: dict[int, Any] = {}  # a second copy stream per device (batched calls)
         self.warmed: dict[int, float] = {}  # seconds each ring's warm-up took
         self._aux_behind: set[int] = set()  # devices whose aux stream holds unwaited scatters
 
@@ -71,12 +80,23 @@ class CopyPaths:
         if ring is None:
             options = self.options
             ring = StagingRing(
-                self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers
-            )
+                self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers,
+                batch=self.batch, side=self.side(device),
+            )  # fmt: skip
             aux = self._torch.cuda.Stream(device=device)
             self.warmed[device] = ring.warm(aux)
             self.rings[device], self.aux[device] = ring, aux
         return ring, self.aux[device]
+
+    def side(self, device: int) -> Any:
+        """The second copy stream of ``device`` that batched calls split onto (None without
+        them)."""
+        if self.batch is None:
+            return None
+        side = self._sides.get(device)
+        if side is None:
+            side = self._sides[device] = self._torch.cuda.Stream(device=device)
+        return side
 
     def direct(
         self, d: Any, src: dict[str, Any], dst: dict[str, Any], device: int, stream: Any, path: str
@@ -107,6 +127,18 @@ class CopyPaths:
                 )
                 return f"gather:{kind}", keep
             return path, keep
+        # A batch call runs its pieces in no set order: one that writes a byte twice goes
+        # one copy at a time, in order.
+        batched = self.batch is not None and stream.cuda_stream and len(d) > 1
+        if batched and not overlapping(d.dst, d.length):
+            base_src, base_dst = src["copy"].data_ptr(), dst["copy"].data_ptr()
+            assert self.batch is not None
+            self.batch.copy_split(
+                (d.dst + base_dst).astype(np.uint64), (d.src + base_src).astype(np.uint64),
+                d.length.astype(np.uint64), stream, self.side(device),
+            )  # fmt: skip
+            self._count("copies.batched", 1)
+            return path, keep
         copies(src["copy"], dst["copy"], d)
         return path, keep
 
@@ -133,6 +165,11 @@ class CopyPaths:
             return None  # off, or not between a GPU and the host
         restore = src_device is None
         options = self.options
+        ring = self.rings.get(device)
+        if restore and ring is not None and ring.held_bytes(ticket):
+            # Its first fills are copying already: staged whatever its shape, so it adopts
+            # them (pieces of whole slots cross PCIe as fast from the ring as straight).
+            return self._stage(d, src, dst, device, stream, ticket, restore, False)
         choose = partial(
             stage,
             self.staging,
@@ -153,8 +190,16 @@ class CopyPaths:
             if overlapping(pool if restore else host, d.length):
                 return None  # reordered writes to one byte would change the result
             d = d.take(np.argsort(host, kind="stable"))
-            host, pool = (d.src, d.dst) if restore else (d.dst, d.src)
             sorted_ = True
+        return self._stage(d, src, dst, device, stream, ticket, restore, sorted_)
+
+    def _stage(
+        self, d: Any, src: dict[str, Any], dst: dict[str, Any], device: int, stream: Any,
+        ticket: object, restore: bool, sorted_: bool,
+    ) -> tuple[str, list[Any], Any]:  # fmt: skip
+        """Plan ``d`` in chunks and enqueue it through the ring (see :meth:`staged`)."""
+        options = self.options
+        host, pool = (d.src, d.dst) if restore else (d.dst, d.src)
         buffer_bytes = int(options.staging_buffer_bytes)
         ring, aux = self.ring(device)
         # Idle: copying starts once two ring buffers' worth is planned. Busy: the batch is
@@ -162,11 +207,11 @@ class CopyPaths:
         # well before the copies ahead of it end, however long the whole batch takes to plan.
         first = buffer_bytes * (2 if stream.query() else ring.count)
         then = None
-        held = ring.held(ticket) if restore else 0
+        held = ring.held_bytes(ticket) if restore else 0
         if held:
             # Fills read ahead for this read are copying: the first chunk is exactly them, the
             # next one buffer, so new copies are enqueued soon after the read-ahead's.
-            first, then = held * buffer_bytes, buffer_bytes
+            first, then = held, buffer_bytes
         write = "device" if restore else "host"
         keep: list[Any] = []
         if not restore:
@@ -210,38 +255,24 @@ class CopyPaths:
         device: int, stream: Any,
     ) -> int:  # fmt: skip
         """Start filling the ring of ``device`` on ``stream`` (current) from the tier slots at
-        host offsets ``starts`` (the pages a read claimed, in order), before their batch is
-        planned; returns the fills started.
+        host offsets ``starts`` (the pages a read claimed, in order: its first batch), before
+        their batch is planned; returns the fills started.
 
-        Only when the batch's first fills will be exactly those bytes (:meth:`staged`): the
-        pages the ring holds come from consecutive slots in order (so planning in host order
-        keeps them in that order), a fragment divides a ring buffer (so fills end where
-        buffers do), and a batch of those pages would be staged. Then whole buffers of them
-        are read, at most the ring's worth."""
+        The fills are those the batch's plan will make (:func:`.cuda_plan.page_pieces`: its
+        pages in order, consecutive slots or scattered), at most the ring's worth; the batch
+        that carries ``ticket`` is staged to adopt them, whatever its shape (:meth:`staged`)."""
         options = self.options
         buffer_bytes = int(options.staging_buffer_bytes)
-        if self.staging == "never" or len(starts) == 0 or buffer_bytes % (page_bytes // fragments):
+        if self.staging == "never" or len(starts) == 0 or page_bytes % fragments:
             return 0
+        unit = row_unit(page_bytes // fragments, buffer_bytes)
+        capacity = buffer_bytes // unit * unit
         ring, _ = self.ring(device)
-        head = starts[: -(-ring.nbytes // page_bytes)]  # the pages the ring's fills hold
-        if np.any(head[1:] != head[:-1] + page_bytes):
-            return 0  # planned in host order, the first fills would be other slots
-        fills = min(ring.count, len(head) * page_bytes // buffer_bytes)
-        pages = -(-fills * buffer_bytes // page_bytes)
-        wanted = fills > 0 and stage(
-            self.staging,
-            descriptors=pages * fragments,
-            nbytes=pages * page_bytes,
-            spans=1,
-            below_bytes=int(options.gather_below_bytes),
-            min_descriptors=options.gather_min_descriptors,
-            min_span_bytes=int(options.staging_min_span_bytes),
-        )
-        if not wanted:
-            return 0
-        ring.read_ahead(ticket, host, int(starts[0]), fills, stream)
-        self._count("staging:read_ahead.fills", fills)
-        return fills
+        head = starts[: -(-ring.count * capacity // page_bytes)]  # the pages the ring holds
+        pieces, fills = page_pieces(head, page_bytes, capacity)
+        started = ring.read_ahead(ticket, host, pieces, fills, capacity, stream)
+        self._count("staging:read_ahead.fills", started)
+        return started
 
     def forget(self, ticket: object) -> None:
         """Discard what was read ahead for ``ticket`` on every ring."""
@@ -249,8 +280,9 @@ class CopyPaths:
             ring.forget(ticket)
 
     def close(self) -> None:
-        """Wait for every scatter stream; the staging buffers go back to the allocator."""
-        for stream in self.aux.values():
+        """Wait for every scatter and second copy stream; the staging buffers go back to the
+        allocator."""
+        for stream in (*self.aux.values(), *self._sides.values()):
             stream.synchronize()
         self.rings.clear()
 

@@ -13,10 +13,17 @@ tier registers: all the GPU memory the path takes, besides one int64 per row of 
 batch.
 
 A batch is planned in growing chunks (:mod:`.cuda_chunks`), so its first copies start
-before the rest is planned.
+before the rest is planned. A fill's pieces cross in one ``cudaMemcpyBatchAsync`` where the
+runtime has it (:mod:`.cuda_batch`; half of them on a second stream), so pages of a few hundred
+KiB cross at the PCIe rate instead of at the rate the CPU issues copies.
 
-Planning (:func:`plan_staging`) and the choice (:func:`stage`) are numpy and plain numbers,
-tested without a GPU; :class:`StagingRing` needs torch with CUDA.
+Fills take the descriptors in the order given, which for a whole-slot tier is page by page:
+the ring's first fills then hold the read's first pages whether their slots are consecutive or
+scattered, so a read's copies can start before its batch is planned
+(:meth:`StagingRing.read_ahead`, :func:`.cuda_plan.page_pieces`).
+
+The plan and the choice are :mod:`.cuda_plan` (numpy, tested without a GPU);
+:class:`StagingRing` needs torch with CUDA.
 """
 
 from __future__ import annotations
@@ -28,158 +35,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...staging import packed
-from .cuda_chunks import any_remainder, repeats
+from .cuda_batch import BatchCopier
+from .cuda_plan import StagingPlan, plan_staging
 
-__all__ = ["StagingPlan", "StagingRing", "host_spans", "plan_staging", "stage"]
+__all__ = ["StagingRing"]
 
 Int64Array = npt.NDArray[np.int64]
 
 # Widest row elements first: fewer index computations per byte in the kernels.
 _ITEMSIZES = (8, 4, 2, 1)
-#: Rows are cut to at most this many bytes (a kernel's work unit; any size is correct).
-MAX_ROW_BYTES = 1 << 20
-
-
-def host_spans(host: Int64Array, length: Int64Array) -> tuple[int, int]:
-    """``(spans, bytes)``: maximal runs of host-contiguous descriptors, once sorted by host
-    offset, and the bytes they cover; what :func:`stage` decides from."""
-    if len(host) == 0:
-        return 0, 0
-    order = np.argsort(host, kind="stable")
-    h, n = host[order], length[order]
-    breaks = int(np.count_nonzero(h[1:] != h[:-1] + n[:-1]))
-    return breaks + 1, int(n.sum())
-
-
-def stage(
-    mode: str,
-    *,
-    descriptors: int,
-    nbytes: int,
-    spans: int,
-    below_bytes: int,
-    min_descriptors: int,
-    min_span_bytes: int,
-) -> bool:
-    """Whether a batch goes through the staging ring.
-
-    ``never``: no (upstream). ``always``: every batch between a GPU and the host. ``auto``: the
-    batch is fragmented (at least ``min_descriptors`` descriptors whose mean is below
-    ``below_bytes``, where one copy each falls short of the PCIe rate) and its host side comes
-    in runs whose mean is at least ``min_span_bytes`` (whole runs cross PCIe at its rate).
-    Coalesced batches of large descriptors keep their one copy per descriptor.
-    """
-    if mode == "never" or descriptors == 0:
-        return False
-    if mode == "always":
-        return True
-    fragmented = descriptors >= min_descriptors and nbytes < descriptors * below_bytes
-    return fragmented and nbytes >= spans * min_span_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class StagingPlan:
-    """One batch through the ring.
-
-    Staging bytes are the descriptors in host order, end to end, cut into fills of
-    ``capacity`` bytes (a whole number of ``unit``-byte rows). ``rows[i]`` is the device row of
-    staging row ``i``; ``pieces`` holds one ``(offset in the fill's buffer, host offset,
-    length)`` per host copy, and ``fills[j]:fills[j + 1]`` are fill ``j``'s pieces.
-    """
-
-    unit: int
-    capacity: int
-    rows: Int64Array
-    pieces: Int64Array
-    fills: Int64Array
-    #: Maximal host runs (before fills cut them): what :func:`stage` decides from.
-    spans: int
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.rows) * self.unit
-
-    @property
-    def buffers(self) -> int:
-        """How many fills of the ring the batch takes."""
-        return len(self.fills) - 1
-
-    def fill_rows(self, j: int) -> tuple[int, int]:
-        """Staging rows ``[lo, hi)`` of fill ``j``."""
-        per = self.capacity // self.unit
-        return j * per, min((j + 1) * per, len(self.rows))
-
-
-def plan_staging(
-    host: Int64Array,
-    device: Int64Array,
-    length: Int64Array,
-    *,
-    buffer_bytes: int,
-    write: str,
-    checked: bool = False,
-) -> StagingPlan | None:
-    """The plan for descriptors between host offsets ``host`` and device offsets ``device``;
-    None when they move nothing, or when ``write`` (``"device"`` for restores, ``"host"`` for
-    stores) ranges overlap: several writes to one byte keep their order only one copy at a
-    time, so such a batch takes another path. ``checked``: the caller has made sure of that
-    already (:func:`.cuda_chunks.overlapping`), so the plan skips it.
-
-    The row size is the gcd of every device offset and length (halved while above
-    :data:`MAX_ROW_BYTES`, and cut to divide ``buffer_bytes`` when larger than it), so every
-    descriptor is whole rows on the device side and every fill ends on a row boundary.
-    """
-    if len(length) == 0 or int(length.sum()) == 0:
-        return None
-    if np.all(host[1:] >= host[:-1]):  # already in host order (slots laid out in order)
-        h, g, n = host, device, length
-    else:
-        order = np.argsort(host, kind="stable")
-        h, g, n = host[order], device[order], length[order]
-    joined = h[1:] == h[:-1] + n[:-1]
-    if write == "host" and not checked and np.any(h[1:] < h[:-1] + n[:-1]):
-        return None  # sorted by start, an overlap shows between neighbours
-    size = int(n[0])
-    # One length that divides every device offset (a pool's fragments): that is the gcd.
-    uniform = size > 0 and not np.any(n != size) and not any_remainder(g, size)
-    unit = size if uniform else int(np.gcd(np.gcd.reduce(g), np.gcd.reduce(n)))
-    if unit > buffer_bytes:
-        unit = int(np.gcd(unit, buffer_bytes))
-    while unit > MAX_ROW_BYTES and unit % 2 == 0:
-        unit //= 2
-    capacity = buffer_bytes // unit * unit
-    linear = packed(n)  # staging bytes: the descriptors end to end, as every staged path
-    if uniform and unit == size:  # one row per descriptor
-        rows = g // unit
-    else:
-        counts = n // unit
-        total = int(counts.sum())
-        first = np.repeat(np.cumsum(counts) - counts, counts)
-        rows = np.repeat(g // unit, counts) + (np.arange(total, dtype=np.int64) - first)
-    # Device ranges overlap where two staging rows share a device row.
-    if write == "device" and not checked and repeats(rows):
-        return None
-    # Host runs: consecutive descriptors (in host order) that continue each other.
-    starts = np.flatnonzero(np.concatenate(([True], ~joined)))
-    stops = np.concatenate((starts[1:], [len(n)]))
-    span_host, span_linear = h[starts], linear[starts]
-    span_bytes = linear[stops - 1] + n[stops - 1] - span_linear
-    # Cut every run where a fill ends.
-    first_fill = span_linear // capacity
-    last_fill = (span_linear + span_bytes - 1) // capacity
-    cuts = last_fill - first_fill + 1
-    fill = np.repeat(first_fill, cuts) + (
-        np.arange(int(cuts.sum()), dtype=np.int64) - np.repeat(np.cumsum(cuts) - cuts, cuts)
-    )
-    lo = np.maximum(np.repeat(span_linear, cuts), fill * capacity)
-    hi = np.minimum(np.repeat(span_linear + span_bytes, cuts), (fill + 1) * capacity)
-    pieces = np.stack(
-        (lo - fill * capacity, np.repeat(span_host - span_linear, cuts) + lo, hi - lo), axis=1
-    ).astype(np.int64)
-    buffers = int(fill[-1]) + 1
-    fills = np.searchsorted(fill, np.arange(buffers + 1), side="left").astype(np.int64)
-    return StagingPlan(unit, capacity, rows, pieces, fills, len(starts))
 
 
 def _itemsize(unit: int, address: int) -> int:
@@ -196,22 +60,29 @@ def _rows(torch: Any, flat: Any, unit: int, itemsize: int) -> Any:
 @dataclass
 class StagingRing:
     """``count`` device buffers of ``buffer_bytes`` on one GPU, and the events that order
-    their reuse across batches (a buffer is refilled only once its last use completed)."""
+    their reuse across batches (a buffer is refilled only once its last use completed).
+
+    ``batch`` moves a fill's pieces in one call (None: one ``copy_`` each), half of them on
+    ``side``, a second copy stream, when it is given.
+    """
 
     torch: Any = field(repr=False)
     device: int
     buffer_bytes: int
     count: int
+    batch: BatchCopier | None = field(default=None, repr=False)
+    side: Any = field(default=None, repr=False)
     buffers: list[Any] = field(default_factory=list, repr=False)
     filled: list[Any] = field(default_factory=list, repr=False)
     free: list[Any] = field(default_factory=list, repr=False)
     next: int = 0
     fills: int = 0
     #: Fills read ahead of their batch (:meth:`read_ahead`): the ticket that may adopt them,
-    #: then ``(slot, host offset, bytes)`` in the order their batch will fill.
-    ahead: tuple[object, list[tuple[int, int, int]]] | None = field(default=None, repr=False)
+    #: the bytes a fill holds, then ``(slot, pieces)`` in the order their batch will fill.
+    ahead: tuple[object, int, list[tuple[int, Int64Array]]] | None = field(default=None, repr=False)
     #: Fills adopted from a read-ahead so far.
     adopted: int = 0
+    _row_views: dict[tuple[int, int, int], list[Any]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         torch = self.torch
@@ -237,23 +108,26 @@ class StagingRing:
         """
         torch = self.torch
         start = time.perf_counter()
-        with torch.cuda.device(self.device):
-            main = torch.cuda.current_stream()
-            host = torch.zeros(8, dtype=torch.uint8, pin_memory=True)
-            pool = torch.zeros(8, dtype=torch.uint8, device=f"cuda:{self.device}")
-            origin = np.zeros(1, dtype=np.int64)
+        # A stream of its own: the legacy default stream takes no batch call.
+        main = torch.cuda.Stream(device=self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(main):
+            host = torch.zeros(128, dtype=torch.uint8, pin_memory=True)
+            pool = torch.zeros(64, dtype=torch.uint8, device=f"cuda:{self.device}")
             keep: list[Any] = [host, pool]
             for size in _ITEMSIZES:  # each element size has its own kernels
-                length = np.full(1, size, dtype=np.int64)
-                plan = plan_staging(
-                    origin, origin, length, buffer_bytes=self.buffer_bytes, write="device"
+                origin = np.arange(8, dtype=np.int64) * size
+                length = np.full(8, size, dtype=np.int64)
+                plan = plan_staging(  # eight pieces, apart on the host: a batch call splits
+                    2 * origin, origin, length, buffer_bytes=self.buffer_bytes, write="device"
                 )
-                assert plan is not None  # one descriptor of `size` bytes
+                assert plan is not None  # eight descriptors of `size` bytes
                 keep += self.restore(plan, host, pool, main, aux)
                 aux.wait_stream(main)
                 keep += self.store(plan, pool, host, main, aux)
             main.synchronize()
             aux.synchronize()
+            if self.side is not None:
+                self.side.synchronize()
         self.next = self.fills = 0
         return time.perf_counter() - start
 
@@ -261,33 +135,59 @@ class StagingRing:
         slot = self.next
         self.next = (slot + 1) % self.count
         self.fills += 1
-        if self.ahead is not None and any(slot == held for held, _, _ in self.ahead[1]):
+        if self.ahead is not None and any(slot == held for held, _ in self.ahead[2]):
             self.ahead = None  # a fill read ahead is about to be overwritten: none is adopted
         return slot
 
-    def read_ahead(self, ticket: object, host: Any, start: int, fills: int, main: Any) -> None:
-        """Copy ``fills`` buffers' worth of host bytes from ``start`` into the next buffers on
-        ``main`` (the current stream), before the batch that moves them is planned; that
-        batch's restore adopts them (:meth:`restore` with ``ticket``) where its fills are
-        exactly these bytes, and fills the rest itself. Only the latest read-ahead is kept;
-        any other use of one of its buffers discards it.
+    def _move(self, slot: int, pieces: Int64Array, host: Any, main: Any, into: bool) -> None:
+        """Copy ``pieces`` (``(offset in the buffer, host offset, length)`` rows) between ring
+        buffer ``slot`` and pinned ``host`` on ``main`` (current): into the buffer, or out."""
+        buffer = self.buffers[slot]
+        if self.batch is None or not main.cuda_stream:  # one copy_ each (no batch call on the
+            # legacy default stream)
+            for offset, at, n in pieces.tolist():
+                if into:
+                    buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
+                else:
+                    host[at : at + n].copy_(buffer[offset : offset + n], non_blocking=True)
+            return
+        ring = (pieces[:, 0] + buffer.data_ptr()).astype(np.uint64)
+        tier = (pieces[:, 1] + host.data_ptr()).astype(np.uint64)
+        sizes = pieces[:, 2].astype(np.uint64)
+        dsts, srcs = (ring, tier) if into else (tier, ring)
+        self.batch.copy_split(dsts, srcs, sizes, main, self.side)
+
+    def read_ahead(
+        self, ticket: object, host: Any, pieces: Int64Array, fills: Int64Array, capacity: int,
+        main: Any,
+    ) -> int:  # fmt: skip
+        """Fill the next buffers on ``main`` (the current stream) with the fills ``pieces``
+        and ``fills`` describe (:func:`.cuda_plan.page_pieces`: a read's first pages, in
+        order, ``capacity`` bytes a fill), at most the ring's worth, before the batch that
+        moves them is planned; that batch's restore adopts them (:meth:`restore` with
+        ``ticket``) where its fills are exactly these, and fills the rest itself. Only the
+        latest read-ahead is kept; any other use of one of its buffers discards it. Returns
+        the fills started.
 
         The caller holds the host bytes unchanged until it forgets ``ticket`` (a read's
         claim), so an adopted buffer holds what a fill made then would.
         """
         self.ahead = None
         held = []
-        for j in range(fills):
+        for j in range(min(self.count, len(fills) - 1)):
             slot = self._take()
-            at = start + j * self.buffer_bytes
             main.wait_event(self.free[slot])
-            self.buffers[slot].copy_(host[at : at + self.buffer_bytes], non_blocking=True)
-            held.append((slot, at, self.buffer_bytes))
-        self.ahead = (ticket, held)
+            mine = pieces[fills[j] : fills[j + 1]]
+            self._move(slot, mine, host, main, into=True)
+            held.append((slot, mine))
+        self.ahead = (ticket, capacity, held)
+        return len(held)
 
-    def held(self, ticket: object) -> int:
-        """How many fills read ahead for ``ticket`` wait to be adopted."""
-        return len(self.ahead[1]) if self.ahead is not None and self.ahead[0] is ticket else 0
+    def held_bytes(self, ticket: object) -> int:
+        """Bytes of the fills read ahead for ``ticket`` that wait to be adopted (0: none)."""
+        if self.ahead is None or self.ahead[0] is not ticket:
+            return 0
+        return self.ahead[1] * len(self.ahead[2])
 
     def forget(self, ticket: object) -> None:
         """Discard what was read ahead for ``ticket`` (its holder no longer holds the bytes)."""
@@ -299,14 +199,13 @@ class StagingRing:
         (taken from :attr:`ahead`), or None (and nothing is adopted after a miss)."""
         if self.ahead is None or self.ahead[0] is not ticket:
             return None
-        slot, at, nbytes = self.ahead[1][0]
-        pieces = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
-        whole = len(pieces) == 1 and nbytes == plan.capacity
-        if not (whole and pieces[0].tolist() == [0, at, nbytes]):
+        _, capacity, held = self.ahead
+        slot, pieces = held[0]
+        wanted = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
+        if plan.capacity != capacity or not np.array_equal(pieces, wanted):
             self.ahead = None
             return None
-        rest = self.ahead[1][1:]
-        self.ahead = (ticket, rest) if rest else None
+        self.ahead = (ticket, capacity, held[1:]) if len(held) > 1 else None
         self.adopted += 1
         return slot
 
@@ -318,10 +217,15 @@ class StagingRing:
             return host, host.to(f"cuda:{self.device}", non_blocking=True)
 
     def _views(self, plan: StagingPlan, pool: Any) -> tuple[Any, list[Any]]:
-        """The pool and every ring buffer as rows of ``plan.unit`` bytes."""
+        """The pool and every ring buffer as rows of ``plan.unit`` bytes (the buffers' views
+        made once per row shape: a batch of small pages would pay for them every time)."""
         torch = self.torch
         itemsize = _itemsize(plan.unit, pool.data_ptr())
-        views = [_rows(torch, b[: plan.capacity], plan.unit, itemsize) for b in self.buffers]
+        shape = (plan.unit, itemsize, plan.capacity)
+        views = self._row_views.get(shape)
+        if views is None:
+            views = [_rows(torch, b[: plan.capacity], plan.unit, itemsize) for b in self.buffers]
+            self._row_views[shape] = views
         return _rows(torch, pool, plan.unit, itemsize), views
 
     def restore(
@@ -338,18 +242,14 @@ class StagingRing:
         alive until then.
         """
         torch = self.torch
-        pieces = plan.pieces.tolist()
-        fills = plan.fills.tolist()
         for j in range(plan.buffers):
             adopted = None if ticket is None else self._adopt(ticket, plan, j)
             if adopted is not None:  # read ahead on main: its copies precede what follows
                 slot = adopted
             else:
                 slot = self._take()
-                buffer = self.buffers[slot]
                 main.wait_event(self.free[slot])
-                for offset, at, n in pieces[fills[j] : fills[j + 1]]:  # main is current
-                    buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
+                self._move(slot, plan.pieces[plan.fills[j] : plan.fills[j + 1]], host, main, True)
             if j == 0:  # PCIe starts before the indices are made and uploaded
                 index_host, index = self._index(plan, main)
                 pool_rows, views = self._views(plan, pool)
@@ -370,18 +270,14 @@ class StagingRing:
         torch = self.torch
         index_host, index = self._index(plan, aux)
         pool_rows, views = self._views(plan, pool)
-        pieces = plan.pieces.tolist()
-        fills = plan.fills.tolist()
         for j in range(plan.buffers):
             slot = self._take()
-            buffer = self.buffers[slot]
             aux.wait_event(self.free[slot])
             lo, hi = plan.fill_rows(j)
             with torch.cuda.stream(aux):
                 torch.index_select(pool_rows, 0, index[lo:hi], out=views[slot][: hi - lo])
             self.filled[slot].record(aux)
             main.wait_event(self.filled[slot])
-            for offset, at, n in pieces[fills[j] : fills[j + 1]]:  # main is current
-                host[at : at + n].copy_(buffer[offset : offset + n], non_blocking=True)
+            self._move(slot, plan.pieces[plan.fills[j] : plan.fills[j + 1]], host, main, False)
             self.free[slot].record(main)
         return [index_host, index]

@@ -28,6 +28,7 @@ be reached (nothing listens), to start it (the host tier's first rank: :mod:`..h
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -107,6 +108,7 @@ class PeerClient:
             self.host, self.port = parse_address(options.peer, where="transport.options.peer")
         self.copier = copier  # copies pages on a shared-memory connection
         self._start = start
+        self._pid = os.getpid()  # a forked child has neither our worker thread nor connection
         self.op_timeout_s = op_timeout_s
         self.retry_after_s = min(1.0, op_timeout_s)
         self.name = name
@@ -126,6 +128,13 @@ class PeerClient:
 
     def connection(self) -> Connection:
         """A live, attached connection (see the module docstring); raises TransportError."""
+        if os.getpid() != self._pid:
+            message = (
+                f"peer {self.address}: this pipeline was built in process {self._pid} and is "
+                f"used in {os.getpid()}, a child forked from it, where its connection and worker "
+                "thread do not exist; build the pipeline in the process that uses it"
+            )
+            raise BackendUnavailableError(message)
         conn = self._conn
         if conn is not None and conn.dead is None:
             return conn

@@ -19,7 +19,7 @@ Each finished copy comes back to the worker thread (:meth:`Loop.call`) before an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -33,7 +33,7 @@ from ...dram.transports.base import CopyBatch
 from ..wire import messages as m
 from ..wire.coverage import Cover
 from .connection import Connection
-from .ops import Done, Target, check_slots, error_of, guard, shaped
+from .ops import NO_KEEP, Done, Keep, Target, check_slots, error_of, guard, shaped
 
 __all__ = ["probe", "read", "write"]
 
@@ -119,10 +119,11 @@ def write(
     pages: np.ndarray,
     shape: Shape,
     done: Done,
-    keep: Sequence[str] = (),
+    keep: Keep = NO_KEEP,
 ) -> None:
     """Store pool ``pages`` under ``keys``; ``done(ok per key)`` (True also where present).
-    ``keep``: the call's other keys, whose present pages the reservation must not evict."""
+    ``keep``: the call's number and its other keys, whose present pages no batch of the call
+    may evict (see :class:`~..wire.messages.Reserve`)."""
     n = len(keys)
     tier, pool = target.endpoints()
 
@@ -169,7 +170,7 @@ def write(
 
         _copy(conn, CopyBatch(pool, tier, d), copied)
 
-    reserve = m.Reserve(target.number, keys, pages, list(keep))
+    reserve = m.Reserve(target.number, keys, pages, keep[0], list(keep[1]))
     conn.request(reserve, guard(conn, done, "RESERVED", reserved))
 
 

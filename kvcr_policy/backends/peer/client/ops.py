@@ -41,6 +41,10 @@ from ..wire.coverage import Cover
 from ..wire.payload import MAX_DESCRIPTORS
 from .connection import Connection
 
+#: A write's call: its number (0: none) and the keys the peer is asked to keep for it.
+Keep = tuple[int, Sequence[str]]
+NO_KEEP: Keep = (0, ())
+
 __all__ = ["Target", "check_slots", "error_of", "guard", "probe", "read", "shaped", "write"]
 
 #: ``done(result)``: a bool array per requested page, or an exception.
@@ -239,10 +243,11 @@ def write(
     pages: np.ndarray,
     shape: Shape,
     done: Done,
-    keep: Sequence[str] = (),
+    keep: Keep = NO_KEEP,
 ) -> None:
     """Store pool ``pages`` under ``keys``; ``done(ok per key)`` (True also where present).
-    ``keep``: the call's other keys, whose present pages the reservation must not evict."""
+    ``keep``: the call's number and its other keys, whose present pages no batch of the call
+    may evict (see :class:`~..wire.messages.Reserve`)."""
     n = len(keys)
 
     def written(answer: Any) -> None:
@@ -298,7 +303,7 @@ def write(
             m.Post(reply.reservation, d.dst, d.length), guard(conn, done, "POSTED", posted)
         )
 
-    reserve = m.Reserve(target.number, keys, pages, list(keep))
+    reserve = m.Reserve(target.number, keys, pages, keep[0], list(keep[1]))
     conn.request(reserve, guard(conn, done, "RESERVED", reserved))
 
 

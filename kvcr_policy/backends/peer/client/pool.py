@@ -45,10 +45,13 @@ __all__ = ["PeerPool"]
 
 log = logging.getLogger("kvcr_policy.backends.peer.client.pool")
 
-#: Most keys of a set's other batches one RESERVE asks the server to keep (see _Transfer._keep):
-#: a set of up to this many pages beyond its batch never evicts its own present keys.
+#: Most keys of a set's other batches its first RESERVE asks the server to keep (see
+#: _Transfer._keep): a set of up to this many pages beyond its batch never evicts its own
+#: present keys (the server also keeps each batch's keys for the call's later batches).
 KEEP_KEYS = 16384
 KEEP_BYTES = 2 << 20
+#: Numbers of this process's set calls (RESERVE ``call``; 0 is no call).
+_CALLS = itertools.count(1)
 #: How long past ``op_timeout_s`` a batch waits for the peer's answer before it fails: the
 #: server gives a claim up at its own ``op_timeout_s`` and says so, and its sends stop before
 #: this side gives the pages to the fallback (which may read them again).
@@ -260,7 +263,7 @@ class _Transfer:
             future.add_done_callback(partial(settle, i))
         return combined
 
-    def _keep(self, start: int, stop: int) -> tuple[list[str], ...]:
+    def _keep(self, start: int, stop: int) -> tuple[ops.Keep, ...]:
         return ()
 
     def finish(self, moved: np.ndarray) -> list[bool]:
@@ -286,6 +289,11 @@ class _Write(_Transfer):
     needs: np.ndarray | None = None
     miss = "claimed"
 
+    def __init__(self, pool: PeerPool, keys: list[str], pages: np.ndarray) -> None:
+        super().__init__(pool, keys, pages)
+        self.call = next(_CALLS)
+        self._kept = False  # the call's keys went with a RESERVE already
+
     @staticmethod
     def op(
         conn: Any, target: ops.Target, keys: Any, pages: Any, shape: Any, keep: Any, done: Any
@@ -293,10 +301,15 @@ class _Write(_Transfer):
         write = copies.write if target.shared else ops.write
         write(conn, target, keys, pages, shape, done, keep)
 
-    def _keep(self, start: int, stop: int) -> tuple[list[str], ...]:
-        """The keys outside ``[start, stop)`` (those after it first), which the server must not
-        evict for this batch: a set never evicts its own present keys. At most
-        :data:`KEEP_KEYS` of them (one RESERVE frame stays small)."""
+    def _keep(self, start: int, stop: int) -> tuple[ops.Keep, ...]:
+        """The call's number, and with its first batch the keys outside ``[start, stop)``
+        (those after it first), which no batch of the call may evict: a set never evicts its
+        own present keys. At most :data:`KEEP_KEYS` of them, sent once per call (one RESERVE
+        frame stays small, and a set of many batches costs no more on the wire than its
+        keys)."""
+        if self._kept:
+            return ((self.call, ()),)
+        self._kept = True
         kept: list[str] = []
         size = 0
         for key in itertools.chain(self.keys[stop:], reversed(self.keys[:start])):
@@ -304,7 +317,7 @@ class _Write(_Transfer):
             if len(kept) == KEEP_KEYS or size > KEEP_BYTES:
                 break
             kept.append(key)
-        return (kept,)
+        return ((self.call, kept),)
 
 
 def _probe(conn: Any, target: ops.Target, *args: Any) -> None:

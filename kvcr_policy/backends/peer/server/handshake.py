@@ -26,7 +26,7 @@ from ..wire import messages as m
 from ..wire.payload import MAX_ADDRESS
 from .admission import Admission
 
-__all__ = ["AUTH_LIMIT", "HELLO_LIMIT", "Handshake", "Opening"]
+__all__ = ["AUTH_LIMIT", "HELLO_LIMIT", "Admitter", "Handshake", "Opening"]
 
 #: Largest HELLO payload: fixed fields, two names of at most 256 bytes, key id and nonce.
 HELLO_LIMIT = 1024
@@ -36,7 +36,10 @@ AUTH_LIMIT = MAX_ADDRESS + 256
 MAX_HEARTBEAT_S = 600.0
 
 
-class _Server(Protocol):
+class Admitter(Protocol):
+    """What a handshake needs from the server: its keys, its admission, its TLS choice and
+    the check of a worker address (a session's :class:`~.session.Host` is one too)."""
+
     keyring: Keyring
     admission: Admission
 
@@ -64,7 +67,7 @@ class Opening(Protocol):
     local: Any
 
     @property
-    def server(self) -> _Server: ...
+    def server(self) -> Admitter: ...
 
     def authenticated(self, tenant: str, admin: bool) -> None: ...
 

@@ -34,15 +34,13 @@ from kvcr_policy.geometry import Layout, PoolGeometry
 from kvcr_policy.values import shorten
 
 from ..channel import Channel
-from ..credentials import Keyring
 from ..link import Link
 from ..requests import RequestGroup, Stall, Timer
 from ..wire import messages as m
 from ..wire.framing import MAX_PAYLOAD
 from ..worker import Worker
-from .admission import Admission
 from .budget import FREE_PAYLOAD
-from .handshake import HELLO_LIMIT, Handshake
+from .handshake import HELLO_LIMIT, Admitter, Handshake
 from .meter import ServerMeter
 from .quarantine import Held
 from .tiers import Tier
@@ -70,8 +68,8 @@ class LocalPeer:
     pidfd: int | None
 
 
-class Host(Protocol):
-    """What a session needs from the server that accepted it."""
+class Host(Admitter, Protocol):
+    """What a session needs from the server that accepted it (a handshake's too)."""
 
     worker: Worker
     op_timeout_s: float
@@ -83,21 +81,8 @@ class Host(Protocol):
     capabilities_mask: int
     server_id: int
     host_id: str
-    keyring: Keyring
-    admission: Admission
     meter: ServerMeter | None
     local_name: str
-
-    def choose_tls(self, hello: m.Hello, local: bool) -> str: ...
-
-    def check_address(
-        self,
-        address: bytes,
-        error_handling: bool,
-        tenant: str,
-        wanted: Callable[[], bool],
-        then: Callable[[bool | Exception], Any],
-    ) -> None: ...
 
     def open_tier(
         self, tenant: str, geometry: PoolGeometry, align: int, then: Callable[[Any], Any]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -119,6 +120,12 @@ class _Write:
     client_ok: np.ndarray | None = None  # per covered key, from COMMIT
 
 
+#: Set calls a session remembers the keys of (RESERVE ``call``), most recent first, and the
+#: most keys remembered per call: a session's memory for them stays bounded whatever it sends.
+CALLS_KEPT = 4
+CALL_KEYS = 16384
+
+
 class Transfers:
     """Claims and reservations of one session; ``busy`` while any, or any request, is open."""
 
@@ -129,6 +136,7 @@ class Transfers:
         self.groups = 0
         self._sending: set[RequestGroup] = set()
         self._ids = itertools.count(1)
+        self._calls: OrderedDict[int, set[str]] = OrderedDict()
 
     @property
     def receiving(self) -> int:
@@ -317,7 +325,7 @@ class Transfers:
         pool = self.owner.pool(msg.pool)
         check_pages(pool.client, msg.pages)
         self._check_open()
-        reservation = pool.tier.store.reserve(msg.keys, msg.keep)
+        reservation = pool.tier.store.reserve(msg.keys, self._call_keys(msg))
         todo = np.flatnonzero(reservation.slots >= 0)
         number = next(self._ids)
         write = _Write(pool, reservation, todo, request, self.owner.deadline("a write"))
@@ -325,6 +333,22 @@ class Transfers:
             write.posted, write.arrived = True, np.zeros(0, dtype=bool)
         self.writes[number] = write
         self.owner.channel.send(m.Reserved(number, reservation.slots), request)
+
+    def _call_keys(self, msg: m.Reserve) -> set[str] | list[str]:
+        """The keys no batch of ``msg``'s call may evict: those its first batch named and those
+        of the call's batches so far (this one's included, for the next)."""
+        if msg.call == 0:
+            return msg.keep
+        kept = self._calls.pop(msg.call, None)
+        if kept is None:
+            kept = set()
+            while len(self._calls) >= CALLS_KEPT:
+                self._calls.popitem(last=False)
+        self._calls[msg.call] = kept
+        for keys in (msg.keep, msg.keys):
+            room = CALL_KEYS - len(kept)
+            kept.update(keys if len(keys) <= room else keys[:room])
+        return kept
 
     def post(self, msg: m.Post, request: int) -> None:
         if self._no_messages("POST"):

@@ -241,9 +241,12 @@ class Claim(Message):
 
 @message(Kind.RESERVE)
 class Reserve(Claim):
-    """RESERVE: also ``keep``, the call's other keys (its other batches), whose present pages
-    this reservation must not evict (a set never evicts its own keys)."""
+    """RESERVE: also ``call``, the client's number for the set this batch is part of (0: none),
+    and ``keep``, that set's other keys (sent with its first batch only). No batch of a call
+    evicts the present pages of ``keep`` or of the call's earlier batches (a set never evicts
+    its own keys): the server remembers them for the call's later batches."""
 
+    call: U64
     keep: Keys
 
 

@@ -592,9 +592,18 @@ def test_fills_read_ahead_are_adopted_only_by_their_ticket_and_only_while_kept(
         transport.submit(back).result(timeout=60)
         restore(ticket)
         assert adopted() == 2
-        # Scattered slots: nothing is read ahead.
-        assert transport.read_ahead(host_end, pool_end, starts[::-1].copy(), page_bytes,
-                                    fragments) is None  # fmt: skip
+        # Scattered slots: read ahead too, and adopted by a batch of those pages in that order.
+        host[:] = rng.integers(0, 256, host.size, dtype=np.uint8)
+        reverse = np.arange(pages * fragments, dtype=np.int64)
+        p, f = np.divmod(reverse, fragments)
+        p = pages - 1 - p  # the pages in reverse order, each whole, fragment by fragment
+        d = Descriptors(p * page_bytes + f * fragment, (f * pages + p) * fragment, length,
+                        f, p, p + 1)  # fmt: skip
+        ticket = transport.read_ahead(host_end, pool_end, starts[::-1].copy(), page_bytes,
+                                      fragments)  # fmt: skip
+        assert ticket is not None
+        restore(ticket)
+        assert adopted() == 4
     finally:
         transport.close()
         transport.detach_region(host_end)

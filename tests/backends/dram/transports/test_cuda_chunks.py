@@ -22,8 +22,8 @@ from kvcr_policy.backends.dram.transports.cuda_chunks import (
     overlapping,
     repeats,
 )
-from kvcr_policy.backends.dram.transports.cuda_staging import host_spans, plan_staging
-from tests.backends.dram.transports.test_cuda_staging import naive, replay_restore, replay_store
+from kvcr_policy.backends.dram.transports.cuda_plan import host_spans, plan_staging
+from tests.backends.dram.transports.test_cuda_plan import naive, replay_restore, replay_store
 from tests.strategies import scattered_slots
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]

@@ -291,7 +291,7 @@ def test_the_base_transport_has_no_copy_of_its_own() -> None:
 
 
 @pytest.mark.skipif(not host_copy.STREAM, reason="no native loop with non-temporal stores here")
-@pytest.mark.parametrize(("profile", "stream"), [("default", 0), ("throughput", 1 << 20)])
+@pytest.mark.parametrize(("profile", "stream"), [("default", 0), ("throughput", 16 << 10)])
 def test_stream_min_bytes_sends_large_copies_down_the_non_temporal_path(
     monkeypatch: pytest.MonkeyPatch, profile: str, stream: int
 ) -> None:

@@ -12,11 +12,14 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.backends.dram.transports.cuda_staging import (
+from kvcr_policy.backends.dram.transports.cuda_chunks import host_runs
+from kvcr_policy.backends.dram.transports.cuda_plan import (
     MAX_ROW_BYTES,
     StagingPlan,
     host_spans,
+    page_pieces,
     plan_staging,
+    row_unit,
     stage,
 )
 from tests.strategies import scattered_slots
@@ -155,7 +158,7 @@ def test_plans_of_mixed_lengths_move_the_described_bytes(
 def test_whole_slots_cross_as_one_piece_each() -> None:
     """qwen3-32b-like: 64 fragments of 128 KiB per 8 MiB slot, slots scattered over a tier four
     times larger; 32 MiB ring buffers take four slots per fill, one host copy per host run (a
-    run cut only where a fill ends)."""
+    run cut only where a fill ends), the runs taken in the order given."""
     pages, layers, fragment = 16, 64, 128 << 10
     slots = np.random.default_rng(3).choice(4 * pages, pages, replace=False)  # a tier 4x larger
     p, layer = np.divmod(np.arange(pages * layers), layers)
@@ -166,8 +169,10 @@ def test_whole_slots_cross_as_one_piece_each() -> None:
     assert plan is not None
     spans, nbytes = host_spans(host, length)
     assert nbytes == pages * layers * fragment and spans <= pages
-    assert plan.unit == fragment and plan.buffers == 4 and plan.spans == spans
-    assert spans <= len(plan.pieces) <= spans + plan.buffers - 1  # a run cut where a fill ends
+    # Runs in the order given (page by page): slots adjacent only in host order stay apart.
+    assert plan.unit == fragment and plan.buffers == 4 and plan.spans == host_runs(host, length)
+    assert spans <= plan.spans <= pages
+    assert plan.spans <= len(plan.pieces) <= plan.spans + plan.buffers - 1  # cut at fill ends
 
 
 def test_overlapping_writes_take_another_path() -> None:
@@ -207,3 +212,42 @@ def test_auto_stages_fragmented_batches_of_whole_slots_only() -> None:
     assert stage("always", **few, **CHOICE) and stage("always", **fragments, **CHOICE)
     assert not stage("never", **scattered, **CHOICE)
     assert not stage("always", descriptors=0, nbytes=0, spans=0, **CHOICE)
+
+
+@given(
+    st.integers(1, 12),
+    st.integers(1, 6),
+    st.sampled_from((8, 24, 72, 4096, 3 << 20)),
+    st.integers(1, 40),
+    st.data(),
+)
+def test_the_pieces_read_ahead_are_the_plans_fills_of_the_same_pages(
+    pages: int, layers: int, fragment: int, buffer_fragments: int, data: st.DataObject
+) -> None:
+    """The ring's read-ahead finds a batch's fills from its pages' slots alone: for pages in
+    any order, slots consecutive or scattered, the fills of :func:`page_pieces` are exactly
+    those :func:`plan_staging` plans for the batch (page by page, fragment by fragment from a
+    whole-slot tier), so the batch adopts them."""
+    slots = np.asarray(data.draw(st.permutations(range(2 * pages)))[:pages], dtype=np.int64)
+    if data.draw(st.booleans()):
+        slots = np.sort(slots)  # a prefix stored together: consecutive slots join
+    page_bytes = layers * fragment
+    p, layer = np.divmod(np.arange(pages * layers, dtype=np.int64), layers)
+    host = slots[p] * page_bytes + layer * fragment
+    device = (layer * pages + p) * fragment
+    length = np.full(len(host), fragment, dtype=np.int64)
+    buffer_bytes = max(1, buffer_fragments * fragment // 3)
+    plan = plan_staging(host, device, length, buffer_bytes=buffer_bytes, write="device")
+    assert plan is not None
+    unit = row_unit(fragment, buffer_bytes)
+    assert plan.unit == unit
+    capacity = buffer_bytes // unit * unit
+    pieces, fills = page_pieces(slots * page_bytes, page_bytes, capacity)
+    assert np.array_equal(pieces, plan.pieces) and np.array_equal(fills, plan.fills)
+
+
+def test_row_units_divide_the_buffer_and_stay_below_the_kernel_bound() -> None:
+    assert row_unit(128 << 10, 32 << 20) == 128 << 10
+    assert row_unit(3 << 20, 32 << 20) == 3 << 18  # halved until at most 1 MiB
+    assert row_unit(48, 32) == 16  # cut to divide the buffer
+    assert row_unit(73728, 32 << 20) == 73728  # MLA 576 x 64 tokens: no power of two

@@ -1,0 +1,233 @@
+"""KVCRPolicyConnector: kvcr_policy as a vLLM KV connector (v1 API, vLLM 0.32).
+
+vLLM loads it by name from ``--kv-transfer-config``::
+
+    {"kv_connector": "KVCRPolicyConnector", "kv_role": "kv_both",
+     "kv_connector_module_path": "kvcr_policy.integrations.vllm",
+     "kv_connector_extra_config": {"profile": "throughput", "overrides": {...}}}
+
+and builds one per role: the scheduler's (:mod:`.scheduler`: lookups, the step's plan) and each
+worker's (:mod:`.worker`: the bytes, on threads of their own). The worker registers vLLM's own
+KV blocks as the pipeline's pool (:mod:`.layout`) and moves pages straight between them and
+the tier. Counters reach vLLM's connector stats (``get_kv_connector_stats``) and
+:func:`.jobs.totals`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from ...pipeline import build_pipeline
+from .config import parse_options
+from .jobs import StepPlan, count
+from .keys import namespace
+from .layout import POOL, pool_of, scheduler_geometry
+from .scheduler import SchedulerHalf
+from .shared import publish, published, withdraw
+from .startup import load, log_start
+from .worker import WorkerHalf
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+__all__ = ["KVCRPolicyConnector", "KVCRPolicyConnectorStats", "StepMetadata"]
+
+log = logging.getLogger("kvcr_policy.integrations.vllm")
+
+
+class StepMetadata(KVConnectorMetadata):
+    """One step's :class:`~.jobs.StepPlan`, as vLLM hands it to the workers."""
+
+    def __init__(self, plan: StepPlan) -> None:
+        self.plan = plan
+
+
+class KVCRPolicyConnectorStats(KVConnectorStats):
+    """Counters of the last interval (pages, bytes, lookups), summed over workers."""
+
+    def reset(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, value in other.data.items():
+            self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+def shared_by(config: VllmConfig) -> str | None:
+    """Why the scheduler and workers need a tier they share, or None (one process)."""
+    parallel = config.parallel_config
+    executor = parallel.distributed_executor_backend
+    if executor == "uni" and parallel.world_size == 1:
+        return None
+    return (
+        f"vLLM executor {executor!r}, tp {parallel.tensor_parallel_size}, "
+        f"pp {parallel.pipeline_parallel_size}"
+    )
+
+
+class KVCRPolicyConnector(KVConnectorBase_V1):
+    """See the module docstring."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any = None
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        transfer = self._kv_transfer_config
+        self.options = parse_options(transfer.kv_connector_extra_config)
+        self.shared_by = shared_by(vllm_config)
+        self.engine_id = str(transfer.engine_id)
+        self.block = int(vllm_config.cache_config.block_size)
+        model = vllm_config.model_config
+        parallel = vllm_config.parallel_config
+        rank = parallel.rank % parallel.tensor_parallel_size
+        mla = bool(getattr(model, "use_mla", False))
+        self.prefix = namespace(
+            str(model.model),
+            str(vllm_config.cache_config.cache_dtype),
+            self.block,
+            rank,
+            parallel.tensor_parallel_size,
+            mla,
+        )
+        self.loaded = load(self.options, shared_by=self.shared_by)
+        self._pipeline: Any = None
+        self._worker: WorkerHalf | None = None
+        self._scheduler: SchedulerHalf | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerHalf(self.block, self.prefix, self._lookup)
+            if self.shared_by is not None:
+                self._pipeline = build_pipeline(self.loaded)
+                self._pipeline.register_pool(
+                    POOL,
+                    scheduler_geometry(kv_cache_config, self.block),
+                    _one_page(kv_cache_config, self.block),
+                )
+        else:
+            self._pipeline = build_pipeline(self.loaded)
+        log_start(
+            f"vLLM connector ({role.name.lower()}, {self.shared_by or 'one process'})",
+            self.options,
+            self.loaded,
+        )
+
+    # ---- worker ---------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        pool = pool_of(kv_caches, self.block)
+        self._pipeline.register_pool(POOL, pool.geometry, pool.buffer)
+        self._worker = WorkerHalf(
+            self._pipeline, self.block, pool.block_bytes * pool.geometry.layers
+        )
+        if self.shared_by is None:
+            publish(self.engine_id, self._pipeline)
+
+    def _plan(self) -> StepPlan:
+        meta = self._get_connector_metadata()
+        return meta.plan if isinstance(meta, StepMetadata) else StepPlan()
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._worker is not None:
+            self._worker.submit(self._plan(), loads=True)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: vLLM schedules a request once its load is reported
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # whole blocks are saved once per step, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if self._worker is not None:
+            self._worker.submit(self._plan(), loads=False)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is None:
+            return None, None
+        return self._worker.finished(set(finished_req_ids))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.load_errors() if self._worker is not None else set()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """The last interval's counters: the scheduler's lookups and hits, or a worker's pages
+        and bytes loaded and saved."""
+        half = self._worker or self._scheduler
+        if half is None:
+            return None
+        stats = half.take_stats()
+        return KVCRPolicyConnectorStats(data=stats) if any(stats.values()) else None
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KVConnectorStats | None:
+        return KVCRPolicyConnectorStats(data=dict(data or {}))
+
+    # ---- scheduler ------------------------------------------------------------------------
+
+    def _lookup(self, keys: list[str]) -> int:
+        pipeline = self._pipeline or published(self.engine_id)
+        if pipeline is None:
+            return 0  # the worker has not registered its blocks yet
+        return int(pipeline.exists(keys, POOL))
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.matched(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        if num_external_tokens > 0:
+            self._scheduler.allocated(request, blocks.get_block_ids()[0], num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        plan = self._scheduler.plan(scheduler_output)
+        count(save_pages_planned=sum(len(job.keys) for job in plan.saves))
+        return StepMetadata(plan)
+
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.finished(request), None
+
+    # ---- both -----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        if self._scheduler is not None:
+            self._scheduler.close()
+        if self._pipeline is not None:
+            withdraw(self.engine_id, self._pipeline)
+            self._pipeline.close()
+
+
+def _one_page(kv_cache_config: Any, block: int) -> Any:
+    import torch
+
+    geometry = scheduler_geometry(kv_cache_config, block)
+    dtype = getattr(torch, geometry.dtype)
+    return torch.zeros((geometry.layers, block, 1, geometry.head_dim), dtype=dtype)

@@ -1,0 +1,155 @@
+"""The connector's scheduler half: lookups that never block, and the plan of each step.
+
+- **Lookups.** ``get_num_new_matched_tokens`` hands the count of the request's present pages to
+  a lookup thread and answers ``None`` ("ask again") until it is known, so the scheduler never
+  waits on the tier (a peer or host tier answers over a socket). A hit is loaded
+  asynchronously (``True``): vLLM parks the request until the workers report the load.
+  At least the prompt's last token is always left to compute, as vLLM requires.
+- **Partial hits.** The leading run of present pages beyond vLLM's own prefix hit is loaded;
+  a page that fails to arrive is reported by the worker, and vLLM recomputes from there.
+- **Saves.** Each step, every full prompt block computed by that step and not already in the
+  tier (hit locally or loaded) is saved; vLLM keeps a finished request's blocks until the
+  workers report its transfers ended (``request_finished`` returns True), so a block is never
+  reused while a save still reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .jobs import BlockJob, StepPlan, count
+from .keys import block_keys
+
+__all__ = ["SchedulerHalf"]
+
+log = logging.getLogger("kvcr_policy.integrations.vllm")
+
+
+@dataclass(slots=True)
+class _Request:
+    keys: list[str]
+    prompt_tokens: int
+    block_ids: list[int] = field(default_factory=list)
+    saved: int = 0  # leading blocks already in the tier (or hit by vLLM)
+    load_start: int = 0
+    held: bool = False  # a load or save was planned: vLLM keeps its blocks
+
+
+class SchedulerHalf:
+    """See the module docstring. ``lookup(keys) -> int`` counts present leading keys."""
+
+    def __init__(self, block_size: int, prefix: str, lookup: Any) -> None:
+        self.block = block_size
+        self.prefix = prefix
+        self._lookup = lookup
+        self._threads = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-lookup")
+        self._asked: dict[str, tuple[int, Future[int]]] = {}
+        self._requests: dict[str, _Request] = {}
+        self._loads: list[BlockJob] = []
+        self.stats: Counter[str] = Counter()  # since vLLM last asked (get_kv_connector_stats)
+
+    def _state(self, request: Any) -> _Request:
+        state = self._requests.get(request.request_id)
+        if state is None:
+            tokens = list(request.prompt_token_ids or [])
+            keys = block_keys(tokens, self.block, self.prefix, len(tokens) // self.block)
+            state = self._requests[request.request_id] = _Request(keys, len(tokens))
+        return state
+
+    def _count(self, keys: list[str]) -> int:
+        try:
+            return int(self._lookup(keys))
+        except Exception as err:  # a lookup that fails is a miss, never a dead scheduler
+            log.warning("kvcr_policy: lookup of %d pages failed: %s", len(keys), err)
+            return 0
+
+    def matched(self, request: Any, computed: int) -> tuple[int | None, bool]:
+        state = self._state(request)
+        start = computed // self.block
+        limit = min(len(state.keys), (state.prompt_tokens - 1) // self.block)
+        if start >= limit:
+            return 0, False
+        asked = self._asked.get(request.request_id)
+        if asked is None or asked[0] != start:
+            future = self._threads.submit(self._count, state.keys[start:limit])
+            self._asked[request.request_id] = asked = (start, future)
+        if not asked[1].done():
+            return None, False
+        del self._asked[request.request_id]
+        hits = asked[1].result()
+        figures = {"lookups": 1, "lookup_pages": limit - start, "hit_pages": hits}
+        count(**figures)
+        self.stats.update(figures)
+        if hits == 0:
+            return 0, False
+        state.load_start = start
+        return hits * self.block, True
+
+    def allocated(self, request: Any, block_ids: list[int], external: int) -> None:
+        if external <= 0:
+            return
+        state = self._requests[request.request_id]
+        first, pages = state.load_start, external // self.block
+        job = BlockJob(
+            request.request_id,
+            tuple(state.keys[first : first + pages]),
+            tuple(block_ids[first : first + pages]),
+        )
+        self._loads.append(job)
+        state.held = True
+        count(hit_tokens=external)
+        self.stats.update(hit_tokens=external)
+
+    def plan(self, output: Any) -> StepPlan:
+        """This step's loads and saves from vLLM's ``SchedulerOutput``."""
+        saves: list[BlockJob] = []
+        scheduled = output.num_scheduled_tokens
+        for new in output.scheduled_new_reqs:
+            state = self._requests.get(new.req_id)
+            if state is None:
+                tokens = list(new.prompt_token_ids or [])
+                keys = block_keys(tokens, self.block, self.prefix, len(tokens) // self.block)
+                state = self._requests[new.req_id] = _Request(keys, len(tokens))
+            state.block_ids = list(new.block_ids[0])
+            state.saved = max(state.saved, new.num_computed_tokens // self.block)
+            self._save(new.req_id, state, new.num_computed_tokens + scheduled[new.req_id], saves)
+        cached = output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            blocks = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                state.block_ids = list(blocks[0]) if blocks else []
+            elif blocks:
+                state.block_ids.extend(blocks[0])
+            self._save(req_id, state, cached.num_computed_tokens[i] + scheduled[req_id], saves)
+        loads, self._loads = tuple(self._loads), []
+        return StepPlan(loads, tuple(saves))
+
+    def _save(self, req_id: str, state: _Request, computed: int, saves: list[BlockJob]) -> None:
+        full = min(computed, state.prompt_tokens, len(state.keys) * self.block) // self.block
+        full = min(full, len(state.block_ids))
+        if full <= state.saved:
+            return
+        keys = tuple(state.keys[state.saved : full])
+        saves.append(BlockJob(req_id, keys, tuple(state.block_ids[state.saved : full])))
+        state.saved = full
+        state.held = True
+
+    def finished(self, request: Any) -> bool:
+        """Forget ``request``; True when vLLM must keep its blocks until the workers report."""
+        self._asked.pop(request.request_id, None)
+        state = self._requests.pop(request.request_id, None)
+        return bool(state and state.held)
+
+    def take_stats(self) -> dict[str, int]:
+        stats, self.stats = dict(self.stats), Counter()
+        return stats
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)

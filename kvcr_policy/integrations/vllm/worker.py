@@ -1,0 +1,124 @@
+"""The connector's worker half: loads and saves on threads of their own, between vLLM's
+blocks and the tier.
+
+A load writes only blocks vLLM allocated to a request it parked for that load; a save reads
+only full prompt blocks, which never change while vLLM holds them, and vLLM holds a finished
+request's blocks until :meth:`WorkerHalf.finished` reports it. So the engine's steps go on
+while pages move. A page that failed to load is reported with its block and every later one
+of that load (vLLM recomputes from there); a failed save only means a later miss.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .jobs import BlockJob, StepPlan, count
+from .layout import POOL
+
+__all__ = ["WorkerHalf"]
+
+log = logging.getLogger("kvcr_policy.integrations.vllm")
+
+
+class WorkerHalf:
+    """See the module docstring; ``pipeline`` has vLLM's blocks registered as pool ``kv``."""
+
+    def __init__(self, pipeline: Any, block_size: int, page_bytes: int) -> None:
+        self.pipeline = pipeline
+        self.block = block_size
+        self.page_bytes = page_bytes
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-load")
+        self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-save")
+        self._lock = threading.Lock()
+        self._pending: Counter[str] = Counter()  # transfers in flight per request
+        self._loading: Counter[str] = Counter()
+        self._seen: set[str] = set()  # requests vLLM holds for us once finished
+        self._loaded: set[str] = set()  # loads ended, not yet reported
+        self._closing: set[str] = set()  # finished requests awaiting their transfers
+        self._errors: set[int] = set()
+        self.stats: Counter[str] = Counter()  # since vLLM last asked
+
+    def _indices(self, block_ids: tuple[int, ...]) -> np.ndarray:
+        ids = np.asarray(block_ids, dtype=np.int64)
+        return (ids[:, None] * self.block + np.arange(self.block)).ravel()
+
+    def submit(self, plan: StepPlan, loads: bool) -> None:
+        """Start ``plan``'s loads (``loads``) or its saves on their threads."""
+        jobs = plan.loads if loads else plan.saves
+        with self._lock:
+            for job in jobs:
+                self._pending[job.request] += 1
+                self._seen.add(job.request)
+                if loads:
+                    self._loading[job.request] += 1
+        for job in jobs:
+            (self._loader if loads else self._saver).submit(self._run, job, loads)
+
+    def _run(self, job: BlockJob, load: bool) -> None:
+        start = time.perf_counter()
+        try:
+            call = self.pipeline.get if load else self.pipeline.set
+            done = [bool(x) for x in call(list(job.keys), self._indices(job.block_ids), POOL)]
+        except Exception as err:  # the tier failed: misses, never a dead thread
+            log.warning(
+                "kvcr_policy: %s of %d pages failed: %s",
+                "load" if load else "save",
+                len(job.keys),
+                err,
+            )
+            done = [False] * len(job.keys)
+        moved = done.index(False) if False in done else len(done)
+        seconds = time.perf_counter() - start
+        name = "load" if load else "save"
+        figures = {
+            f"{name}_pages": moved,
+            f"{name}_bytes": moved * self.page_bytes,
+            f"{name}_failed_pages": len(done) - moved,
+            f"{name}_us": int(seconds * 1e6),
+        }
+        count(**figures)
+        with self._lock:
+            self.stats.update(figures)
+            if load and moved < len(done):
+                self._errors.update(job.block_ids[moved:])
+            self._pending[job.request] -= 1
+            if load:
+                self._loading[job.request] -= 1
+                if not self._loading[job.request]:
+                    del self._loading[job.request]
+                    self._loaded.add(job.request)
+
+    def finished(self, finished: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """vLLM's ``get_finished``: requests whose held blocks are free now, and requests whose
+        loads ended (with or without errors)."""
+        with self._lock:
+            self._closing.update(finished & self._seen)
+            sending = {r for r in self._closing if not self._pending[r]}
+            self._closing -= sending
+            for request in sending:
+                self._seen.discard(request)
+                self._pending.pop(request, None)
+            recving, self._loaded = self._loaded, set()
+        return sending or None, recving or None
+
+    def load_errors(self) -> set[int]:
+        with self._lock:
+            errors, self._errors = self._errors, set()
+        return errors
+
+    def take_stats(self) -> dict[str, int]:
+        with self._lock:
+            stats, self.stats = dict(self.stats), Counter()
+        return stats
+
+    def close(self) -> None:
+        """Wait for the transfers in flight (they touch vLLM's memory), then stop the threads."""
+        self._loader.shutdown(wait=True)
+        self._saver.shutdown(wait=True)

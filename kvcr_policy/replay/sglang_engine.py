@@ -1,0 +1,194 @@
+"""The SGLang side of the replay: the same prompts through SGLang's real ``HiCacheController``
+on the CPU (:mod:`.sglang_scheduler`), once without storage and once with our backend as its L3
+tier, each run a process per tensor-parallel rank (``--tp 2``: two processes, a gloo group).
+The prefill rate is measured once here (:mod:`.prefill`) and shared by both runs, so they
+differ only by what the tier saves.
+
+At ``--tp 2`` the backend's ``auto`` is the host tier, one for both ranks (shared memory), as
+in an SGLang server: in a folder of the run's own, stopped when the run ends. A request's TTFT
+is its slower rank's, its cached tokens the fewer of the two (SGLang uses the minimum of the
+ranks' hits), its output the digests of both ranks' KV.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from ..errors import ReplayError
+from ..integrations.sglang.config import extra_config_for
+from .figures import summarize
+from .prefill import prefill_seconds_per_token
+from .prompts import Prompt
+from .setup import ReplaySetup
+
+__all__ = ["VOCAB", "run_sglang"]
+
+VOCAB = 32000  # token ids only feed SGLang's page hashing: any range will do
+MISSING = (
+    "replay --engine sglang needs sglang==0.5.23: on a CPU-only machine, from the kvcr_policy "
+    "source tree, bash .ci/install-sglang.sh"
+)
+TIMEOUT_S = 1800
+PAGE_BYTES = 4096  # sglang_stack: 2 layers x 64 tokens x 1 head x 8 dims x bf16 x (K, V)
+
+
+def _extra(
+    setup: ReplaySetup, profile: str | None, prompts: list[Prompt], folder: Path
+) -> dict | None:
+    if profile is None:
+        return None
+    overrides: dict[str, Any] = dict(setup.overrides)
+    if setup.tp > 1:
+        overrides.setdefault("backend.options.dir", str(folder / "host-tier"))
+        overrides.setdefault("backend.options.idle_exit_s", 30)
+    if "placement.capacity_bytes" not in overrides:
+        pages = sum(len(p.tokens) // 64 for p in prompts)
+        overrides["placement.capacity_bytes"] = max(64 << 20, 2 * pages * PAGE_BYTES)
+    return extra_config_for(profile, overrides)
+
+
+def _run(job: dict[str, Any], folder: Path, ranks: int) -> list[dict[str, Any]]:
+    """One run: a process per rank; each rank's records."""
+    label = job["label"]
+    print(
+        f"replay {label}: SGLang HiCacheController, {len(job['prompts'])} requests x "
+        f"{job['passes']} passes, {ranks} rank(s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    command = [sys.executable, "-m", "kvcr_policy.replay.sglang_run"]
+    store = folder / f"{label}.gloo"
+    jobs = [
+        dict(
+            job,
+            rank=rank,
+            ranks=ranks,
+            rendezvous=str(store),
+            result=str(folder / f"{label}.{rank}.json"),
+        )
+        for rank in range(ranks)
+    ]
+    procs = [
+        subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=sys.stderr, stderr=sys.stderr, text=True
+        )
+        for _ in jobs
+    ]
+    try:
+        for proc, rank_job in zip(procs, jobs, strict=True):
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(rank_job))
+            proc.stdin.close()
+        codes = _wait_all(procs, label)
+    finally:
+        for proc in procs:  # a rank that failed leaves the others in a collective: end them
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results = []
+    for code, rank_job in zip(codes, jobs, strict=True):
+        result_file = Path(rank_job["result"])
+        if code != 0 or not result_file.exists():
+            message = f"replay {label}: SGLang rank {rank_job['rank']} exited {code}; see above"
+            raise ReplayError(message)
+        results.append(json.loads(result_file.read_text(encoding="utf-8")))
+    return results
+
+
+def _wait_all(procs: list[subprocess.Popen[str]], label: str) -> list[int]:
+    """Every rank's exit code; as soon as one fails, the others are not waited for."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(proc.poll() is None for proc in procs):
+        if any(proc.poll() not in (None, 0) for proc in procs):
+            break
+        if time.monotonic() > deadline:
+            raise ReplayError(f"replay {label}: SGLang did not finish in {TIMEOUT_S} s")
+        time.sleep(0.2)
+    return [proc.returncode if proc.poll() is not None else -9 for proc in procs]
+
+
+def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' records as one engine's: slower TTFT, fewer cached tokens, both outputs."""
+    records = []
+    for parts in zip(*(r["records"] for r in results), strict=True):
+        merged = dict(parts[0])
+        merged["ttft_s"] = max(p["ttft_s"] for p in parts)
+        for name in ("cached_tokens", "host_hit_tokens", "l3_hit_tokens"):
+            merged[name] = min(p[name] for p in parts)
+        merged["output"] = [digest for p in parts for digest in p["output"]]
+        records.append(merged)
+    counters = [
+        {
+            name: sum(int(c[n].get(name, 0)) for c in (r["counters"] for r in results))
+            for name in results[0]["counters"][n]
+        }
+        for n in range(len(results[0]["counters"]))
+    ]
+    mismatched = sum(r["mismatched_pages"] for r in results)
+    return {"records": records, "counters": counters, "mismatched_pages": mismatched}
+
+
+def _stop_host_tiers(folder: Path) -> None:
+    """Stop the host tiers a run started in ``folder`` (their pids are in NAME.lock)."""
+    for lock in folder.glob("host-tier/*.lock"):
+        try:
+            os.kill(int(lock.read_text().split()[0]), signal.SIGTERM)
+        except (OSError, ValueError, IndexError):
+            continue
+
+
+def _figures(result: dict[str, Any], label: str, passes: int) -> dict[str, Any]:
+    records, counters = result["records"], result["counters"]
+    measured = [r for r in records if r["pass"] == passes - 1]
+    last, before = counters[-1], (counters[-2] if len(counters) > 1 else {})
+    return {
+        "label": label,
+        "measured": summarize(records, passes - 1),
+        "passes": [summarize(records, n) for n in range(passes)],
+        "hit_tokens": sum(r["l3_hit_tokens"] for r in measured),
+        "host_hit_tokens": sum(r["host_hit_tokens"] for r in measured),
+        "bytes_restored": int(last.get("bytes_read", 0)) - int(before.get("bytes_read", 0)),
+        "bytes_stored": int(last.get("bytes_written", 0)),
+        "mismatched_pages": result["mismatched_pages"],
+        "backend_counters": last,
+        "outputs": [r["output"] for r in records],
+    }
+
+
+def run_sglang(setup: ReplaySetup, prompts: list[Prompt]) -> tuple[dict, dict]:
+    """(the run without the tier or with ``--vs``, the run with ``--profile``)."""
+    spec = find_spec("sglang")
+    if spec is None or spec.origin is None:  # a folder named sglang is no SGLang
+        raise ReplayError(MISSING)
+    rate = prefill_seconds_per_token()
+    print(f"replay: prefill stand-in {rate * 1e6:.1f} us per token (measured)", file=sys.stderr)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="kvcr-replay-sglang-") as name:
+        for label, profile in (("baseline", setup.vs), ("tier", setup.profile)):
+            folder = Path(name) / label
+            folder.mkdir()
+            job = {
+                "label": label,
+                "prompts": [list(p.tokens) for p in prompts],
+                "passes": setup.passes,
+                "prefill_s_per_token": rate,
+                "mla": setup.mla,
+                "extra": _extra(setup, profile, prompts, folder),
+            }
+            try:
+                result = _merge(_run(job, folder, setup.tp))
+            finally:
+                _stop_host_tiers(folder)
+            figures = _figures(result, label, setup.passes)
+            figures.update(prefill_s_per_token=rate, tp=setup.tp, mla=setup.mla)
+            runs.append(figures)
+    return runs[0], runs[1]

