@@ -53,6 +53,7 @@ __all__ = [
     "ClosedError",
     "ConfigError",
     "ConfigIssue",
+    "ConformanceError",
     "CudaUnavailableError",
     "IndicesError",
     "KVCRPolicyError",
@@ -235,6 +236,10 @@ class BenchError(KVCRPolicyError):
 
 class ReplayError(KVCRPolicyError):
     """``replay`` cannot run as asked (an input, a missing engine) or an engine run failed."""
+
+
+class ConformanceError(KVCRPolicyError, AssertionError):
+    """A backend broke the tier-backend seam's contract (:mod:`kvcr_policy.testing`)."""
 
 
 class TuneError(BenchError):

@@ -113,14 +113,25 @@ def _batches(keys: list[str], tokens: np.ndarray) -> Iterator[tuple[list[str], A
         yield chunk, torch.from_numpy(np.ascontiguousarray(indices))
 
 
-class StorageSide:
-    """P through KVCRPolicyStorage's v1 API, as SGLang calls it."""
+def open_host_pool(stack: ExitStack, plan: Plan) -> tuple[Any, Pool, Any]:
+    """What a comparison with an SGLang store opens first: SGLang's host pool of the measured
+    geometry, that pool as the bench sees it, and P's backend started (closed with
+    ``stack``)."""
+    stub_torchvision()
+    _threads(stack)
+    geometry = plan.target.geometry(plan.measured)
+    sglang_pool = host_pool(geometry)
+    pool = HostPool(geometry, sglang_pool.kv_buffer)
+    started = stack.enter_context(plan.backend.start("P", plan.setup.profile, plan.measured))
+    return sglang_pool, pool, started
 
-    def __init__(self, name: str, storage: Any) -> None:
-        self.label, self.name = "P", name
-        self.storage = storage
-        self.path: str | None = storage.loaded.profile
-        self.pipeline = storage.pipeline
+
+class V1Side:
+    """A side that stores and restores through a HiCache storage's v1 API (``batch_set_v1``,
+    ``batch_get_v1``: keys and their token indices), in HiCache's batches."""
+
+    #: The HiCache storage object the side calls.
+    storage: Any
 
     def _run(self, method: Callable[..., list[bool]], keys: list[str], tokens: np.ndarray) -> bool:
         ok = True
@@ -133,6 +144,16 @@ class StorageSide:
 
     def restore(self, keys: list[str], tokens: np.ndarray) -> bool:
         return self._run(self.storage.batch_get_v1, keys, tokens)
+
+
+class StorageSide(V1Side):
+    """P through KVCRPolicyStorage's v1 API, as SGLang calls it."""
+
+    def __init__(self, name: str, storage: Any) -> None:
+        self.label, self.name = "P", name
+        self.storage = storage
+        self.path: str | None = storage.loaded.profile
+        self.pipeline = storage.pipeline
 
 
 class HiCacheFileSide:
@@ -217,12 +238,7 @@ class HiCacheFileComparison:
     def open(self, stack: ExitStack, plan: Plan) -> tuple[Pool, dict[str, Side]]:
         from ..integrations.sglang import KVCRPolicyStorage
 
-        stub_torchvision()
-        _threads(stack)
-        geometry = plan.target.geometry(plan.measured)
-        sglang_pool = host_pool(geometry)
-        pool = HostPool(geometry, sglang_pool.kv_buffer)
-        started = stack.enter_context(plan.backend.start("P", plan.setup.profile, plan.measured))
+        sglang_pool, pool, started = open_host_pool(stack, plan)
         overrides = side_overrides(plan, started)
         self._profile = plan.setup.profile
         self._capacity = int(overrides.get("placement.capacity_bytes", 0))

@@ -15,7 +15,7 @@ from typing import Any
 from .host_copy import HOST_COPY_TEXT
 from .plan import Plan
 from .rank import LIMIT_BYTES, RankReport, Step
-from .result import BenchResult, Limit, Run, ratio_to
+from .result import BenchResult, Limit, Run, ratio_to, setup_axes
 from .tp import describe_shard, device_of
 
 __all__ = ["HOST_COPY_RANKS_TEXT", "LIMIT_TEXT", "aggregate"]
@@ -129,15 +129,10 @@ def aggregate(plan: Plan, reports: Sequence[RankReport], exists: dict[str, float
     result = BenchResult(
         target=plan.target.name,
         backend=plan.backend.name,
-        geometry=setup.geometry,
-        layout=setup.layout,
-        mla=setup.mla,
-        tokens=setup.tokens,
+        **setup_axes(setup),
         pages=measured.pages,
         page_bytes=measured.page_bytes,
         nbytes=measured.nbytes * len(reports),
-        scatter=setup.scatter,
-        repeat=setup.repeat,
         baseline="Q",
         runs=tuple(runs),
         limit=LIMIT_TEXT.format(how="pinned" if plan.target.name == "cuda" else "host memory"),

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["BenchResult", "Limit", "Run", "Screen", "ratio_to"]
+__all__ = ["BenchResult", "Limit", "Run", "Screen", "ratio_to", "setup_axes"]
 
 #: The two limits a restore is measured beside.
 Limit = Literal["limit", "host_copy"]
@@ -101,6 +101,13 @@ def ratio_to(runs: Iterable[Run], limit: Limit) -> float:
     if limit == "limit":
         return _median(run.ratio_to_limit for run in runs)
     return _median(run.ratio_to_host_copy_limit for run in runs)
+
+
+def setup_axes(setup: Any) -> dict[str, Any]:
+    """The :class:`BenchResult` fields a run takes from its setup (a ``BenchSetup``): the
+    geometry, layout, MLA, tokens, slot order and repeats."""
+    names = ("geometry", "layout", "mla", "tokens", "scatter", "repeat")
+    return {name: getattr(setup, name) for name in names}
 
 
 @dataclass(frozen=True)

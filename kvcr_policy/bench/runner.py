@@ -29,7 +29,7 @@ from .host_copy import HOST_COPY_TEXT, HostCopy
 from .plan import Plan
 from .ranks import run_ranks
 from .resolve import resolve
-from .result import BenchResult, Run
+from .result import BenchResult, Run, setup_axes
 from .setup import BenchError, BenchSetup
 from .sides import bench_keys, exists_rate
 from .targets import tokens_of
@@ -141,15 +141,10 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
     return BenchResult(
         target=plan.target.name,
         backend=backend.name,
-        geometry=setup.geometry,
-        layout=setup.layout,
-        mla=setup.mla,
-        tokens=setup.tokens,
+        **setup_axes(setup),
         pages=n,
         page_bytes=measured.page_bytes,
         nbytes=nbytes,
-        scatter=setup.scatter,
-        repeat=setup.repeat,
         baseline=base,
         runs=tuple(runs),
         limit=backend.limit_text,

@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 
 from ..geometry import PoolGeometry
-from .hicache import StorageSide, _batches, _threads, host_pool, single_rank_config
+from .hicache import StorageSide, V1Side, _threads, host_pool, open_host_pool, single_rank_config
 from .plan import Plan, Side
 from .setup import BenchError
 from .sides import bench_keys, side_overrides
-from .targets import HostPool, Pool, tokens_of
-from .torchvision_stub import stub_torchvision
+from .targets import Pool, tokens_of
 
 __all__ = ["PEER", "SGLangMooncakeComparison"]
 
@@ -69,26 +68,14 @@ def _close_sglang(store: Any) -> None:
     store.store.close()
 
 
-class SGLangMooncakeSide:
+class SGLangMooncakeSide(V1Side):
     """SGLang's MooncakeStore (``client``) through its v1 API, as HiCache calls it."""
 
     pipeline = None
 
     def __init__(self, client: Any, master: str) -> None:
         self.label, self.name, self.path = "peer", PEER, master
-        self.client = client
-
-    def _run(self, method: Callable[..., list[bool]], keys: list[str], tokens: np.ndarray) -> bool:
-        ok = True
-        for chunk, indices in _batches(keys, tokens):
-            ok = all(method(chunk, indices)) and ok
-        return ok
-
-    def store(self, keys: list[str], tokens: np.ndarray) -> bool:
-        return self._run(self.client.batch_set_v1, keys, tokens)
-
-    def restore(self, keys: list[str], tokens: np.ndarray) -> bool:
-        return self._run(self.client.batch_get_v1, keys, tokens)
+        self.client = self.storage = client
 
 
 def _ours(plan: Plan, started: dict[str, Any], pool: Any, metrics: bool = True) -> Any:
@@ -141,12 +128,7 @@ class SGLangMooncakeComparison:
             raise BenchError(SGLANG_MISSING)
 
     def open(self, stack: ExitStack, plan: Plan) -> tuple[Pool, dict[str, Side]]:
-        stub_torchvision()
-        _threads(stack)
-        geometry = plan.target.geometry(plan.measured)
-        sglang_pool = host_pool(geometry)
-        pool = HostPool(geometry, sglang_pool.kv_buffer)
-        started = stack.enter_context(plan.backend.start("P", plan.setup.profile, plan.measured))
+        sglang_pool, pool, started = open_host_pool(stack, plan)
         self._profile = plan.setup.profile
         storage = _ours(plan, started, sglang_pool)
         stack.callback(storage.close)

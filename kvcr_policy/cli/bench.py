@@ -11,20 +11,11 @@ import typer
 
 from ..config.loading import profile_or
 from ..model.shape import ShapeOptions
+from .axes import BackendOpt, LayoutOpt, ScatterOpt, TargetOpt, TokensOpt
 from .figure import check_figure_path
 from .geometry import geometry_options
 from .numbers import MAX_HOLD_S, MAX_RANKS, MAX_REPEAT, Finite
-from .options import (
-    BackendOpt,
-    LayoutOpt,
-    PlainFormat,
-    ScatterOpt,
-    SetOpt,
-    Target,
-    TargetOpt,
-    TokensOpt,
-    overrides,
-)
+from .options import PlainFormat, SetOpt, Target, overrides
 
 __all__ = ["bench"]
 

@@ -12,20 +12,14 @@ import typer
 from rich.console import Console
 
 from ..values import parse_size, shorten
-from .numbers import MAX_TOKENS
 
 __all__ = [
     "LAYOUT_HELP",
-    "BackendOpt",
     "Format",
-    "LayoutOpt",
     "PlainFormat",
     "ProfileOpt",
-    "ScatterOpt",
     "SetOpt",
     "Target",
-    "TargetOpt",
-    "TokensOpt",
     "err",
     "out",
     "overrides",
@@ -65,19 +59,6 @@ ProfileOpt = Annotated[
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override one value (repeatable)."),
-]
-# The axes bench and tune measure on.
-TargetOpt = Annotated[Target, typer.Option("--target")]
-BackendOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--backend", help="Tier backend: dram, peer, kvcr or mooncake (default: the profile's)."
-    ),
-]
-LayoutOpt = Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)]
-TokensOpt = Annotated[int, typer.Option("--tokens", min=1, max=MAX_TOKENS)]
-ScatterOpt = Annotated[
-    bool, typer.Option("--scatter", help="Store in a random order: scattered tier slots.")
 ]
 
 

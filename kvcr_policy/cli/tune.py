@@ -11,19 +11,10 @@ import typer
 from ..config.loading import profile_or
 from ..model.shape import ShapeOptions, resolve_shape
 from ..tune.setup import MAX_BUDGET_S, MIN_BUDGET_S
+from .axes import BackendOpt, LayoutOpt, ScatterOpt, TargetOpt, TokensOpt
 from .geometry import geometry_options
 from .numbers import MAX_REPEAT, MAX_SEED, Finite
-from .options import (
-    BackendOpt,
-    LayoutOpt,
-    PlainFormat,
-    ScatterOpt,
-    SetOpt,
-    Target,
-    TargetOpt,
-    TokensOpt,
-    overrides,
-)
+from .options import PlainFormat, SetOpt, Target, overrides
 
 __all__ = ["tune"]
 

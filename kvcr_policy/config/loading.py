@@ -110,20 +110,16 @@ def resolve_profile(profile: str | os.PathLike[str], where: str) -> Path:
     bundled = bundled_profiles()
     if text in bundled:
         return bundled[text]
+
+    def missing(nearest: str | None) -> str:
+        hint = f"; did you mean {nearest!r}?" if nearest else ""
+        return (
+            f"no bundled profile or file named {shorten(text)}{hint} "
+            f"(bundled: {', '.join(bundled) or 'none'}; or give a path to a .toml file)"
+        )
+
     path = Path(text).expanduser()
-    if path.is_file():
-        return path.resolve()
-    kind = _kind(path)
-    if kind is not None:  # a directory, a device, a pipe: nothing a profile can be read from
-        message = f"{shorten(text)} is {kind}; a profile is a bundled name or a .toml file"
-        raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
-    nearest = suggest(text, list(bundled))
-    hint = f"; did you mean {nearest!r}?" if nearest else ""
-    message = (
-        f"no bundled profile or file named {shorten(text)}{hint} "
-        f"(bundled: {', '.join(bundled) or 'none'}; or give a path to a .toml file)"
-    )
-    raise ConfigError([ConfigIssue("profile", where, message)], title="cannot select a profile")
+    return _profile_file(path, text, shorten(text), ("profile", where), missing)
 
 
 def resolve_base(name: str, folder: Path, where: str) -> Path:
@@ -133,19 +129,38 @@ def resolve_base(name: str, folder: Path, where: str) -> Path:
         return bundled[name]
     path = Path(name).expanduser()
     path = path if path.is_absolute() else folder / path
+
+    def missing(nearest: str | None) -> str:
+        hint = f" (did you mean {nearest!r}?)" if nearest else ""
+        return (
+            f"base {name!r} is neither a bundled profile{hint} nor a file (looked for {path}); "
+            f"name one of: {', '.join(bundled)}, or a path relative to this file"
+        )
+
+    return _profile_file(path, name, f"base {name!r} ({path})", ("profile.base", where), missing)
+
+
+def _profile_file(
+    path: Path,
+    name: str,
+    shown: str,
+    field: tuple[str, str],
+    missing: Callable[[str | None], str],
+) -> Path:
+    """``path`` resolved where it is a file; else a ConfigError at ``field`` (the setting's path
+    and origin): a directory, a device or a pipe (nothing a profile can be read from) named as
+    ``shown``, or nothing there: ``missing`` with the bundled profile nearest ``name``."""
     if path.is_file():
         return path.resolve()
     kind = _kind(path)
+    base = field[0] == "profile.base"
     if kind is not None:
-        message = f"base {name!r} is {kind} ({path}); a base is a bundled name or a .toml file"
-        raise ConfigError([ConfigIssue("profile.base", where, message)], title="cannot find a base")
-    nearest = suggest(name, list(bundled))
-    hint = f" (did you mean {nearest!r}?)" if nearest else ""
-    message = (
-        f"base {name!r} is neither a bundled profile{hint} nor a file (looked for {path}); "
-        f"name one of: {', '.join(bundled)}, or a path relative to this file"
-    )
-    raise ConfigError([ConfigIssue("profile.base", where, message)], title="cannot find a base")
+        what = "a base" if base else "a profile"
+        message = f"{shown} is {kind}; {what} is a bundled name or a .toml file"
+    else:
+        message = missing(suggest(name, list(bundled_profiles())))
+    title = "cannot find a base" if base else "cannot select a profile"
+    raise ConfigError([ConfigIssue(*field, message)], title=title)
 
 
 def _chain_source(chain: list[Path]) -> tuple[Leaves, list[ConfigIssue]]:

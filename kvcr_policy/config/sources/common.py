@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import difflib
-import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from pydantic_settings import (
@@ -16,11 +15,6 @@ from pydantic_settings import (
 from ...errors import ConfigIssue
 from ...values import shorten
 from ..schema import ENV_PREFIX, PolicyConfig
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on Python 3.10 only
-    pass
 
 #: Leaf path -> (raw value, origin).
 Leaves = dict[str, tuple[Any, str]]
@@ -178,3 +172,14 @@ def _check_path(
     hint = f"; did you mean {nearest!r}?" if nearest else ""
     message = f"unknown key {shorten(path)}{hint} (valid keys: `kvcr-policy show`)"
     return ConfigIssue(path, where, message)
+
+
+def _leaf_issue(
+    path: str, where: str, known: dict[str, Any], unknown: UnknownKeys, source: str
+) -> ConfigIssue | Literal[False] | None:
+    """None for a known, non-secret path a profile or an override (``source``) may set; else
+    the issue (an unknown key, a secret), or False for an unknown key past :data:`MAX_NAMED`."""
+    checked = _check_path(path, where, known, unknown)
+    if checked is True:
+        return _refuse_secret(path, where, source)
+    return checked or False

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,12 +15,6 @@ from ..private_files import dotenv_problem
 from ..provenance import dotenv_origin
 from ..schema import ENV_PREFIX
 from ..user_files import MAX_CONFIG_BYTES, FileRefused, parse_problem, read_regular
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on Python 3.10 only
-    pass
-
 from .common import (
     DOTENV_RESERVED,
     Leaves,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any, get_args, get_origin
 
@@ -17,12 +16,6 @@ from pydantic_settings.sources.utils import parse_env_vars
 from ...errors import ConfigIssue
 from ..provenance import env_origin
 from ..schema import ENV_PREFIX
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on Python 3.10 only
-    pass
-
 from .common import (
     _NONE_WORDS,
     _OPTIONS,

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 from ...errors import ConfigIssue
 from ..provenance import OVERRIDE
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on Python 3.10 only
-    pass
-
 from .common import (
     Leaves,
     UnknownKeys,
-    _check_path,
-    _refuse_secret,
+    _leaf_issue,
     echo,
     flatten,
     known_leaves,
@@ -38,8 +30,7 @@ def override_source(overrides: Mapping[str, Any]) -> tuple[Leaves, list[ConfigIs
         nested.update({key: value} if "." in key else flatten({key: value}))
     unknown = UnknownKeys()
     for path, value in nested.items():
-        checked = _check_path(path, OVERRIDE, known, unknown)
-        issue = checked if checked is not True else _refuse_secret(path, OVERRIDE, "overrides")
+        issue = _leaf_issue(path, OVERRIDE, known, unknown, "overrides")
         if issue is not None:
             if issue is not False:
                 issues.append(issue)

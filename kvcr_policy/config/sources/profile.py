@@ -20,8 +20,7 @@ from .common import (
     PROFILE_TABLE,
     Leaves,
     UnknownKeys,
-    _check_path,
-    _refuse_secret,
+    _leaf_issue,
     flatten,
     known_leaves,
 )
@@ -64,8 +63,7 @@ def profile_source(path: Path) -> tuple[Leaves, list[ConfigIssue]]:
     for leaf, value in flatten(data).items():
         table = leaf.rsplit(".", 1)[0] if "." in leaf else "<top level>"
         origin = profile_origin(where, table)
-        checked = _check_path(leaf, origin, known, unknown)
-        problem = checked if checked is not True else _refuse_secret(leaf, origin, "a profile")
+        problem = _leaf_issue(leaf, origin, known, unknown, "a profile")
         if problem is not None:
             if problem is not False:
                 issues.append(problem)

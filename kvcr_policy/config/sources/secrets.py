@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from ...errors import ConfigIssue
@@ -11,12 +10,6 @@ from ...values import shorten
 from ..private_files import FileRefused, folder_problem, read_private
 from ..provenance import secrets_origin
 from ..schema import ENV_PREFIX
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on Python 3.10 only
-    pass
-
 from .common import (
     SECRET_LEAVES,
     Leaves,

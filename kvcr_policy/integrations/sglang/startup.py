@@ -122,15 +122,24 @@ def _load(options: BackendOptions, extra: dict[str, Any], origins: dict[str, str
     return dataclasses.replace(loaded, origins=origins)
 
 
+def profile_origin(options: BackendOptions, loaded: LoadedConfig) -> str:
+    """Where the profile in use was named: the engine's options, the environment, or none."""
+    if options.profile is not None:
+        return options.profile_origin
+    if loaded.profile is not None:
+        return f"env {PROFILE_ENV}"
+    return "no profile named: schema defaults, upstream behaviour"
+
+
+def log_changed(loaded: LoadedConfig) -> None:
+    """One line per value that differs from the schema default, with its origin."""
+    for path, (value, origin) in loaded.changed().items():
+        log.info("kvcr_policy: %s = %r (from %s)", path, value, origin)
+
+
 def log_start(backend: Any) -> None:
     """One line with the rank, the profile and where it was named; one per changed value."""
     c, options, loaded = backend.storage_config, backend.options, backend.loaded
-    if options.profile is not None:
-        where = options.profile_origin
-    elif loaded.profile is not None:
-        where = f"env {PROFILE_ENV}"
-    else:
-        where = "no profile named: schema defaults, upstream behaviour"
     log.info(
         "kvcr_policy HiCache backend for model %r, tp %d/%d, pp %d/%d, attn-cp %d/%d, dp %d: "
         "profile %s (from %s), interface_v1=%s",
@@ -143,11 +152,10 @@ def log_start(backend: Any) -> None:
         c.attn_cp_size,
         getattr(c, "dp_rank", 0),
         loaded.profile or "default",
-        where,
+        profile_origin(options, loaded),
         int(options.interface_v1),
     )
-    for path, (value, origin) in loaded.changed().items():
-        log.info("kvcr_policy: %s = %r (from %s)", path, value, origin)
+    log_changed(loaded)
     if getattr(c, "should_split_heads", False):
         log.warning(
             "kvcr_policy: tp_lcm_size asks for split-head page sharing between TP sizes; "

@@ -21,10 +21,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ...config.loading import PROFILE_ENV, LoadedConfig, load_config
+from ...config.loading import LoadedConfig, load_config
 from ...config.provenance import OVERRIDE
 from ...errors import ConfigError, ConfigIssue
 from ..sglang.config import BackendOptions, override_origins
+from ..sglang.startup import log_changed, profile_origin
 
 __all__ = ["load", "log_start"]
 
@@ -82,12 +83,6 @@ def _load(options: BackendOptions, extra: dict[str, Any], origins: dict[str, str
 def log_start(what: str, options: BackendOptions, loaded: LoadedConfig) -> None:
     """One line naming ``what`` started, the profile and where it was named; one line per
     value that differs from the schema default, with its origin."""
-    if options.profile is not None:
-        where = options.profile_origin
-    elif loaded.profile is not None:
-        where = f"env {PROFILE_ENV}"
-    else:
-        where = "no profile named: schema defaults, upstream behaviour"
+    where = profile_origin(options, loaded)
     log.info("kvcr_policy %s: profile %s (from %s)", what, loaded.profile or "default", where)
-    for path, (value, origin) in loaded.changed().items():
-        log.info("kvcr_policy: %s = %r (from %s)", path, value, origin)
+    log_changed(loaded)
