@@ -1,8 +1,9 @@
 """The conformance suite (kvcr_policy.testing) over every backend of the repository: the
 built-in ``dram``, ``peer`` (a real ``kvcr-policy serve`` over ucxx on loopback), ``host`` (a
-real host tier process) and ``file`` (slot files in the test's own folder), the example
-plugin's ``dict``, the ``kvcr`` plugin (the real KVCR runner over NIXL) and the ``mooncake``
-plugin (a real ``mooncake_master`` on loopback ports).
+real host tier process), ``file`` (slot files in the test's own folder) and ``cascade`` (a DRAM
+tier of a few pages in front of such files, so pages are demoted and promoted), the example
+plugin's ``dict``, the ``kvcr`` plugin (the real KVCR runner
+over NIXL) and the ``mooncake`` plugin (a real ``mooncake_master`` on loopback ports).
 
 A backend joins with one entry in :data:`BACKENDS`: its name and the configuration values that
 select it and give its tier room for the suite's pages.
@@ -101,6 +102,16 @@ def _file(request: pytest.FixtureRequest) -> dict[str, Any]:
     }
 
 
+def _cascade(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return {
+        "backend.name": "cascade",
+        "backend.options.file.path": str(request.getfixturevalue("tmp_path")),
+        "backend.options.file.min_free_bytes": 0,
+        "backend.options.file.capacity_bytes": SLOTS * PAGE_BYTES,
+        "placement.capacity_bytes": 4 * PAGE_BYTES,  # DRAM: a few pages, the rest on disk
+    }
+
+
 def _dict(request: pytest.FixtureRequest) -> dict[str, Any]:
     if not example_installed():
         pytest.skip(EXAMPLE_MISSING)
@@ -131,6 +142,7 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest], dict[str, Any]]] = {
     "peer": _peer,
     "host": _host,
     "file": _file,
+    "cascade": _cascade,
     "dict": _dict,
     "kvcr": _kvcr,
     "mooncake": _mooncake,

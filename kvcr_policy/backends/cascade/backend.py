@@ -14,7 +14,7 @@ from ..dram.backend import DramBackend
 from ..file.backend import FileBackend
 from .options import CascadeOptions
 from .pool import CascadePool
-from .transfer import CascadeRead
+from .transfer import CascadeRead, CascadeWrite
 
 __all__ = ["CascadeBackend", "CascadeTier"]
 
@@ -24,6 +24,14 @@ class CascadeTier(CascadePool):
 
     def read(self, keys: list[str], pages: np.ndarray) -> CascadeRead:
         return CascadeRead(self, keys, pages)
+
+    def write(self, keys: list[str], pages: np.ndarray) -> Any:
+        """A set of more new keys than DRAM holds sends its leading keys (those that would
+        leave DRAM within the set itself) straight to disk."""
+        room = self.front.store.capacity
+        if self.new_keys(keys) > room:
+            return CascadeWrite(self, keys, pages, len(keys) - room)
+        return super().write(keys, pages)
 
 
 class CascadeBackend:

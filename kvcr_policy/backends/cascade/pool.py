@@ -98,13 +98,14 @@ class CascadePool:
         misses = np.flatnonzero(~either)
         return int(misses[0]) if len(misses) else len(keys)
 
-    def make_room(self, count: int) -> None:
-        """Demote what a write of ``count`` new pages into DRAM would evict."""
+    def make_room(self, count: int, keep: list[str] | None = None) -> None:
+        """Demote what a write of ``count`` new pages into DRAM would evict (never one of
+        ``keep``, the write's own keys)."""
         store = self.front.store
         need = count - store.stats().free
         if need <= 0:
             return
-        victims = store.victims(need)
+        victims = store.victims(need, keep or ())
         with self.lock:
             admitted = [k for k in victims if self.uses.get(k, 0) >= self.admit_hits]
             self.counts["not_admitted"] += len(victims) - len(admitted)
@@ -129,9 +130,13 @@ class CascadePool:
         store.delete([*demoted, *kept])
         self.counts["demoted"] += len(demoted)
 
+    def new_keys(self, keys: list[str]) -> int:
+        """How many of ``keys`` DRAM does not hold."""
+        return len(keys) - int(np.count_nonzero(self.front.store.lookup(keys) >= 0))
+
     def write(self, keys: list[str], pages: np.ndarray) -> Any:
-        new = len(keys) - int(np.count_nonzero(self.front.store.lookup(keys) >= 0))
-        self.make_room(new)
+        new = self.new_keys(keys)
+        self.make_room(new, keys)
         self.used(keys)
         return self.front.write(keys, pages)
 
@@ -140,7 +145,7 @@ class CascadePool:
         if not self.promote_hits or not keys:
             return
         try:
-            self.make_room(len(keys))
+            self.make_room(self.new_keys(keys), keys)
             self.used(keys)
             done = run_write(self.front.write(keys, pages))
             self.counts["promoted"] += sum(done)
@@ -148,8 +153,12 @@ class CascadePool:
             log.warning("pool %r: promoting %d pages failed: %s", self.name, len(keys), err)
 
     def delete(self, keys: Any) -> int:
-        keys = list(keys)
-        return max(self.front.delete(keys), self.back.delete(keys))
+        """Delete ``keys`` from both levels; how many were present on either."""
+        keys = list(dict.fromkeys(keys))
+        front, back = self.where(keys)
+        self.front.delete(keys)
+        self.back.delete(keys)
+        return int(np.count_nonzero(front | back))
 
     def clear(self) -> None:
         self.front.clear()
