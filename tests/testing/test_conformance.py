@@ -152,10 +152,13 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest], dict[str, Any]]] = {
 @pytest.mark.parametrize("check", list(CHECKS))
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_every_backend_conforms(backend: str, check: str, request: pytest.FixtureRequest) -> None:
-    values = BACKENDS[backend](request)
-    factory = pipeline_factory(values)
-    with factory({}) as pipeline:
+    built = pipeline_factory(BACKENDS[backend](request))
+
+    def factory(overrides: Mapping[str, Any]) -> Pipeline:
+        pipeline = built(overrides)
         assert pipeline.backend.name == backend
+        return pipeline
+
     CHECKS[check](factory)
 
 
