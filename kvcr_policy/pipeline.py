@@ -402,8 +402,10 @@ class Pipeline:
             self._ledger.record(counts, page_bytes)
             if meter is not None:
                 meter.record(counts, page_bytes, time.perf_counter() - start)
-                if not read and counts.error is None:
-                    meter.usage(tier)  # a write may have evicted and filled slots
+                # A write may have evicted and filled slots; a read too where the tier moves
+                # pages between its levels on a hit (usage_on_read: the cascade).
+                if counts.error is None and (not read or getattr(tier, "usage_on_read", False)):
+                    meter.usage(tier)
 
     def get_pools(self, requests: Mapping[str, tuple[Sequence[str], Any]]) -> dict[str, list[bool]]:
         """:meth:`get` for several pools: ``{pool: (keys, indices)}`` -> ``{pool: results}``."""

@@ -44,6 +44,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcr_policy.builtin.admission",
     "kvcr_policy.backends.dram.hooks",
     "kvcr_policy.backends.peer.hooks",
+    "kvcr_policy.backends.file.hooks",
+    "kvcr_policy.backends.cascade.hooks",
 )
 
 

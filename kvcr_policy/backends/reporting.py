@@ -16,6 +16,7 @@ from ..errors import UnsupportedError
 
 __all__ = [
     "BackendReporting",
+    "LevelUsage",
     "PoolReporting",
     "TierUsage",
     "audit_of",
@@ -26,6 +27,20 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
+class LevelUsage:
+    """One level of a tier of several (the ``cascade``'s ``dram`` and ``file``): what it holds
+    now, and what its restores read since it opened (bytes, hits and the seconds they took:
+    bytes over seconds is its restore rate)."""
+
+    name: str
+    capacity_bytes: int
+    used_bytes: int
+    read_bytes: int
+    read_s: float
+    hits: int
+
+
+@dataclass(frozen=True, slots=True)
 class TierUsage:
     """What one pool's tier holds now, for the metrics (``PoolTier.usage()``, optional)."""
 
@@ -33,6 +48,8 @@ class TierUsage:
     used_bytes: int
     #: Pages evicted since the tier opened.
     evictions: int
+    #: Each level's figures, for a tier of several levels (else none).
+    levels: tuple[LevelUsage, ...] = ()
 
 
 class PoolReporting(Protocol):

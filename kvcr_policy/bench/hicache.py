@@ -5,7 +5,8 @@ sides store its first n pages and restore them into its last n, the way HiCache 
 storage backend (batches of ``STORAGE_BATCH_SIZE`` = 128 pages):
 
 - ``peer``: ``HiCacheFile`` through its v2 API (it has no v1 in 0.5.23), one file per page in
-  a fresh folder (``/dev/shm``, tmpfs, when it exists), removed afterwards;
+  a fresh folder, removed afterwards: under P's ``backend.options.path`` when P runs on the
+  ``file`` backend (the same file system for both), else ``/dev/shm`` (tmpfs) when it exists;
 - ``P``: :class:`~kvcr_policy.integrations.sglang.KVCRPolicyStorage` through the zero-copy v1
   API with P's profile, on the run's backend.
 
@@ -220,7 +221,10 @@ class HiCacheFileComparison:
         setup = plan.setup
         refusals = {
             "target": (setup.target != "cpu", "--target cpu (SGLang's host pool is host memory)"),
-            "backend": (plan.backend.name != "dram", "--backend dram (HiCacheFile is local)"),
+            "backend": (
+                plan.backend.name not in ("dram", "file"),
+                "--backend dram or file (HiCacheFile is local)",
+            ),
             "mla": (setup.mla, "an MHA pool (drop --mla: the comparison builds an MHA host pool)"),
         }
         for what, (refused, needs) in refusals.items():
@@ -242,7 +246,9 @@ class HiCacheFileComparison:
         storage = KVCRPolicyStorage(single_rank_config(extra), {})
         stack.callback(storage.close)
         storage.register_mem_pool_host(sglang_pool)
-        root = plan.setup.folder or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
+        on_disk = overrides.get("backend.options.path") if plan.backend.name == "file" else None
+        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        root = plan.setup.folder or on_disk or shm
         peer = stack.enter_context(_file_peer(sglang_pool, root or tempfile.gettempdir()))
         return pool, {"P": StorageSide(plan.setup.profile, storage), "peer": peer}
 

@@ -62,6 +62,23 @@ def plan(
     plot: Annotated[
         str | None, typer.Option("--plot", help="--trace: draw hit rate against capacity here.")
     ] = None,
+    disk_capacity_tokens: Annotated[
+        str | None,
+        typer.Option(
+            "--disk-capacity-tokens",
+            help="--trace: a disk level of this many tokens behind each capacity (the "
+            "cascade backend), e.g. 10M.",
+        ),
+    ] = None,
+    disk_gbps: Annotated[
+        float | None,
+        typer.Option(
+            "--disk-limit",
+            parser=RateOption(MIN_LINK_GBPS, MAX_LINK_GBPS),
+            help="--trace: the disk level's restore rate with its unit, e.g. 2GB/s (from "
+            "bench --backend file).",
+        ),
+    ] = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
     layout: Annotated[str, typer.Option("--layout", help=LAYOUT_HELP)] = "layer_first",
@@ -146,6 +163,8 @@ def plan(
         eviction=eviction,
         bytes_requests=bytes_requests,
         plot=plot,
+        disk_capacity_tokens=disk_capacity_tokens,
+        disk_gbps=disk_gbps,
         shape=shape,
         layout=layout,
         pp=pp,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..backends.reporting import LevelUsage
 from .direction import DirectionMeter, Level
 from .ledger import CallCounts, miss_reason
 from .metrics import POOL_LABELS, Families
@@ -51,6 +52,7 @@ class PoolMeter:
         # anything was audited or measured.
         self._huge: Level | None = None
         self._numa: dict[str, Level] = {}
+        self._levels: dict[str, tuple[Level, Level, LevelUsage]] = {}
         self._base = 0.0  # the link limit probed or configured
         self._fastest = 0.0  # the fastest restore call's speed
         self._labels = labels
@@ -164,6 +166,24 @@ class PoolMeter:
             if now.evictions > self._evicted:
                 self.evictions.inc(now.evictions - self._evicted)
                 self._evicted = now.evictions
+            for one in now.levels:
+                self._level(one)
+
+    def _level(self, now: LevelUsage) -> None:
+        """One level of a tier of several: its bytes (levels), what it read (counters)."""
+        f, labels = self._families, (*self._labels, now.name)
+        if now.name not in self._levels:
+            gauges = (Level(f.level_capacity.labels(*labels)), Level(f.level_used.labels(*labels)))
+            self._levels[now.name] = (*gauges, LevelUsage(now.name, 0, 0, 0, 0.0, 0))
+        capacity, used, last = self._levels[now.name]
+        capacity.update(now.capacity_bytes)
+        used.update(now.used_bytes)
+        for family, grew in ((f.level_read_bytes, now.read_bytes - last.read_bytes),
+                             (f.level_read_seconds, now.read_s - last.read_s),
+                             (f.level_hits, now.hits - last.hits)):  # fmt: skip
+            if grew > 0:
+                family.labels(*labels).inc(grew)
+        self._levels[now.name] = (capacity, used, now)
 
     def placement(self, audit: Mapping[str, Any]) -> None:
         """Huge-page bytes and pages per NUMA node from a placement audit's ``to_dict()``."""
@@ -199,6 +219,8 @@ class PoolMeter:
         of these labels to close removes their level series (idempotent)."""
         with self._lock:
             levels = [*(self._tier or ()), *self._numa.values()]
+            levels += [gauge for capacity, used, _ in self._levels.values()
+                       for gauge in (capacity, used)]  # fmt: skip
             for level in levels if self._huge is None else [*levels, self._huge]:
                 level.update(0.0)
             if self._closed:
@@ -214,5 +236,6 @@ class PoolMeter:
                 return  # series cannot be removed there; the levels went back to 0
             f = self._families
             match = dict(zip(POOL_LABELS, self._labels, strict=True))
-            for family in (f.capacity, f.used, f.claims, f.huge_page_bytes, f.numa_pages):
+            for family in (f.capacity, f.used, f.claims, f.huge_page_bytes, f.numa_pages,
+                           f.level_capacity, f.level_used):  # fmt: skip
                 family.remove_by_labels(match)

@@ -92,6 +92,11 @@ class Families:
     claims: Gauge
     capacity: Gauge
     used: Gauge
+    level_capacity: Gauge
+    level_used: Gauge
+    level_read_bytes: Counter
+    level_read_seconds: Counter
+    level_hits: Counter
     huge_page_bytes: Gauge
     numa_pages: Gauge
     link_limit: Gauge
@@ -137,6 +142,7 @@ def _build_info(registry: CollectorRegistry) -> Gauge:
 def _build(registry: CollectorRegistry) -> Families:
     pool = POOL_LABELS
     moved = (*pool, "direction")
+    of_level = (*pool, "level")
     kw: dict[str, Any] = {"registry": registry}
     # Levels add up over a host's processes; see the module docstring.
     level: dict[str, Any] = {"registry": registry, "multiprocess_mode": "livesum"}
@@ -227,6 +233,34 @@ def _build(registry: CollectorRegistry) -> Families:
         ),
         used=Gauge(
             "kvcr_policy_tier_used_bytes", "Bytes of the tier's slots in use.", pool, **level
+        ),
+        # The levels of a tier of several (the cascade's dram and file); see TierUsage.
+        level_capacity=Gauge(
+            "kvcr_policy_tier_level_capacity_bytes",
+            "Bytes of one level of the tier.",
+            of_level,
+            **level,
+        ),
+        level_used=Gauge(
+            "kvcr_policy_tier_level_used_bytes",
+            "Bytes of one level of the tier in use.",
+            of_level,
+            **level,
+        ),
+        level_read_bytes=Counter(
+            "kvcr_policy_tier_level_read_bytes",
+            "Bytes restores read from one level.",
+            of_level,
+            **kw,
+        ),
+        level_read_seconds=Counter(
+            "kvcr_policy_tier_level_read_seconds",
+            "Seconds of the restores that read from one level (its rate: bytes over these).",
+            of_level,
+            **kw,
+        ),
+        level_hits=Counter(
+            "kvcr_policy_tier_level_hits", "Pages restores found on one level.", of_level, **kw
         ),
         huge_page_bytes=Gauge(
             "kvcr_policy_placement_huge_page_bytes",

@@ -25,6 +25,7 @@ from ..config.schema import EvictionSection
 from ..errors import ArgumentError
 from ..model.shape import ShapeOptions, resolve_shape
 from .break_even import break_even, gate_options, restore_rates
+from .cascade import DiskLevel
 from .figures import Given, Plan, make_plan, rank_geometry
 from .report import break_even_lines, plan_table
 from .request import build_request
@@ -40,7 +41,8 @@ err = Console(stderr=True, soft_wrap=True)
 MAX_LISTED = 64
 _CAPACITY = re.compile(r"([0-9]{1,16})([kMG]?)")
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9}
-_TRACE_ONLY = ("--capacity-tokens", "--eviction", "--bytes", "--plot", "--block-tokens")
+_TRACE_ONLY = ("--capacity-tokens", "--eviction", "--bytes", "--plot", "--block-tokens",
+               "--disk-capacity-tokens", "--disk-limit")  # fmt: skip
 
 
 def _listed(text: str, option: str) -> list[str]:
@@ -55,18 +57,18 @@ def _listed(text: str, option: str) -> list[str]:
     return items
 
 
-def capacities_given(text: str) -> list[Given]:
+def capacities_given(text: str, option: str = "--capacity-tokens") -> list[Given]:
     """``--capacity-tokens 1000000,3M,10M``: token counts (digits, optional k, M or G)."""
     given = []
-    for item in _listed(text, "--capacity-tokens"):
+    for item in _listed(text, option):
         match = _CAPACITY.fullmatch(item)
         if match is None:
             message = (
-                f"--capacity-tokens: {item!r} is not a token count; expected digits with an "
+                f"{option}: {item!r} is not a token count; expected digits with an "
                 "optional k, M or G (1000000, 3M)"
             )
             raise ArgumentError(message)
-        given.append(Given(int(match[1]) * _UNITS[match[2]], "--capacity-tokens"))
+        given.append(Given(int(match[1]) * _UNITS[match[2]], option))
     return given
 
 
@@ -131,6 +133,9 @@ class PlanCommand:
     eviction: str | None = None
     bytes_requests: int | None = None
     plot: str | None = None
+    #: ``--trace``: the disk level behind each capacity (tokens, as typed) and its rate (GB/s).
+    disk_capacity_tokens: str | None = None
+    disk_gbps: float | None = None
     #: The model's page shape (a preset, a config.json or its dimensions; ``tp``), the layout.
     shape: ShapeOptions = field(default_factory=ShapeOptions)
     layout: str = "layer_first"
@@ -161,7 +166,8 @@ def run(command: PlanCommand) -> None:
     common = command.deployment()
     if command.trace is None:
         values = (command.capacity_tokens, command.eviction, command.bytes_requests,
-                  command.plot, command.block_tokens)  # fmt: skip
+                  command.plot, command.block_tokens, command.disk_capacity_tokens,
+                  command.disk_gbps)  # fmt: skip
         given = [name for name, value in zip(_TRACE_ONLY, values, strict=True) if value is not None]
         if given:
             raise ArgumentError(f"{', '.join(given)} go with --trace FILE (a trace to replay)")
@@ -191,7 +197,23 @@ def run(command: PlanCommand) -> None:
         raise ArgumentError(f"--bytes: 1..{MAX_BYTES_REQUESTS} requests; got {bytes_requests}")
     _trace_plan(loaded, command.trace, command.block_tokens or 512, command.capacity_tokens,
                 command.eviction, bytes_requests, command.plot, command.shape, common,
-                command.json)  # fmt: skip
+                command.json, _disk(command))  # fmt: skip
+
+
+def _disk(command: PlanCommand) -> Given | None:
+    """The disk level (``--disk-capacity-tokens``, ``--disk-limit``), or None."""
+    if command.disk_capacity_tokens is None:
+        if command.disk_gbps is not None:
+            raise ArgumentError("--disk-limit is the rate of --disk-capacity-tokens N: give both")
+        return None
+    given = capacities_given(command.disk_capacity_tokens, "--disk-capacity-tokens")
+    if len(given) != 1:
+        message = (
+            f"--disk-capacity-tokens: one disk level behind every DRAM capacity; got "
+            f"{len(given)} ({command.disk_capacity_tokens}): give one token count, e.g. 10M"
+        )
+        raise ArgumentError(message)
+    return Given(DiskLevel(given[0].value, command.disk_gbps), "--disk-capacity-tokens")
 
 
 def _break_even(loaded: LoadedConfig, command: PlanCommand, result: Plan) -> None:
@@ -240,6 +262,7 @@ def _trace_plan(
     shape: ShapeOptions,
     common: dict[str, Any],
     json_format: bool,
+    disk: Given | None = None,
 ) -> None:
     capacities = capacities_given(capacity_tokens) if capacity_tokens is not None else None
     evictions = evictions_given(loaded, eviction)
@@ -251,7 +274,7 @@ def _trace_plan(
     )  # fmt: skip
     if capacities is None:
         capacities = _default_capacity(loaded, request, block_tokens)
-    result = make_trace_plan(loaded, request, trace, capacities, evictions)
+    result = make_trace_plan(loaded, request, trace, capacities, evictions, disk)
     if bytes_requests is not None and not result.refusals:
         result.figures["bytes_replays"] = _bytes(loaded, trace.head(bytes_requests), capacities,
                                                  evictions)  # fmt: skip

@@ -21,6 +21,7 @@ from typing import Any
 from ..config.loading import LoadedConfig
 from ..config.schema import MAX_TIER_BYTES, EvictionSection
 from ..geometry import PoolGeometry
+from .cascade import DiskLevel, cascade_rows
 from .figures import Given, Plan, PlanRequest, rank_geometry, sized
 from .replay import Replay, replay, replay_unbounded
 from .restore_time import link_figures
@@ -141,11 +142,17 @@ def make_trace_plan(
     trace: Trace,
     capacities: list[Given],
     evictions: list[Eviction],
+    disk: Given | None = None,
 ) -> Plan:
-    """Replay ``trace`` at every capacity with every eviction strategy; refusals collected."""
+    """Replay ``trace`` at every capacity with every eviction strategy; refusals collected.
+    With ``disk`` (a :class:`~.cascade.DiskLevel`), each strategy also gets its ``cascade``
+    rows: every capacity as the DRAM level in front of that disk level."""
     plan = Plan()
     geo = rank_geometry(request, plan)
     plan.refusals += check_capacities(capacities, trace.block_tokens, geo)
+    if disk is not None:
+        tokens = Given(disk.value.tokens, disk.origin)
+        plan.refusals += check_capacities([tokens], trace.block_tokens, geo)
     if geo is None or plan.refusals:
         return plan
     registry = loaded.registry
@@ -155,6 +162,13 @@ def make_trace_plan(
     sizes = plan.figures["geometry"] = _sizes(request, geo, trace.block_tokens)
     gbps = request.link_gbps.value
     plan.figures["link"] = link_figures(gbps, request.link_gbps.origin, sizes["ranks_per_host"])
+    if disk is not None:
+        plan.figures["disk"] = {
+            "capacity_tokens": disk.value.tokens,
+            "capacity_from": disk.origin,
+            "gigabytes_per_s": disk.value.gbps,
+            "from": "--disk-limit" if disk.value.gbps else None,
+        }
     if not trace.duration_s:
         plan.warnings.append(
             f"every request of {trace.path} arrives at the same time: no arrival rate, so no "
@@ -175,17 +189,22 @@ def make_trace_plan(
             None,
         )
         fitting = [r["capacity_tokens"] for r in rows if r["fits_host"]]
-        replays.append(
-            {
-                "eviction": eviction.name,
-                "eviction_from": eviction.origin,
-                "options": dict(eviction.section.options),
-                "capacities": rows,
-                "smallest_capacity_tokens_for_90pct_of_max": enough,
-                "largest_capacity_tokens_that_fits_host": max(fitting) if fitting else None,
-                "seconds": round(time.perf_counter() - start, 3),
-            }
-        )
+        entry: dict[str, Any] = {
+            "eviction": eviction.name,
+            "eviction_from": eviction.origin,
+            "options": dict(eviction.section.options),
+            "capacities": rows,
+            "smallest_capacity_tokens_for_90pct_of_max": enough,
+            "largest_capacity_tokens_that_fits_host": max(fitting) if fitting else None,
+        }
+        if disk is not None:
+            level: DiskLevel = disk.value
+            entry["cascade"] = cascade_rows(
+                trace, strategy, [r["capacity_tokens"] for r in rows], level,
+                sizes["bytes_per_token_rank"] * sizes["pools_per_rank"], gbps,
+            )  # fmt: skip
+        entry["seconds"] = round(time.perf_counter() - start, 3)
+        replays.append(entry)
     plan.figures["evictions"] = replays
     plan.warnings += fit_warnings(replays, sizes)
     return plan

@@ -100,12 +100,36 @@ def _lines(replay: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cascade(plan: Plan, replay: dict[str, Any]) -> Table:
+    disk = plan.figures["disk"]
+    limit = f"{disk['gigabytes_per_s']:.3g} GB/s" if disk["gigabytes_per_s"] else "no --disk-limit"
+    size = _count(disk["capacity_tokens"])
+    title = f"  DRAM alone against DRAM + {size} tokens of disk ({limit})"
+    table = Table(title=escape(title), title_justify="left", box=None, pad_edge=False)
+    for column in ("DRAM", "alone", "+ disk", "DRAM restores", "of link", "disk restores",
+                   "of disk"):  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in replay["cascade"]:
+        table.add_row(
+            _count(row["dram_capacity_tokens"]),
+            f"{row['dram_alone_hit_rate']:.1%}",
+            f"{row['cascade_hit_rate_at_least']:.1%}-{row['cascade_hit_rate']:.1%}",
+            _rate(row["dram_restore_bytes_per_s_rank"]),
+            _share(row["dram_limit_share"]),
+            _rate(row["disk_restore_bytes_per_s_rank"]),
+            _share(row["disk_limit_share"]),
+        )
+    return table
+
+
 def trace_tables(plan: Plan) -> Group:
     """The heading, a table per eviction strategy, the 90 % line, the bytes replay, warnings."""
     parts: list[Any] = [Text(line) for line in _heading(plan)]
     for replay in plan.figures["evictions"]:
         parts += [Text(""), _table(replay)]
         parts += [Text(line) for line in _lines(replay)]
+        if "cascade" in replay:
+            parts += [Text(""), _cascade(plan, replay)]
     if any(r["fits_host"] is False for e in plan.figures["evictions"] for r in e["capacities"]):
         parts.append(Text("!: more tier than the host's memory"))
     found_all = plan.figures.get("bytes_replays", [])

@@ -1,6 +1,8 @@
 """The conformance suite (kvcr_policy.testing) over every backend of the repository: the
-built-in ``dram``, ``peer`` (a real ``kvcr-policy serve`` over ucxx on loopback) and ``host`` (a
-real host tier process), the example plugin's ``dict``, the ``kvcr`` plugin (the real KVCR runner
+built-in ``dram``, ``peer`` (a real ``kvcr-policy serve`` over ucxx on loopback), ``host`` (a
+real host tier process), ``file`` (slot files in the test's own folder) and ``cascade`` (a DRAM
+tier of a few pages in front of such files, so pages are demoted and promoted), the example
+plugin's ``dict``, the ``kvcr`` plugin (the real KVCR runner
 over NIXL) and the ``mooncake`` plugin (a real ``mooncake_master`` on loopback ports).
 
 A backend joins with one entry in :data:`BACKENDS`: its name and the configuration values that
@@ -91,6 +93,25 @@ def _host(request: pytest.FixtureRequest) -> dict[str, Any]:
     }
 
 
+def _file(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return {
+        "backend.name": "file",
+        "backend.options.path": str(request.getfixturevalue("tmp_path")),
+        "backend.options.min_free_bytes": 0,
+        "placement.capacity_bytes": SLOTS * PAGE_BYTES,
+    }
+
+
+def _cascade(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return {
+        "backend.name": "cascade",
+        "backend.options.file.path": str(request.getfixturevalue("tmp_path")),
+        "backend.options.file.min_free_bytes": 0,
+        "backend.options.file.capacity_bytes": SLOTS * PAGE_BYTES,
+        "placement.capacity_bytes": 4 * PAGE_BYTES,  # DRAM: a few pages, the rest on disk
+    }
+
+
 def _dict(request: pytest.FixtureRequest) -> dict[str, Any]:
     if not example_installed():
         pytest.skip(EXAMPLE_MISSING)
@@ -120,6 +141,8 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest], dict[str, Any]]] = {
     "dram": lambda request: {"placement.capacity_bytes": SLOTS * PAGE_BYTES},
     "peer": _peer,
     "host": _host,
+    "file": _file,
+    "cascade": _cascade,
     "dict": _dict,
     "kvcr": _kvcr,
     "mooncake": _mooncake,

@@ -472,6 +472,19 @@ class Store:
             self._check_open("evict")
             return self._evict(count, frozenset())
 
+    def victims(self, count: int, keep: Sequence[str] = ()) -> list[str]:
+        """The keys the policy would evict next to free ``count`` slots (unclaimed, not held
+        by an open reservation, none of ``keep``: the keys of the write to come), evicting
+        nothing: what a tier in front of another demotes before a write evicts them."""
+        with self._lock:
+            self._check_open("victims")
+            claims, held = self._claims.counts, self._held
+            kept = {int(slot) for slot in self._slots_of(keep) if slot >= 0} if keep else set()
+            chosen = self._policy.victims(
+                count, lambda slot: claims[slot] == 0 and held[slot] == 0 and slot not in kept
+            )
+            return [key for key in map(self._owner.__getitem__, chosen) if key is not None]
+
     # ---- state ----------------------------------------------------------------------------
 
     def watch(self, changed: Callable[[], None]) -> None:

@@ -1,7 +1,9 @@
 """Tiers for the SGLang tests that run on every tier: the embedded ``dram`` tier, a ``peer``
-(a real ``kvcr-policy serve`` over UCX) and ``mooncake`` (a real ``mooncake_master``; each
-backend contributes its own segment). ``tier_overrides`` is what a backend's extra_config
-``overrides`` add to reach the tier; servers are started once per module and stopped by PID.
+(a real ``kvcr-policy serve`` over UCX), ``mooncake`` (a real ``mooncake_master``; each
+backend contributes its own segment), ``file`` (slot files in the test's own folder) and
+``cascade`` (a small DRAM tier in front of such files, so pages go both ways).
+``tier_overrides`` is what a backend's extra_config ``overrides`` add to reach the tier;
+servers are started once per module and stopped by PID.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 
 from tests.integrations.conftest import TIER
 
-TIERS = ["dram", "peer", "mooncake"]
+TIERS = ["dram", "peer", "mooncake", "file", "cascade"]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,21 @@ def overrides_for(tier: str, request: pytest.FixtureRequest) -> dict[str, Any]:
             "backend.name": "mooncake",
             "backend.options.master": master.address,
             "backend.options.segment_bytes": TIER,
+        }
+    if tier == "file":
+        return {
+            "backend.name": "file",
+            "backend.options.path": str(request.getfixturevalue("tmp_path")),
+            "backend.options.capacity_bytes": TIER,
+            "backend.options.min_free_bytes": 0,
+        }
+    if tier == "cascade":
+        return {
+            "backend.name": "cascade",
+            "placement.capacity_bytes": "1MiB",  # a few pages: the rest is demoted to disk
+            "backend.options.file.path": str(request.getfixturevalue("tmp_path")),
+            "backend.options.file.capacity_bytes": TIER,
+            "backend.options.file.min_free_bytes": 0,
         }
     raise AssertionError(f"unknown tier {tier!r}")
 

@@ -1,0 +1,104 @@
+"""FileOptions: the ``[backend.options]`` of the ``file`` backend.
+
+Importable without the backend itself, so the registry validates them at load time cheaply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
+
+from kvcr_policy.config.schema import MAX_TIER_BYTES, TENANT_NAME
+from kvcr_policy.values import Size
+
+__all__ = ["FileOptions"]
+
+
+class FileOptions(BaseModel):
+    """``[backend.options]`` of the ``file`` backend."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: Path | None = Field(
+        None,
+        description="Folder of the tier's slot files (a local file system; NVMe for speed). "
+        "Required. Each pool gets <path>/<tenant>/<pool>-<layout digest>/.",
+    )
+    tenant: str = Field(
+        "default",
+        pattern=TENANT_NAME.pattern,
+        description="Whose pages these are: a tenant's pools live in their own folder and "
+        "together hold at most its tenant_quota_bytes.",
+    )
+    capacity_bytes: Size | None = Field(
+        None,
+        gt=0,
+        le=MAX_TIER_BYTES,
+        description="Most page bytes per pool (e.g. '2TiB'); unset: placement.capacity_bytes.",
+    )
+    tenant_quota_bytes: dict[str, Size] = Field(
+        default_factory=dict,
+        description="Most page bytes each named tenant's pools hold together under path "
+        "(e.g. {default = '500GiB'}); a tenant not named has no quota.",
+    )
+    min_free_bytes: Size = Field(
+        ByteSize(1 << 30),
+        ge=0,
+        le=1 << 50,
+        description="Free-space floor: a pool's slot file is sized so that at least this "
+        "much of the file system stays free (checked when the pool opens).",
+    )
+    direct: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Direct I/O (O_DIRECT): 'auto' where the file system does it (tmpfs "
+        "does not), 'on' refuses a file system without it, 'off' uses the page cache.",
+    )
+    sync: Literal["batch", "none"] = Field(
+        "batch",
+        description="'batch': a set's pages, then their index records, are fdatasync'ed "
+        "before the set reports them stored (survives power loss); 'none': written in the "
+        "same order without fdatasync (survives the process being killed).",
+    )
+    check: Literal["records", "pages"] = Field(
+        "records",
+        description="Self-check when a pool opens: every index record ('records'), or also "
+        "every page's checksum ('pages': reads the whole tier). Reads check each page anyway.",
+    )
+    io_threads: int = Field(
+        8, ge=1, le=256, description="Threads issuing preadv/pwritev (requests in flight)."
+    )
+    buffer_bytes: Size = Field(
+        ByteSize(16 << 20),
+        ge=4096,
+        le=1 << 30,
+        description="Page-aligned staging buffer per I/O thread: the most bytes of one "
+        "request (at least one page).",
+    )
+    preallocate: bool = Field(
+        True, description="Allocate each slot file when its pool opens (posix_fallocate)."
+    )
+    high_watermark: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Evict (eviction strategy's order) once a set leaves more than this "
+        "fraction of the slots used; unset: evict only when a set finds no free slot.",
+    )
+    low_watermark: float | None = Field(
+        None, gt=0, le=1, description="Evict down to this fraction (below high_watermark)."
+    )
+
+    @model_validator(mode="after")
+    def _watermarks(self) -> FileOptions:
+        high, low = self.high_watermark, self.low_watermark
+        if (high is None) != (low is None) or (
+            high is not None and low is not None and low >= high
+        ):
+            message = (
+                f"high_watermark ({high}) and low_watermark ({low}): set both, with low below "
+                "high (e.g. 0.95 and 0.9), or neither"
+            )
+            raise ValueError(message)
+        return self
