@@ -34,7 +34,6 @@ from .strategies import BatchingStrategy, CoalescingStrategy, FallbackStrategy
 __all__ = ["Mover"]
 
 log = logging.getLogger("kvcr_policy.pipeline")
-_repeats = Repeats(log)  # a tier that is down fails every call: one line per interval
 
 
 def _failed(err: BaseException) -> Future[np.ndarray]:
@@ -62,6 +61,9 @@ class Mover:
         self.coalescing = coalescing
         self.allowed = allowed
         self.fallback = fallback
+        # A tier that is down fails every call: one line per interval, per pipeline (one
+        # pipeline's failures never hide another's first one).
+        self.repeats = Repeats(log)
 
     def shaper(self, counts: CallCounts) -> Shape:
         """One batch's descriptors as the coalescing strategy shapes them, using what the
@@ -259,7 +261,9 @@ class _Flight:
             self.stop = True
         except Exception as err:
             kind = f"batch failed: {type(err).__name__}"  # the text varies (retry times)
-            _repeats.warning(kind, "batch of %d pages failed (%s); falling back", count, err)
+            self.mover.repeats.warning(
+                kind, "batch of %d pages failed (%s); falling back", count, err
+            )
             self.counts.failed(err, count)
             retry, transfer = self.mover.retry, self.transfer
             self.ok[positions] = self.mover.fallback.recover(

@@ -13,7 +13,7 @@ from ..model.shape import ShapeOptions
 from ..plan.trace import MAX_BLOCK_TOKENS, MAX_BYTES_REQUESTS
 from .figure import check_figure_path
 from .geometry import geometry_options
-from .numbers import MAX_RANKS, MAX_TOKENS, RateOption
+from .numbers import MAX_RANKS, MAX_TOKENS, Finite, RateOption
 from .options import LAYOUT_HELP, PlainFormat, ProfileOpt, SetOpt, overrides, size_option
 
 __all__ = ["plan"]
@@ -65,7 +65,7 @@ def plan(
     disk_capacity_tokens: Annotated[
         str | None,
         typer.Option(
-            "--disk-capacity-tokens",
+            "--disk-tokens",
             help="--trace: a disk level of this many tokens behind each capacity (the "
             "cascade backend), e.g. 10M.",
         ),
@@ -132,8 +132,7 @@ def plan(
         float | None,
         typer.Option(
             "--prefill-rate",
-            min=1e-3,
-            max=1e9,
+            parser=Finite(1e-3, 1e9, "tokens/s"),
             help="The engine's prefill, tokens/s, for the break-even [default: the "
             "configured gate's admission.options.prefill_tokens_per_s].",
         ),

@@ -1,4 +1,4 @@
-"""``plan --trace --disk-capacity-tokens N``: what a disk level behind the DRAM tier adds.
+"""``plan --trace --disk-tokens N``: what a disk level behind the DRAM tier adds.
 
 For every DRAM capacity listed (``--capacity-tokens``) and every eviction strategy, the
 replay model (:mod:`~.replay`) is run three times: DRAM alone (capacity ``C1``), and the

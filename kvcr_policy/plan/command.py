@@ -42,7 +42,7 @@ MAX_LISTED = 64
 _CAPACITY = re.compile(r"([0-9]{1,16})([kMG]?)")
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9}
 _TRACE_ONLY = ("--capacity-tokens", "--eviction", "--bytes", "--plot", "--block-tokens",
-               "--disk-capacity-tokens", "--disk-limit")  # fmt: skip
+               "--disk-tokens", "--disk-limit")  # fmt: skip
 
 
 def _listed(text: str, option: str) -> list[str]:
@@ -201,19 +201,19 @@ def run(command: PlanCommand) -> None:
 
 
 def _disk(command: PlanCommand) -> Given | None:
-    """The disk level (``--disk-capacity-tokens``, ``--disk-limit``), or None."""
+    """The disk level (``--disk-tokens``, ``--disk-limit``), or None."""
     if command.disk_capacity_tokens is None:
         if command.disk_gbps is not None:
-            raise ArgumentError("--disk-limit is the rate of --disk-capacity-tokens N: give both")
+            raise ArgumentError("--disk-limit is the rate of --disk-tokens N: give both")
         return None
-    given = capacities_given(command.disk_capacity_tokens, "--disk-capacity-tokens")
+    given = capacities_given(command.disk_capacity_tokens, "--disk-tokens")
     if len(given) != 1:
         message = (
-            f"--disk-capacity-tokens: one disk level behind every DRAM capacity; got "
+            f"--disk-tokens: one disk level behind every DRAM capacity; got "
             f"{len(given)} ({command.disk_capacity_tokens}): give one token count, e.g. 10M"
         )
         raise ArgumentError(message)
-    return Given(DiskLevel(given[0].value, command.disk_gbps), "--disk-capacity-tokens")
+    return Given(DiskLevel(given[0].value, command.disk_gbps), "--disk-tokens")
 
 
 def _break_even(loaded: LoadedConfig, command: PlanCommand, result: Plan) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_origin
 
 import pytest
 from pydantic import BaseModel
@@ -160,10 +160,13 @@ def test_every_registered_options_model_is_bounded_and_strict(registry: Registry
         for field in model.model_fields.values():
             if "ByteSize" not in repr(field.annotation):
                 continue
-            adapter: TypeAdapter[Any] = TypeAdapter(Annotated[(field.annotation, *field.metadata)])
+            annotation = field.annotation
+            typed = Annotated[(annotation, *field.metadata)] if field.metadata else annotation
+            adapter: TypeAdapter[Any] = TypeAdapter(typed)
+            per_key = get_origin(annotation) is dict  # e.g. a size per tenant
             for bad in ("64GiB garbage", "1.5", "６４GiB"):
                 with pytest.raises(ValidationError):
-                    adapter.validate_python(bad)
+                    adapter.validate_python({"tenant": bad} if per_key else bad)
             sizes += 1
     assert checked >= 10 and sizes >= 3, (checked, sizes)
 

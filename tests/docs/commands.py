@@ -53,6 +53,8 @@ def _command(where: str, text: str, partial: bool = False) -> Documented | None:
         return None
     while words and _ASSIGNMENT.match(words[0]):
         words = words[1:]
+    if words and words[-1] == "&":  # run in the background: the shell's, not an argument
+        words = words[:-1]
     if len(words) < 2 or words[0] != "kvcr-policy":
         return None
     # ``[--tp 2]``: an optional part, shown in brackets

@@ -1,4 +1,4 @@
-"""``kvcr-policy plan --trace --disk-capacity-tokens N``: DRAM alone against DRAM + disk on
+"""``kvcr-policy plan --trace --disk-tokens N``: DRAM alone against DRAM + disk on
 Mooncake's conversation trace; the rows agree with plain replays of the same capacities, and
 bad disk options are refused before any replay."""
 
@@ -32,12 +32,12 @@ def _json(cli: Run, *argv: str) -> dict[str, Any]:
 
 
 def test_the_disk_level_adds_what_one_tier_of_both_capacities_would_hit(cli: Run) -> None:
-    plan = _json(cli, "--capacity-tokens", "1M,3M", "--disk-capacity-tokens", "10M",
+    plan = _json(cli, "--capacity-tokens", "1M,3M", "--disk-tokens", "10M",
                  "--disk-limit", "2GB/s", "--link-limit", "20GB/s")  # fmt: skip
     plain = _json(cli, "--capacity-tokens", "1M,3M,10M,11M,13M")
     rates = {r["capacity_tokens"]: r["hit_rate"] for r in plain["evictions"][0]["capacities"]}
     assert plan["disk"] == {"capacity_tokens": 10_000_000, "capacity_from":
-                            "--disk-capacity-tokens", "gigabytes_per_s": 2.0,
+                            "--disk-tokens", "gigabytes_per_s": 2.0,
                             "from": "--disk-limit"}  # fmt: skip
     (lru,) = plan["evictions"]
     duration, per_token = plan["trace"]["duration_s"], 32 << 10  # qwen3-32b at tp 8
@@ -53,7 +53,7 @@ def test_the_disk_level_adds_what_one_tier_of_both_capacities_would_hit(cli: Run
         dram_bytes = row["dram_hit_tokens"] * per_token
         assert row["restore_s_rank"] == pytest.approx(dram_bytes / 20e9 + disk_bytes / 2e9)
     code, out, err = cli("--trace", CONVERSATION, "--tp", "8", "--capacity-tokens", "1M",
-                         "--disk-capacity-tokens", "10M", "--disk-limit", "2GB/s")  # fmt: skip
+                         "--disk-tokens", "10M", "--disk-limit", "2GB/s")  # fmt: skip
     assert code == 0, err
     assert "DRAM alone against DRAM + 10M tokens of disk (2 GB/s)" in out
 
@@ -61,10 +61,10 @@ def test_the_disk_level_adds_what_one_tier_of_both_capacities_would_hit(cli: Run
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--disk-limit", "2GB/s"], "--disk-limit is the rate of --disk-capacity-tokens N"),
-        (["--disk-capacity-tokens", "1M,2M"], "one disk level behind every DRAM capacity"),
-        (["--disk-capacity-tokens", "lots"], "--disk-capacity-tokens: 'lots' is not a token"),
-        (["--disk-capacity-tokens", "100"], "holds no block of 512 tokens"),
+        (["--disk-limit", "2GB/s"], "--disk-limit is the rate of --disk-tokens N"),
+        (["--disk-tokens", "1M,2M"], "one disk level behind every DRAM capacity"),
+        (["--disk-tokens", "lots"], "--disk-tokens: 'lots' is not a token"),
+        (["--disk-tokens", "100"], "holds no block of 512 tokens"),
     ],
 )
 def test_bad_disk_options_are_refused(cli: Run, argv: list[str], expected: str) -> None:
@@ -73,5 +73,5 @@ def test_bad_disk_options_are_refused(cli: Run, argv: list[str], expected: str) 
 
 
 def test_the_disk_options_go_with_a_trace(cli: Run) -> None:
-    code, _out, err = cli("--tokens", "1000", "--disk-capacity-tokens", "10M")
-    assert code == 2 and "--disk-capacity-tokens" in err and "go with --trace" in err
+    code, _out, err = cli("--tokens", "1000", "--disk-tokens", "10M")
+    assert code == 2 and "--disk-tokens" in err and "go with --trace" in err

@@ -81,13 +81,13 @@ class FileOptions(BaseModel):
     )
     high_watermark: float | None = Field(
         None,
-        gt=0,
+        ge=0.01,
         le=1,
         description="Evict (eviction strategy's order) once a set leaves more than this "
         "fraction of the slots used; unset: evict only when a set finds no free slot.",
     )
     low_watermark: float | None = Field(
-        None, gt=0, le=1, description="Evict down to this fraction (below high_watermark)."
+        None, ge=0.01, le=1, description="Evict down to this fraction (below high_watermark)."
     )
 
     @model_validator(mode="after")

@@ -225,9 +225,8 @@ def test_a_peer_that_is_down_logs_a_warning_once_not_per_call(
     interval (an hour here, so a slow host cannot turn it into two)."""
     import kvcr_policy.backends.peer.client.connection as connection
     import kvcr_policy.backends.peer.client.pool as pool
-    import kvcr_policy.mover as mover
 
-    for module in (mover, pool, connection):
+    for module in (pool, connection):
         monkeypatch.setattr(module._repeats, "interval_s", 3600.0)
         monkeypatch.setattr(module._repeats, "_kinds", type(module._repeats._kinds)())
     sets = {**SERVER_SETS, "security.tenants_dir": str(folder)}
@@ -239,6 +238,7 @@ def test_a_peer_that_is_down_logs_a_warning_once_not_per_call(
         geo = geometry(pages=4)
         pipeline = make(folder / "alice", transport__op_timeout_s=3)
         pipeline.register_pool("kv", geo, pool_buffer(geo))
+        monkeypatch.setattr(pipeline._mover.repeats, "interval_s", 3600.0)  # this pipeline's
         assert pipeline.set(fresh_keys(2), token_indices(range(2), geo.page_size)) == [True] * 2
         served.proc.kill()
         served.proc.wait(timeout=30)
