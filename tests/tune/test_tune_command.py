@@ -76,7 +76,7 @@ def test_a_clear_win_is_written_rechecked_and_caught_when_it_no_longer_wins(
     code, data, err = tune_in_process(
         capsys,
         *("--profile", str(start), "--only", "batching.read_batch_pages"),
-        *("--budget", "120", "--repeat", "5", "--output", str(target)),
+        *("--budget", "30", "--repeat", "5", "--output", str(target)),
     )
     assert code == 0, err
     assert data["verdict"]["wins"] is True, data["message"]
@@ -112,7 +112,7 @@ def test_a_win_within_the_spread_of_the_repeats_is_not_written(
     code, data, err = tune_in_process(
         capsys,
         *("--from", str(start), "--only", "batching.read_batch_pages"),
-        *("--budget", "120", "--repeat", "5", "--write", str(target)),
+        *("--budget", "30", "--repeat", "5", "--write", str(target)),
     )
     assert code == 0, err
     assert data["verdict"]["wins"] is False
@@ -189,7 +189,7 @@ def test_a_third_party_option_is_tuned_and_written_like_a_built_in(
     code, data, err = tune_in_process(
         capsys,
         *("--from", str(start), "--only", "batching.options.target_batch_bytes"),
-        *("--budget", "120", "--repeat", "5", "--write", str(target)),
+        *("--budget", "30", "--repeat", "5", "--write", str(target)),
     )
     assert code == 0, err
     assert data["knobs"] == ["batching.options.target_batch_bytes"]
@@ -227,7 +227,7 @@ def test_output_always_writes_the_best_candidate_even_when_it_loses(
     code, data, err = tune_in_process(
         capsys,
         *("--profile", str(start), "--only", "batching.read_batch_pages"),
-        *("--budget", "120", "--repeat", "5", "--output", str(target), flag),
+        *("--budget", "30", "--repeat", "5", "--output", str(target), flag),
     )
     assert code == 0, err
     assert data["verdict"]["wins"] is False and data["written"] == str(target)
