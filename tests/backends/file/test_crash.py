@@ -15,6 +15,7 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,12 +26,13 @@ KEYS = [f"key-{i}" for i in range(64)]
 SLOTS = 24
 
 
-def _writer(root: str, seed: int, sync: str) -> None:
+def _writer(root: str, seed: int, sync: str, stored: Any) -> None:
     rng = random.Random(seed)
     rig = Rig(Path(root), small_geometry(), SLOTS, sync=sync)
     while True:
         batch = rng.sample(KEYS, rng.randint(1, 12))
         rig.set(batch)
+        stored.set()  # one set is done: from here on, a kill lands anywhere in the next ones
         if rng.random() < 0.2:
             rig.tier.drop(rng.sample(KEYS, 3))
 
@@ -53,11 +55,17 @@ def test_50_sigkilled_writers_then_a_restart_serve_no_wrong_page(tmp_path: Path)
     fork = multiprocessing.get_context("fork")
     rng = random.Random(1234)
     for kill in range(KILLS):
+        stored = fork.Event()
         child = fork.Process(
-            target=_writer, args=(str(tmp_path), kill, ("none", "batch")[kill % 2]), daemon=True
+            target=_writer,
+            args=(str(tmp_path), kill, ("none", "batch")[kill % 2], stored),
+            daemon=True,
         )
         child.start()
-        time.sleep(rng.uniform(0.02, 0.15))
+        # Evidence first (the writer has stored once, however busy the host), then a random
+        # point inside the writes that follow.
+        assert stored.wait(120), f"writer {kill} stored nothing within 120 s"
+        time.sleep(rng.uniform(0.0, 0.05))
         assert child.pid is not None and child.is_alive(), f"writer {kill} ended early"
         os.kill(child.pid, signal.SIGKILL)
         child.join(10)
