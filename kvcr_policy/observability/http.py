@@ -95,7 +95,10 @@ class HttpEndpoint:
         self._server: asyncio.base_events.Server | None = None
         started = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(started,), name="kvcr-metrics-http", daemon=True
+            target=self._run,
+            args=(started,),
+            name=f"kvcr-metrics-http:{self.port}",  # one name per endpoint
+            daemon=True,
         )
         self._thread.start()
         started.wait()

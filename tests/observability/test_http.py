@@ -118,7 +118,9 @@ def test_close_ends_its_thread_with_connections_still_open() -> None:
             sock.sendall(b"GET /metrics HTTP/1.1\r\n")
         assert get(server, "/healthz")[0] == 200
         server.close()
-        assert not [t for t in threading.enumerate() if t.name == "kvcr-metrics-http"]
+        # this endpoint's thread (another test's endpoint in this process may still serve)
+        name = f"kvcr-metrics-http:{server.port}"
+        assert not [t for t in threading.enumerate() if t.name == name]
         for sock in held:  # each was ended, not left waiting for its deadline
             with contextlib.suppress(ConnectionResetError):
                 assert sock.recv(1) == b""
