@@ -24,7 +24,7 @@ from ...descriptors import Descriptors
 from ..dram.backend import DramPool
 from ..file.backend import FilePool
 from ..file.engine import PoolSide
-from ..file.tier import Counters
+from ..file.tier import Moved
 from ..file.transfer import FileWrite
 from ..reporting import LevelUsage, TierUsage, stats_of
 
@@ -68,7 +68,7 @@ class CascadePool:
         self.uses: OrderedDict[str, int] = OrderedDict()
         self.uses_max = 2 * front.store.capacity
         self.lock = threading.Lock()
-        self.dram_reads = Counters()  # the disk level keeps its own (FileTier.counters)
+        self.dram_reads = Moved(front.tier_side.geometry.page_bytes)  # disk: FileTier.moved
         self.counts = {
             "demoted": 0,
             "not_admitted": 0,
@@ -172,26 +172,24 @@ class CascadePool:
         with self.lock:
             self.counts["dram_hits"] += hits
             if hits:
-                self.dram_reads.read_bytes += hits * self.region.geometry.page_bytes
-                self.dram_reads.read_s += seconds
+                self.dram_reads.add(True, hits, seconds)
 
     def stats(self) -> dict[str, Any]:
         """Each level's own figures, its capacity and restore rate (read bytes over the
         seconds of the gets that read them), then demotions, promotions and hits."""
-        reads, page = self.dram_reads, self.region.geometry.page_bytes
+        reads, page = self.dram_reads.figures(), self.region.geometry.page_bytes
         dram = {**stats_of(self.front), "capacity_bytes": self.front.store.capacity * page,
-                "read_bytes": reads.read_bytes, "read_s": reads.read_s,
-                "read_gbps": reads.rates()["read_gbps"]}  # fmt: skip
+                **{k: reads[k] for k in ("read_bytes", "read_s", "read_gbps")}}  # fmt: skip
         return {"dram": dram, "file": stats_of(self.back), **self.counts}
 
     def usage(self) -> TierUsage:
         a, b = self.front.usage(), self.back.usage()
-        file = self.back.tier.counters
+        dram, file = self.dram_reads.figures(), self.back.tier.moved.figures()
         levels = (
-            LevelUsage("dram", a.capacity_bytes, a.used_bytes, self.dram_reads.read_bytes,
-                       self.dram_reads.read_s, self.counts["dram_hits"]),
-            LevelUsage("file", b.capacity_bytes, b.used_bytes, file.read_bytes, file.read_s,
-                       self.counts["file_hits"]),
+            LevelUsage("dram", a.capacity_bytes, a.used_bytes, dram["read_bytes"],
+                       dram["read_s"], self.counts["dram_hits"]),
+            LevelUsage("file", b.capacity_bytes, b.used_bytes, file["read_bytes"],
+                       file["read_s"], self.counts["file_hits"]),
         )  # fmt: skip
         return TierUsage(a.capacity_bytes + b.capacity_bytes, a.used_bytes + b.used_bytes,
                          a.evictions + b.evictions, levels)  # fmt: skip

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvcr_policy.config.fields import number_field, size_field
 from kvcr_policy.config.schema import MAX_TIER_BYTES, TENANT_NAME
 from kvcr_policy.values import Size
 
@@ -32,23 +33,22 @@ class FileOptions(BaseModel):
         description="Whose pages these are: a tenant's pools live in their own folder and "
         "together hold at most its tenant_quota_bytes.",
     )
-    capacity_bytes: Size | None = Field(
+    capacity_bytes: Size | None = size_field(
         None,
-        gt=0,
-        le=MAX_TIER_BYTES,
-        description="Most page bytes per pool (e.g. '2TiB'); unset: placement.capacity_bytes.",
+        MAX_TIER_BYTES,
+        "Most page bytes per pool (e.g. '2TiB'); unset: placement.capacity_bytes.",
     )
     tenant_quota_bytes: dict[str, Size] = Field(
         default_factory=dict,
         description="Most page bytes each named tenant's pools hold together under path "
         "(e.g. {default = '500GiB'}); a tenant not named has no quota.",
     )
-    min_free_bytes: Size = Field(
-        ByteSize(1 << 30),
-        ge=0,
-        le=1 << 50,
-        description="Free-space floor: a pool's slot file is sized so that at least this "
-        "much of the file system stays free (checked when the pool opens).",
+    min_free_bytes: Size = size_field(
+        1 << 30,
+        1 << 50,
+        "Free-space floor: a pool's slot file is sized so that at least this much of the file "
+        "system stays free (checked when the pool opens).",
+        from_low=True,
     )
     direct: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -66,28 +66,29 @@ class FileOptions(BaseModel):
         description="Self-check when a pool opens: every index record ('records'), or also "
         "every page's checksum ('pages': reads the whole tier). Reads check each page anyway.",
     )
-    io_threads: int = Field(
-        8, ge=1, le=256, description="Threads issuing preadv/pwritev (requests in flight)."
+    io_threads: int = number_field(
+        8, 1, 256, "Threads issuing preadv/pwritev (requests in flight)."
     )
-    buffer_bytes: Size = Field(
-        ByteSize(16 << 20),
-        ge=4096,
-        le=1 << 30,
-        description="Page-aligned staging buffer per I/O thread: the most bytes of one "
-        "request (at least one page).",
+    buffer_bytes: Size = size_field(
+        16 << 20,
+        1 << 30,
+        "Page-aligned staging buffer per I/O thread: the most staged bytes of one request "
+        "(at least one slot's).",
+        low=4096,
+        from_low=True,
     )
     preallocate: bool = Field(
         True, description="Allocate each slot file when its pool opens (posix_fallocate)."
     )
-    high_watermark: float | None = Field(
+    high_watermark: float | None = number_field(
         None,
-        ge=0.01,
-        le=1,
-        description="Evict (eviction strategy's order) once a set leaves more than this "
-        "fraction of the slots used; unset: evict only when a set finds no free slot.",
+        0.01,
+        1,
+        "Evict (eviction strategy's order) once a set leaves more than this fraction of the "
+        "slots used; unset: evict only when a set finds no free slot.",
     )
-    low_watermark: float | None = Field(
-        None, ge=0.01, le=1, description="Evict down to this fraction (below high_watermark)."
+    low_watermark: float | None = number_field(
+        None, 0.01, 1, "Evict down to this fraction (below high_watermark)."
     )
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import IndicesError
+from ...observability.ledger import CallCounts, Ledger
 from ..dram.store import Store
 from ..reporting import TierUsage
 from .directory import TierFiles, size_files
@@ -32,7 +33,7 @@ from .engine import IOEngine, PoolSide
 from .index import SlotIndex, Sync
 from .recovery import Check, Recovered, recover
 
-__all__ = ["Counters", "FileTier", "Watermarks"]
+__all__ = ["FileTier", "Moved", "Watermarks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,21 +44,30 @@ class Watermarks:
     low: float
 
 
-@dataclass
-class Counters:
-    """Bytes moved and the seconds the calls that moved them took (their rates in stats)."""
+class Moved:
+    """Bytes a tier moved and the seconds of the calls that moved them (their rates in
+    stats), kept in a call ledger (:class:`~kvcr_policy.observability.ledger.Ledger`)."""
 
-    read_bytes: int = 0
-    read_s: float = 0.0
-    written_bytes: int = 0
-    write_s: float = 0.0
-    damaged_reads: int = 0
-    watermark_evictions: int = 0
+    def __init__(self, page_bytes: int) -> None:
+        self.page_bytes = page_bytes
+        self.ledger = Ledger()
 
-    def rates(self) -> dict[str, float]:
+    def add(self, read: bool, pages: int, seconds: float) -> None:
+        """One get (``read``) or set that moved ``pages`` pages in ``seconds``."""
+        self.ledger.record(CallCounts(read, pages=pages), self.page_bytes)
+        self.ledger.timed("get" if read else "set", seconds)
+
+    def figures(self) -> dict[str, Any]:
+        totals = self.ledger.snapshot({}, {})
+        read_s, write_s = totals.seconds.get("get", 0.0), totals.seconds.get("set", 0.0)
+        read, written = totals.bytes_read, totals.bytes_written
         return {
-            "read_gbps": self.read_bytes / self.read_s / 1e9 if self.read_s else 0.0,
-            "write_gbps": self.written_bytes / self.write_s / 1e9 if self.write_s else 0.0,
+            "read_bytes": read,
+            "read_s": read_s,
+            "written_bytes": written,
+            "write_s": write_s,
+            "read_gbps": read / read_s / 1e9 if read_s else 0.0,
+            "write_gbps": written / write_s / 1e9 if write_s else 0.0,
         }
 
 
@@ -84,7 +94,9 @@ class FileTier:
         self.engine = engine
         self.watermarks = watermarks
         self.lock = threading.Lock()
-        self.counters = Counters()
+        self.moved = Moved(files.page_bytes)
+        self.damaged_reads = 0
+        self.watermark_evictions = 0
         self.check = check
         self._probe_buffer: mmap.mmap | None = None
         started = time.perf_counter()
@@ -141,7 +153,7 @@ class FileTier:
         used = self.store.stats().used
         if used > marks.high * self.capacity:
             evicted = self.store.evict(used - int(marks.low * self.capacity))
-            self.counters.watermark_evictions += evicted
+            self.watermark_evictions += evicted
 
     def stats(self) -> dict[str, Any]:
         store = self.store.stats() if not self.store.closed else None
@@ -159,8 +171,9 @@ class FileTier:
             "recovered": self.recovered,
             "store": asdict(store) if store is not None else None,
             "io_threads": self.engine.threads,
-            **asdict(self.counters),
-            **self.counters.rates(),
+            **self.moved.figures(),
+            "damaged_reads": self.damaged_reads,
+            "watermark_evictions": self.watermark_evictions,
         }
 
     def usage(self) -> TierUsage:

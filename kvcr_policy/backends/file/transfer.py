@@ -64,15 +64,8 @@ class _Base:
         self.started = time.perf_counter()
 
     def _count(self, moved: np.ndarray, read: bool) -> None:
-        nbytes = int(np.count_nonzero(moved)) * self.tier.files.page_bytes
         seconds = time.perf_counter() - self.started
-        counters = self.tier.counters
-        if read:
-            counters.read_bytes += nbytes
-            counters.read_s += seconds
-        else:
-            counters.written_bytes += nbytes
-            counters.write_s += seconds
+        self.tier.moved.add(read, int(np.count_nonzero(moved)), seconds)
 
     def submit(self, positions: np.ndarray, shape: Any) -> Future[np.ndarray]:
         raise NotImplementedError
@@ -116,7 +109,7 @@ class FileRead(_Base):
     def finish(self, moved: np.ndarray) -> list[bool]:
         self.tier.store.release(self.claim)
         if self.damaged:
-            self.tier.counters.damaged_reads += len(self.damaged)
+            self.tier.damaged_reads += len(self.damaged)
             self.tier.drop([self.keys[p] for p in self.damaged])
         self._count(moved, read=True)
         result = [False] * len(self.keys)
