@@ -395,7 +395,8 @@ class Pipeline:
                     return self._mover.read(
                         source, keys, pages, page_bytes, counts, on_ready, claims
                     )
-            return self._mover.write(tier, keys, pages, page_bytes, counts)
+            with self.admission.storing(len(keys) * page_bytes):
+                return self._mover.write(tier, keys, pages, page_bytes, counts)
         finally:
             if read and counts.pages:
                 self.admission.restores.add(counts.pages * page_bytes, time.perf_counter() - start)
