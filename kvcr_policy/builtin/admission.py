@@ -138,25 +138,43 @@ class RestoreGate:
         o = self.options
         if found <= 0:
             return Admission(0, "nothing_present")
-        k = np.arange(1, found + 1, dtype=np.float64)
-        compute = compute_seconds(k * page_tokens, o, outlook.prefill_tokens_per_s)
-        if np.isnan(compute[-1]):
+        reported = outlook.prefill_tokens_per_s
+        constant = reported if reported is not None else o.prefill_tokens_per_s
+        if constant is None and not o.prefill_curve:
             return Admission(found, "no_compute_rate")
         probe = min(found, o.probe_pages)
         rate = outlook.bytes_per_s if outlook.bytes_per_s is not None else o.restore_bytes_per_s
-        if rate is None:  # a tier of unknown speed: a bounded probe measures it
-            declined = "unmeasured" if probe < found else ""
-            return Admission(probe, "unmeasured", declined, compute_s=float(compute[-1]))
-        restore = (outlook.queued_bytes + k * page_bytes) / rate
-        restore_s, compute_s = float(restore[-1]), float(compute[-1])
-        sooner = np.flatnonzero(restore <= (1.0 + o.margin) * compute)
-        pages = int(sooner[-1]) + 1 if len(sooner) else 0
+        if reported is None and o.prefill_curve:  # the rate varies with the length: each k
+            k = np.arange(1, found + 1, dtype=np.float64)
+            compute = compute_seconds(k * page_tokens, o, None)
+            compute_s = float(compute[-1])
+            if rate is None:
+                return self._unmeasured(found, probe, compute_s)
+            restore = (outlook.queued_bytes + k * page_bytes) / rate
+            sooner = np.flatnonzero(restore <= (1.0 + o.margin) * compute)
+            pages = int(sooner[-1]) + 1 if len(sooner) else 0
+            restore_s = float(restore[-1])
+        else:
+            # One rate: restore_s(k) - (1 + margin) compute_s(k) is linear in k, so the
+            # longest prefix that restores sooner is every page or none (O(1) a lookup).
+            assert constant is not None
+            compute_s = found * page_tokens / constant
+            if rate is None:
+                return self._unmeasured(found, probe, compute_s)
+            restore_s = (outlook.queued_bytes + found * page_bytes) / rate
+            pages = found if restore_s <= (1.0 + o.margin) * compute_s else 0
         if pages < probe and self._stale(outlook.idle_s):  # it may have recovered
             declined = "computes_sooner" if probe < found else ""
             return Admission(probe, "probe", declined, restore_s, compute_s)
         reason = "restores_sooner" if pages else "computes_sooner"
         declined = "computes_sooner" if pages < found else ""
         return Admission(pages, reason, declined, restore_s, compute_s)
+
+    @staticmethod
+    def _unmeasured(found: int, probe: int, compute_s: float) -> Admission:
+        """A tier of unknown speed: a bounded probe measures it."""
+        declined = "unmeasured" if probe < found else ""
+        return Admission(probe, "unmeasured", declined, compute_s=compute_s)
 
 
 @hookimpl

@@ -186,3 +186,24 @@ def test_a_gate_option_out_of_range_is_refused_with_its_origin(registry: Registr
         spec = registry.get("admission", "gate")
         spec.create(loaded.config.admission, options=loaded.config.admission.options)
     assert "margin" in str(caught.value)
+
+
+@given(
+    found=st.integers(1, 3000),
+    restore=rates,
+    queued=st.integers(0, 1 << 32),
+    prefill=st.floats(1.0, 1e7),
+    margin=st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
+)
+def test_one_prefill_rate_decides_in_one_step_as_the_per_length_arithmetic_does(
+    found: int, restore: float, queued: int, prefill: float, margin: float
+) -> None:
+    # At one rate the gate checks only the whole prefix (the difference of restore and
+    # compute is linear in k); a curve of one point takes the per-k path: the same answer.
+    outlook = RestoreOutlook(restore, queued_bytes=queued)
+    one = gate(prefill_tokens_per_s=prefill, margin=margin)
+    curve = gate(prefill_curve={1: prefill}, margin=margin)
+    quick, each = (g.admit(found, 64, 4096, outlook) for g in (one, curve))
+    whole = (queued + found * 4096) / restore / ((1 + margin) * found * 64 / prefill)
+    if abs(whole - 1) > 1e-9:  # off the exact break-even, where rounding may differ
+        assert (quick.pages, quick.reason) == (each.pages, each.reason)
