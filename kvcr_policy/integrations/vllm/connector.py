@@ -39,7 +39,12 @@ from .worker import WorkerHalf
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-__all__ = ["KVCRPolicyConnector", "KVCRPolicyConnectorStats", "StepMetadata"]
+__all__ = [
+    "KVCRPolicyConnector",
+    "KVCRPolicyConnectorStats",
+    "StepMetadata",
+    "workers_restored",
+]
 
 log = logging.getLogger("kvcr_policy.integrations.vllm")
 
@@ -215,6 +220,17 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         return self._scheduler.finished(request), None
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        """A scheduler in a process of its own (``mp`` executor, several ranks) restores
+        nothing itself: the workers' loads of the step (bytes and seconds, in the stats they
+        return to it) feed its admission's restore rate, as a worker's own loads do in one
+        process."""
+        if self._scheduler is None or self._pipeline is None:
+            return
+        restored = workers_restored(connector_output)
+        if restored is not None:
+            self._pipeline.admission.restores.add(*restored)
+
     # ---- both -----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -225,6 +241,15 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         if self._pipeline is not None:
             withdraw(self.engine_id, self._pipeline)
             self._pipeline.close()
+
+
+def workers_restored(connector_output: Any) -> tuple[int, float] | None:
+    """The bytes the workers loaded and their seconds, from a step's ``KVConnectorOutput``
+    (its ``kv_connector_stats``: :class:`KVCRPolicyConnectorStats`); None without a load."""
+    stats = getattr(connector_output, "kv_connector_stats", None)
+    data = getattr(stats, "data", None) or {}
+    nbytes, micros = int(data.get("load_bytes", 0)), int(data.get("load_us", 0))
+    return (nbytes, micros / 1e6) if nbytes > 0 and micros > 0 else None
 
 
 def _one_page(kv_cache_config: Any, block: int) -> Any:
