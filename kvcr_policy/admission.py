@@ -3,7 +3,8 @@
 The pipeline feeds :class:`AdmissionDesk` from every restore call (the bytes queued while it
 runs, then the bytes it moved and its seconds: a decayed rate, :mod:`.observability.rates`),
 from every store call (its bytes queued while it runs: a tier that paces a tenant's reads and
-writes together, as ``serve --tenant-rate`` does, delivers a restore behind them) and from
+writes together, as ``serve --tenant-rate`` does, delivers a restore behind them; then its
+bytes and seconds, the rate the gate starts from before any restore) and from
 the prefill rate an engine reports where it exposes one. A lookup
 (:meth:`~kvcr_policy.pipeline.Pipeline.admit`) asks the configured admission strategy how
 many of its leading present pages to report, counts the decision in the pool's
@@ -44,6 +45,7 @@ class AdmissionDesk:
     ) -> None:
         self.strategy = strategy
         self.restores = DecayedRate(half_life_s, clock)
+        self.stores = DecayedRate(half_life_s, clock)
         self.prefills = DecayedRate(half_life_s, clock)
         self._lock = threading.Lock()
         self._reading = 0
@@ -87,6 +89,7 @@ class AdmissionDesk:
             sum(self.queued),
             self.restores.idle_s,
             self.prefills.per_second,
+            self.stores.per_second,
         )
 
     def decide(

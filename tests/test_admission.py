@@ -106,3 +106,5 @@ def test_a_store_is_queued_while_it_moves_and_not_after(build: Build) -> None:
     assert pipeline.set(["s0", "s1", "s2"], token_indices(range(12, 15), P)) == [True] * 3
     assert seen and seen[0] == (0, 3 * geo.page_bytes)
     assert pipeline.admission.queued == (0, 0)
+    outlook = pipeline.admission.outlook()  # the stores measured the link; no restore yet
+    assert outlook.store_bytes_per_s is not None and outlook.bytes_per_s is None

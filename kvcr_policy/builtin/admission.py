@@ -9,8 +9,9 @@ The gate's arithmetic, for ``k`` leading pages of ``P`` tokens and ``B`` bytes e
 
 The restore rate is the pipeline's live, decayed rate for this backend and tenant
 (:class:`~kvcr_policy.strategies.RestoreOutlook`; the queued bytes are its restores and stores
-in flight). Until a rate is measured (or configured), a lookup reports at most
-``probe_pages`` pages, a probe of bounded cost, and so does the first lookup after
+in flight); before the first restore, ``restore_bytes_per_s`` where configured, else the
+rate this pipeline's stores measured over the same link. With none of them, a lookup reports
+at most ``probe_pages`` pages, a probe of bounded cost, and so does the first lookup after
 ``probe_after_s`` without a restore. The prefill rate is the engine's where it reports one,
 else ``prefill_curve`` (configured, or calibrated by ``kvcr-policy tune --prefill`` on this
 host), else ``prefill_tokens_per_s`` (configured).
@@ -78,8 +79,8 @@ class GateOptions(BaseModel):
         None,
         1.0,
         1e15,
-        "The restore rate assumed until this pipeline measured one; unset: at most "
-        "probe_pages pages a lookup until then (reason unmeasured).",
+        "The restore rate assumed until this pipeline measured one; unset: the rate its "
+        "stores measured, else at most probe_pages pages a lookup (reason unmeasured).",
         finite=True,
     )
     probe_after_s: float | None = number_field(
@@ -103,6 +104,11 @@ class GateOptions(BaseModel):
         if 0 < value < 1e-3:
             raise ValueError(f"a margin is 0 or at least 0.001 (0.1 %), got {value!r}")
         return value
+
+
+def _first(*rates: float | None) -> float | None:
+    """The first rate known: measured restores, configured, measured stores."""
+    return next((rate for rate in rates if rate is not None), None)
 
 
 def compute_seconds(tokens: np.ndarray, options: GateOptions, reported: float | None) -> np.ndarray:
@@ -143,7 +149,7 @@ class RestoreGate:
         if constant is None and not o.prefill_curve:
             return Admission(found, "no_compute_rate")
         probe = min(found, o.probe_pages)
-        rate = outlook.bytes_per_s if outlook.bytes_per_s is not None else o.restore_bytes_per_s
+        rate = _first(outlook.bytes_per_s, o.restore_bytes_per_s, outlook.store_bytes_per_s)
         if reported is None and o.prefill_curve:  # the rate varies with the length: each k
             k = np.arange(1, found + 1, dtype=np.float64)
             compute = compute_seconds(k * page_tokens, o, None)

@@ -207,3 +207,15 @@ def test_one_prefill_rate_decides_in_one_step_as_the_per_length_arithmetic_does(
     whole = (queued + found * 4096) / restore / ((1 + margin) * found * 64 / prefill)
     if abs(whole - 1) > 1e-9:  # off the exact break-even, where rounding may differ
         assert (quick.pages, quick.reason) == (each.pages, each.reason)
+
+
+def test_before_any_restore_the_rate_the_stores_measured_decides() -> None:
+    # A tier that wrote at 50 MB/s is declined before it restored anything (no probe); a
+    # configured restore rate, then a measured one, take precedence over the stores' rate.
+    strategy = gate(prefill_tokens_per_s=10_000)
+    stored = RestoreOutlook(None, store_bytes_per_s=50e6)
+    assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, stored).reason == "computes_sooner"
+    configured = gate(prefill_tokens_per_s=10_000, restore_bytes_per_s=10e9)
+    assert configured.admit(100, PAGE_TOKENS, PAGE_BYTES, stored).pages == 100
+    measured = RestoreOutlook(10e9, store_bytes_per_s=50e6)
+    assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, measured).pages == 100

@@ -43,7 +43,7 @@ __all__ = [
     "KVCRPolicyConnector",
     "KVCRPolicyConnectorStats",
     "StepMetadata",
-    "workers_restored",
+    "workers_moved",
 ]
 
 log = logging.getLogger("kvcr_policy.integrations.vllm")
@@ -221,15 +221,17 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         return self._scheduler.finished(request), None
 
     def update_connector_output(self, connector_output: Any) -> None:
-        """A scheduler in a process of its own (``mp`` executor, several ranks) restores
-        nothing itself: the workers' loads of the step (bytes and seconds, in the stats they
-        return to it) feed its admission's restore rate, as a worker's own loads do in one
-        process."""
+        """A scheduler in a process of its own (``mp`` executor, several ranks) moves nothing
+        itself: the workers' loads and saves of the step (bytes and seconds, in the stats they
+        return to it) feed its admission's restore and store rates, as a worker's own do in
+        one process."""
         if self._scheduler is None or self._pipeline is None:
             return
-        restored = workers_restored(connector_output)
-        if restored is not None:
-            self._pipeline.admission.restores.add(*restored)
+        desk = self._pipeline.admission
+        for name, rate in (("load", desk.restores), ("save", desk.stores)):
+            moved = workers_moved(connector_output, name)
+            if moved is not None:
+                rate.add(*moved)
 
     # ---- both -----------------------------------------------------------------------------
 
@@ -243,12 +245,13 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
             self._pipeline.close()
 
 
-def workers_restored(connector_output: Any) -> tuple[int, float] | None:
-    """The bytes the workers loaded and their seconds, from a step's ``KVConnectorOutput``
-    (its ``kv_connector_stats``: :class:`KVCRPolicyConnectorStats`); None without a load."""
+def workers_moved(connector_output: Any, name: str) -> tuple[int, float] | None:
+    """The bytes the workers loaded (``name`` load) or saved (save) and their seconds, from a
+    step's ``KVConnectorOutput`` (its ``kv_connector_stats``:
+    :class:`KVCRPolicyConnectorStats`); None when they moved none."""
     stats = getattr(connector_output, "kv_connector_stats", None)
     data = getattr(stats, "data", None) or {}
-    nbytes, micros = int(data.get("load_bytes", 0)), int(data.get("load_us", 0))
+    nbytes, micros = int(data.get(f"{name}_bytes", 0)), int(data.get(f"{name}_us", 0))
     return (nbytes, micros / 1e6) if nbytes > 0 and micros > 0 else None
 
 
