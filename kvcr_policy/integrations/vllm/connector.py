@@ -148,6 +148,11 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         return meta.plan if isinstance(meta, StepMetadata) else StepPlan()
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:  # before the step's forward pass (loads start after it)
+            self._worker.step_started()
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if self._worker is not None:
             self._worker.submit(self._plan(), loads=True)
@@ -162,7 +167,9 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         if self._worker is not None:
-            self._worker.submit(self._plan(), loads=False)
+            plan = self._plan()
+            self._worker.step_ended(plan)
+            self._worker.submit(plan, loads=False)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
@@ -228,10 +235,12 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         if self._scheduler is None or self._pipeline is None:
             return
         desk = self._pipeline.admission
-        for name, rate in (("load", desk.restores), ("save", desk.stores)):
+        for name, rate in (("load", desk.restores), ("save", desk.stores), ("prefill", None)):
             moved = workers_moved(connector_output, name)
-            if moved is not None:
+            if moved is not None and rate is not None:
                 rate.add(*moved)
+            elif moved is not None:
+                self._pipeline.prefill_observed(*moved)
 
     # ---- both -----------------------------------------------------------------------------
 
@@ -246,12 +255,13 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
 
 
 def workers_moved(connector_output: Any, name: str) -> tuple[int, float] | None:
-    """The bytes the workers loaded (``name`` load) or saved (save) and their seconds, from a
-    step's ``KVConnectorOutput`` (its ``kv_connector_stats``:
-    :class:`KVCRPolicyConnectorStats`); None when they moved none."""
+    """The bytes the workers loaded (``name`` load) or saved (save), or the tokens they
+    prefilled (prefill), and their seconds, from a step's ``KVConnectorOutput`` (its
+    ``kv_connector_stats``: :class:`KVCRPolicyConnectorStats`); None when there were none."""
     stats = getattr(connector_output, "kv_connector_stats", None)
     data = getattr(stats, "data", None) or {}
-    nbytes, micros = int(data.get(f"{name}_bytes", 0)), int(data.get(f"{name}_us", 0))
+    unit = "tokens" if name == "prefill" else "bytes"
+    nbytes, micros = int(data.get(f"{name}_{unit}", 0)), int(data.get(f"{name}_us", 0))
     return (nbytes, micros / 1e6) if nbytes > 0 and micros > 0 else None
 
 

@@ -129,7 +129,9 @@ class SchedulerHalf:
                 state.block_ids.extend(blocks[0])
             self._save(req_id, state, cached.num_computed_tokens[i] + scheduled[req_id], saves)
         loads, self._loads = tuple(self._loads), []
-        return StepPlan(loads, tuple(saves))
+        only_new = len(output.scheduled_new_reqs) == len(scheduled)
+        prefill = int(sum(scheduled.values())) if only_new else 0
+        return StepPlan(loads, tuple(saves), prefill)
 
     def _save(self, req_id: str, state: _Request, computed: int, saves: list[BlockJob]) -> None:
         full = min(computed, state.prompt_tokens, len(state.keys) * self.block) // self.block

@@ -82,18 +82,20 @@ def test_a_separate_scheduler_gates_on_the_restore_rate_its_workers_measured(
     vllm: None, tmp_path: Path
 ) -> None:
     """Under the ``mp`` executor the scheduler restores nothing itself: the workers' loads
-    and saves reach its gate through the stats vLLM hands it each step. With a prefill rate
-    configured so slow that any measured rate wins (1 token a second: a block of 32 tokens
-    computes in 32 s) and probes of one block, every request of the second pass is admitted
-    whole: on the rate the first pass's saves measured, then its loads'. Without the
-    workers' figures, each lookup would stay a one-block probe."""
+    and saves (and the prefill rate the worker timed) reach its gate through the stats vLLM
+    hands it each step. With probes of one block and the widest margin (a restore may take 11
+    times its compute: loads from shared memory take a small fraction of the tiny model's
+    prefill on any machine), every request of the second pass is admitted whole: on the rate
+    the first pass's saves measured, then its loads'. Without the workers' figures, each
+    lookup would stay a one-block probe."""
     base = [[5 + (31 * p + 7 * t) % 1000 for t in range(BLOCKS * BLOCK_SIZE + 5)] for p in range(3)]
     prompts = [prompt(n, t) for n, t in enumerate(base)]
     setup = ReplaySetup(engine="vllm", requests=len(prompts), passes=2)
     write_model(tmp_path / "model")
     overrides = {
         "backend.options.dir": str(tmp_path / "tiers"),
-        "admission.options.prefill_tokens_per_s": 1.0,
+        "admission.options.prefill_tokens_per_s": 1.0,  # the engine's timed rate wins
+        "admission.options.margin": 10.0,
         "admission.options.probe_pages": 1,
     }
     job = vllm_job(setup, prompts, tmp_path, "gated")
