@@ -196,13 +196,15 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
 
     # ---- scheduler ------------------------------------------------------------------------
 
-    def _lookup(self, keys: list[str]) -> int:
+    def _lookup(self, keys: list[str]) -> tuple[int, int]:
+        """``(present, admitted)`` leading blocks of ``keys``."""
         pipeline = self._pipeline or published(self.engine_id)
         if pipeline is None:
-            return 0  # the worker has not registered its blocks yet
+            return 0, 0  # the worker has not registered its blocks yet
         # The admission strategy may report fewer (``admission.strategy``; none: all): a
-        # block not reported is computed by vLLM instead of loaded.
-        return pipeline.admit(int(pipeline.exists(keys, POOL)), [POOL])
+        # block not reported is computed by vLLM instead of loaded (and not saved again).
+        present = int(pipeline.exists(keys, POOL))
+        return present, pipeline.admit(present, [POOL])
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int

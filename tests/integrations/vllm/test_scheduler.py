@@ -133,3 +133,17 @@ def test_a_failing_tier_is_a_miss() -> None:
     half = SchedulerHalf(BLOCK, "p:", broken)
     assert ask(half, request("r", list(range(3 * BLOCK))), 0) == (0, False)
     half.close()
+
+
+def test_blocks_present_but_declined_by_the_gate_are_computed_and_not_saved_again() -> None:
+    tokens = list(range(5 * BLOCK + 1))
+    keys = block_keys(tokens, BLOCK, "p:", 10)
+    half = SchedulerHalf(BLOCK, "p:", lambda keys: (3, 0))  # 3 present, none admitted
+    req = request("r", tokens)
+    assert ask(half, req, 0) == (0, False)  # nothing to load: vLLM computes
+    new = SimpleNamespace(
+        req_id="r", prompt_token_ids=tokens, block_ids=([1, 2, 3, 4, 5],), num_computed_tokens=0
+    )
+    plan = half.plan(output([new], scheduled={"r": 5 * BLOCK + 1}))
+    assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[3], keys[4]), (4, 5))]
+    half.close()
