@@ -1,8 +1,11 @@
 """Lookup-time admission of one pipeline: its live restore figures, the decision, the record.
 
 The pipeline feeds :class:`AdmissionDesk` from every restore call (the bytes queued while it
-runs, then the bytes it moved and its seconds: a decayed rate, :mod:`.observability.rates`)
-and from the prefill rate an engine reports where it exposes one. A lookup
+runs, then the bytes it moved and its seconds: a decayed rate, :mod:`.observability.rates`),
+from every store call (its bytes queued while it runs: a tier that paces a tenant's reads and
+writes together, as ``serve --tenant-rate`` does, delivers a restore behind them; then its
+bytes and seconds, the rate the gate starts from before any restore) and from
+the prefill rate an engine reports where it exposes one. A lookup
 (:meth:`~kvcr_policy.pipeline.Pipeline.admit`) asks the configured admission strategy how
 many of its leading present pages to report, counts the decision in the pool's
 ``kvcr_policy_admission_pages`` and in :attr:`AdmissionDesk.counts`, and explains it at debug
@@ -42,9 +45,11 @@ class AdmissionDesk:
     ) -> None:
         self.strategy = strategy
         self.restores = DecayedRate(half_life_s, clock)
+        self.stores = DecayedRate(half_life_s, clock)
         self.prefills = DecayedRate(half_life_s, clock)
         self._lock = threading.Lock()
-        self._queued = 0
+        self._reading = 0
+        self._writing = 0
         #: Pages by ``(decision, reason)`` since the pipeline opened.
         self.counts: Counter[tuple[str, str]] = Counter()
 
@@ -52,19 +57,39 @@ class AdmissionDesk:
     def restoring(self, nbytes: int) -> Iterator[None]:
         """A restore of ``nbytes`` is queued or moving while the block runs."""
         with self._lock:
-            self._queued += nbytes
+            self._reading += nbytes
         try:
             yield
         finally:
             with self._lock:
-                self._queued -= nbytes
+                self._reading -= nbytes
+
+    @contextmanager
+    def storing(self, nbytes: int) -> Iterator[None]:
+        """A store of ``nbytes`` is queued or moving while the block runs: a restore asked now
+        shares the link (and a paced tenant's budget) with it."""
+        with self._lock:
+            self._writing += nbytes
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writing -= nbytes
+
+    @property
+    def queued(self) -> tuple[int, int]:
+        """Bytes of restores and of stores in flight now."""
+        with self._lock:
+            return self._reading, self._writing
 
     def outlook(self) -> RestoreOutlook:
         """What the tier delivers now: the figures a decision is made on."""
-        with self._lock:
-            queued = self._queued
         return RestoreOutlook(
-            self.restores.per_second, queued, self.restores.idle_s, self.prefills.per_second
+            self.restores.per_second,
+            sum(self.queued),
+            self.restores.idle_s,
+            self.prefills.per_second,
+            self.stores.per_second,
         )
 
     def decide(

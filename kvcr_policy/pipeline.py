@@ -395,10 +395,12 @@ class Pipeline:
                     return self._mover.read(
                         source, keys, pages, page_bytes, counts, on_ready, claims
                     )
-            return self._mover.write(tier, keys, pages, page_bytes, counts)
+            with self.admission.storing(len(keys) * page_bytes):
+                return self._mover.write(tier, keys, pages, page_bytes, counts)
         finally:
-            if read and counts.pages:
-                self.admission.restores.add(counts.pages * page_bytes, time.perf_counter() - start)
+            if counts.pages:
+                rate = self.admission.restores if read else self.admission.stores
+                rate.add(counts.pages * page_bytes, time.perf_counter() - start)
             self._ledger.record(counts, page_bytes)
             if meter is not None:
                 meter.record(counts, page_bytes, time.perf_counter() - start)

@@ -78,3 +78,33 @@ def test_queued_bytes_count_while_a_restore_runs_and_the_decision_is_explained(
     assert desk.outlook().queued_bytes == 0
     assert "0 of 1 present pages admitted (computes_sooner)" in caplog.text
     assert "1000000000 queued" in caplog.text and "1000.0 MB/s" in caplog.text
+
+
+def test_stores_in_flight_count_as_queued_beside_restores() -> None:
+    # A tier that paces a tenant's reads and writes together delivers a restore behind both.
+    options = GateOptions(prefill_tokens_per_s=1000, probe_after_s=None)
+    desk = AdmissionDesk(RestoreGate(AdmissionSection(), options))
+    desk.restores.add(1e9, 1.0)  # injected: 1 GB/s
+    assert desk.decide("kv", 1, 64, 1_000_000, None) == 1
+    with desk.storing(600_000_000), desk.restoring(400_000_000):
+        assert desk.queued == (400_000_000, 600_000_000)
+        assert desk.outlook().queued_bytes == 1_000_000_000
+        assert desk.decide("kv", 1, 64, 1_000_000, None) == 0  # 1 s queued, 64 ms compute
+    assert desk.queued == (0, 0)
+
+
+def test_a_store_is_queued_while_it_moves_and_not_after(build: Build) -> None:
+    pipeline, geo, *_ = stored_pool(build, "gated", SLOW, n=4)
+    seen: list[tuple[int, int]] = []
+    write = pipeline._mover.write
+
+    def watched(*args: object, **kwargs: object) -> object:
+        seen.append(pipeline.admission.queued)  # what a lookup would see during the store
+        return write(*args, **kwargs)
+
+    pipeline._mover.write = watched  # type: ignore[method-assign]
+    assert pipeline.set(["s0", "s1", "s2"], token_indices(range(12, 15), P)) == [True] * 3
+    assert seen and seen[0] == (0, 3 * geo.page_bytes)
+    assert pipeline.admission.queued == (0, 0)
+    outlook = pipeline.admission.outlook()  # the stores measured the link; no restore yet
+    assert outlook.store_bytes_per_s is not None and outlook.bytes_per_s is None

@@ -8,9 +8,13 @@ The gate's arithmetic, for ``k`` leading pages of ``P`` tokens and ``B`` bytes e
     admitted     = the largest k <= found with restore_s(k) <= (1 + margin) * compute_s(k)
 
 The restore rate is the pipeline's live, decayed rate for this backend and tenant
-(:class:`~kvcr_policy.strategies.RestoreOutlook`); the prefill rate is the engine's where it
-reports one, else ``prefill_tokens_per_s`` (configured, or written by ``kvcr-policy tune``),
-interpolated over ``prefill_curve`` where that names rates at several prompt lengths.
+(:class:`~kvcr_policy.strategies.RestoreOutlook`; the queued bytes are its restores and stores
+in flight); before the first restore, ``restore_bytes_per_s`` where configured, else the
+rate this pipeline's stores measured over the same link. With none of them, a lookup reports
+at most ``probe_pages`` pages, a probe of bounded cost, and so does the first lookup after
+``probe_after_s`` without a restore. The prefill rate is the engine's where it reports one,
+else ``prefill_curve`` (configured, or calibrated by ``kvcr-policy tune --prefill`` on this
+host), else ``prefill_tokens_per_s`` (configured).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Annotated
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..config.fields import number_field
 from ..config.schema import AdmissionSection
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
@@ -45,13 +50,14 @@ class GateOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    prefill_tokens_per_s: float | None = Field(
+    prefill_tokens_per_s: float | None = number_field(
         None,
-        ge=1e-3,
-        le=1e9,
-        allow_inf_nan=False,
-        description="The engine's prefill rate, tokens per second, where the engine reports "
-        "none; unset and unreported: every present page is admitted (reason no_compute_rate).",
+        1e-3,
+        1e9,
+        "The engine's prefill rate, tokens per second, where the engine reports none and "
+        "prefill_curve is unset; none at all: every present page is admitted (reason "
+        "no_compute_rate).",
+        finite=True,
     )
     prefill_curve: dict[
         Annotated[int, Field(gt=0, le=1 << 24)], Annotated[float, Field(ge=1e-3, le=1e9)]
@@ -59,31 +65,37 @@ class GateOptions(BaseModel):
         default_factory=dict,
         max_length=256,
         description="Prefill rates at several prompt lengths, {tokens: tokens_per_s}, "
-        "interpolated (clamped at the ends); replaces prefill_tokens_per_s when set.",
+        "interpolated (clamped at the ends); replaces prefill_tokens_per_s when set "
+        "(kvcr-policy tune --prefill measures one on this host).",
     )
-    margin: float = Field(
+    margin: float = number_field(
         0.0,
-        ge=0.0,
-        le=10.0,
-        allow_inf_nan=False,
-        description="A prefix is admitted while its restore takes at most (1 + margin) times "
-        "its compute (0, or 0.001..10).",
+        0.0,
+        10.0,
+        "A prefix is admitted while its restore takes at most (1 + margin) times its compute "
+        "(0, or 0.001..10).",
     )
-    restore_bytes_per_s: float | None = Field(
+    restore_bytes_per_s: float | None = number_field(
         None,
-        ge=1.0,
-        le=1e15,
-        allow_inf_nan=False,
-        description="The restore rate assumed until this pipeline measured one; unset: "
-        "admit every present page until then (reason unmeasured).",
+        1.0,
+        1e15,
+        "The restore rate assumed until this pipeline measured one; unset: the rate its "
+        "stores measured, else at most probe_pages pages a lookup (reason unmeasured).",
+        finite=True,
     )
-    probe_after_s: float | None = Field(
+    probe_after_s: float | None = number_field(
         30.0,
-        ge=0.01,
-        le=86400,
-        allow_inf_nan=False,
-        description="After this long without a restore, admit one lookup's pages to measure "
-        "the tier again (it may have recovered); unset: never.",
+        0.01,
+        86400,
+        "After this long without a restore, admit a probe of at most probe_pages pages to "
+        "measure the tier again (it may have recovered); unset: never.",
+    )
+    probe_pages: int = number_field(
+        8,
+        1,
+        1 << 20,
+        "The most pages a lookup reports while no restore rate is known, and in a probe: a "
+        "tier of unknown speed costs at most this many pages' restore.",
     )
 
     @field_validator("margin")
@@ -92,6 +104,11 @@ class GateOptions(BaseModel):
         if 0 < value < 1e-3:
             raise ValueError(f"a margin is 0 or at least 0.001 (0.1 %), got {value!r}")
         return value
+
+
+def _first(*rates: float | None) -> float | None:
+    """The first rate known: measured restores, configured, measured stores."""
+    return next((rate for rate in rates if rate is not None), None)
 
 
 def compute_seconds(tokens: np.ndarray, options: GateOptions, reported: float | None) -> np.ndarray:
@@ -116,29 +133,54 @@ class RestoreGate:
     def __init__(self, section: AdmissionSection, options: GateOptions) -> None:
         self.options = options
 
+    def _stale(self, idle_s: float | None) -> bool:
+        """Whether the measured rate is old enough to probe the tier again."""
+        after = self.options.probe_after_s
+        return after is not None and idle_s is not None and idle_s >= after
+
     def admit(
         self, found: int, page_tokens: int, page_bytes: int, outlook: RestoreOutlook
     ) -> Admission:
         o = self.options
         if found <= 0:
             return Admission(0, "nothing_present")
-        k = np.arange(1, found + 1, dtype=np.float64)
-        compute = compute_seconds(k * page_tokens, o, outlook.prefill_tokens_per_s)
-        if np.isnan(compute[-1]):
+        reported = outlook.prefill_tokens_per_s
+        constant = reported if reported is not None else o.prefill_tokens_per_s
+        if constant is None and not o.prefill_curve:
             return Admission(found, "no_compute_rate")
-        rate = outlook.bytes_per_s if outlook.bytes_per_s is not None else o.restore_bytes_per_s
-        if rate is None:
-            return Admission(found, "unmeasured", compute_s=float(compute[-1]))
-        restore = (outlook.queued_bytes + k * page_bytes) / rate
-        restore_s, compute_s = float(restore[-1]), float(compute[-1])
-        idle = outlook.idle_s
-        if o.probe_after_s is not None and idle is not None and idle >= o.probe_after_s:
-            return Admission(found, "probe", "", restore_s, compute_s)
-        sooner = np.flatnonzero(restore <= (1.0 + o.margin) * compute)
-        pages = int(sooner[-1]) + 1 if len(sooner) else 0
+        probe = min(found, o.probe_pages)
+        rate = _first(outlook.bytes_per_s, o.restore_bytes_per_s, outlook.store_bytes_per_s)
+        if reported is None and o.prefill_curve:  # the rate varies with the length: each k
+            k = np.arange(1, found + 1, dtype=np.float64)
+            compute = compute_seconds(k * page_tokens, o, None)
+            compute_s = float(compute[-1])
+            if rate is None:
+                return self._unmeasured(found, probe, compute_s)
+            restore = (outlook.queued_bytes + k * page_bytes) / rate
+            sooner = np.flatnonzero(restore <= (1.0 + o.margin) * compute)
+            pages = int(sooner[-1]) + 1 if len(sooner) else 0
+            restore_s = float(restore[-1])
+        else:
+            # One rate: restore_s(k) - (1 + margin) compute_s(k) is linear in k, so the
+            # longest prefix that restores sooner is every page or none (O(1) a lookup).
+            assert constant is not None
+            compute_s = found * page_tokens / constant
+            if rate is None:
+                return self._unmeasured(found, probe, compute_s)
+            restore_s = (outlook.queued_bytes + found * page_bytes) / rate
+            pages = found if restore_s <= (1.0 + o.margin) * compute_s else 0
+        if pages < probe and self._stale(outlook.idle_s):  # it may have recovered
+            declined = "computes_sooner" if probe < found else ""
+            return Admission(probe, "probe", declined, restore_s, compute_s)
         reason = "restores_sooner" if pages else "computes_sooner"
         declined = "computes_sooner" if pages < found else ""
         return Admission(pages, reason, declined, restore_s, compute_s)
+
+    @staticmethod
+    def _unmeasured(found: int, probe: int, compute_s: float) -> Admission:
+        """A tier of unknown speed: a bounded probe measures it."""
+        declined = "unmeasured" if probe < found else ""
+        return Admission(probe, "unmeasured", declined, compute_s=compute_s)
 
 
 @hookimpl

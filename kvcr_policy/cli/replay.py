@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ..replay.setup import DEFAULT_TRACE, MAX_BLOCK_TOKENS, MAX_REQUESTS, ReplaySetup
+from ..replay.setup import DEFAULT_TRACE, MAX_BLOCK_TOKENS, MAX_REPEAT, MAX_REQUESTS, ReplaySetup
 from .options import PlainFormat, overrides
 
 __all__ = ["replay"]
@@ -85,6 +85,15 @@ def replay(
             "(e.g. 50MB/s) [default: no limit].",
         ),
     ] = None,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            "--repeat",
+            min=1,
+            max=MAX_REPEAT,
+            help="Rounds of every run, in rotating orders; the figures are the medians.",
+        ),
+    ] = 1,
 ) -> None:
     """Replay a request trace through a real engine, without and with the L3 tier: TTFT,
     prefill saved, hits, and whether the greedy outputs are identical."""
@@ -103,6 +112,7 @@ def replay(
         format=format.value,
         backend=backend,
         tier_rate=tier_rate,
+        repeat=repeat,
     )
     from ..replay.command import run_command
 

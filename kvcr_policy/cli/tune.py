@@ -83,6 +83,14 @@ def tune(
         ),
     ] = None,
     format: Annotated[PlainFormat, typer.Option("--format", "-f")] = PlainFormat.table,
+    prefill: Annotated[
+        bool,
+        typer.Option(
+            "--prefill",
+            help="Calibrate the engine's prefill rate on this host for the admission gate "
+            "(admission.options.prefill_curve) instead of searching; --output writes it.",
+        ),
+    ] = False,
     write_alias: Annotated[Path | None, typer.Option("--write", hidden=True)] = None,
     always_alias: Annotated[bool, typer.Option("--always-write", hidden=True)] = False,
     check_alias: Annotated[Path | None, typer.Option("--check", hidden=True)] = None,
@@ -120,6 +128,7 @@ def tune(
         always_write=always_write or always_alias,
         check_path=_either(check_path, check_alias, "--remeasure", "--check"),
         json=format is PlainFormat.json,
+        prefill=prefill,
     )
     run(command)
 

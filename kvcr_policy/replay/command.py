@@ -1,4 +1,4 @@
-"""``kvcr-policy replay``: run the set-up, compare the two runs, print the figures."""
+"""``kvcr-policy replay``: run the set-up's rounds, compare the runs, print the figures."""
 
 from __future__ import annotations
 
@@ -6,27 +6,27 @@ import json
 import sys
 from typing import Any
 
-from .figures import compare, compare_no_tier
 from .prompts import prompts
 from .report import render
+from .rounds import run_rounds, summarize_rounds
 from .setup import ReplaySetup
 
 __all__ = ["replay", "run_command"]
 
 
 def replay(setup: ReplaySetup) -> dict[str, Any]:
-    """Both runs of ``setup`` and their comparison, as the JSON ``--format json`` prints."""
-    vocab, runner = _engine(setup)
+    """Every run of ``setup`` and their comparison, as the JSON ``--format json`` prints."""
+    vocab, engine = _engine(setup)
     chosen = prompts(setup.trace, setup.requests, setup.block_tokens, vocab)
     print(
-        f"replay: {len(chosen)} requests of {setup.trace} through {setup.engine}",
+        f"replay: {len(chosen)} requests of {setup.trace} through {setup.engine}"
+        + (f", {setup.repeat} rounds" if setup.repeat > 1 else ""),
         file=sys.stderr,
         flush=True,
     )
-    runs = runner(setup, chosen)
-    outputs = [run.pop("outputs") for run in runs]
-    no_tier, baseline, tier = runs[0], runs[-2], runs[-1]
-    extra = {} if baseline is no_tier else compare_no_tier(no_tier)
+    with engine(setup, chosen) as runs:
+        rounds = run_rounds(setup, runs)
+    outputs = [run.pop("outputs") for runs_ in rounds for run in runs_.values()]
     return {
         "engine": setup.engine,
         "trace": str(setup.trace),
@@ -38,23 +38,25 @@ def replay(setup: ReplaySetup) -> dict[str, Any]:
         "baseline": setup.vs or "no L3 tier",
         "backend": setup.backend,
         "tier_rate": setup.tier_rate,
+        "repeat": setup.repeat,
         "outputs_identical": all(o == outputs[0] for o in outputs),
-        **compare(baseline, tier),
-        **extra,
-        "runs": {run["label"]: run for run in runs},
+        **summarize_rounds(rounds),
+        "runs": rounds[0],
+        **({"all_runs": rounds} if len(rounds) > 1 else {}),
     }
 
 
 def _engine(setup: ReplaySetup) -> tuple[int, Any]:
+    """The engine's vocabulary and its runs' context manager: ``engine(setup, prompts)``."""
     if setup.engine == "vllm":
-        from .vllm_engine import run_vllm
+        from .vllm_engine import VLLMRuns
         from .vllm_model import VOCAB
 
-        return VOCAB, run_vllm
+        return VOCAB, VLLMRuns
     from .sglang_engine import VOCAB as SGLANG_VOCAB
-    from .sglang_engine import run_sglang
+    from .sglang_engine import SGLangRuns
 
-    return SGLANG_VOCAB, run_sglang
+    return SGLANG_VOCAB, SGLangRuns
 
 
 def run_command(setup: ReplaySetup) -> None:

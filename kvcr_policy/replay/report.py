@@ -23,8 +23,10 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         verdict,
         f"pass {result['measured_pass']} of {result['passes']} measured, "
-        f"{result['requests']} requests of {result['trace']}",
-        f"{'':28}{'with the tier':>16}{'baseline':>16}",
+        f"{result['requests']} requests of {result['trace']}"
+        + (f"; medians of {result['repeat']} rounds" if result.get("repeat", 1) > 1 else ""),
+        f"{'round 1' if result.get('repeat', 1) > 1 else '':28}"
+        f"{'with the tier':>16}{'baseline':>16}",
     ]
     rows = [
         ("TTFT p50", _ms(tier["ttft_p50_s"]), _ms(base["ttft_p50_s"])),
@@ -46,5 +48,12 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             f"without an L3 tier: TTFT p50 {_ms(result['no_tier_ttft_p50_s'])}, "
             f"p90 {_ms(result['no_tier_ttft_p90_s'])}"
+        )
+    for n, head in enumerate(result.get("rounds", []), 1):
+        no_tier = head.get("no_tier_ttft_p50_s")
+        lines.append(
+            f"round {n} ({', '.join(head['order'])}): TTFT p50 {_ms(head['ttft_p50_s'])} "
+            f"with the tier, {_ms(head['baseline_ttft_p50_s'])} baseline"
+            + ("" if no_tier is None else f", {_ms(no_tier)} without an L3 tier")
         )
     return "\n".join(lines)

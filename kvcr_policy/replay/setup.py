@@ -9,13 +9,14 @@ from typing import Any, Final, Literal
 from ..config.rates import parse_rate
 from ..errors import ReplayError
 
-__all__ = ["DEFAULT_TRACE", "ENGINES", "ReplaySetup", "labelled_runs"]
+__all__ = ["DEFAULT_TRACE", "ENGINES", "MAX_REPEAT", "ReplaySetup", "labelled_runs"]
 
 ENGINES: Final = ("vllm", "sglang")
 #: The trace replayed when none is named: the repository's own copy of Mooncake's.
 DEFAULT_TRACE: Final = Path("data/traces/conversation_trace.jsonl.xz")
 MAX_REQUESTS: Final = 2000
 MAX_BLOCK_TOKENS: Final = 512
+MAX_REPEAT: Final = 12
 #: Tokens per block id of the trace (512 in the trace itself): vLLM computes every prefill for
 #: real on the CPU, so its prompts are scaled down (one vLLM block per id); SGLang's replay
 #: computes none, so it keeps the trace's own size.
@@ -43,6 +44,8 @@ class ReplaySetup:
     backend: str | None = None
     #: ``peer`` only: the replay's ``serve`` limits its tenant to this rate (``50MB/s``).
     tier_rate: str | None = None
+    #: Rounds of every run, in rotating orders (:mod:`.rounds`); the figures are medians.
+    repeat: int = 1
 
     @property
     def tier_bytes_per_s(self) -> float | None:
@@ -89,6 +92,8 @@ class ReplaySetup:
                     f"bandwidth limit): add --backend peer (got --backend {self.backend})"
                 )
                 raise ReplayError(message)
+        if not 1 <= self.repeat <= MAX_REPEAT:
+            refuse("--repeat", f"1 to {MAX_REPEAT} rounds", self.repeat)
         if self.tp not in (1, 2):
             refuse("--tp", "1 or 2", self.tp)
         if not self.trace.is_file():

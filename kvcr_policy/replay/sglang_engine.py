@@ -17,21 +17,18 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from ..errors import ReplayError
 from ..integrations.sglang.config import extra_config_for
-from .figures import summarize
+from .engine import RunsFolder, run_figures
 from .prefill import prefill_seconds_per_token
 from .prompts import Prompt
-from .setup import ReplaySetup, labelled_runs
-from .tier import run_tier as _tier
+from .setup import ReplaySetup
 
-__all__ = ["VOCAB", "run_sglang"]
+__all__ = ["VOCAB", "SGLangRuns"]
 
 VOCAB = 32000  # token ids only feed SGLang's page hashing: any range will do
 MISSING = (
@@ -159,46 +156,48 @@ def _figures(result: dict[str, Any], label: str, passes: int) -> dict[str, Any]:
     records, counters = result["records"], result["counters"]
     measured = [r for r in records if r["pass"] == passes - 1]
     last, before = counters[-1], (counters[-2] if len(counters) > 1 else {})
-    return {
-        "label": label,
-        "measured": summarize(records, passes - 1),
-        "passes": [summarize(records, n) for n in range(passes)],
-        "hit_tokens": sum(r["l3_hit_tokens"] for r in measured),
-        "host_hit_tokens": sum(r["host_hit_tokens"] for r in measured),
-        "bytes_restored": int(last.get("bytes_read", 0)) - int(before.get("bytes_read", 0)),
-        "bytes_stored": int(last.get("bytes_written", 0)),
-        "mismatched_pages": result["mismatched_pages"],
-        "backend_counters": last,
-        "outputs": [r["output"] for r in records],
-    }
+    return run_figures(
+        records,
+        label,
+        passes,
+        hit_tokens=sum(r["l3_hit_tokens"] for r in measured),
+        host_hit_tokens=sum(r["host_hit_tokens"] for r in measured),
+        bytes_restored=int(last.get("bytes_read", 0)) - int(before.get("bytes_read", 0)),
+        bytes_stored=int(last.get("bytes_written", 0)),
+        mismatched_pages=result["mismatched_pages"],
+        backend_counters=last,
+    )
 
 
-def run_sglang(setup: ReplaySetup, prompts: list[Prompt]) -> list[dict]:
-    """The runs: without the tier, with ``--vs`` (when given), with ``--profile``."""
-    spec = find_spec("sglang")
-    if spec is None or spec.origin is None:  # a folder named sglang is no SGLang
-        raise ReplayError(MISSING)
-    rate = prefill_seconds_per_token()
-    print(f"replay: prefill stand-in {rate * 1e6:.1f} us per token (measured)", file=sys.stderr)
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="kvcr-replay-sglang-") as name:
-        for label, profile in labelled_runs(setup):
-            folder = Path(name) / label
-            folder.mkdir()
-            with _tier(setup, profile, _capacity(prompts)) as tier:
-                job = {
-                    "label": label,
-                    "prompts": [list(p.tokens) for p in prompts],
-                    "passes": setup.passes,
-                    "prefill_s_per_token": rate,
-                    "mla": setup.mla,
-                    "extra": _extra(setup, profile, prompts, folder, tier),
-                }
-                try:
-                    result = _merge(_run(job, folder, setup.tp))
-                finally:
-                    _stop_host_tiers(folder)
-            figures = _figures(result, label, setup.passes)
-            figures.update(prefill_s_per_token=rate, tp=setup.tp, mla=setup.mla)
-            runs.append(figures)
-    return runs
+class SGLangRuns(RunsFolder):
+    """The SGLang runs of a replay: the prefill rate measured once on entry and shared by
+    every run, so that they differ only by what the tier saves."""
+
+    module, missing, prefix = "sglang", MISSING, "kvcr-replay-sglang-"
+
+    def prepare(self, root: Path) -> None:
+        super().prepare(root)
+        self.capacity = _capacity(self.prompts)
+        self.rate = prefill_seconds_per_token()
+        print(
+            f"replay: prefill stand-in {self.rate * 1e6:.1f} us per token (measured)",
+            file=sys.stderr,
+        )
+
+    def run(self, label: str, profile: str | None, tier: dict[str, Any]) -> dict[str, Any]:
+        setup, folder = self.setup, self.folder_for(label)
+        job = {
+            "label": label,
+            "prompts": [list(p.tokens) for p in self.prompts],
+            "passes": setup.passes,
+            "prefill_s_per_token": self.rate,
+            "mla": setup.mla,
+            "extra": _extra(setup, profile, self.prompts, folder, tier),
+        }
+        try:
+            result = _merge(_run(job, folder, setup.tp))
+        finally:
+            _stop_host_tiers(folder)
+        figures = _figures(result, label, setup.passes)
+        figures.update(prefill_s_per_token=self.rate, tp=setup.tp, mla=setup.mla)
+        return figures

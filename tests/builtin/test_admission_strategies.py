@@ -20,6 +20,9 @@ SECTION = AdmissionSection()
 PAGE_TOKENS, PAGE_BYTES = 64, 16 << 20  # qwen3-32b: 256 KiB a token, 64 tokens a page
 
 
+rates = st.floats(1e3, 1e12, allow_nan=False, allow_infinity=False)
+
+
 def gate(**options: object) -> RestoreGate:
     return RestoreGate(SECTION, GateOptions.model_validate({"probe_after_s": None, **options}))
 
@@ -88,15 +91,45 @@ def test_without_a_compute_rate_or_a_restore_rate_every_page_is_admitted() -> No
     assert assumed.admit(5, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(None)).pages == 0
 
 
-def test_a_tier_idle_past_probe_after_s_is_tried_again() -> None:
-    probing = gate(prefill_tokens_per_s=10_000, probe_after_s=30)
+def test_a_tier_idle_past_probe_after_s_is_tried_again_with_a_bounded_probe() -> None:
+    probing = gate(prefill_tokens_per_s=10_000, probe_after_s=30, probe_pages=3)
     slow = RestoreOutlook(1e6, idle_s=29.0)
     assert probing.admit(5, PAGE_TOKENS, PAGE_BYTES, slow).pages == 0
     idle = RestoreOutlook(1e6, idle_s=31.0)
-    assert probing.admit(5, PAGE_TOKENS, PAGE_BYTES, idle).reason == "probe"
+    decision = probing.admit(500, PAGE_TOKENS, PAGE_BYTES, idle)
+    assert (decision.pages, decision.reason, decision.declined) == (3, "probe", "computes_sooner")
+    assert probing.admit(2, PAGE_TOKENS, PAGE_BYTES, idle).pages == 2
+    fast = RestoreOutlook(10e9, idle_s=31.0)  # admitted whole on its own: no probe needed
+    assert probing.admit(500, PAGE_TOKENS, PAGE_BYTES, fast).reason == "restores_sooner"
 
 
-rates = st.floats(1e3, 1e12, allow_nan=False, allow_infinity=False)
+def test_a_tier_of_unknown_speed_costs_at_most_probe_pages() -> None:
+    # A cold start: nothing measured, nothing configured; a lookup of 10,000 pages reports
+    # probe_pages of them, whose restore measures the tier for the next lookup.
+    cold = gate(prefill_tokens_per_s=10_000, probe_pages=4)
+    decision = cold.admit(10_000, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(None))
+    assert (decision.pages, decision.reason, decision.declined) == (4, "unmeasured", "unmeasured")
+    assert cold.admit(3, PAGE_TOKENS, PAGE_BYTES, RestoreOutlook(None)).declined == ""
+
+
+@given(
+    found=st.integers(0, 5000),
+    probe_pages=st.integers(1, 64),
+    restore=st.one_of(st.none(), rates),
+    idle=st.one_of(st.none(), st.floats(0, 100)),
+    prefill=st.floats(1.0, 1e7),
+)
+def test_beyond_a_probe_the_gate_never_admits_a_prefix_that_restores_slower(
+    found: int, probe_pages: int, restore: float | None, idle: float | None, prefill: float
+) -> None:
+    strategy = gate(prefill_tokens_per_s=prefill, probe_after_s=30, probe_pages=probe_pages)
+    outlook = RestoreOutlook(restore, idle_s=None if restore is None else idle)
+    decision = strategy.admit(found, PAGE_TOKENS, PAGE_BYTES, outlook)
+    assert 0 <= decision.pages <= found
+    if decision.pages > probe_pages:  # more than a probe: restored sooner than computed
+        assert restore is not None
+        restore_s = decision.pages * PAGE_BYTES / restore
+        assert restore_s <= decision.pages * PAGE_TOKENS / prefill * (1 + 1e-9)
 
 
 @given(
@@ -153,3 +186,36 @@ def test_a_gate_option_out_of_range_is_refused_with_its_origin(registry: Registr
         spec = registry.get("admission", "gate")
         spec.create(loaded.config.admission, options=loaded.config.admission.options)
     assert "margin" in str(caught.value)
+
+
+@given(
+    found=st.integers(1, 3000),
+    restore=rates,
+    queued=st.integers(0, 1 << 32),
+    prefill=st.floats(1.0, 1e7),
+    margin=st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
+)
+def test_one_prefill_rate_decides_in_one_step_as_the_per_length_arithmetic_does(
+    found: int, restore: float, queued: int, prefill: float, margin: float
+) -> None:
+    # At one rate the gate checks only the whole prefix (the difference of restore and
+    # compute is linear in k); a curve of one point takes the per-k path: the same answer.
+    outlook = RestoreOutlook(restore, queued_bytes=queued)
+    one = gate(prefill_tokens_per_s=prefill, margin=margin)
+    curve = gate(prefill_curve={1: prefill}, margin=margin)
+    quick, each = (g.admit(found, 64, 4096, outlook) for g in (one, curve))
+    whole = (queued + found * 4096) / restore / ((1 + margin) * found * 64 / prefill)
+    if abs(whole - 1) > 1e-9:  # off the exact break-even, where rounding may differ
+        assert (quick.pages, quick.reason) == (each.pages, each.reason)
+
+
+def test_before_any_restore_the_rate_the_stores_measured_decides() -> None:
+    # A tier that wrote at 50 MB/s is declined before it restored anything (no probe); a
+    # configured restore rate, then a measured one, take precedence over the stores' rate.
+    strategy = gate(prefill_tokens_per_s=10_000)
+    stored = RestoreOutlook(None, store_bytes_per_s=50e6)
+    assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, stored).reason == "computes_sooner"
+    configured = gate(prefill_tokens_per_s=10_000, restore_bytes_per_s=10e9)
+    assert configured.admit(100, PAGE_TOKENS, PAGE_BYTES, stored).pages == 100
+    measured = RestoreOutlook(10e9, store_bytes_per_s=50e6)
+    assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, measured).pages == 100

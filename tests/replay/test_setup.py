@@ -25,6 +25,8 @@ TRACE = ROOT / DEFAULT_TRACE
         ({"engine": "sglang", "trace": Path("no/such.jsonl")}, "is not a file"),
         ({"engine": "sglang", "tier_rate": "50MB/s"}, "add --backend peer"),
         ({"engine": "sglang", "backend": "peer", "tier_rate": "50"}, "--tier-rate: expected a"),
+        ({"engine": "sglang", "repeat": 0}, "--repeat: expected 1 to 12 rounds"),
+        ({"engine": "vllm", "repeat": 13}, "--repeat: expected 1 to 12 rounds"),
     ],
 )
 def test_a_setup_that_cannot_run_is_refused(fields: dict, says: str) -> None:

@@ -39,7 +39,12 @@ from .worker import WorkerHalf
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-__all__ = ["KVCRPolicyConnector", "KVCRPolicyConnectorStats", "StepMetadata"]
+__all__ = [
+    "KVCRPolicyConnector",
+    "KVCRPolicyConnectorStats",
+    "StepMetadata",
+    "workers_moved",
+]
 
 log = logging.getLogger("kvcr_policy.integrations.vllm")
 
@@ -143,6 +148,11 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         return meta.plan if isinstance(meta, StepMetadata) else StepPlan()
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:  # before the step's forward pass (loads start after it)
+            self._worker.step_started()
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if self._worker is not None:
             self._worker.submit(self._plan(), loads=True)
@@ -157,7 +167,9 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         if self._worker is not None:
-            self._worker.submit(self._plan(), loads=False)
+            plan = self._plan()
+            self._worker.step_ended(plan)
+            self._worker.submit(plan, loads=False)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
@@ -184,13 +196,15 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
 
     # ---- scheduler ------------------------------------------------------------------------
 
-    def _lookup(self, keys: list[str]) -> int:
+    def _lookup(self, keys: list[str]) -> tuple[int, int]:
+        """``(present, admitted)`` leading blocks of ``keys``."""
         pipeline = self._pipeline or published(self.engine_id)
         if pipeline is None:
-            return 0  # the worker has not registered its blocks yet
+            return 0, 0  # the worker has not registered its blocks yet
         # The admission strategy may report fewer (``admission.strategy``; none: all): a
-        # block not reported is computed by vLLM instead of loaded.
-        return pipeline.admit(int(pipeline.exists(keys, POOL)), [POOL])
+        # block not reported is computed by vLLM instead of loaded (and not saved again).
+        present = int(pipeline.exists(keys, POOL))
+        return present, pipeline.admit(present, [POOL])
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -215,6 +229,21 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         return self._scheduler.finished(request), None
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        """A scheduler in a process of its own (``mp`` executor, several ranks) moves nothing
+        itself: the workers' loads and saves of the step (bytes and seconds, in the stats they
+        return to it) feed its admission's restore and store rates, as a worker's own do in
+        one process."""
+        if self._scheduler is None or self._pipeline is None:
+            return
+        desk = self._pipeline.admission
+        for name, rate in (("load", desk.restores), ("save", desk.stores), ("prefill", None)):
+            moved = workers_moved(connector_output, name)
+            if moved is not None and rate is not None:
+                rate.add(*moved)
+            elif moved is not None:
+                self._pipeline.prefill_observed(*moved)
+
     # ---- both -----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -225,6 +254,17 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         if self._pipeline is not None:
             withdraw(self.engine_id, self._pipeline)
             self._pipeline.close()
+
+
+def workers_moved(connector_output: Any, name: str) -> tuple[int, float] | None:
+    """The bytes the workers loaded (``name`` load) or saved (save), or the tokens they
+    prefilled (prefill), and their seconds, from a step's ``KVConnectorOutput`` (its
+    ``kv_connector_stats``: :class:`KVCRPolicyConnectorStats`); None when there were none."""
+    stats = getattr(connector_output, "kv_connector_stats", None)
+    data = getattr(stats, "data", None) or {}
+    unit = "tokens" if name == "prefill" else "bytes"
+    nbytes, micros = int(data.get(f"{name}_{unit}", 0)), int(data.get(f"{name}_us", 0))
+    return (nbytes, micros / 1e6) if nbytes > 0 and micros > 0 else None
 
 
 def _one_page(kv_cache_config: Any, block: int) -> Any:

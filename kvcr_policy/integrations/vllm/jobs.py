@@ -24,10 +24,13 @@ class BlockJob:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """One scheduler step's loads and saves."""
+    """One scheduler step's loads and saves; ``prefill_tokens``: the tokens the step
+    computes when it only prefills new requests (0 when it decodes too): the worker times the
+    step's forward pass for the admission gate's prefill rate."""
 
     loads: tuple[BlockJob, ...] = ()
     saves: tuple[BlockJob, ...] = ()
+    prefill_tokens: int = 0
 
 
 #: Totals since this process started, by name: what a caller in the engine's process (the

@@ -8,9 +8,9 @@
 - **Partial hits.** The leading run of present pages beyond vLLM's own prefix hit is loaded;
   a page that fails to arrive is reported by the worker, and vLLM recomputes from there.
 - **Saves.** Each step, every full prompt block computed by that step and not already in the
-  tier (hit locally or loaded) is saved; vLLM keeps a finished request's blocks until the
-  workers report its transfers ended (``request_finished`` returns True), so a block is never
-  reused while a save still reads it.
+  tier (hit locally, loaded, or present but declined by the admission gate) is saved; vLLM
+  keeps a finished request's blocks until the workers report its transfers ended
+  (``request_finished`` returns True), so a block is never reused while a save still reads it.
 """
 
 from __future__ import annotations
@@ -40,14 +40,16 @@ class _Request:
 
 
 class SchedulerHalf:
-    """See the module docstring. ``lookup(keys) -> int`` counts present leading keys."""
+    """See the module docstring. ``lookup(keys)`` counts present leading keys: an int, or
+    ``(present, admitted)`` where an admission gate reports fewer than are present (the
+    others are computed, and not saved again)."""
 
     def __init__(self, block_size: int, prefix: str, lookup: Any) -> None:
         self.block = block_size
         self.prefix = prefix
         self._lookup = lookup
         self._threads = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-lookup")
-        self._asked: dict[str, tuple[int, Future[int]]] = {}
+        self._asked: dict[str, tuple[int, Future[tuple[int, int]]]] = {}
         self._requests: dict[str, _Request] = {}
         self._loads: list[BlockJob] = []
         self.stats: Counter[str] = Counter()  # since vLLM last asked (get_kv_connector_stats)
@@ -60,12 +62,15 @@ class SchedulerHalf:
             state = self._requests[request.request_id] = _Request(keys, len(tokens))
         return state
 
-    def _count(self, keys: list[str]) -> int:
+    def _count(self, keys: list[str]) -> tuple[int, int]:
+        """``(present, admitted)`` leading keys."""
         try:
-            return int(self._lookup(keys))
+            found = self._lookup(keys)
         except Exception as err:  # a lookup that fails is a miss, never a dead scheduler
             log.warning("kvcr_policy: lookup of %d pages failed: %s", len(keys), err)
-            return 0
+            return 0, 0
+        present, admitted = found if isinstance(found, tuple) else (found, found)
+        return int(present), min(int(admitted), int(present))
 
     def matched(self, request: Any, computed: int) -> tuple[int | None, bool]:
         state = self._state(request)
@@ -80,7 +85,8 @@ class SchedulerHalf:
         if not asked[1].done():
             return None, False
         del self._asked[request.request_id]
-        hits = asked[1].result()
+        present, hits = asked[1].result()
+        state.saved = max(state.saved, start + present)  # in the tier, admitted or not
         figures = {"lookups": 1, "lookup_pages": limit - start, "hit_pages": hits}
         count(**figures)
         self.stats.update(figures)
@@ -129,7 +135,9 @@ class SchedulerHalf:
                 state.block_ids.extend(blocks[0])
             self._save(req_id, state, cached.num_computed_tokens[i] + scheduled[req_id], saves)
         loads, self._loads = tuple(self._loads), []
-        return StepPlan(loads, tuple(saves))
+        only_new = len(output.scheduled_new_reqs) == len(scheduled)
+        prefill = int(sum(scheduled.values())) if only_new else 0
+        return StepPlan(loads, tuple(saves), prefill)
 
     def _save(self, req_id: str, state: _Request, computed: int, saves: list[BlockJob]) -> None:
         full = min(computed, state.prompt_tokens, len(state.keys) * self.block) // self.block

@@ -44,10 +44,27 @@ class WorkerHalf:
         self._closing: set[str] = set()  # finished requests awaiting their transfers
         self._errors: set[int] = set()
         self.stats: Counter[str] = Counter()  # since vLLM last asked
+        self._step_at: float | None = None  # when the step's forward pass began
 
     def _indices(self, block_ids: tuple[int, ...]) -> np.ndarray:
         ids = np.asarray(block_ids, dtype=np.int64)
         return (ids[:, None] * self.block + np.arange(self.block)).ravel()
+
+    def step_started(self) -> None:
+        """vLLM is about to run a step's forward pass (it bound the step's metadata)."""
+        self._step_at = time.perf_counter()
+
+    def step_ended(self, plan: StepPlan) -> None:
+        """The step's forward pass ended (``wait_for_save``): a step that only prefilled
+        gives the engine's prefill rate, which the admission gate prefers to a configured
+        one (in this process; the stats carry it to a scheduler of its own)."""
+        started, self._step_at = self._step_at, None
+        if started is None or plan.prefill_tokens <= 0:
+            return
+        seconds = time.perf_counter() - started
+        self.pipeline.prefill_observed(plan.prefill_tokens, seconds)
+        with self._lock:
+            self.stats.update(prefill_tokens=plan.prefill_tokens, prefill_us=int(seconds * 1e6))
 
     def submit(self, plan: StepPlan, loads: bool) -> None:
         """Start ``plan``'s loads (``loads``) or its saves on their threads."""

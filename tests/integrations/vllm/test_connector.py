@@ -76,3 +76,32 @@ def test_a_scheduler_and_a_worker_in_processes_of_their_own_share_the_host_tier(
     assert [r["output"] for r in first] == [r["output"] for r in second]
     assert [r["cached_tokens"] for r in first] == [0] * len(prompts)
     assert all(r["cached_tokens"] == BLOCKS * BLOCK_SIZE for r in second)
+
+
+def test_a_separate_scheduler_gates_on_the_restore_rate_its_workers_measured(
+    vllm: None, tmp_path: Path
+) -> None:
+    """Under the ``mp`` executor the scheduler restores nothing itself: the workers' loads
+    and saves (and the prefill rate the worker timed) reach its gate through the stats vLLM
+    hands it each step. With probes of one block and the widest margin (a restore may take 11
+    times its compute: loads from shared memory take a small fraction of the tiny model's
+    prefill on any machine), every request of the second pass is admitted whole: on the rate
+    the first pass's saves measured, then its loads'. Without the workers' figures, each
+    lookup would stay a one-block probe."""
+    base = [[5 + (31 * p + 7 * t) % 1000 for t in range(BLOCKS * BLOCK_SIZE + 5)] for p in range(3)]
+    prompts = [prompt(n, t) for n, t in enumerate(base)]
+    setup = ReplaySetup(engine="vllm", requests=len(prompts), passes=2)
+    write_model(tmp_path / "model")
+    overrides = {
+        "backend.options.dir": str(tmp_path / "tiers"),
+        "admission.options.prefill_tokens_per_s": 1.0,  # the engine's timed rate wins
+        "admission.options.margin": 10.0,
+        "admission.options.probe_pages": 1,
+    }
+    job = vllm_job(setup, prompts, tmp_path, "gated")
+    job["kv_transfer_config"]["kv_connector_extra_config"]["overrides"].update(overrides)
+    job["executor"] = "mp"
+    records = run_job(job, "separate", tmp_path)["records"]
+    first, second = records[: len(prompts)], records[len(prompts) :]
+    assert [r["output"] for r in first] == [r["output"] for r in second]
+    assert all(r["cached_tokens"] == BLOCKS * BLOCK_SIZE for r in second)

@@ -101,6 +101,7 @@ def test_each_computed_full_prompt_block_is_saved_once() -> None:
     # Step 1: vLLM had block 0; the chunk computes 2 blocks and a half.
     plan = half.plan(output([new], scheduled={"r": 2 * BLOCK + 2}))
     assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[1], keys[2]), (8, 9))]
+    assert plan.prefill_tokens == 2 * BLOCK + 2  # a step of new requests only: timed
     # Step 2: the rest of the prompt and a generated token; new blocks appended.
     cached = SimpleNamespace(
         req_ids=["r"],
@@ -110,6 +111,7 @@ def test_each_computed_full_prompt_block_is_saved_once() -> None:
     )
     plan = half.plan(output([], cached, {"r": 3 * BLOCK}))
     assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[3], keys[4]), (20, 21))]
+    assert plan.prefill_tokens == 0  # a request already running: not a prefill of its own
     assert half.finished(SimpleNamespace(request_id="r")) is True
     half.close()
 
@@ -130,4 +132,18 @@ def test_a_failing_tier_is_a_miss() -> None:
 
     half = SchedulerHalf(BLOCK, "p:", broken)
     assert ask(half, request("r", list(range(3 * BLOCK))), 0) == (0, False)
+    half.close()
+
+
+def test_blocks_present_but_declined_by_the_gate_are_computed_and_not_saved_again() -> None:
+    tokens = list(range(5 * BLOCK + 1))
+    keys = block_keys(tokens, BLOCK, "p:", 10)
+    half = SchedulerHalf(BLOCK, "p:", lambda keys: (3, 0))  # 3 present, none admitted
+    req = request("r", tokens)
+    assert ask(half, req, 0) == (0, False)  # nothing to load: vLLM computes
+    new = SimpleNamespace(
+        req_id="r", prompt_token_ids=tokens, block_ids=([1, 2, 3, 4, 5],), num_computed_tokens=0
+    )
+    plan = half.plan(output([new], scheduled={"r": 5 * BLOCK + 1}))
+    assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[3], keys[4]), (4, 5))]
     half.close()

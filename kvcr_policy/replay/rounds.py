@@ -1,0 +1,81 @@
+"""The runs of a replay, in rounds: every arm (no tier, the ``--vs`` profile, ``--profile``)
+once a round, in an order that rotates from round to round (and reverses every other cycle),
+so that no arm always runs first, last or after the same neighbour on a machine whose load
+drifts. An engine (:class:`EngineRuns`) runs one arm; this module owns the order, the replay's
+own tier around each run (:mod:`.tier`) and the medians over the rounds."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .figures import compare, compare_no_tier
+from .setup import ReplaySetup, labelled_runs
+from .tier import run_tier
+
+__all__ = ["EngineRuns", "orders", "run_rounds", "summarize_rounds"]
+
+
+class EngineRuns(Protocol):
+    """One engine's side of a replay: its tier's capacity and one run's figures."""
+
+    capacity: int
+
+    def run(self, label: str, profile: str | None, tier: dict[str, Any]) -> dict[str, Any]:
+        """One run of the prompts with ``profile`` (None: no L3 tier), its tier pointed at by
+        ``tier`` (overrides); its figures, with ``outputs``."""
+        ...
+
+
+def orders(arms: Sequence[str], rounds: int) -> list[list[str]]:
+    """The arms' order in each round: rotated by one each round, reversed every other cycle."""
+    k = len(arms)
+    chosen = []
+    for n in range(rounds):
+        turned = list(arms[n % k :]) + list(arms[: n % k])
+        chosen.append(turned[::-1] if (n // k) % 2 else turned)
+    return chosen
+
+
+def run_rounds(setup: ReplaySetup, engine: EngineRuns) -> list[dict[str, dict[str, Any]]]:
+    """``setup.repeat`` rounds of every arm; per round ``{label: figures}`` (with ``order``,
+    the position the run had in its round)."""
+    profiles = dict(labelled_runs(setup))
+    rounds = []
+    for order in orders(list(profiles), setup.repeat):
+        runs: dict[str, dict[str, Any]] = {}
+        for position, label in enumerate(order):
+            with run_tier(setup, profiles[label], engine.capacity) as tier:
+                runs[label] = dict(engine.run(label, profiles[label], tier), order=position)
+        rounds.append({label: runs[label] for label in profiles})
+    return rounds
+
+
+def _head(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One round's headline: the tier against the baseline (and no tier, with ``--vs``)."""
+    head = compare(runs["baseline"], runs["tier"])
+    if "no_tier" in runs:
+        head.update(compare_no_tier(runs["no_tier"]))
+    return head
+
+
+def summarize_rounds(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The headline keys, each the median over the rounds (the one round's own value when
+    there is one), and with several rounds every round's headline and order."""
+    heads = [_head(runs) for runs in rounds]
+    result: dict[str, Any] = {}
+    for name in heads[0]:
+        values = [h[name] for h in heads if h[name] is not None]
+        result[name] = _median(values) if values else None
+    if len(rounds) > 1:
+        result["rounds"] = [
+            dict(head, order=sorted(runs, key=lambda label: runs[label]["order"]))
+            for head, runs in zip(heads, rounds, strict=True)
+        ]
+    return result
+
+
+def _median(values: list[Any]) -> Any:
+    middle = statistics.median(values)
+    return round(middle) if isinstance(values[0], int) else middle

@@ -1,0 +1,45 @@
+"""The connector's worker half times the steps that only prefill (the engine's prefill rate
+for the admission gate), and a scheduler of its own reads the workers' figures from the stats
+vLLM hands it. The pipeline is a recorder here: what is tested is what the worker reports
+(the whole connector runs inside a real vLLM engine in ``test_connector.py``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvcr_policy.integrations.vllm.jobs import StepPlan
+from kvcr_policy.integrations.vllm.worker import WorkerHalf
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.prefills: list[tuple[int, float]] = []
+
+    def prefill_observed(self, tokens: int, seconds: float) -> None:
+        self.prefills.append((tokens, seconds))
+
+
+def test_a_step_that_only_prefills_reports_its_tokens_and_seconds() -> None:
+    pipeline = Recorder()
+    worker = WorkerHalf(pipeline, 4, 1024)
+    worker.step_ended(StepPlan(prefill_tokens=64))  # no step began: nothing to time
+    worker.step_started()
+    worker.step_ended(StepPlan(prefill_tokens=0))  # a decode step: not a prefill rate
+    worker.step_started()
+    worker.step_ended(StepPlan(prefill_tokens=64))
+    assert [tokens for tokens, _ in pipeline.prefills] == [64]
+    assert pipeline.prefills[0][1] >= 0
+    stats = worker.take_stats()
+    assert stats["prefill_tokens"] == 64 and "prefill_us" in stats
+    worker.close()
+
+
+def test_a_separate_scheduler_reads_the_workers_figures(vllm: None) -> None:
+    from kvcr_policy.integrations.vllm.connector import KVCRPolicyConnectorStats, workers_moved
+
+    data = {"load_bytes": 4096, "load_us": 2000, "save_bytes": 0, "prefill_tokens": 64}
+    output = SimpleNamespace(kv_connector_stats=KVCRPolicyConnectorStats(data=data))
+    assert workers_moved(output, "load") == (4096, 0.002)
+    assert workers_moved(output, "save") is None  # nothing saved
+    assert workers_moved(output, "prefill") is None  # tokens without seconds: not a rate
+    assert workers_moved(SimpleNamespace(kv_connector_stats=None), "load") is None

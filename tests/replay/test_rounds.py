@@ -1,0 +1,76 @@
+"""The replay's rounds: every arm once a round, in orders that rotate and reverse, and the
+headline as medians over the rounds. The engine here records the order it was asked in and
+returns given figures: what is tested is the driver; the engines' own runs are tested in
+test_replay_sglang.py and test_replay_vllm.py."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcr_policy.replay.figures import summarize
+from kvcr_policy.replay.rounds import orders, run_rounds, summarize_rounds
+from kvcr_policy.replay.setup import ReplaySetup
+from tests.support.paths import ROOT
+
+ARMS = ["no_tier", "baseline", "tier"]
+
+
+@given(st.integers(1, 4))
+def test_every_arm_takes_every_place_and_both_orders(cycles: int) -> None:
+    chosen = orders(ARMS, 2 * len(ARMS) * cycles)
+    assert all(sorted(order) == sorted(ARMS) for order in chosen)
+    places = Counter((place, arm) for order in chosen for place, arm in enumerate(order))
+    assert set(places.values()) == {2 * cycles}  # each arm in each place equally often
+    pairs = Counter((a, b) for order in chosen for a, b in itertools.pairwise(order))
+    assert len(pairs) == len(ARMS) * (len(ARMS) - 1)  # every arm ran before and after each
+
+
+def test_one_round_runs_in_the_given_order() -> None:
+    assert orders(ARMS, 1) == [ARMS]
+
+
+class Recorded:
+    """An engine that records its runs; its TTFT is given per (round, label)."""
+
+    capacity = 1 << 20
+
+    def __init__(self, ttft: dict[str, list[float]]) -> None:
+        self.ttft, self.asked = ttft, []
+
+    def run(self, label: str, profile: str | None, tier: dict[str, Any]) -> dict[str, Any]:
+        n = sum(1 for asked, _ in self.asked if asked == label)
+        self.asked.append((label, profile))
+        record = {"pass": 1, "ttft_s": self.ttft[label][n], "prompt_tokens": 64}
+        measured = summarize([dict(record, cached_tokens=0 if profile is None else 64)], 1)
+        return {"measured": measured, "hit_tokens": 0, "bytes_restored": 0, "outputs": []}
+
+
+def test_the_headline_is_the_median_over_rounds_and_every_round_is_kept() -> None:
+    setup = ReplaySetup(
+        engine="sglang",
+        trace=ROOT / "data/traces/conversation_trace.jsonl.xz",
+        profile="gated",
+        vs="throughput",
+        repeat=3,
+    )
+    engine = Recorded({"no_tier": [3.0, 1.0, 2.0], "baseline": [0.5, 0.4, 9.0], "tier": [0.3] * 3})
+    rounds = run_rounds(setup, engine)
+    assert [label for label, _ in engine.asked] == [a for order in orders(ARMS, 3) for a in order]
+    assert dict(engine.asked) == {"no_tier": None, "baseline": "throughput", "tier": "gated"}
+    head = summarize_rounds(rounds)
+    assert head["no_tier_ttft_p50_s"] == 2.0 and head["baseline_ttft_p50_s"] == 0.5
+    assert head["ttft_p50_s"] == 0.3
+    assert [r["order"] for r in head["rounds"]] == orders(ARMS, 3)
+    assert [r["baseline_ttft_p50_s"] for r in head["rounds"]] == [0.5, 0.4, 9.0]
+
+
+def test_one_round_reports_its_own_values_and_no_rounds() -> None:
+    setup = ReplaySetup(engine="sglang", trace=ROOT / "data/traces/conversation_trace.jsonl.xz")
+    rounds = run_rounds(setup, Recorded({"baseline": [1.0], "tier": [0.25]}))
+    head = summarize_rounds(rounds)
+    assert head["ttft_p50_s"] == 0.25 and "rounds" not in head
