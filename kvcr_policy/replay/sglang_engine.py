@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import ReplayError
 from ..integrations.sglang.config import extra_config_for
+from . import children
 from .engine import RunsFolder, run_figures
 from .prefill import prefill_seconds_per_token
 from .prompts import Prompt
@@ -84,9 +85,7 @@ def _run(job: dict[str, Any], folder: Path, ranks: int) -> list[dict[str, Any]]:
         for rank in range(ranks)
     ]
     procs = [
-        subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=sys.stderr, stderr=sys.stderr, text=True
-        )
+        children.start(command, stdin=subprocess.PIPE, stdout=sys.stderr, stderr=sys.stderr)
         for _ in jobs
     ]
     try:
@@ -96,10 +95,8 @@ def _run(job: dict[str, Any], folder: Path, ranks: int) -> list[dict[str, Any]]:
             proc.stdin.close()
         codes = _wait_all(procs, label)
     finally:
-        for proc in procs:  # a rank that failed leaves the others in a collective: end them
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        for proc in procs:  # a rank that failed leaves the others in a collective: end them,
+            children.end(proc)  # and whatever each rank started (SGLang's scheduler)
     results = []
     for code, rank_job in zip(codes, jobs, strict=True):
         result_file = Path(rank_job["result"])

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ReplayError
 from ..integrations.vllm.config import connector_config_for
+from . import children
 from .engine import RunsFolder, run_figures
 from .prompts import Prompt
 from .setup import ReplaySetup
@@ -75,21 +76,16 @@ def run_job(job: dict[str, Any], label: str, folder: Path) -> dict[str, Any]:
         flush=True,
     )
     command = [sys.executable, "-m", "kvcr_policy.replay.vllm_run"]
+    proc = children.start(command, stdin=subprocess.PIPE, stdout=sys.stderr, stderr=sys.stderr)
     try:
-        done = subprocess.run(
-            command,
-            input=json.dumps(job),
-            text=True,
-            stdout=sys.stderr,
-            stderr=sys.stderr,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
+        proc.communicate(json.dumps(job), timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise ReplayError(f"replay {label}: vLLM did not finish in {TIMEOUT_S} s") from None
+    finally:
+        children.end(proc)  # vLLM's engine core and workers too, whatever the run's status
     result_file = Path(job["result"])
-    if done.returncode != 0 or not result_file.exists():
-        message = f"replay {label}: the vLLM run exited {done.returncode}; its log is above"
+    if proc.returncode != 0 or not result_file.exists():
+        message = f"replay {label}: the vLLM run exited {proc.returncode}; its log is above"
         raise ReplayError(message)
     result: dict[str, Any] = json.loads(result_file.read_text(encoding="utf-8"))
     return result
