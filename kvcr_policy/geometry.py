@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn, get_args
 
@@ -59,6 +59,7 @@ __all__ = [
     "check_unchanged",
     "fragment_offsets",
     "key_pages",
+    "opaque",
     "page_indices",
     "preset",
     "validate_buffer",
@@ -213,6 +214,10 @@ class PoolGeometry:
         """A copy with another token count (a tier mirrors the pool's layout with its slots)."""
         return dataclasses.replace(self, tokens=tokens)
 
+    def tier(self, name: str, slots: int) -> PoolGeometry:
+        """A host tier of ``slots`` pages laid out as this pool, named ``name``, on the CPU."""
+        return dataclasses.replace(self, name=name, tokens=slots * self.page_size, device="cpu")
+
     def digest(self) -> str:
         """A short stable hex digest of the byte layout; name, tokens and device excluded.
 
@@ -242,6 +247,22 @@ def preset(
     if mla:
         dims["heads"] = 1
     return PoolGeometry(name=name, layout=layout, tokens=tokens, mla=mla, device=device, **dims)
+
+
+def opaque(name: str, page_bytes: int, pages: int, layout: Layout = "page_first") -> PoolGeometry:
+    """A pool of ``pages`` opaque pages of ``page_bytes`` bytes, each one contiguous fragment:
+    one MLA layer of one token per page, uint8 (an engine's rows that are bytes to us)."""
+    return PoolGeometry(
+        name=name,
+        layout=layout,
+        layers=1,
+        heads=1,
+        head_dim=page_bytes,
+        dtype="uint8",
+        page_size=1,
+        tokens=pages,
+        mla=True,
+    )
 
 
 def fragment_offsets(geometry: PoolGeometry, pages: npt.ArrayLike) -> Int64Array:
@@ -430,48 +451,44 @@ def _well_formed(rows: Int64Array, firsts: Int64Array, tokens: int) -> bool:
 def _explain_indices(geometry: PoolGeometry, flat: Int64Array) -> None:
     """Raise :class:`IndicesError` for the first offence in ``flat`` (not well formed)."""
     size = geometry.page_size
-    out_of_range = (flat < 0) | (flat >= geometry.tokens)
-    if out_of_range.any():
-        pos = int(np.argmax(out_of_range))
-        _refuse_indices(
-            geometry,
-            f"token index at position {pos}: expected 0 <= index < {geometry.tokens}",
-            str(int(flat[pos])),
-        )
+    _refuse_first(
+        geometry,
+        (flat < 0) | (flat >= geometry.tokens),
+        flat,
+        lambda pos: f"token index at position {pos}: expected 0 <= index < {geometry.tokens}",
+    )
     rows = flat.reshape(-1, size)
     firsts = rows[:, 0]
-    misaligned = firsts % size != 0
-    if misaligned.any():
-        row = int(np.argmax(misaligned))
-        _refuse_indices(
-            geometry,
+    _refuse_first(
+        geometry,
+        firsts % size != 0,
+        firsts,
+        lambda row: (
             f"token index at position {row * size} (first of page {row}): "
-            f"expected a multiple of page_size {size}",
-            str(int(firsts[row])),
-        )
-    expected = firsts[:, None] + np.arange(size, dtype=np.int64)
-    broken = (rows != expected).ravel()
-    if broken.any():
-        pos = int(np.argmax(broken))
-        _refuse_indices(
-            geometry,
-            f"token index at position {pos}: expected {int(expected.ravel()[pos])} "
-            f"(each page's tokens consecutive)",
-            str(int(flat[pos])),
-        )
+            f"expected a multiple of page_size {size}"
+        ),
+    )
+    expected = (firsts[:, None] + np.arange(size, dtype=np.int64)).ravel()
+    _refuse_first(
+        geometry,
+        rows.ravel() != expected,
+        flat,
+        lambda pos: (
+            f"token index at position {pos}: expected {int(expected[pos])} "
+            f"(each page's tokens consecutive)"
+        ),
+    )
 
 
 def check_pages(geometry: PoolGeometry, pages: object) -> Int64Array:
     """Validate already-paged indices: 1-D integer page numbers in ``[0, pages)``; as int64."""
     flat = _as_int64(geometry, pages, "page indices")
-    out_of_range = (flat < 0) | (flat >= geometry.pages)
-    if out_of_range.any():
-        pos = int(np.argmax(out_of_range))
-        _refuse_indices(
-            geometry,
-            f"page index at position {pos}: expected 0 <= page < {geometry.pages}",
-            str(int(flat[pos])),
-        )
+    _refuse_first(
+        geometry,
+        (flat < 0) | (flat >= geometry.pages),
+        flat,
+        lambda pos: f"page index at position {pos}: expected 0 <= page < {geometry.pages}",
+    )
     return flat
 
 
@@ -496,3 +513,13 @@ def _as_int64(geometry: PoolGeometry, values: object, what: str) -> Int64Array:
 def _refuse_indices(geometry: PoolGeometry, expected: str, got: str) -> NoReturn:
     message = f"pool {geometry.name!r}: {expected}, got {got}"
     raise IndicesError(message)
+
+
+def _refuse_first(
+    geometry: PoolGeometry, offends: Any, values: Int64Array, expected: Callable[[int], str]
+) -> None:
+    """Refuse the first position where ``offends`` holds, naming its value in ``values`` and
+    what ``expected(position)`` says; nothing where none offends."""
+    if offends.any():
+        pos = int(np.argmax(offends))
+        _refuse_indices(geometry, expected(pos), str(int(values[pos])))

@@ -6,8 +6,9 @@ itself (:data:`MODULES`), and from nothing else of kvcr_policy: the rest (the ``
 change without notice. A test checks that the plugins shipped with kvcr_policy keep to this
 list, and import-linter forbids them the backend packages, ``bench`` and ``cli``.
 
-- registering: :func:`hookimpl` and the ``register`` callbacks' types (hooks in
-  :mod:`kvcr_policy.hookspecs`);
+- registering: :func:`hookimpl`, the ``register`` callbacks' types (hooks in
+  :mod:`kvcr_policy.hookspecs`) and :class:`Lazy` (a factory whose module is imported only
+  when something is built);
 - strategies: the protocols of :mod:`kvcr_policy.strategies` and the config sections;
 - backends: the seam of :mod:`kvcr_policy.backends.base` (read its docstring first),
   descriptors, geometry, placed memory (:class:`Region`, opened by the placement strategy),
@@ -40,6 +41,8 @@ from .backends.staging import (
     fragment_planes,
     packed,
     stages_pages,
+    staging_below_field,
+    staging_bytes_field,
     staging_pages,
 )
 from .bench_adapter import BenchBackend, BenchSetup, Pipeline
@@ -79,6 +82,7 @@ from .hookspecs import hookimpl
 from .keys import key_part
 from .memory import DeviceLocality, PlacementAudit, Region
 from .registry import (
+    Lazy,
     NoOptions,
     RegisterBackend,
     RegisterBenchBackend,
@@ -136,6 +140,7 @@ __all__ = [
     "FallbackStrategy",
     "IndicesError",
     "KVCRPolicyError",
+    "Lazy",
     "NoOptions",
     "PagePlanes",
     "Pipeline",
@@ -185,6 +190,8 @@ __all__ = [
     "packed",
     "size_field",
     "stages_pages",
+    "staging_below_field",
+    "staging_bytes_field",
     "staging_pages",
     "strategy_name",
     "tunable",

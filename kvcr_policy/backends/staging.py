@@ -33,8 +33,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..config.fields import size_field
 from ..errors import PoolError, TransportError
 from ..geometry import PoolGeometry
+from .base import PoolSpec
 
 __all__ = [
     "PagePlanes",
@@ -42,6 +44,8 @@ __all__ = [
     "fragment_planes",
     "packed",
     "stages_pages",
+    "staging_below_field",
+    "staging_bytes_field",
     "staging_pages",
 ]
 
@@ -70,6 +74,28 @@ def staging_pages(name: str, page_bytes: int, nbytes: int, why: str) -> int:
         )
         raise PoolError(message)
     return nbytes // page_bytes
+
+
+def staging_bytes_field(default: int, registered: str = "") -> Any:
+    """A backend's ``staging_bytes`` option: its staging area per staged pool (at most 1TiB),
+    taken and registered (``registered``: with what, e.g. ``" with KVCR"``) on attach."""
+    return size_field(
+        default,
+        1 << 40,
+        "Host memory of the staging area of each staged pool (at most 1TiB; at least one "
+        f"page), taken and registered{registered} once, when the pool is attached.",
+    )
+
+
+def staging_below_field(default: int, why: str = "") -> Any:
+    """A backend's ``staging_below_bytes`` option: under ``staging = 'auto'``, the fragment
+    size below which a page is staged (at most 1TiB); ``why`` explains the default."""
+    more = f"; {why}" if why else "."
+    return size_field(
+        default,
+        1 << 40,
+        f"auto: stage pages whose fragments are smaller than this (at most 1TiB){more}",
+    )
 
 
 def fragment_planes(geometry: PoolGeometry, address: int, nbytes: int, name: str) -> np.ndarray:
@@ -204,6 +230,11 @@ class PagePlanes:
         self.planes = fragment_planes(geometry, address, nbytes, name)
         self.fragments = geometry.fragments_per_page
         self.fragment_bytes = geometry.fragment_bytes
+
+    @classmethod
+    def of(cls, spec: PoolSpec) -> PagePlanes:
+        """The pages of the pool ``spec`` names (its endpoint's host memory)."""
+        return cls(spec.geometry, spec.endpoint.address, spec.endpoint.nbytes, spec.name)
 
     def _rows(self, area: StagingArea) -> np.ndarray:
         return area.buffer.reshape(-1, self.fragments, self.fragment_bytes)

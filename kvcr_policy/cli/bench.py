@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ..config.loading import profile_or
+from ..config.selection import profile_or
 from ..model.shape import ShapeOptions
 from .axes import BackendOpt, LayoutOpt, ScatterOpt, TargetOpt, TokensOpt
 from .figure import check_figure_path

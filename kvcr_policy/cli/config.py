@@ -12,7 +12,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..config.loading import LoadedConfig, bundled_profiles, load_config
+from ..config.loading import LoadedConfig, load_config
+from ..config.selection import bundled_profiles
 from ..errors import ConfigError, KVCRPolicyError
 from .options import Format, PlainFormat, ProfileOpt, SetOpt, err, out, overrides, print_json
 

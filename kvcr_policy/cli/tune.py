@@ -8,7 +8,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from ..config.loading import profile_or
+from ..config.selection import profile_or
 from ..model.shape import ShapeOptions, resolve_shape
 from ..tune.setup import MAX_BUDGET_S, MIN_BUDGET_S
 from .axes import BackendOpt, LayoutOpt, ScatterOpt, TargetOpt, TokensOpt

@@ -220,32 +220,33 @@ class PlacementSection(Section):
 
     @model_validator(mode="after")
     def _nodes_match_policy(self) -> PlacementSection:
-        if self.numa_policy == "gpu" and self.numa_nodes:
-            message = (
-                f"placement.numa_nodes {list(self.numa_nodes)} is set but placement.numa_policy "
-                "'gpu' takes each tier's node from its pool's GPU; drop numa_nodes, or name the "
-                "nodes with numa_policy 'preferred', 'bind' or 'interleave'"
-            )
-            raise ValueError(message)
-        if self.numa_policy == "none" and self.numa_nodes:
-            message = (
-                f"placement.numa_nodes {list(self.numa_nodes)} is set but placement.numa_policy "
-                "is 'none'; set numa_policy to 'preferred', 'bind' or 'interleave', or drop "
-                "numa_nodes"
-            )
-            raise ValueError(message)
-        if self.numa_policy not in ("none", "gpu") and not self.numa_nodes:
-            message = (
-                f"placement.numa_policy {self.numa_policy!r} needs placement.numa_nodes; "
-                "name at least one node, e.g. numa_nodes = [0]"
-            )
-            raise ValueError(message)
-        if self.numa_policy == "preferred" and len(self.numa_nodes) != 1:
-            message = (
-                f"placement.numa_policy 'preferred' takes exactly one node in "
-                f"placement.numa_nodes; got {list(self.numa_nodes)}"
-            )
-            raise ValueError(message)
+        policy, nodes = self.numa_policy, list(self.numa_nodes)
+        refusals = (
+            (
+                policy == "gpu" and nodes,
+                f"placement.numa_nodes {nodes} is set but placement.numa_policy 'gpu' takes "
+                "each tier's node from its pool's GPU; drop numa_nodes, or name the nodes with "
+                "numa_policy 'preferred', 'bind' or 'interleave'",
+            ),
+            (
+                policy == "none" and nodes,
+                f"placement.numa_nodes {nodes} is set but placement.numa_policy is 'none'; set "
+                "numa_policy to 'preferred', 'bind' or 'interleave', or drop numa_nodes",
+            ),
+            (
+                policy not in ("none", "gpu") and not nodes,
+                f"placement.numa_policy {policy!r} needs placement.numa_nodes; name at least "
+                "one node, e.g. numa_nodes = [0]",
+            ),
+            (
+                policy == "preferred" and len(nodes) != 1,
+                "placement.numa_policy 'preferred' takes exactly one node in "
+                f"placement.numa_nodes; got {nodes}",
+            ),
+        )
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
         return self
 
 

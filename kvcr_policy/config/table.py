@@ -22,7 +22,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..values import as_written
-from .loading import LoadedConfig, bundled_profiles
+from .loading import LoadedConfig
+from .selection import bundled_profiles
 from .sources import env_name, flatten
 
 __all__ = ["Row", "config_rows", "config_table", "short_origin", "short_path"]

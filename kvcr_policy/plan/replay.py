@@ -24,7 +24,7 @@ read, never copied. Cost: about a microsecond per block reference on one core.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
 from ..strategies import EvictionPolicy
@@ -60,6 +60,20 @@ def _rounds(blocks: list[int]) -> list[int]:
     return [block_id for _, _, block_id in sorted(numbered)]
 
 
+def _lookups(trace: Trace, held: Container[int]) -> Iterator[tuple[list[int], int, int]]:
+    """Each request's block ids, how many lead in ``held`` (``k``, looked up as the request
+    comes: after the caller has handled the one before) and the tokens they hit."""
+    block, ids, starts, inputs = trace.block_tokens, trace.ids, trace.starts, trace.inputs
+    for request in range(len(inputs)):
+        blocks = ids[starts[request] : starts[request + 1]].tolist()
+        k = 0
+        for block_id in blocks:
+            if block_id not in held:
+                break
+            k += 1
+        yield blocks, k, min(block * k, inputs[request])
+
+
 def _not_in(kept: set[int]) -> Callable[[int], bool]:
     """Evictable: any slot but those the write keeps (its present blocks), as the store says."""
     return lambda slot: slot not in kept
@@ -74,17 +88,10 @@ def replay(trace: Trace, capacity_blocks: int, policy: EvictionPolicy) -> Replay
     owner: dict[int, int] = {}  # slot -> block id
     freed: list[int] = []
     fresh = 0  # slots never used yet: 0 .. fresh-1 have been handed out
-    block, ids, starts, inputs = trace.block_tokens, trace.ids, trace.starts, trace.inputs
     hit_tokens = hit_blocks = evictions = 0
-    for request in range(len(inputs)):
-        blocks = ids[starts[request] : starts[request + 1]].tolist()
-        k = 0
-        for block_id in blocks:
-            if block_id not in present:
-                break
-            k += 1
+    for blocks, k, hit in _lookups(trace, present):
         hit_blocks += k
-        hit_tokens += min(block * k, inputs[request])
+        hit_tokens += hit
         for block_id in blocks[:k] if k == len(set(blocks[:k])) else _rounds(blocks[:k]):
             touch(present[block_id])  # the restore: each hit used
         rest = list(dict.fromkeys(blocks[k:]))  # the write
@@ -115,23 +122,16 @@ def replay(trace: Trace, capacity_blocks: int, policy: EvictionPolicy) -> Replay
             owner[slot] = block_id
             admit(slot, block_id)
     return Replay(
-        capacity_blocks, len(inputs), trace.input_tokens, hit_tokens, hit_blocks, evictions
+        capacity_blocks, trace.requests, trace.input_tokens, hit_tokens, hit_blocks, evictions
     )
 
 
 def replay_unbounded(trace: Trace) -> Replay:
     """The replay with no capacity limit: every block stays once seen (the most hits)."""
     seen: set[int] = set()
-    block, ids, starts, inputs = trace.block_tokens, trace.ids, trace.starts, trace.inputs
     hit_tokens = hit_blocks = 0
-    for request in range(len(inputs)):
-        blocks = ids[starts[request] : starts[request + 1]].tolist()
-        k = 0
-        for block_id in blocks:
-            if block_id not in seen:
-                break
-            k += 1
+    for blocks, k, hit in _lookups(trace, seen):
         hit_blocks += k
-        hit_tokens += min(block * k, inputs[request])
+        hit_tokens += hit
         seen.update(blocks)
-    return Replay(None, len(inputs), trace.input_tokens, hit_tokens, hit_blocks, 0)
+    return Replay(None, trace.requests, trace.input_tokens, hit_tokens, hit_blocks, 0)

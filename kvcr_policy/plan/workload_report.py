@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,24 +58,51 @@ def _heading(plan: Plan) -> list[str]:
     ]
 
 
+#: A table's columns: each one's header and its cell of a row (a dict of the figures).
+Columns = tuple[tuple[str, Callable[[dict[str, Any]], str]], ...]
+
+#: The columns of an eviction strategy's table, a row a capacity.
+_CAPACITIES: Columns = (
+    ("capacity", lambda row: _count(row["capacity_tokens"])),
+    ("hit rate", lambda row: f"{row['hit_rate']:.1%}"),
+    ("of max", lambda row: _share(row["share_of_max"])),
+    ("tier/rank", lambda row: sized(row["tier_bytes_per_rank"])),
+    (
+        "tier/host",
+        lambda row: sized(row["tier_bytes_per_host"]) + ("!" if row["fits_host"] is False else ""),
+    ),
+    ("restores/rank", lambda row: _rate(row["restore_bytes_per_s_rank"])),
+    ("of link", lambda row: _share(row["link_share"])),
+)
+
+#: The columns of the cascade's table, a row a DRAM capacity.
+_CASCADE: Columns = (
+    ("DRAM", lambda row: _count(row["dram_capacity_tokens"])),
+    ("alone", lambda row: f"{row['dram_alone_hit_rate']:.1%}"),
+    (
+        "+ disk",
+        lambda row: f"{row['cascade_hit_rate_at_least']:.1%}-{row['cascade_hit_rate']:.1%}",
+    ),
+    ("DRAM restores", lambda row: _rate(row["dram_restore_bytes_per_s_rank"])),
+    ("of link", lambda row: _share(row["dram_limit_share"])),
+    ("disk restores", lambda row: _rate(row["disk_restore_bytes_per_s_rank"])),
+    ("of disk", lambda row: _share(row["disk_limit_share"])),
+)
+
+
+def _grid(title: str, columns: Columns, rows: list[dict[str, Any]]) -> Table:
+    """A table under a left-aligned ``title``: ``columns`` right-justified, one line a row."""
+    table = Table(title=escape(title), title_justify="left", box=None, pad_edge=False)
+    for header, _ in columns:
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(cell(row) for _, cell in columns))
+    return table
+
+
 def _table(replay: dict[str, Any]) -> Table:
     title = f"eviction {replay['eviction']} (from {replay['eviction_from']})"
-    table = Table(title=escape(title), title_justify="left", box=None, pad_edge=False)
-    for column in ("capacity", "hit rate", "of max", "tier/rank", "tier/host", "restores/rank",
-                   "of link"):  # fmt: skip
-        table.add_column(column, justify="right", no_wrap=True)
-    for row in replay["capacities"]:
-        host = sized(row["tier_bytes_per_host"]) + ("!" if row["fits_host"] is False else "")
-        table.add_row(
-            _count(row["capacity_tokens"]),
-            f"{row['hit_rate']:.1%}",
-            _share(row["share_of_max"]),
-            sized(row["tier_bytes_per_rank"]),
-            host,
-            _rate(row["restore_bytes_per_s_rank"]),
-            _share(row["link_share"]),
-        )
-    return table
+    return _grid(title, _CAPACITIES, replay["capacities"])
 
 
 def _lines(replay: dict[str, Any]) -> list[str]:
@@ -105,21 +133,7 @@ def _cascade(plan: Plan, replay: dict[str, Any]) -> Table:
     limit = f"{disk['gigabytes_per_s']:.3g} GB/s" if disk["gigabytes_per_s"] else "no --disk-limit"
     size = _count(disk["capacity_tokens"])
     title = f"  DRAM alone against DRAM + {size} tokens of disk ({limit})"
-    table = Table(title=escape(title), title_justify="left", box=None, pad_edge=False)
-    for column in ("DRAM", "alone", "+ disk", "DRAM restores", "of link", "disk restores",
-                   "of disk"):  # fmt: skip
-        table.add_column(column, justify="right", no_wrap=True)
-    for row in replay["cascade"]:
-        table.add_row(
-            _count(row["dram_capacity_tokens"]),
-            f"{row['dram_alone_hit_rate']:.1%}",
-            f"{row['cascade_hit_rate_at_least']:.1%}-{row['cascade_hit_rate']:.1%}",
-            _rate(row["dram_restore_bytes_per_s_rank"]),
-            _share(row["dram_limit_share"]),
-            _rate(row["disk_restore_bytes_per_s_rank"]),
-            _share(row["disk_limit_share"]),
-        )
-    return table
+    return _grid(title, _CASCADE, replay["cascade"])
 
 
 def trace_tables(plan: Plan) -> Group:

@@ -20,8 +20,9 @@ from typing import Any
 
 from ..bench import BenchResult, run_bench
 from ..bench.resolve import resolve
-from ..config.loading import bundled_profiles, load_config, resolve_base, resolve_profile
+from ..config.loading import load_config
 from ..config.profiles import read_meta
+from ..config.selection import bundled_profiles, resolve_base, resolve_profile
 from ..config.sources import flatten
 from .host import describe_host
 from .search import Search, Trial, confirm_repeats

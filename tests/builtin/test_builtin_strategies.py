@@ -15,7 +15,7 @@ from kvcr_policy.builtin.batching import FixedBatching, ranges
 from kvcr_policy.builtin.coalescing import Contiguous, NoCoalescing
 from kvcr_policy.builtin.fallback import MissFallback, SparseFallback
 from kvcr_policy.builtin.thread_tuning import SwitchInterval
-from kvcr_policy.config.loading import bundled_profiles, load_config
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.config.schema import (
     STRATEGY_SECTIONS,
     BatchingSection,
@@ -23,6 +23,7 @@ from kvcr_policy.config.schema import (
     FallbackSection,
     ThreadTuningSection,
 )
+from kvcr_policy.config.selection import bundled_profiles
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.registry import NoOptions, Registry
 from kvcr_policy.strategies import (

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.config.loading import bundled_profiles, load_config
+from kvcr_policy.config.loading import load_config
 from kvcr_policy.config.order import FIELD_ORDER_FILE, schemas_dir
+from kvcr_policy.config.selection import bundled_profiles
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcr_policy.config.loading import PRECEDENCE, LoadedConfig, bundled_profiles, load_config
+from kvcr_policy.config.loading import PRECEDENCE, LoadedConfig, load_config
 from kvcr_policy.config.schema import PolicyConfig
+from kvcr_policy.config.selection import bundled_profiles
 from kvcr_policy.config.sources import env_name, known_leaves
 from kvcr_policy.registry import Registry
 from tests.strategies import config_leaves, env_text

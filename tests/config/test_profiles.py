@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy import load_config
-from kvcr_policy.config.loading import bundled_profiles
 from kvcr_policy.config.profiles import MAX_BASES, read_meta
+from kvcr_policy.config.selection import bundled_profiles
 from kvcr_policy.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcr_policy.config.loading import bundled_profiles, load_config
+from kvcr_policy.config.loading import load_config
+from kvcr_policy.config.selection import bundled_profiles
 from kvcr_policy.config.table import config_rows, short_origin, short_path
 from tests.support.paths import child_env
 

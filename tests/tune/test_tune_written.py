@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy import load_config
-from kvcr_policy.config.loading import bundled_profiles
 from kvcr_policy.config.profiles import read_meta
+from kvcr_policy.config.selection import bundled_profiles
 from kvcr_policy.config.sources import flatten
 from kvcr_policy.tune.written import render_profile, spell
 

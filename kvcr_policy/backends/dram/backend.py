@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -172,9 +171,7 @@ class DramBackend:
                 f"{geometry.page_bytes} bytes; raise it"
             )
             raise PoolError(message)
-        tier_geometry = replace(
-            geometry, name=f"{spec.name}.tier", tokens=slots * geometry.page_size, device="cpu"
-        )
+        tier_geometry = geometry.tier(f"{spec.name}.tier", slots)
         with self._lock:
             if self._closed:
                 raise ClosedError("backend 'dram' is closed; build a new pipeline")

@@ -9,8 +9,8 @@ Two forms of the same four calls (``set``, ``get``, ``batch_set``, ``batch_get``
   lie in the memory of a registered host pool (:class:`.memory.MemoryMap`), as Mooncake requires
   its buffers registered.
 
-An object is the concatenation of its pieces. Objects of one size share one pool of opaque
-pages of that size (:func:`.pools.flat_geometry`), staged through a small buffer: one copy in,
+An object is the concatenation of its pieces. Objects of one size share one pool of opaque pages
+of that size (:func:`~kvcr_policy.geometry.opaque`), staged through a small buffer: one copy in,
 one copy out, in chunks of at most :data:`STAGING_BYTES`. So a page stored as a tensor can be
 restored through a pointer and back. At most :data:`MAX_SIZES` sizes get a pool each (each has
 its own tier region).
@@ -29,8 +29,9 @@ import numpy.typing as npt
 from ...backends.host_copy import copy_descriptors
 from ...descriptors import Descriptors
 from ...errors import ArgumentError
+from ...geometry import opaque
 from ...pipeline import Pipeline
-from .pools import Namespace, flat_geometry
+from .pools import Namespace
 
 __all__ = ["MAX_SIZES", "STAGING_BYTES", "FlatObjects", "FlatPages", "Pieces"]
 
@@ -55,7 +56,7 @@ class FlatPages:
         self.name = name
         self.page_bytes = page_bytes
         self.namespace = namespace
-        self.geometry = flat_geometry(name, page_bytes, rows)
+        self.geometry = opaque(name, page_bytes, rows)
         self._staging = np.zeros(self.geometry.shape, dtype=np.uint8)
         self._address = int(self._staging.__array_interface__["data"][0])
         self._rows = rows

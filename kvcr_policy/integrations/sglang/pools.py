@@ -33,7 +33,6 @@ __all__ = [
     "KNOWN_LAYOUTS",
     "Namespace",
     "class_name",
-    "flat_geometry",
     "geometry_of",
     "known_geometry",
     "namespace_for",
@@ -146,24 +145,6 @@ def geometry_of(pool: Any, name: str) -> PoolGeometry:
         tokens=int(pool.size),
         mla=mla,
         device=str(buffer.device),
-    )
-
-
-def flat_geometry(name: str, page_bytes: int, pages: int) -> PoolGeometry:
-    """A pool of ``pages`` opaque pages of ``page_bytes`` bytes, each one contiguous fragment.
-
-    Used for the tensor (v0) API: one MLA ``page_first`` layer of one token per page, uint8.
-    """
-    return PoolGeometry(
-        name=name,
-        layout="page_first",
-        layers=1,
-        heads=1,
-        head_dim=page_bytes,
-        dtype="uint8",
-        page_size=1,
-        tokens=pages,
-        mla=True,
     )
 
 

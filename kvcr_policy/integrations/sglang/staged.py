@@ -2,8 +2,8 @@
 
 The pipeline moves bytes between a registered buffer and the tier by geometry. A pool whose
 layout kvcr_policy does not model (:mod:`.access`) is therefore given a stand-in: a staging
-buffer of opaque pages (:func:`.pools.flat_geometry`) registered under the pool's name. A store
-gathers the pool's pages into staging rows and stores the rows; a restore reads rows and
+buffer of opaque pages (:func:`~kvcr_policy.geometry.opaque`) registered under the pool's name.
+A store gathers the pool's pages into staging rows and stores the rows; a restore reads rows and
 scatters them into the pool's pages. One copy more than the zero-copy path, never a byte the
 pool did not list.
 
@@ -22,10 +22,9 @@ import numpy as np
 import torch
 
 from ...backends.staging import StagingArea
-from ...geometry import PoolGeometry, key_pages
+from ...geometry import PoolGeometry, key_pages, opaque
 from ...pipeline import Pipeline
 from .access import PageAccess
-from .pools import flat_geometry
 
 __all__ = ["STAGING_BYTES", "StagedPool"]
 
@@ -51,7 +50,7 @@ class StagedPool:
         self.access = access
         page_bytes = access.page_bytes
         self.rows = max(1, min(MAX_ROWS, STAGING_BYTES // page_bytes))
-        self.geometry = flat_geometry(name, page_bytes, 2 * self.rows)
+        self.geometry = opaque(name, page_bytes, 2 * self.rows)
         # Validates token indices as a kv pool of the same page size and token count would
         # (a pool that gives no count: bounded by the memory check of every piece instead).
         self.indices = PoolGeometry(

@@ -23,8 +23,9 @@ import dataclasses
 import logging
 from typing import Any
 
-from ...config.loading import PROFILE_ENV, LoadedConfig, load_config
+from ...config.loading import LoadedConfig, load_config
 from ...config.provenance import OVERRIDE
+from ...config.selection import PROFILE_ENV
 from ...errors import ConfigError, ConfigIssue
 from .config import EXTRA_CONFIG_ORIGIN, BackendOptions, override_origins
 

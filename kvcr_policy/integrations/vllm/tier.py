@@ -36,7 +36,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from ...geometry import PoolGeometry
+from ...geometry import opaque
 from ...pipeline import build_pipeline
 from .config import TIER_ORIGIN, parse_options
 from .startup import load, log_start
@@ -70,17 +70,7 @@ class KVCRPolicyTier(SecondaryTierManager):
         import torch
 
         buffer = torch.from_numpy(rows).view(1, chunks, 1, chunk_bytes)
-        geometry = PoolGeometry(
-            name=POOL,
-            layout="layer_first",
-            layers=1,
-            heads=1,
-            head_dim=chunk_bytes,
-            dtype="uint8",
-            page_size=1,
-            tokens=chunks,
-            mla=True,
-        )
+        geometry = opaque(POOL, chunk_bytes, chunks, layout="layer_first")
         self.pipeline.register_pool(POOL, geometry, buffer)
         digest = hashlib.blake2b(f"{tier_type}\0{chunk_bytes}".encode(), digest_size=8)
         self.prefix = f"vllm-tier-{digest.hexdigest()}:"

@@ -15,7 +15,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvcr_policy.plugin_api import Size, follow_coalescing, number_field, size_field
+from kvcr_policy.plugin_api import (
+    Size,
+    follow_coalescing,
+    number_field,
+    size_field,
+    staging_below_field,
+    staging_bytes_field,
+)
 
 __all__ = ["KvcrOptions", "resolved_staging", "tls_keeps_tcp"]
 
@@ -104,16 +111,9 @@ class KvcrOptions(BaseModel):
         "pool when it is attached (staged blocks are keyed apart: the other form never finds "
         "them).",
     )
-    staging_bytes: Size = size_field(
-        64 << 20,
-        1 << 40,
-        "Host memory of the staging area of each staged pool (at most 1TiB; at "
-        "least one page), taken and registered with KVCR once, when the pool is attached.",
-    )
-    staging_below_bytes: Size = size_field(
+    staging_bytes: Size = staging_bytes_field(64 << 20, " with KVCR")
+    staging_below_bytes: Size = staging_below_field(
         64 << 10,
-        1 << 40,
-        "auto: stage pages whose fragments are smaller than this (at most 1TiB); "
         "the default stages the 16 KiB and 32 KiB fragments of small layer_first pages, where "
         "one element per page pays, not the 64 KiB and larger ones, where it costs.",
     )

@@ -45,9 +45,7 @@ class Staging:
         why = "a batch's pages at once or more, so that a call moves a whole batch"
         pages = staging_pages(spec.name, page, nbytes, why)
         self.area = StagingArea(f"pool {pool!r}", page, min(pages, MAX_SLOTS))
-        self.pages = PagePlanes(
-            spec.geometry, spec.endpoint.address, spec.endpoint.nbytes, spec.name
-        )
+        self.pages = PagePlanes.of(spec)
         self.label = pool
         self.refs = [
             MemoryRef(end_point_name=agent, label=pool, element_index=i)

@@ -10,9 +10,9 @@ when a backend is built, so profiles validate where it is not installed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from kvcr_policy.plugin_api import BackendContext, hookimpl
+from kvcr_policy.plugin_api import Lazy, hookimpl
 
 from .options import MooncakeOptions
 
@@ -22,17 +22,11 @@ if TYPE_CHECKING:
 __all__ = ["MooncakeOptions", "kvcr_register_backends", "kvcr_register_bench_backends"]
 
 
-def _mooncake(context: BackendContext, options: MooncakeOptions) -> Any:
-    from .backend import MooncakeBackend
-
-    return MooncakeBackend(context, options)
-
-
 @hookimpl
 def kvcr_register_backends(register: RegisterBackend) -> None:
     register(
         "mooncake",
-        _mooncake,
+        Lazy(f"{__package__}.backend", "MooncakeBackend"),
         options=MooncakeOptions,
         description="Mooncake Store segments across hosts (master-placed; tcp or RDMA)",
     )

@@ -12,7 +12,15 @@ from typing import Literal, cast
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
-from kvcr_policy.plugin_api import Size, follow_coalescing, host_port, number_field, size_field
+from kvcr_policy.plugin_api import (
+    Size,
+    follow_coalescing,
+    host_port,
+    number_field,
+    size_field,
+    staging_below_field,
+    staging_bytes_field,
+)
 
 __all__ = ["MIN_SEGMENT_BYTES", "MooncakeOptions", "resolved_call_priority", "split_address"]
 
@@ -127,15 +135,8 @@ class MooncakeOptions(BaseModel):
         "multi-buffer calls; 'auto': pages of more than one fragment, each smaller than "
         "staging_below_bytes; 'always': every page of more than one fragment.",
     )
-    staging_bytes: Size = size_field(
-        256 << 20,
-        1 << 40,
-        "Host memory of the staging area of each staged pool (at most 1TiB; at "
-        "least one page), taken and registered once, when the pool is attached.",
-    )
-    staging_below_bytes: Size = size_field(
-        1 << 20, 1 << 40, "auto: stage pages whose fragments are smaller than this (at most 1TiB)."
-    )
+    staging_bytes: Size = staging_bytes_field(256 << 20)
+    staging_below_bytes: Size = staging_below_field(1 << 20)
 
     call_priority: Literal["with_coalescing", "normal", "idle", "auto"] = Field(
         "with_coalescing",

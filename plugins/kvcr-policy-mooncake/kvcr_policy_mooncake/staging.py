@@ -42,9 +42,7 @@ class Staging:
         pages = staging_pages(spec.name, page, nbytes, why)
         slots = max(1, min(pages, 2 * threads))  # two per batch in flight
         self.area = StagingArea(f"pool {spec.name!r}", page, slots, pages // slots)
-        self.pages = PagePlanes(
-            spec.geometry, spec.endpoint.address, spec.endpoint.nbytes, spec.name
-        )
+        self.pages = PagePlanes.of(spec)
         self.client = client
         code = client.register(self.area.address, self.area.nbytes)
         if code != 0:

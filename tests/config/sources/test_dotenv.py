@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvcr_policy.cli import main
-from kvcr_policy.config.loading import bundled_profiles, load_config
+from kvcr_policy.config.loading import load_config
+from kvcr_policy.config.selection import bundled_profiles
 from tests.support.config import load_issues
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -12,8 +12,9 @@ import pytest
 
 from kvcr_policy.config.order import extra_positional_types
 from kvcr_policy.errors import ConfigError, PoolError
+from kvcr_policy.geometry import opaque
 from kvcr_policy.integrations.sglang.config import parse_extra_config
-from kvcr_policy.integrations.sglang.pools import flat_geometry, geometry_of, namespace_for
+from kvcr_policy.integrations.sglang.pools import geometry_of, namespace_for
 from tests.support.commands import run_main
 
 LOADER = {"backend_name": "kvcr_policy", "module_path": "m", "class_name": "C"}
@@ -113,7 +114,7 @@ def _config(**changes: Any) -> SimpleNamespace:
 
 
 def test_namespaces_separate_ranks_pools_and_formats() -> None:
-    geometry = flat_geometry("kv", 64, 4)
+    geometry = opaque("kv", 64, 4)
     digest = geometry.digest()
     base = namespace_for(_config(), "kv", digest)
     assert base.keys(["a"]) == [base.prefix + "a"] and base.prefix.endswith(":")
@@ -122,7 +123,7 @@ def test_namespaces_separate_ranks_pools_and_formats() -> None:
         namespace_for(_config(tp_rank=1), "kv", digest),
         namespace_for(_config(dp_rank=3), "kv", digest),
         namespace_for(_config(), "swa", digest),
-        namespace_for(_config(), "kv", flat_geometry("kv", 128, 4).digest()),
+        namespace_for(_config(), "kv", opaque("kv", 128, 4).digest()),
         namespace_for(_config(), "kv", digest, format_tag="mxfp8"),
     ]
     assert len({base.prefix, *(n.prefix for n in others)}) == 1 + len(others)

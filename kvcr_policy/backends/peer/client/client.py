@@ -54,8 +54,9 @@ from ..options import UcxOptions, parse_address, unix_address
 from ..wire import messages as m
 from ..worker import Worker
 from .connection import Connection
-from .ops import Target, error_of
 from .shared import map_tier
+from .steps import error_of
+from .target import Target
 
 __all__ = ["PeerClient"]
 

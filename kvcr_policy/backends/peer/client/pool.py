@@ -39,8 +39,9 @@ from ...base import Endpoint, Shape
 from ..requests import memory_view, message_limit
 from ..wire import messages as m
 from ..wire.payload import MAX_DESCRIPTORS, MAX_KEYS
-from . import copies, ops
+from . import copies, ops, steps
 from .client import PeerClient
+from .target import Target
 
 __all__ = ["PeerPool"]
 
@@ -137,9 +138,9 @@ class PeerPool:
         slots: int,
         capabilities: frozenset[str],
         tier_view: np.ndarray | None = None,
-    ) -> ops.Target:
+    ) -> Target:
         self._negotiate(capabilities)
-        return ops.Target.make(number, self.geometry, slots, self.view, tier_view)
+        return Target.make(number, self.geometry, slots, self.view, tier_view)
 
     # ---- RemotePool -----------------------------------------------------------------------
 
@@ -267,7 +268,7 @@ class _Transfer:
             future.add_done_callback(partial(settle, i))
         return combined
 
-    def _keep(self, start: int, stop: int) -> tuple[ops.Keep, ...]:
+    def _keep(self, start: int, stop: int) -> tuple[steps.Keep, ...]:
         return ()
 
     def finish(self, moved: np.ndarray) -> list[bool]:
@@ -283,8 +284,9 @@ class _Read(_Transfer):
     miss = "absent"
 
     @staticmethod
-    def op(conn: Any, target: ops.Target, *args: Any) -> None:
-        (copies.read if target.shared else ops.read)(conn, target, *args)
+    def op(conn: Any, target: Target, keys: Any, pages: Any, shape: Any, done: Any) -> None:
+        b = steps.Batch(conn, target, keys, pages, shape, done)
+        steps.claim(b, (copies.copy_in if target.shared else ops.receive)(b))
 
 
 class _Write(_Transfer):
@@ -300,12 +302,12 @@ class _Write(_Transfer):
 
     @staticmethod
     def op(
-        conn: Any, target: ops.Target, keys: Any, pages: Any, shape: Any, keep: Any, done: Any
+        conn: Any, target: Target, keys: Any, pages: Any, shape: Any, keep: Any, done: Any
     ) -> None:
-        write = copies.write if target.shared else ops.write
-        write(conn, target, keys, pages, shape, done, keep)
+        b = steps.Batch(conn, target, keys, pages, shape, done)
+        steps.reserve(b, keep, (copies.copy_out if target.shared else ops.send)(b))
 
-    def _keep(self, start: int, stop: int) -> tuple[ops.Keep, ...]:
+    def _keep(self, start: int, stop: int) -> tuple[steps.Keep, ...]:
         """The call's number, and with its first batch the keys outside ``[start, stop)``
         (those after it first), which no batch of the call may evict: a set never evicts its
         own present keys. At most :data:`KEEP_KEYS` of them, sent once per call (one RESERVE
@@ -324,7 +326,7 @@ class _Write(_Transfer):
         return ((self.call, kept),)
 
 
-def _probe(conn: Any, target: ops.Target, *args: Any) -> None:
+def _probe(conn: Any, target: Target, *args: Any) -> None:
     (copies.probe if target.shared else ops.probe)(conn, target, *args)
 
 

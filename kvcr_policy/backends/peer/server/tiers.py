@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -187,9 +187,7 @@ class Tiers:
                 f"slot; security.tenant_quota_bytes {self._quota}{quota})"
             )
             raise CapacityError(message)
-        tier_geometry = replace(
-            geometry, name=f"{geometry.name}.tier", tokens=slots * geometry.page_size, device="cpu"
-        )
+        tier_geometry = geometry.tier(f"{geometry.name}.tier", slots)
         name, size = f"peer:{tenant}:{geometry.name}", tier_geometry.nbytes + align
         shared = takes(self._placement.open_region, "shared")
         if shared:

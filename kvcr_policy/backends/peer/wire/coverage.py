@@ -30,6 +30,7 @@ message that touched one of its bytes completed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -98,6 +99,16 @@ def _sorted_fragments(
     planes = np.arange(geometry.fragments_per_page, dtype=np.int64) * geometry.pages
     fragments = np.add.outer(planes, page_array[order]).ravel()  # sorted: pages < plane stride
     return fragments, np.tile(order, geometry.fragments_per_page), order
+
+
+class _Ranges(NamedTuple):
+    """Ranges under check and how to refuse them: ``error`` raised, ``what`` naming the list."""
+
+    off: Int64Array
+    length: Int64Array
+    shift: Int64Array
+    what: str
+    error: type[KVCRPolicyError]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,10 +206,11 @@ class Cover:
             )
             raise error(message)
         fb = self.fragment_bytes
+        ranges = _Ranges(off, length, shift, what, error)
         if len(self.fragments) > 1 and (self.fragments[1:] == self.fragments[:-1]).any():
-            self._sweep(off, length, shift, what, error)
+            self._sweep(ranges)
         else:
-            self._match(off, length, shift, what, error)
+            self._match(ranges)
         if accepts >= ANY_SHAPE:
             return
         first, last = off // fb, (off + length - 1) // fb
@@ -214,18 +226,12 @@ class Cover:
                 )
                 raise error(message)
 
-    def _match(
-        self,
-        off: Int64Array,
-        length: Int64Array,
-        shift: Int64Array,
-        what: str,
-        error: type[KVCRPolicyError],
-    ) -> None:
+    def _match(self, ranges: _Ranges) -> None:
         """The check for distinct pages: look each range's ends up among the fragments.
 
         Ranges are taken in offset order (lists arrive mostly sorted, and sorted lookups are
         several times faster), which is also the order the overlap test needs."""
+        off, length, shift, what, error = ranges
         fb, fragments = self.fragment_bytes, self.fragments
         order = np.argsort(off, kind="stable")
         start, end = off[order], off[order] + length[order]
@@ -263,15 +269,9 @@ class Cover:
             )
             raise error(message)
 
-    def _sweep(
-        self,
-        off: Int64Array,
-        length: Int64Array,
-        shift: Int64Array,
-        what: str,
-        error: type[KVCRPolicyError],
-    ) -> None:
+    def _sweep(self, ranges: _Ranges) -> None:
         """The check when a page is named twice: compare coverage counts per (shift, byte)."""
+        off, length, shift, what, error = ranges
         fb = self.fragment_bytes
         plain = np.full(len(self.fragments), fb, dtype=np.int64)
         wrong = _first_difference(off, length, shift, self.fragments * fb, plain, self.shift)
