@@ -88,7 +88,7 @@ def tune(
         typer.Option(
             "--prefill",
             help="Calibrate the engine's prefill rate on this host for the admission gate "
-            "(admission.options.prefill_curve) instead of searching; --output writes it.",
+            "instead of searching; --output writes it as the gate's prefill_curve.",
         ),
     ] = False,
     write_alias: Annotated[Path | None, typer.Option("--write", hidden=True)] = None,
