@@ -327,6 +327,9 @@ class CudaTransport(Transport):
             "staging_device_bytes": {
                 f"cuda:{i}": r.nbytes for i, r in sorted(self._copy.rings.items())
             },
+            "staging_index_bytes": {
+                f"cuda:{i}": r.index.nbytes for i, r in sorted(self._copy.rings.items())
+            },
             "staging_warm_s": {
                 f"cuda:{i}": round(s, 6) for i, s in sorted(self._copy.warmed.items())
             },
