@@ -225,7 +225,8 @@ class CudaTransport(Transport):
             if staged is not None:
                 path, keep, done = staged
             else:
-                path, keep = self._copy.direct(d, src, dst, device, stream, path)
+                restore = dst_device is not None
+                path, keep = self._copy.direct(d, src, dst, device, stream, path, restore)
             event = torch.cuda.Event()
             event.record(done)
         with self._cond:

@@ -24,8 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcr_policy.backends.dram.transports.cuda_index import MIN_ROWS, IndexBuffers
+from kvcr_policy.backends.dram.transports.cuda_options import CudaOptions
+from kvcr_policy.backends.dram.transports.cuda_paths import CopyPaths
 from kvcr_policy.backends.dram.transports.cuda_plan import page_pieces, plan_staging, row_unit
 from kvcr_policy.backends.dram.transports.cuda_staging import StagingRing
+from kvcr_policy.descriptors import Descriptors
 
 torch = pytest.importorskip("torch")
 
@@ -272,3 +275,92 @@ def test_an_index_buffer_is_never_rewritten_while_its_upload_or_kernels_may_run(
     assert again is taken[0]
     stream.synchronize()
     assert np.array_equal(uploaded.real.numpy(), rows[::-1])
+
+
+def restore_descriptors(slots: np.ndarray, pages: np.ndarray, layers: int, fragment: int,
+                        pool_pages: int) -> Descriptors:  # fmt: skip
+    """Tier slot ``slots[i]`` (whole) into pool page ``pages[i]`` (``layer_first``), page by
+    page; a store is the same with the sides swapped."""
+    i, layer = np.divmod(np.arange(len(slots) * layers, dtype=np.int64), layers)
+    host = slots[i] * layers * fragment + layer * fragment
+    device = (layer * pool_pages + pages[i]) * fragment
+    length = np.full(len(host), fragment, dtype=np.int64)
+    return Descriptors(host, device, length, layer, i, i + 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 8),
+    st.integers(1, 4),
+    st.sampled_from((8, 24, 512)),
+    st.integers(1, 30),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from((0.0, 0.5, 0.9)),
+    st.lists(
+        st.sampled_from(("restore", "store", "direct", "ahead", "ahead, store")),
+        min_size=1,
+        max_size=7,
+    ),
+)
+def test_batches_of_every_path_keep_the_order_they_were_issued_in(
+    pages: int, layers: int, fragment: int, buffer_fragments: int, seed: int, eager: float,
+    ops: list[str],
+) -> None:  # fmt: skip
+    """Staged restores (some adopting a read-ahead), staged stores and restores by one copy
+    per fragment, all enqueued before any of them ran, leave the pool and the tier as running
+    them one after another would: a store's gathers wait for the writes before them, and
+    only for those. A store may come between a read-ahead and its restore (another call's,
+    into slots the read does not hold), taking buffers read ahead."""
+    fake = FakeTorch(seed, eager)
+    options = CudaOptions(staging_buffer_bytes=max(8, buffer_fragments * fragment // 3),
+                          staging_buffers=3, gather_min_descriptors=1,
+                          staging_min_span_bytes=1, gather_below_bytes=1 << 20)  # fmt: skip
+    paths = CopyPaths(fake, options, "never", "auto", lambda name, n: None)
+    main = fake.cuda.Stream()
+    rng = np.random.default_rng(seed)
+    page_bytes = layers * fragment
+    tier_np = rng.integers(0, 256, 3 * pages * page_bytes, dtype=np.uint8)  # 3rd: other calls
+    pool_np = rng.integers(0, 256, 2 * pages * page_bytes, dtype=np.uint8)
+    expected_tier, expected_pool = tier_np.copy(), pool_np.copy()
+    tier = {"copy": FakeTensor(fake.cuda, torch.from_numpy(tier_np))}
+    pool = {"copy": FakeTensor(fake.cuda, torch.from_numpy(pool_np))}
+    staged = 0
+
+    def model(d: Descriptors, source: np.ndarray, target: np.ndarray) -> None:
+        for s, t in zip(d.src.tolist(), d.dst.tolist(), strict=True):
+            target[t : t + fragment] = source[s : s + fragment]
+
+    for op in ops:
+        slots = np.asarray(rng.permutation(2 * pages)[:pages], dtype=np.int64)
+        into = np.asarray(rng.permutation(2 * pages)[:pages], dtype=np.int64)
+        d = restore_descriptors(slots, into, layers, fragment, 2 * pages)
+        with fake.cuda.stream(main):
+            if op == "store":
+                d = Descriptors(d.dst, d.src, d.length, d.bound, d.page, d.page_end)
+                staged += paths.staged(d, pool, tier, 0, None, 0, main) is not None
+                model_from, model_to = expected_pool, expected_tier
+            elif op == "direct":
+                paths.direct(d, tier, pool, 0, main, "copies", True)
+                model_from, model_to = expected_tier, expected_pool
+            else:
+                ticket = object() if op.startswith("ahead") else None
+                if ticket is not None:
+                    paths.read_ahead(ticket, tier["copy"], slots * page_bytes, page_bytes,
+                                     layers, 0, main)  # fmt: skip
+                if op == "ahead, store":
+                    other = restore_descriptors(2 * pages + np.arange(pages), into, layers,
+                                                fragment, 2 * pages)  # fmt: skip
+                    back = Descriptors(other.dst, other.src, other.length, other.bound,
+                                       other.page, other.page_end)  # fmt: skip
+                    staged += paths.staged(back, pool, tier, 0, None, 0, main) is not None
+                    model(back, expected_pool, expected_tier)
+                staged += paths.staged(d, tier, pool, None, 0, 0, main, ticket) is not None
+                model_from, model_to = expected_tier, expected_pool
+        model(d, model_from, model_to)
+    for stream in fake.cuda.streams:
+        stream.synchronize()
+    assert staged == sum(
+        {"direct": 0, "ahead, store": 2}.get(op, 1) for op in ops
+    )  # the ring took every staged batch
+    assert np.array_equal(pool_np, expected_pool)
+    assert np.array_equal(tier_np, expected_tier)
