@@ -25,8 +25,9 @@ __all__ = ["IndexBuffers", "IndexPair"]
 
 Int64Array = npt.NDArray[np.int64]
 
-#: Pairs made with the ring: chunks of one batch and the next in flight together.
-INITIAL_PAIRS = 4
+#: Pairs made with the ring (two allocations, one pinned, one on the GPU): a window of four
+#: batches, the first of a call planned in up to three chunks, in flight together.
+INITIAL_PAIRS = 8
 #: Rows of each initial pair: one per 4 KiB of the ring (a ring's worth of 4 KiB fragments).
 ROW_BYTES_COVERED = 4096
 #: No pair holds fewer rows than this.
@@ -53,24 +54,26 @@ class IndexBuffers:
         self.torch = torch
         self.device = device
         self.pairs: list[IndexPair] = []
-        rows = max(MIN_ROWS, ring_bytes // ROW_BYTES_COVERED)
-        for _ in range(INITIAL_PAIRS):
-            self._make(rows)
+        rows = _capacity(ring_bytes // ROW_BYTES_COVERED)
+        pinned, on_gpu = self._buffers(INITIAL_PAIRS * rows)
+        for i in range(INITIAL_PAIRS):
+            part = slice(i * rows, (i + 1) * rows)
+            self.pairs.append(IndexPair(pinned[part], on_gpu[part], rows, torch.cuda.Event()))
 
     @property
     def nbytes(self) -> int:
         """Bytes of each side (host, device) of every pair together."""
         return 8 * sum(pair.capacity for pair in self.pairs)
 
-    def _make(self, rows: int) -> IndexPair:
+    def _buffers(self, rows: int) -> tuple[Any, Any]:
         torch = self.torch
-        capacity = max(MIN_ROWS, 1 << max(0, rows - 1).bit_length())  # a power of two
-        pair = IndexPair(
-            host=torch.empty(capacity, dtype=torch.int64, pin_memory=True),
-            device=torch.empty(capacity, dtype=torch.int64, device=f"cuda:{self.device}"),
-            capacity=capacity,
-            done=torch.cuda.Event(),
-        )
+        host = torch.empty(rows, dtype=torch.int64, pin_memory=True)
+        return host, torch.empty(rows, dtype=torch.int64, device=f"cuda:{self.device}")
+
+    def _make(self, rows: int) -> IndexPair:
+        capacity = _capacity(rows)
+        host, device = self._buffers(capacity)
+        pair = IndexPair(host, device, capacity, self.torch.cuda.Event())
         self.pairs.append(pair)
         return pair
 
@@ -95,3 +98,8 @@ class IndexBuffers:
         """``pair``'s last use is what ``stream`` holds now: it is reused once that ran."""
         pair.done.record(stream)
         pair.taken = False
+
+
+def _capacity(rows: int) -> int:
+    """A pair's rows for ``rows``: a power of two, at least :data:`MIN_ROWS`."""
+    return max(MIN_ROWS, 1 << max(0, rows - 1).bit_length())
