@@ -225,7 +225,8 @@ class CudaTransport(Transport):
             if staged is not None:
                 path, keep, done = staged
             else:
-                path, keep = self._copy.direct(d, src, dst, device, stream, path)
+                restore = dst_device is not None
+                path, keep = self._copy.direct(d, src, dst, device, stream, path, restore)
             event = torch.cuda.Event()
             event.record(done)
         with self._cond:
@@ -326,6 +327,9 @@ class CudaTransport(Transport):
             "staging_buffer_bytes": int(self.options.staging_buffer_bytes),
             "staging_device_bytes": {
                 f"cuda:{i}": r.nbytes for i, r in sorted(self._copy.rings.items())
+            },
+            "staging_index_bytes": {
+                f"cuda:{i}": r.index.nbytes for i, r in sorted(self._copy.rings.items())
             },
             "staging_warm_s": {
                 f"cuda:{i}": round(s, 6) for i, s in sorted(self._copy.warmed.items())

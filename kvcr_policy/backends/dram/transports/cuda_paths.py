@@ -62,6 +62,9 @@ class CopyPaths:
         self._sides: dict[int, Any] = {}  # a second copy stream per device (batched calls)
         self.warmed: dict[int, float] = {}  # seconds each ring's warm-up took
         self._aux_behind: set[int] = set()  # devices whose aux stream holds unwaited scatters
+        # Devices whose main stream holds writes to a pool or a ring buffer that no store's
+        # gathers waited for: only those, not a store's copies out, hold the next store back.
+        self._main_wrote: set[int] = set()
 
     def path(self, d: Any) -> str:
         """``copies`` or ``gather`` for ``d`` (before staging is considered)."""
@@ -99,32 +102,26 @@ class CopyPaths:
         return side
 
     def direct(
-        self, d: Any, src: dict[str, Any], dst: dict[str, Any], device: int, stream: Any, path: str
-    ) -> tuple[str, list[Any]]:
-        """Copies (or gather kernels) on ``stream``, after a staged restore's scatters."""
+        self, d: Any, src: dict[str, Any], dst: dict[str, Any], device: int, stream: Any, path: str,
+        restore: bool = True,
+    ) -> tuple[str, list[Any]]:  # fmt: skip
+        """Copies (or gather kernels) on ``stream``, after a staged restore's scatters;
+        ``restore``: they write the pool."""
         torch = self._torch
         if device in self._aux_behind:
             stream.wait_stream(self.aux[device])
             self._aux_behind.discard(device)
+        if restore:
+            self._main_wrote.add(device)
         keep: list[Any] = []
         if path == "gather":
-            plan = plan_rows(
-                d,
-                src_base=src["mapped"].data_ptr(),
-                dst_base=dst["mapped"].data_ptr(),
-                max_unit=int(self.options.gather_chunk_bytes),
-            )
+            chunk = int(self.options.gather_chunk_bytes)
+            plan = plan_rows(d, src_base=src["mapped"].data_ptr(),
+                             dst_base=dst["mapped"].data_ptr(), max_unit=chunk)  # fmt: skip
             if plan is not None:
                 kind = choose_kernel(plan)
-                keep = run_rows(
-                    torch,
-                    src["mapped"],
-                    dst["mapped"],
-                    plan,
-                    kind,
-                    device=torch.device("cuda", device),
-                    chunk_bytes=int(self.options.gather_chunk_bytes),
-                )
+                keep = run_rows(torch, src["mapped"], dst["mapped"], plan, kind,
+                                device=torch.device("cuda", device), chunk_bytes=chunk)  # fmt: skip
                 return f"gather:{kind}", keep
             return path, keep
         # A batch call runs its pieces in no set order: one that writes a byte twice goes
@@ -214,8 +211,9 @@ class CopyPaths:
             first, then = held, buffer_bytes
         write = "device" if restore else "host"
         keep: list[Any] = []
-        if not restore:
-            aux.wait_stream(stream)  # gathers read the pool after what was enqueued before
+        if not restore and device in self._main_wrote:
+            aux.wait_stream(stream)  # gathers read the pool after what was written on stream
+            self._main_wrote.discard(device)
         chunks = 0
         # Chunks run in the order given, each after the one before (scatters in order on aux,
         # host writes in order on stream), so only writes within a chunk need checking.
@@ -229,7 +227,8 @@ class CopyPaths:
                 checked=sorted_,
             )
             if plan is None:  # moves nothing, or writes one byte twice: copies, in order
-                self.direct(d.take(np.arange(lo, hi)), src, dst, device, stream, "copies")
+                self.direct(d.take(np.arange(lo, hi)), src, dst, device, stream, "copies",
+                            restore)  # fmt: skip
                 if not restore:
                     aux.wait_stream(stream)
                 continue
@@ -271,6 +270,7 @@ class CopyPaths:
         head = starts[: -(-ring.count * capacity // page_bytes)]  # the pages the ring holds
         pieces, fills = page_pieces(head, page_bytes, capacity)
         started = ring.read_ahead(ticket, host, pieces, fills, capacity, stream)
+        self._main_wrote.add(device)  # ring buffers a store may take before the read adopts
         self._count("staging:read_ahead.fills", started)
         return started
 

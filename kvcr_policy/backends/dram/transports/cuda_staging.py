@@ -9,8 +9,9 @@ into a ring buffer on the transport's stream; a second stream then scatters the 
 pool's layout with one index kernel at HBM speed, while the next buffer is copied. Stores run
 the other way: an index kernel gathers the pages into a buffer, then whole host runs leave it.
 The ring holds ``buffers`` buffers of ``buffer_bytes`` each, allocated once per GPU when a
-tier registers: all the GPU memory the path takes, besides one int64 per row of indices per
-batch.
+tier registers, with the pinned and device buffers its plans' row indices go up through
+(:mod:`.cuda_index`, a few MiB, grown only for a chunk of more rows): all the GPU memory the
+path takes. No staged chunk allocates memory.
 
 A batch is planned in growing chunks (:mod:`.cuda_chunks`), so its first copies start
 before the rest is planned. A fill's pieces cross in one ``cudaMemcpyBatchAsync`` where the
@@ -36,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .cuda_batch import BatchCopier
+from .cuda_index import IndexBuffers
 from .cuda_plan import StagingPlan, plan_staging
 
 __all__ = ["StagingRing"]
@@ -83,6 +85,8 @@ class StagingRing:
     #: Fills adopted from a read-ahead so far.
     adopted: int = 0
     _row_views: dict[tuple[int, int, int], list[Any]] = field(default_factory=dict, repr=False)
+    #: The plans' row indices on the GPU (:mod:`.cuda_index`).
+    index: IndexBuffers = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         torch = self.torch
@@ -92,6 +96,7 @@ class StagingRing:
             )
             self.filled.append(torch.cuda.Event())
             self.free.append(torch.cuda.Event())
+        self.index = IndexBuffers(torch, self.device, self.nbytes)
 
     @property
     def nbytes(self) -> int:
@@ -101,10 +106,9 @@ class StagingRing:
         """Move a few bytes through the ring each way, once per row element size, and wait;
         returns the seconds taken.
 
-        CUDA loads a kernel's code when it is first launched, and the pinned allocator takes
-        its first index buffer on first use: without this, a tier's first restore after it
-        registers pays for both, tens of milliseconds on an H200 (a 1.9 GB restore took 61 ms
-        where later ones took 39). ``aux`` is the ring's scatter stream.
+        CUDA loads a kernel's code when it is first launched: without this, a tier's first
+        restore after it registers pays for it, tens of milliseconds on an H200 (a 1.9 GB
+        restore took 61 ms where later ones took 39). ``aux`` is the ring's scatter stream.
         """
         torch = self.torch
         start = time.perf_counter()
@@ -179,6 +183,9 @@ class StagingRing:
             main.wait_event(self.free[slot])
             mine = pieces[fills[j] : fills[j + 1]]
             self._move(slot, mine, host, main, into=True)
+            # Each fill's own event: its scatter waits for it alone, not for the read-ahead
+            # fills copied after it.
+            self.filled[slot].record(main)
             held.append((slot, mine))
         self.ahead = (ticket, capacity, held)
         return len(held)
@@ -209,13 +216,6 @@ class StagingRing:
         self.adopted += 1
         return slot
 
-    def _index(self, plan: StagingPlan, stream: Any) -> tuple[Any, Any]:
-        """The plan's row indices, uploaded on ``stream`` from pinned memory."""
-        torch = self.torch
-        host = torch.from_numpy(plan.rows).pin_memory()
-        with torch.cuda.stream(stream):
-            return host, host.to(f"cuda:{self.device}", non_blocking=True)
-
     def _views(self, plan: StagingPlan, pool: Any) -> tuple[Any, list[Any]]:
         """The pool and every ring buffer as rows of ``plan.unit`` bytes (the buffers' views
         made once per row shape: a batch of small pages would pay for them every time)."""
@@ -235,31 +235,38 @@ class StagingRing:
 
         ``host`` is a pinned uint8 CPU tensor, ``pool`` a uint8 CUDA tensor (the batch's
         endpoints); ``main`` must be the current stream. No stream waits for the other as a
-        whole: each scatter waits for its buffer's fill (recorded on ``main`` after everything
-        enqueued there before it, the index upload included: it follows the first fill's
-        copies, so PCIe starts before the indices are ready), each fill for its buffer's last
-        scatter. The work is complete once ``aux`` passes this point; returns what must stay
-        alive until then.
+        whole: each scatter waits for its buffer's fill alone (an adopted fill's event was
+        recorded when it was read ahead), each fill for its buffer's last scatter. The row
+        indices go up on ``aux`` after the first fill's copies are enqueued (PCIe starts
+        before they are made), never behind copies on ``main``. The work is complete once
+        ``aux`` passes this point; returns what must stay alive until then (nothing: the
+        indices' buffers are the ring's).
         """
         torch = self.torch
-        for j in range(plan.buffers):
-            adopted = None if ticket is None else self._adopt(ticket, plan, j)
-            if adopted is not None:  # read ahead on main: its copies precede what follows
-                slot = adopted
-            else:
-                slot = self._take()
-                main.wait_event(self.free[slot])
-                self._move(slot, plan.pieces[plan.fills[j] : plan.fills[j + 1]], host, main, True)
-            if j == 0:  # PCIe starts before the indices are made and uploaded
-                index_host, index = self._index(plan, main)
-                pool_rows, views = self._views(plan, pool)
-            self.filled[slot].record(main)
-            aux.wait_event(self.filled[slot])
-            lo, hi = plan.fill_rows(j)
-            with torch.cuda.stream(aux):
-                pool_rows.index_copy_(0, index[lo:hi], views[slot][: hi - lo])
-            self.free[slot].record(aux)
-        return [index_host, index]
+        pair = None
+        try:
+            for j in range(plan.buffers):
+                adopted = None if ticket is None else self._adopt(ticket, plan, j)
+                if adopted is not None:  # read ahead on main, its event recorded then
+                    slot = adopted
+                else:
+                    slot = self._take()
+                    main.wait_event(self.free[slot])
+                    pieces = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
+                    self._move(slot, pieces, host, main, True)
+                    self.filled[slot].record(main)
+                if pair is None:  # the first fill's copies are enqueued: now the indices
+                    pair, index = self.index.upload(plan.rows, aux)
+                    pool_rows, views = self._views(plan, pool)
+                aux.wait_event(self.filled[slot])
+                lo, hi = plan.fill_rows(j)
+                with torch.cuda.stream(aux):
+                    pool_rows.index_copy_(0, index[lo:hi], views[slot][: hi - lo])
+                self.free[slot].record(aux)
+        finally:
+            if pair is not None:
+                self.index.release(pair, aux)
+        return []
 
     def store(self, plan: StagingPlan, pool: Any, host: Any, main: Any, aux: Any) -> list[Any]:
         """Enqueue pool -> host: gather into the ring on ``aux``, whole runs out on ``main``.
@@ -268,16 +275,20 @@ class StagingRing:
         ``aux.wait_stream(main)``, once per batch); complete once ``main`` passes this point.
         """
         torch = self.torch
-        index_host, index = self._index(plan, aux)
-        pool_rows, views = self._views(plan, pool)
-        for j in range(plan.buffers):
-            slot = self._take()
-            aux.wait_event(self.free[slot])
-            lo, hi = plan.fill_rows(j)
-            with torch.cuda.stream(aux):
-                torch.index_select(pool_rows, 0, index[lo:hi], out=views[slot][: hi - lo])
-            self.filled[slot].record(aux)
-            main.wait_event(self.filled[slot])
-            self._move(slot, plan.pieces[plan.fills[j] : plan.fills[j + 1]], host, main, False)
-            self.free[slot].record(main)
-        return [index_host, index]
+        pair, index = self.index.upload(plan.rows, aux)
+        try:
+            pool_rows, views = self._views(plan, pool)
+            for j in range(plan.buffers):
+                slot = self._take()
+                aux.wait_event(self.free[slot])
+                lo, hi = plan.fill_rows(j)
+                with torch.cuda.stream(aux):
+                    torch.index_select(pool_rows, 0, index[lo:hi], out=views[slot][: hi - lo])
+                self.filled[slot].record(aux)
+                main.wait_event(self.filled[slot])
+                pieces = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
+                self._move(slot, pieces, host, main, False)
+                self.free[slot].record(main)
+        finally:
+            self.index.release(pair, aux)
+        return []
