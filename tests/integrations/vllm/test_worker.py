@@ -15,7 +15,8 @@ class Recorder:
     def __init__(self) -> None:
         self.prefills: list[tuple[int, float]] = []
 
-    def prefill_observed(self, tokens: int, seconds: float) -> None:
+    def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
+        assert steps == 1  # the worker reports each step alone
         self.prefills.append((tokens, seconds))
 
 
@@ -31,15 +32,26 @@ def test_a_step_that_only_prefills_reports_its_tokens_and_seconds() -> None:
     assert pipeline.prefills[0][1] >= 0
     stats = worker.take_stats()
     assert stats["prefill_tokens"] == 64 and "prefill_us" in stats
+    assert stats["prefill_steps"] == 1  # a scheduler of its own fits per step, not per sum
     worker.close()
 
 
 def test_a_separate_scheduler_reads_the_workers_figures(vllm: None) -> None:
-    from kvcr_policy.integrations.vllm.connector import KVCRPolicyConnectorStats, workers_moved
+    from kvcr_policy.integrations.vllm.connector import (
+        KVCRPolicyConnectorStats,
+        workers_moved,
+        workers_prefilled,
+    )
 
     data = {"load_bytes": 4096, "load_us": 2000, "save_bytes": 0, "prefill_tokens": 64}
     output = SimpleNamespace(kv_connector_stats=KVCRPolicyConnectorStats(data=data))
     assert workers_moved(output, "load") == (4096, 0.002)
     assert workers_moved(output, "save") is None  # nothing saved
-    assert workers_moved(output, "prefill") is None  # tokens without seconds: not a rate
+    assert workers_prefilled(output) is None  # tokens without seconds: not a rate
     assert workers_moved(SimpleNamespace(kv_connector_stats=None), "load") is None
+    # Two workers' stats of the same two steps, aggregated as vLLM does: the sums.
+    one = {"prefill_tokens": 96, "prefill_us": 30_000, "prefill_steps": 2}
+    summed = KVCRPolicyConnectorStats(data=dict(one)).aggregate(
+        KVCRPolicyConnectorStats(data=dict(one))
+    )
+    assert workers_prefilled(SimpleNamespace(kv_connector_stats=summed)) == (192, 0.06, 4)
