@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from kvcr_policy.integrations.vllm.jobs import StepPlan
 from kvcr_policy.integrations.vllm.worker import WorkerHalf
 
@@ -55,3 +57,30 @@ def test_a_separate_scheduler_reads_the_workers_figures(vllm: None) -> None:
         KVCRPolicyConnectorStats(data=dict(one))
     )
     assert workers_prefilled(SimpleNamespace(kv_connector_stats=summed)) == (192, 0.06, 4)
+
+
+def test_a_separate_scheduler_fits_its_workers_steps_apart_from_their_fixed_cost(
+    vllm: None,
+) -> None:
+    from kvcr_policy.admission import AdmissionDesk
+    from kvcr_policy.builtin.admission import NoAdmission
+    from kvcr_policy.config.schema import AdmissionSection
+    from kvcr_policy.integrations.vllm.connector import (
+        KVCRPolicyConnector,
+        KVCRPolicyConnectorStats,
+    )
+    from kvcr_policy.registry import NoOptions
+
+    desk = AdmissionDesk(NoAdmission(AdmissionSection(), NoOptions()))
+    pipeline = SimpleNamespace(admission=desk, prefill_observed=desk.prefills.add)
+    connector = KVCRPolicyConnector.__new__(KVCRPolicyConnector)  # its scheduler half only
+    connector._scheduler, connector._pipeline = object(), pipeline  # type: ignore[assignment]
+    # Injected steps: 10 ms each, then 20,000 tokens/s; the stats of an interval sum them.
+    for steps, tokens in [(2, 400), (1, 50), (3, 900), (1, 2000), (2, 64)]:
+        micros = round((steps * 0.010 + tokens / 20_000) * 1e6)
+        data = {"prefill_tokens": tokens, "prefill_us": micros, "prefill_steps": steps}
+        data.update(load_bytes=1 << 20, load_us=10_000)
+        output = SimpleNamespace(kv_connector_stats=KVCRPolicyConnectorStats(data=data))
+        connector.update_connector_output(output)
+    assert desk.prefills.fit() == pytest.approx((20_000, 0.010), rel=1e-3)
+    assert desk.restores.per_second == pytest.approx(100 * (1 << 20))
