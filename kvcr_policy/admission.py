@@ -5,7 +5,8 @@ runs, then the bytes it moved and its seconds: a decayed rate, :mod:`.observabil
 from every store call (its bytes queued while it runs: a tier that paces a tenant's reads and
 writes together, as ``serve --tenant-rate`` does, delivers a restore behind them; then its
 bytes and seconds, the rate the gate starts from before any restore) and from
-the prefill rate an engine reports where it exposes one. A lookup
+the prefill an engine reports where it exposes one (tokens and seconds of its steps: the
+marginal rate, the step's fixed cost fitted apart, :mod:`.observability.marginal`). A lookup
 (:meth:`~kvcr_policy.pipeline.Pipeline.admit`) asks the configured admission strategy how
 many of its leading present pages to report, counts the decision in the pool's
 ``kvcr_policy_admission_pages`` and in :attr:`AdmissionDesk.counts`, and explains it at debug
@@ -21,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from .observability.marginal import MarginalRate
 from .observability.meter import PoolMeter
 from .observability.rates import DecayedRate
 from .strategies import Admission, AdmissionStrategy, RestoreOutlook
@@ -46,7 +48,9 @@ class AdmissionDesk:
         self.strategy = strategy
         self.restores = DecayedRate(half_life_s, clock)
         self.stores = DecayedRate(half_life_s, clock)
-        self.prefills = DecayedRate(half_life_s, clock)
+        #: The engine's prefill: seconds = fixed + tokens / rate, fitted over its steps; the
+        #: gate compares a restore with the marginal part (the fixed part is paid anyway).
+        self.prefills = MarginalRate(half_life_s, clock)
         self._lock = threading.Lock()
         self._reading = 0
         self._writing = 0

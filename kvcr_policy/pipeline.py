@@ -311,10 +311,11 @@ class Pipeline:
             meter = self.meters.get(first.name)
             return self.admission.decide(first.name, found, first.page_size, page_bytes, meter)
 
-    def prefill_observed(self, tokens: int, seconds: float) -> None:
-        """The engine computed ``tokens`` prompt tokens in ``seconds`` (an engine that exposes
-        its prefill time reports it here; the admission strategy then prefers it)."""
-        self.admission.prefills.add(tokens, seconds)
+    def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
+        """The engine computed ``tokens`` prompt tokens in ``seconds`` over ``steps`` steps (an
+        engine that exposes its prefill time reports it here; the admission strategy then
+        prefers its marginal rate: each step's fixed cost is fitted apart)."""
+        self.admission.prefills.add(tokens, seconds, steps)
 
     # ---- data ---------------------------------------------------------------------------
 

@@ -108,3 +108,23 @@ def test_a_store_is_queued_while_it_moves_and_not_after(build: Build) -> None:
     assert pipeline.admission.queued == (0, 0)
     outlook = pipeline.admission.outlook()  # the stores measured the link; no restore yet
     assert outlook.store_bytes_per_s is not None and outlook.bytes_per_s is None
+
+
+def test_a_steps_fixed_cost_does_not_make_computing_look_dearer() -> None:
+    # The engine's prefill-only steps, injected: 20 ms a step, then 10,000 tokens/s. Over
+    # these short steps tokens / seconds is 2,038 tokens/s: a page of 32 tokens would seem to
+    # compute in 15.7 ms, slower than its restore at 4 MB/s (8.2 ms). It adds 3.2 ms to a
+    # step the request runs anyway: computing wins.
+    now = [0.0]
+    options = GateOptions(probe_after_s=None)
+    desk = AdmissionDesk(RestoreGate(AdmissionSection(), options), clock=lambda: now[0])
+    desk.restores.add(4e6, 1.0)
+    for tokens in (32, 32, 64, 32, 96):
+        desk.prefills.add(tokens, 0.020 + tokens / 10_000)
+        now[0] += 0.3
+    assert desk.outlook().prefill_tokens_per_s == pytest.approx(10_000)
+    assert desk.decide("kv", 4, 32, 32 * 1024, None) == 0
+    ratio = AdmissionDesk(RestoreGate(AdmissionSection(), options), clock=lambda: now[0])
+    ratio.restores.add(4e6, 1.0)
+    ratio.prefills.add(256, 5 * 0.020 + 256 / 10_000, 5)  # the same steps summed: no fit
+    assert ratio.decide("kv", 4, 32, 32 * 1024, None) == 4

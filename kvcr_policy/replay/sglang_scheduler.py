@@ -238,6 +238,7 @@ class Replay:
         }
         for (decision, _), pages in backend.pipeline.admission.counts.items():
             counters[f"{decision}_pages"] = counters.get(f"{decision}_pages", 0) + pages
+        counters["declined_writes_skipped"] = backend.declined.skipped
         return counters
 
     def close(self) -> None:

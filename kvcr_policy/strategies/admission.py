@@ -22,8 +22,10 @@ class RestoreOutlook:
     ``bytes_per_s``: the decayed rate of this pipeline's restores (None before the first);
     ``queued_bytes``: bytes of restores in flight now, which a new restore waits behind;
     ``idle_s``: seconds since the last restore ended (None before the first);
-    ``prefill_tokens_per_s``: the engine's prefill rate where the engine reported it (None
-    when it did not: the strategy then uses its own calibrated or configured rate);
+    ``prefill_tokens_per_s``: the engine's marginal prefill rate where the engine reported
+    its prefill (a step's fixed cost fitted apart: what computing a prefix adds to a step the
+    request runs anyway); None when it did not: the strategy then uses its own calibrated or
+    configured rate;
     ``store_bytes_per_s``: the decayed rate of this pipeline's stores (None before the
     first): what the link delivered the other way, before any restore measured it.
     """

@@ -45,6 +45,7 @@ from ...errors import ClosedError
 from ...pipeline import Pipeline, build_pipeline
 from .bindings import Binding
 from .config import BackendOptions, parse_extra_config
+from .declined import DeclinedPages
 from .flat import FlatObjects
 from .metrics import CallSamples, storage_metrics
 from .pool_set import KV, HostPools
@@ -78,7 +79,10 @@ class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
         self._pools = HostPools(self.pipeline, storage_config)
         self._samples = CallSamples(enabled=bool(storage_config.enable_storage_metrics))
         self._objects = FlatObjects(self.pipeline, self._flat_namespace)
-        self._tensors = TensorAPI(self._objects, self._pools.memory, self._pools.kv_page_bytes)
+        self.declined = DeclinedPages()  # in the tier, declined at lookup: not written again
+        self._tensors = TensorAPI(
+            self._objects, self._pools.memory, self._pools.kv_page_bytes, self.declined
+        )
         log_start(self)
 
     # ---- pools --------------------------------------------------------------------------
@@ -123,6 +127,8 @@ class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
         try:
             mover = binding.mover
             call = mover.get if op == "get" else mover.set
+            if op == "set" and name == KV:  # the pages a lookup declined are in the tier
+                call = self.declined.skipping(keys, call)
             done = call(binding.namespace.keys(keys), host_indices)
         except Exception as err:
             self._failed(op, name, n, err)
@@ -156,25 +162,28 @@ class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
             except Exception as err:
                 self._failed("exists", "v0", len(keys), err)
                 return 0
-            return self._admit(found, list(self.pipeline.pools))
+            return self._admit(keys, found, list(self.pipeline.pools))
         kv = self.pools.get(KV)
         if kv is not None and kv.kind == "logical":
             # As MooncakeStore: a logical anchor has no KV object; only batch_exists_v2,
             # which asks its side pools, can say what is restorable.
             return 0
-        return self._admit(self._count(KV, keys), [KV])
+        return self._admit(keys, self._count(KV, keys), [KV])
 
-    def _admit(self, found: int, pools: list[str]) -> int:
-        """How many of ``found`` leading present pages to report (``admission.strategy``: a
-        page not reported is recomputed); every page when the admission cannot be asked."""
+    def _admit(self, keys: list[str], found: int, pools: list[str]) -> int:
+        """How many of ``found`` leading present ``keys`` to report (``admission.strategy``: a
+        page not reported is recomputed, and not written again); every page when the admission
+        cannot be asked."""
         names = [name for name in pools if name in self.pipeline.pools]
         if found <= 0 or not names:
             return found
         try:
-            return self.pipeline.admit(found, names)
+            admitted = self.pipeline.admit(found, names)
         except Exception as err:  # the gate must never turn a lookup into a failure
             log.warning("kvcr_policy: admission of %d pages failed, all admitted: %s", found, err)
             return found
+        self.declined.note(keys[admitted:found])
+        return admitted
 
     def batch_get_v1(
         self,

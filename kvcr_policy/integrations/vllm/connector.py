@@ -44,6 +44,7 @@ __all__ = [
     "KVCRPolicyConnectorStats",
     "StepMetadata",
     "workers_moved",
+    "workers_prefilled",
 ]
 
 log = logging.getLogger("kvcr_policy.integrations.vllm")
@@ -237,12 +238,13 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         if self._scheduler is None or self._pipeline is None:
             return
         desk = self._pipeline.admission
-        for name, rate in (("load", desk.restores), ("save", desk.stores), ("prefill", None)):
+        for name, rate in (("load", desk.restores), ("save", desk.stores)):
             moved = workers_moved(connector_output, name)
-            if moved is not None and rate is not None:
+            if moved is not None:
                 rate.add(*moved)
-            elif moved is not None:
-                self._pipeline.prefill_observed(*moved)
+        prefilled = workers_prefilled(connector_output)
+        if prefilled is not None:
+            self._pipeline.prefill_observed(*prefilled)
 
     # ---- both -----------------------------------------------------------------------------
 
@@ -256,15 +258,28 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
             self._pipeline.close()
 
 
-def workers_moved(connector_output: Any, name: str) -> tuple[int, float] | None:
-    """The bytes the workers loaded (``name`` load) or saved (save), or the tokens they
-    prefilled (prefill), and their seconds, from a step's ``KVConnectorOutput`` (its
-    ``kv_connector_stats``: :class:`KVCRPolicyConnectorStats`); None when there were none."""
+def _stats(connector_output: Any) -> dict[str, Any]:
     stats = getattr(connector_output, "kv_connector_stats", None)
-    data = getattr(stats, "data", None) or {}
-    unit = "tokens" if name == "prefill" else "bytes"
-    nbytes, micros = int(data.get(f"{name}_{unit}", 0)), int(data.get(f"{name}_us", 0))
+    return getattr(stats, "data", None) or {}
+
+
+def workers_moved(connector_output: Any, name: str) -> tuple[int, float] | None:
+    """The bytes the workers loaded (``name`` load) or saved (save) and their seconds, from a
+    step's ``KVConnectorOutput`` (its ``kv_connector_stats``:
+    :class:`KVCRPolicyConnectorStats`); None when there were none."""
+    data = _stats(connector_output)
+    nbytes, micros = int(data.get(f"{name}_bytes", 0)), int(data.get(f"{name}_us", 0))
     return (nbytes, micros / 1e6) if nbytes > 0 and micros > 0 else None
+
+
+def workers_prefilled(connector_output: Any) -> tuple[int, float, int] | None:
+    """The tokens the workers' prefill-only steps computed, their seconds and how many steps
+    (summed over the interval's steps and the workers: each sum keeps seconds = fixed * steps
+    + tokens / rate), from a step's ``KVConnectorOutput``; None when there were none."""
+    data = _stats(connector_output)
+    tokens, micros = int(data.get("prefill_tokens", 0)), int(data.get("prefill_us", 0))
+    steps = int(data.get("prefill_steps", 0))
+    return (tokens, micros / 1e6, steps) if tokens > 0 and micros > 0 and steps > 0 else None
 
 
 def _one_page(kv_cache_config: Any, block: int) -> Any:

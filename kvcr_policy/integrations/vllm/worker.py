@@ -56,15 +56,19 @@ class WorkerHalf:
 
     def step_ended(self, plan: StepPlan) -> None:
         """The step's forward pass ended (``wait_for_save``): a step that only prefilled
-        gives the engine's prefill rate, which the admission gate prefers to a configured
-        one (in this process; the stats carry it to a scheduler of its own)."""
+        gives the engine's prefill, its tokens and seconds, from which the admission gate fits
+        the marginal rate apart from the step's fixed cost and prefers it to a configured one
+        (in this process; the stats carry each step's figures, and how many steps they sum,
+        to a scheduler of its own)."""
         started, self._step_at = self._step_at, None
         if started is None or plan.prefill_tokens <= 0:
             return
         seconds = time.perf_counter() - started
         self.pipeline.prefill_observed(plan.prefill_tokens, seconds)
         with self._lock:
-            self.stats.update(prefill_tokens=plan.prefill_tokens, prefill_us=int(seconds * 1e6))
+            self.stats.update(
+                prefill_tokens=plan.prefill_tokens, prefill_us=int(seconds * 1e6), prefill_steps=1
+            )
 
     def submit(self, plan: StepPlan, loads: bool) -> None:
         """Start ``plan``'s loads (``loads``) or its saves on their threads."""

@@ -448,3 +448,71 @@ def test_batch_exists_reports_what_the_admission_gate_admits(
     reason = "restores_sooner" if expected else "computes_sooner"
     decision = "admitted" if expected else "declined"
     assert backend.pipeline.admission.counts == {(decision, reason): 12}
+
+
+SLOW_TIER = {"prefill_tokens_per_s": 1e6, "restore_bytes_per_s": 1.0}  # injected: declined
+
+
+def sent_to_the_tier(backend: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Keys per pipeline write, as the tier receives them (the backend's writes go through it)."""
+    sent: list[int] = []
+    write = backend.pipeline.set
+
+    def recorded(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(len(keys))
+        return write(keys, *args, **kwargs)
+
+    monkeypatch.setattr(backend.pipeline, "set", recorded)
+    return sent
+
+
+def test_pages_declined_at_lookup_are_computed_and_not_written_again(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    overrides = {"admission.strategy": "gate", "admission.options": SLOW_TIER}
+    backend = make_backend(profile="gated", overrides=overrides)
+    pool = kit.mha("layer_first")
+    backend.register_mem_pool_host(pool)
+    keys = [f"held-{i}" for i in range(6)]
+    assert backend.batch_set_v1(keys, kit.indices(pool, list(range(6)))) == [True] * 6
+    assert backend.batch_exists(keys) == 0  # in the tier, declined: SGLang computes them
+    sent = sent_to_the_tier(backend, monkeypatch)
+    # SGLang's backup writes the computed pages (other host pages) and two new ones.
+    new = ["new-0", "new-1"]
+    assert (
+        backend.batch_set_v1(keys[:4] + new, kit.indices(pool, list(range(10, 16)))) == [True] * 6
+    )
+    assert sent == [2]  # the new ones only
+    assert backend.declined.skipped == 4 and len(backend.declined) == 2  # held-4, held-5 left
+    # The new pages went to the tier from their own host pages, byte for byte.
+    assert backend.batch_get_v1(new, kit.indices(pool, [20, 21])) == [True, True]
+    for stored, restored in ((14, 20), (15, 21)):
+        assert same_tensors(kit.page(pool, restored), kit.page(pool, stored))
+    # Skipped once: a page written again later (SGLang's next backup of it) goes through.
+    assert backend.batch_set_v1(keys[:1], kit.indices(pool, [30])) == [True]
+    assert sent == [2, 1] and backend.declined.skipped == 4
+    # The v2 path of the KV pool leaves them out alike: nothing left to send.
+    kv = sg.hs.PoolName.KV
+    transfer = sg.hs.PoolTransfer(name=kv, host_indices=kit.indices(pool, [31, 32]), keys=keys[4:])
+    assert backend.batch_set_v2([transfer]) == {kv: [True, True]}
+    assert sent == [2, 1] and backend.declined.skipped == 6 and len(backend.declined) == 0
+    # A lookup that admits notes nothing.
+    assert backend.batch_exists([]) == 0 and len(backend.declined) == 0
+
+
+def test_tensor_api_pages_declined_at_lookup_are_not_written_again(
+    sg: SimpleNamespace, kit: SimpleNamespace, make_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    overrides = {"admission.strategy": "gate", "admission.options": SLOW_TIER}
+    backend = make_backend(interface_v1=0, profile="gated", overrides=overrides)
+    pool = kit.mha("layer_first")
+    backend.register_mem_pool_host(pool)
+    size = pool.page_size
+    pages = [pool.get_data_page(p * size, flat=True).clone() for p in range(4)]
+    assert backend.batch_set(["a", "b", "c"], pages[:3])
+    assert backend.batch_exists(["a", "b", "c"]) == 0  # declined
+    sent = sent_to_the_tier(backend, monkeypatch)
+    assert backend.batch_set(["a", "b", "d"], [pages[0], pages[1], pages[3]])
+    assert sent == [1] and backend.declined.skipped == 2
+    got = backend.batch_get(["d"], [pool.get_dummy_flat_data_page()])
+    assert same_tensors(got[0].view(sg.torch.int16), pages[3].view(sg.torch.int16))

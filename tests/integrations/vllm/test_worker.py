@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from kvcr_policy.integrations.vllm.jobs import StepPlan
 from kvcr_policy.integrations.vllm.worker import WorkerHalf
 
@@ -15,7 +17,8 @@ class Recorder:
     def __init__(self) -> None:
         self.prefills: list[tuple[int, float]] = []
 
-    def prefill_observed(self, tokens: int, seconds: float) -> None:
+    def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
+        assert steps == 1  # the worker reports each step alone
         self.prefills.append((tokens, seconds))
 
 
@@ -31,15 +34,53 @@ def test_a_step_that_only_prefills_reports_its_tokens_and_seconds() -> None:
     assert pipeline.prefills[0][1] >= 0
     stats = worker.take_stats()
     assert stats["prefill_tokens"] == 64 and "prefill_us" in stats
+    assert stats["prefill_steps"] == 1  # a scheduler of its own fits per step, not per sum
     worker.close()
 
 
 def test_a_separate_scheduler_reads_the_workers_figures(vllm: None) -> None:
-    from kvcr_policy.integrations.vllm.connector import KVCRPolicyConnectorStats, workers_moved
+    from kvcr_policy.integrations.vllm.connector import (
+        KVCRPolicyConnectorStats,
+        workers_moved,
+        workers_prefilled,
+    )
 
     data = {"load_bytes": 4096, "load_us": 2000, "save_bytes": 0, "prefill_tokens": 64}
     output = SimpleNamespace(kv_connector_stats=KVCRPolicyConnectorStats(data=data))
     assert workers_moved(output, "load") == (4096, 0.002)
     assert workers_moved(output, "save") is None  # nothing saved
-    assert workers_moved(output, "prefill") is None  # tokens without seconds: not a rate
+    assert workers_prefilled(output) is None  # tokens without seconds: not a rate
     assert workers_moved(SimpleNamespace(kv_connector_stats=None), "load") is None
+    # Two workers' stats of the same two steps, aggregated as vLLM does: the sums.
+    one = {"prefill_tokens": 96, "prefill_us": 30_000, "prefill_steps": 2}
+    summed = KVCRPolicyConnectorStats(data=dict(one)).aggregate(
+        KVCRPolicyConnectorStats(data=dict(one))
+    )
+    assert workers_prefilled(SimpleNamespace(kv_connector_stats=summed)) == (192, 0.06, 4)
+
+
+def test_a_separate_scheduler_fits_its_workers_steps_apart_from_their_fixed_cost(
+    vllm: None,
+) -> None:
+    from kvcr_policy.admission import AdmissionDesk
+    from kvcr_policy.builtin.admission import NoAdmission
+    from kvcr_policy.config.schema import AdmissionSection
+    from kvcr_policy.integrations.vllm.connector import (
+        KVCRPolicyConnector,
+        KVCRPolicyConnectorStats,
+    )
+    from kvcr_policy.registry import NoOptions
+
+    desk = AdmissionDesk(NoAdmission(AdmissionSection(), NoOptions()))
+    pipeline = SimpleNamespace(admission=desk, prefill_observed=desk.prefills.add)
+    connector = KVCRPolicyConnector.__new__(KVCRPolicyConnector)  # its scheduler half only
+    connector._scheduler, connector._pipeline = object(), pipeline  # type: ignore[assignment]
+    # Injected steps: 10 ms each, then 20,000 tokens/s; the stats of an interval sum them.
+    for steps, tokens in [(2, 400), (1, 50), (3, 900), (1, 2000), (2, 64)]:
+        micros = round((steps * 0.010 + tokens / 20_000) * 1e6)
+        data = {"prefill_tokens": tokens, "prefill_us": micros, "prefill_steps": steps}
+        data.update(load_bytes=1 << 20, load_us=10_000)
+        output = SimpleNamespace(kv_connector_stats=KVCRPolicyConnectorStats(data=data))
+        connector.update_connector_output(output)
+    assert desk.prefills.fit() == pytest.approx((20_000, 0.010), rel=1e-3)
+    assert desk.restores.per_second == pytest.approx(100 * (1 << 20))

@@ -1,0 +1,93 @@
+"""MarginalRate: the units per second a call adds at the margin, its fixed cost fitted apart.
+
+A call of ``units`` takes ``seconds = fixed + units / rate``: an engine's step (or prefill)
+pays its scheduling, launch and sampling whatever its length, so a step's ``units / seconds``
+understates the rate at which a longer prompt costs more, the more so the shorter the step.
+Each call (or a sum of ``calls`` of them, as a scheduler of its own receives its workers'
+steps) adds to decayed least-squares sums of ``seconds = fixed * calls + units / rate``; the
+solution, O(1) a call and a question, gives the marginal rate and the fixed seconds.
+
+While the calls cannot tell the two apart (fewer than :data:`MIN_SAMPLES` samples, or their
+lengths too alike: :data:`MIN_SPREAD`), or the fit says a unit costs nothing (noise), the rate
+is the ratio of the decayed sums, as :class:`~.rates.DecayedRate` gives (the fixed cost counted
+in, the upstream reading). A fitted fixed cost below zero (noise) is taken as none: the rate is then
+the least-squares line through the origin. The clock is injected (tests pass their own).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["MIN_SAMPLES", "MIN_SPREAD", "MarginalRate"]
+
+#: Samples (``add`` calls) before a fit is trusted: two fit any line exactly, noise included.
+MIN_SAMPLES = 3
+#: The least ``1 - cos^2`` of the angle between the calls and units columns (the relative
+#: determinant of the normal equations) a fit needs: lengths whose spread is below about
+#: 15 % of their mean cannot separate a fixed cost from a rate.
+MIN_SPREAD = 0.02
+
+
+class MarginalRate:
+    """Units per second at the margin over recent calls, and their fixed seconds;
+    thread-safe. ``per_second`` and ``idle_s`` read as :class:`~.rates.DecayedRate`'s."""
+
+    def __init__(self, half_life_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        if not half_life_s > 0:
+            raise ValueError(f"half_life_s must be positive, got {half_life_s!r}")
+        self._decay = math.log(2) / half_life_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Decayed sums: calls^2, calls*units, units^2, calls*seconds, units*seconds, units,
+        # seconds.
+        self._sums = [0.0] * 7
+        self._count = 0
+        self._at: float | None = None
+
+    def add(self, units: float, seconds: float, calls: int = 1) -> None:
+        """``calls`` calls moved ``units`` in ``seconds`` together; none of no time, units or
+        calls is ignored."""
+        if not (seconds > 0 and units >= 0 and calls >= 1) or math.isinf(seconds + units):
+            return
+        c, u, y = float(calls), float(units), float(seconds)
+        with self._lock:
+            now = self._clock()
+            if self._at is not None and now > self._at:
+                keep = math.exp(-self._decay * (now - self._at))
+                self._sums = [s * keep for s in self._sums]
+            self._at = now if self._at is None else max(now, self._at)
+            for i, term in enumerate((c * c, c * u, u * u, c * y, u * y, u, y)):
+                self._sums[i] += term
+            self._count += 1
+
+    def fit(self) -> tuple[float, float] | None:
+        """``(units per second at the margin, fixed seconds a call)``, None before a call."""
+        with self._lock:
+            cc, cu, uu, cy, uy, u, y = self._sums
+            count = self._count
+        if y <= 0:
+            return None
+        ratio = (u / y, 0.0)
+        det = cc * uu - cu * cu
+        if count < MIN_SAMPLES or uu <= 0 or det <= MIN_SPREAD * cc * uu:
+            return ratio
+        fixed = (uu * cy - cu * uy) / det
+        slope = (cc * uy - cu * cy) / det
+        if fixed < 0:  # noise: no fixed cost, the line through the origin
+            fixed, slope = 0.0, uy / uu
+        return (1.0 / slope, fixed) if slope > 0 else ratio
+
+    @property
+    def per_second(self) -> float | None:
+        """The marginal rate (the ratio while no fit holds), None before the first call."""
+        fitted = self.fit()
+        return None if fitted is None else fitted[0]
+
+    @property
+    def idle_s(self) -> float | None:
+        """Seconds since the last call was added, None before the first."""
+        with self._lock:
+            return None if self._at is None else max(0.0, self._clock() - self._at)
