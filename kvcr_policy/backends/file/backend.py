@@ -35,8 +35,8 @@ class FilePool:
         self.name = spec.name
         self.tier = tier
         endpoint = spec.endpoint
-        # Buffered files move pages between the page cache and the pool itself (engine).
-        view = None if tier.files.direct else pool_view(endpoint.address, endpoint.nbytes)
+        # Moves through the page cache go between it and the pool itself (.inplace).
+        view = pool_view(endpoint.address, endpoint.nbytes) if tier.files.cache >= 0 else None
         self.side = PoolSide(endpoint.address, spec.geometry, view)
 
     def contains(self, keys: Any) -> int:
@@ -150,6 +150,7 @@ class FileBackend:
             "io_engine": "thread pool of preadv/pwritev",
             "io_threads": self.options.io_threads,
             "direct_io": [p.tier.files.direct for p in self._pools],
+            "read_pages": [p.tier.read_paths.snapshot() for p in self._pools],
         }
 
     def close(self) -> None:

@@ -14,7 +14,15 @@ Direct I/O (``O_DIRECT``) bypasses the page cache, so the tier's pages do not ev
 engine's memory and reads measure the device. Not every file system has it (tmpfs refuses
 the flag with EINVAL; some accept it at open(2) and fail the first transfer), so it is probed
 once per directory with a real aligned write and read of a scratch file
-(:func:`probe_direct`); ``direct = "auto"`` falls back to buffered I/O where the probe fails.
+(:func:`probe_direct`). The slot file is opened once or twice (:class:`TierFiles`):
+
+- ``direct = "on"``: one descriptor with ``O_DIRECT``; every read and write is direct;
+- ``direct = "auto"`` where the probe passes: that descriptor for reads of pages not in the
+  page cache, and a buffered one (``cache``, readahead off: POSIX_FADV_RANDOM) for writes,
+  which leave the pages in the page cache, and for the non-blocking reads that take them
+  from there (:mod:`.inplace`). The kernel keeps both views coherent: a direct read first
+  writes back dirty cached pages of its range;
+- ``direct = "off"``, or ``auto`` where the probe fails: one buffered descriptor for all.
 Alignment: 4096 bytes for buffers, offsets and lengths satisfies every Linux block device's
 logical block size (``open(2)``, "O_DIRECT": "multiple of the logical block size").
 """
@@ -98,15 +106,25 @@ class TierFiles:
     """The open files of one pool's directory."""
 
     directory: Path
+    #: The slot file: with ``O_DIRECT`` when :attr:`direct`.
     data: int
     index: int
     lock: int
     direct: bool
     page_bytes: int
     stride: int
+    #: The slot file through the page cache: :attr:`data` itself when not :attr:`direct`,
+    #: a second descriptor under ``direct = "auto"``, -1 under ``direct = "on"``.
+    cache: int = -1
+
+    @property
+    def hybrid(self) -> bool:
+        """Direct reads of what the page cache does not hold, buffered everything else."""
+        return self.direct and self.cache >= 0
 
     def close(self) -> None:
-        for fd in (self.data, self.index, self.lock):
+        second = (self.cache,) if self.cache >= 0 and self.cache != self.data else ()
+        for fd in (self.data, *second, self.index, self.lock):
             with contextlib.suppress(OSError):  # already closed: close() is idempotent
                 os.close(fd)
 
@@ -156,6 +174,7 @@ def open_files(
     except OSError as err:
         raise OsCallError("mkdir", err.errno or errno.EIO, str(directory)) from err
     lock = _lock(directory, origin)
+    opened = [lock]
     try:
         page_bytes = geometry.page_bytes
         stride = stride_of(page_bytes)
@@ -169,11 +188,18 @@ def open_files(
             raise mismatch("backend.options.direct", origin, message)
         flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if use_direct else 0)
         data = os.open(directory / "slots", flags, 0o600)
+        opened.append(data)
+        cache = -1 if direct == "on" else data
+        if use_direct and direct == "auto":
+            cache = os.open(directory / "slots", os.O_RDWR)
+            opened.append(cache)
+            os.posix_fadvise(cache, 0, 0, os.POSIX_FADV_RANDOM)  # a miss reads no more
         index = os.open(directory / "index", os.O_RDWR | os.O_CREAT, 0o600)
     except BaseException:
-        os.close(lock)
+        for fd in opened:
+            os.close(fd)
         raise
-    return TierFiles(directory, data, index, lock, use_direct, page_bytes, stride)
+    return TierFiles(directory, data, index, lock, use_direct, page_bytes, stride, cache)
 
 
 def fit_capacity(files: TierFiles, wanted_slots: int, floor: int) -> int:

@@ -11,22 +11,28 @@ GIL, and io_uring itself is refused by common container runtimes (Docker's defau
 profile, ``kernel.io_uring_disabled``), where the tier would need this pool as a fallback
 anyway. With jobs of several MiB the per-job cost of a thread hand-off (a few µs) is noise.
 
-A batch of a read or write is cut into *runs*: slots consecutive in the slot file, at most
-one staging buffer each; each run is one ``preadv``/``pwritev`` of contiguous file bytes.
-With direct I/O the run goes through a page-aligned staging buffer (anonymous ``mmap``:
-``O_DIRECT`` needs aligned memory, and an engine's pool is 16- or 64-byte aligned), then one
-native gather or scatter between the buffer and the pool's fragments; a read checks each
-page's CRC-32C before copying it, so a damaged page never reaches the pool. With buffered
-I/O the run's iovecs are the pool's fragments themselves (no staging copy: the kernel copies
-between the page cache and the pool once), and a read checks each page's CRC-32C in the pool
-before reporting it moved. Staging buffers are made on demand, at most one per
-thread, and reused.
+A batch of a read or write is cut into *runs*: slots consecutive in the slot file, spread
+over the threads (:meth:`IOEngine.per_run`), at most one staging buffer each. How a run moves
+depends on the tier's files (:mod:`.directory`):
+
+- *direct* (``O_DIRECT``): one ``preadv``/``pwritev`` of the run's file bytes through a
+  page-aligned staging buffer (anonymous ``mmap``: ``O_DIRECT`` needs aligned memory, and an
+  engine's pool is 16- or 64-byte aligned), then one native gather or scatter between the
+  buffer and the pool's fragments; a read checks each page's CRC-32C before copying it, so a
+  damaged page never reaches the pool;
+- *through the page cache*: chunks of iovecs straight into or out of the pool
+  (:mod:`.inplace`: the kernel copies once), each page's CRC-32C taken chunk by chunk;
+- *hybrid* (``direct = "auto"`` where direct I/O works): writes go through the page cache, so
+  a page just stored is still in memory; a read first takes, without blocking, the run's
+  leading pages the page cache holds whole (``RWF_NOWAIT``), then reads the others direct.
+
+Staging buffers are made on demand, at most one per thread, and reused. Each read counts its
+pages by the path that served them (:class:`ReadPaths`, in the tier's stats).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import mmap
 import os
@@ -34,7 +40,6 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,28 +47,33 @@ from ...descriptors import Descriptors, coalesce
 from ...errors import ClosedError
 from ...geometry import PoolGeometry, fragment_offsets
 from ..host_copy import copy_descriptors
+from .directory import TierFiles
+from .inplace import PoolSide, pool_view, read_in_place, start_writeback, write_in_place
 from .records import checksum
 
-__all__ = ["IOEngine", "PoolSide", "plan_runs"]
+__all__ = ["IOEngine", "PoolSide", "ReadPaths", "plan_runs", "pool_view"]
+
+#: Runs of a batch spread over the threads are at least this long (fewer, larger requests).
+SPREAD_BYTES = 1 << 20
 
 
-#: iovecs per preadv/pwritev (IOV_MAX is 1024 on Linux, <limits.h>).
-IOV_MAX = 1024
+class ReadPaths:
+    """Pages read, by the path that served them: ``page_cache`` (hybrid files, taken without
+    blocking), ``direct`` (``O_DIRECT``), ``buffered`` (through the page cache, which may
+    have read the device)."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts = {"page_cache": 0, "direct": 0, "buffered": 0}
 
-@dataclass(frozen=True, slots=True)
-class PoolSide:
-    """The pool a transfer reads into or writes from: its base address and layout, and, for
-    buffered files, a byte view of it (iovecs straight into the pool)."""
+    def add(self, path: str, pages: int) -> None:
+        if pages:
+            with self._lock:
+                self.counts[path] += pages
 
-    address: int
-    geometry: PoolGeometry
-    view: memoryview | None = None
-
-
-def pool_view(address: int, nbytes: int) -> memoryview:
-    """A writable byte view of ``nbytes`` of memory at ``address`` (the registered pool)."""
-    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
 
 
 class _Buffer:
@@ -111,6 +121,11 @@ def _descriptors(
     return coalesce(Descriptors.from_arrays(src.ravel(), dst.ravel(), length))
 
 
+def _whole(got: int, stride: int, page_bytes: int, count: int) -> int:
+    """Leading slots of a read of ``got`` bytes whose page arrived whole."""
+    return 0 if got < page_bytes else min(count, (got - page_bytes) // stride + 1)
+
+
 class IOEngine:
     """Runs of one tier's transfers on ``threads`` threads; see the module docstring."""
 
@@ -123,9 +138,16 @@ class IOEngine:
         self._lock = threading.Lock()
         self._closed = False
 
-    def per_run(self, stride: int) -> int:
-        """Slots one run may hold: one staging buffer's worth, at least one."""
-        return max(1, self.buffer_bytes // stride)
+    def per_run(self, stride: int, pages: int = 0) -> int:
+        """Slots one run may hold: one staging buffer's worth, at least one; for a batch of
+        ``pages``, fewer, so its runs spread over the threads (each of at least
+        :data:`SPREAD_BYTES`), and the checks and copies of the runs that arrived overlap
+        the reads of the others."""
+        most = max(1, self.buffer_bytes // stride)
+        if pages <= 0:
+            return most
+        spread = max(-(-pages // self.threads), -(-SPREAD_BYTES // stride))
+        return min(most, spread)
 
     def _buffer(self, stride: int) -> _Buffer:
         try:
@@ -147,53 +169,93 @@ class IOEngine:
 
     def read(
         self,
-        fd: int,
-        stride: int,
+        files: TierFiles,
         side: PoolSide | None,
         first: int,
         pages: np.ndarray,
         crcs: np.ndarray,
-        page_bytes: int = 0,
+        paths: ReadPaths | None = None,
     ) -> Future[np.ndarray]:
         """Read slots ``first..`` into ``pages`` of ``side``; per page whether its bytes
         arrived intact. Without a side (recovery's check) the pages are only checked."""
-        if side is not None:
-            page_bytes = side.geometry.page_bytes
-
-        if side is not None and side.view is not None:
-            return self._run(lambda: _read_in_place(fd, stride, side, first, pages, crcs))
+        in_place = side is not None and side.view is not None and files.cache >= 0
+        paths = paths if paths is not None else ReadPaths()
 
         def job() -> np.ndarray:
-            size = len(pages) * stride
-            buffer = self._buffer(stride)
-            try:
-                try:
-                    got = os.preadv(fd, [buffer.view[:size]], first * stride)
-                except OSError:
-                    return np.zeros(len(pages), dtype=bool)
-                ok = np.zeros(len(pages), dtype=bool)
-                for j in range(len(pages)):
-                    start = j * stride
-                    if start + page_bytes <= got:
-                        chunk = buffer.view[start : start + page_bytes]
-                        ok[j] = checksum(chunk) == int(crcs[j])
-                if side is not None and ok.any():
-                    rows = np.flatnonzero(ok)
-                    plan = _descriptors(side.geometry, stride, pages[rows], rows, to_pool=True)
-                    copy_descriptors(side.address, buffer.address, plan)
-                return ok
-            finally:
-                self._free.put(buffer)
+            ok = np.zeros(len(pages), dtype=bool)
+            done = 0
+            if in_place:
+                assert side is not None
+                done = read_in_place(
+                    files.cache, files.stride, side, first, pages, crcs, ok, files.direct
+                )
+                paths.add("page_cache" if files.direct else "buffered", done)
+            if done < len(pages):
+                rest = slice(done, len(pages))
+                ok[rest] = self._staged(files, side, first + done, pages[rest], crcs[rest], paths)
+            return ok
 
         return self._run(job)
 
+    def _staged(
+        self,
+        files: TierFiles,
+        side: PoolSide | None,
+        first: int,
+        pages: np.ndarray,
+        crcs: np.ndarray,
+        paths: ReadPaths,
+    ) -> np.ndarray:
+        """One run read through a staging buffer (a hybrid tier takes its leading cached
+        pages first, without blocking), checked, then its good pages copied into the pool."""
+        stride, page_bytes, count = files.stride, files.page_bytes, len(pages)
+        size = count * stride
+        buffer = self._buffer(stride)
+        try:
+            cached = 0
+            if files.hybrid and (side is None or side.view is None):
+                try:
+                    got = os.preadv(
+                        files.cache, [buffer.view[:size]], first * stride, os.RWF_NOWAIT
+                    )
+                except OSError:  # EAGAIN: its first page is not cached
+                    got = 0
+                cached = _whole(got, stride, page_bytes, count)
+            got = cached * stride
+            if cached < count:
+                with contextlib.suppress(OSError):  # an I/O error: those pages are not read
+                    view = buffer.view[cached * stride : size]
+                    got += os.preadv(files.data, [view], (first + cached) * stride)
+            paths.add("page_cache", cached)
+            paths.add("direct" if files.direct else "buffered", count - cached)
+            ok = np.zeros(count, dtype=bool)
+            for j in range(_whole(got, stride, page_bytes, count)):
+                chunk = buffer.view[j * stride : j * stride + page_bytes]
+                ok[j] = checksum(chunk) == int(crcs[j])
+            if side is not None and ok.any():
+                rows = np.flatnonzero(ok)
+                plan = _descriptors(side.geometry, stride, pages[rows], rows, to_pool=True)
+                copy_descriptors(side.address, buffer.address, plan)
+            return ok
+        finally:
+            self._free.put(buffer)
+
     def write(
-        self, fd: int, stride: int, side: PoolSide, first: int, pages: np.ndarray
+        self,
+        files: TierFiles,
+        side: PoolSide,
+        first: int,
+        pages: np.ndarray,
+        writeback: bool = False,
     ) -> Future[np.ndarray]:
-        """Write ``pages`` into slots ``first..``; the CRC-32C of each page (uint32)."""
-        page_bytes = side.geometry.page_bytes
-        if side.view is not None:
-            return self._run(lambda: _write_in_place(fd, stride, side, first, pages))
+        """Write ``pages`` into slots ``first..`` (through the page cache where the tier
+        keeps its pages there, starting their writeback with ``writeback``: the set will
+        wait for it); the CRC-32C of each page (uint32)."""
+        stride, page_bytes = files.stride, files.page_bytes
+        fd = files.cache if files.cache >= 0 else files.data
+        writeback = writeback and files.cache >= 0  # direct writes have no writeback
+        if side.view is not None and files.cache >= 0:
+            return self._run(lambda: write_in_place(fd, stride, side, first, pages, writeback))
 
         def job() -> np.ndarray:
             size = len(pages) * stride
@@ -209,6 +271,8 @@ class IOEngine:
                 written = os.pwritev(fd, [view[:size]], first * stride)
                 if written != size:
                     raise OSError(errno.ENOSPC, f"short write: {written} of {size} bytes")
+                if writeback:
+                    start_writeback(fd, first * stride, size)
                 return np.array(crcs, dtype=np.uint32)
             finally:
                 self._free.put(buffer)
@@ -225,64 +289,3 @@ class IOEngine:
         for buffer in self._made:
             buffer.close()
         self._made.clear()
-
-
-def _iovecs(side: PoolSide, stride: int, pages: np.ndarray) -> tuple[list[list[memoryview]], int]:
-    """Per page, the pool's fragments in slot order (and the slot's padding); the padding."""
-    assert side.view is not None
-    geometry, view = side.geometry, side.view
-    size = geometry.fragment_bytes
-    pad = stride - geometry.page_bytes
-    filler = [memoryview(bytearray(pad))] if pad else []
-    offsets = fragment_offsets(geometry, pages).T.tolist()
-    return [[view[o : o + size] for o in row] + filler for row in offsets], pad
-
-
-def _vectored(call: Callable[..., int], fd: int, iovecs: list[memoryview], offset: int) -> int:
-    """One preadv/pwritev per IOV_MAX iovecs from ``offset`` on; bytes moved."""
-    moved = 0
-    for start in range(0, len(iovecs), IOV_MAX):
-        chunk = iovecs[start : start + IOV_MAX]
-        done = call(fd, chunk, offset + moved)
-        moved += done
-        if done < sum(len(v) for v in chunk):
-            break
-    return moved
-
-
-def _read_in_place(
-    fd: int, stride: int, side: PoolSide, first: int, pages: np.ndarray, crcs: np.ndarray
-) -> np.ndarray:
-    per_page, _ = _iovecs(side, stride, pages)
-    flat = [v for page in per_page for v in page]
-    try:
-        got = _vectored(os.preadv, fd, flat, first * stride)
-    except OSError:
-        return np.zeros(len(pages), dtype=bool)
-    ok = np.zeros(len(pages), dtype=bool)
-    page_bytes = side.geometry.page_bytes
-    for j, page in enumerate(per_page):
-        if j * stride + page_bytes <= got:
-            crc = 0
-            for piece in page[: side.geometry.fragments_per_page]:
-                crc = checksum(piece, crc)
-            ok[j] = crc == int(crcs[j])
-    return ok
-
-
-def _write_in_place(
-    fd: int, stride: int, side: PoolSide, first: int, pages: np.ndarray
-) -> np.ndarray:
-    per_page, _ = _iovecs(side, stride, pages)
-    crcs = []
-    for page in per_page:
-        crc = 0
-        for piece in page[: side.geometry.fragments_per_page]:
-            crc = checksum(piece, crc)
-        crcs.append(crc)
-    flat = [v for page in per_page for v in page]
-    size = len(pages) * stride
-    written = _vectored(os.pwritev, fd, flat, first * stride)
-    if written != size:
-        raise OSError(errno.ENOSPC, f"short write: {written} of {size} bytes")
-    return np.array(crcs, dtype=np.uint32)

@@ -52,8 +52,11 @@ class FileOptions(BaseModel):
     )
     direct: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="Direct I/O (O_DIRECT): 'auto' where the file system does it (tmpfs "
-        "does not), 'on' refuses a file system without it, 'off' uses the page cache.",
+        description="Direct I/O (O_DIRECT). 'auto': writes go through the page cache, reads "
+        "take the pages it still holds from it and read the others direct where the file "
+        "system does direct I/O (tmpfs does not); 'on': every read and write direct (the "
+        "tier's pages never take page cache; a file system without O_DIRECT is refused); "
+        "'off': the page cache for everything.",
     )
     sync: Literal["batch", "none"] = Field(
         "batch",

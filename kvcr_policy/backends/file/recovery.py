@@ -98,9 +98,7 @@ def _check_pages(
     futures = [
         (
             run,
-            engine.read(
-                files.data, files.stride, None, int(slots[run[0]]), run, crcs[run], files.page_bytes
-            ),
+            engine.read(files, None, int(slots[run[0]]), run, crcs[run]),
         )
         for run in runs
     ]

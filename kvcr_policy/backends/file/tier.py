@@ -29,7 +29,7 @@ from ...observability.ledger import CallCounts, Ledger
 from ..dram.store import Store
 from ..reporting import TierUsage
 from .directory import TierFiles, size_files
-from .engine import IOEngine, PoolSide
+from .engine import IOEngine, PoolSide, ReadPaths
 from .index import SlotIndex, Sync
 from .recovery import Check, Recovered, recover
 
@@ -96,6 +96,7 @@ class FileTier:
         self.lock = threading.Lock()
         self.moved = Moved(files.page_bytes)
         self.damaged_reads = 0
+        self.read_paths = ReadPaths()
         self.watermark_evictions = 0
         self.check = check
         self._probe_buffer: mmap.mmap | None = None
@@ -160,6 +161,7 @@ class FileTier:
         return {
             "path": str(self.files.directory),
             "direct_io": self.files.direct,
+            "io": "hybrid" if self.files.hybrid else "direct" if self.files.direct else "buffered",
             "page_bytes": self.files.page_bytes,
             "slot_stride": self.files.stride,
             "slots": self.capacity,
@@ -172,6 +174,7 @@ class FileTier:
             "store": asdict(store) if store is not None else None,
             "io_threads": self.engine.threads,
             **self.moved.figures(),
+            "read_pages": self.read_paths.snapshot(),
             "damaged_reads": self.damaged_reads,
             "watermark_evictions": self.watermark_evictions,
         }

@@ -88,15 +88,15 @@ class FileRead(_Base):
         tier, files = self.tier, self.tier.files
         fslots = self.fslots[positions]
         parts = []
-        for run in plan_runs(fslots, tier.engine.per_run(files.stride)):
+        for run in plan_runs(fslots, tier.engine.per_run(files.stride, len(fslots))):
             first = int(fslots[run[0]])
             future = tier.engine.read(
-                files.data,
-                files.stride,
+                files,
                 self.side,
                 first,
                 self.pages[positions[run]],
                 tier.index.crc[fslots[run]],
+                tier.read_paths,
             )
             parts.append((run, future))
 
@@ -145,11 +145,10 @@ class FileWrite(_Base):
         tier, files = self.tier, self.tier.files
         fslots = self.fslots[positions]
         parts = []
-        for run in plan_runs(fslots, tier.engine.per_run(files.stride)):
+        for run in plan_runs(fslots, tier.engine.per_run(files.stride, len(fslots))):
             first = int(fslots[run[0]])
-            future = tier.engine.write(
-                files.data, files.stride, self.side, first, self.pages[positions[run]]
-            )
+            pages = self.pages[positions[run]]
+            future = tier.engine.write(files, self.side, first, pages, tier.index.sync)
             parts.append((run, future))
 
         def settle(rows: np.ndarray, crcs: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvcr_policy.backends.dram.store import Store
 from kvcr_policy.backends.file.directory import open_files, pool_directory
-from kvcr_policy.backends.file.engine import IOEngine, PoolSide
+from kvcr_policy.backends.file.engine import IOEngine, PoolSide, pool_view
 from kvcr_policy.backends.file.tier import FileTier
 from kvcr_policy.backends.file.transfer import FileRead, FileWrite
 from kvcr_policy.geometry import PoolGeometry
@@ -31,14 +31,21 @@ def expected(key: str, page_bytes: int) -> bytes:
 
 
 class Rig:
-    """A tier of ``slots`` slots in ``root`` over a numpy pool of ``geometry``."""
+    """A tier of ``slots`` slots in ``root`` over a numpy pool of ``geometry``; with
+    ``in_place``, moves through the page cache go straight between it and the pool (as
+    :class:`~kvcr_policy.backends.file.backend.FilePool` does), else through staging buffers
+    (as the cascade's DRAM level does)."""
 
-    def __init__(self, root: Path, geo: PoolGeometry, slots: int, **tier: object) -> None:
+    def __init__(
+        self, root: Path, geo: PoolGeometry, slots: int, in_place: bool = False, **tier: object
+    ) -> None:
         self.geometry = geo
         self.pool = np.zeros(geo.nbytes, dtype=np.uint8)
-        self.side = PoolSide(int(self.pool.ctypes.data), geo)
         self.engine = IOEngine(4, 1 << 16)
         files = open_files(pool_directory(root, "t", geo), geo, tier.pop("direct", "auto"))  # type: ignore[arg-type]
+        address = int(self.pool.ctypes.data)
+        view = pool_view(address, geo.nbytes) if in_place and files.cache >= 0 else None
+        self.side = PoolSide(address, geo, view)
         self.tier = FileTier(files, slots, Store(slots), self.engine, **tier)  # type: ignore[arg-type]
 
     def page(self, page: int) -> np.ndarray:
