@@ -13,6 +13,9 @@
   :class:`~kvcr_policy.errors.TierMemoryError` naming ``placement.capacity_bytes`` and the fix.
 - ``cuda``: :func:`require_cuda`, torch once a CUDA device is known to be visible.
 - ``audit_text``: the human table of an audit (``kvcr-policy audit``).
+- ``cpus``: the CPUs this process's threads may use together, and a thread moved onto them:
+  threads and the host tier kvcr_policy starts never inherit the one core an engine pinned
+  the starting thread to.
 
 The ``dram`` backend, the peer server's tiers and plugin backends (``kvcr``) open regions
 through the placement strategy (``dram`` and ``serve`` after ``preflight``); ``audit``, ``plan``

@@ -36,6 +36,7 @@ from typing import Any
 from prometheus_client.exposition import choose_encoder
 
 from ..errors import ArgumentError
+from ..memory.cpus import spread_thread
 
 __all__ = ["BACKLOG", "DEADLINE_S", "MAX_CONNECTIONS", "MAX_HEAD", "HttpEndpoint", "bind"]
 
@@ -104,6 +105,7 @@ class HttpEndpoint:
         started.wait()
 
     def _run(self, started: threading.Event) -> None:
+        spread_thread()
         asyncio.set_event_loop(self._loop)
         try:
             self._server = self._loop.run_until_complete(

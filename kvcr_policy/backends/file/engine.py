@@ -41,6 +41,7 @@ import numpy as np
 from ...descriptors import Descriptors, coalesce
 from ...errors import ClosedError
 from ...geometry import PoolGeometry, fragment_offsets
+from ...memory.cpus import spread_thread
 from ..host_copy import copy_descriptors
 from .records import checksum
 
@@ -117,7 +118,9 @@ class IOEngine:
     def __init__(self, threads: int, buffer_bytes: int) -> None:
         self.threads = threads
         self.buffer_bytes = buffer_bytes
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="kvcr-file-io")
+        self._executor = ThreadPoolExecutor(
+            threads, thread_name_prefix="kvcr-file-io", initializer=spread_thread
+        )
         self._free: queue.SimpleQueue[_Buffer] = queue.SimpleQueue()
         self._made: list[_Buffer] = []
         self._lock = threading.Lock()

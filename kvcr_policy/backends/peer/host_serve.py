@@ -4,8 +4,10 @@ Started by :class:`~.host_tier.HostTier` (``python -m kvcr_policy.backends.peer.
 which writes one JSON object on its stdin (never on a command line, which every user of the
 host can read): ``socket`` (the path to listen on), ``overrides`` (the starter's
 configuration), ``secret`` (its clients' secret when that is in no file), ``idle_exit_s``,
-``parent`` (the starter's pid, for the log) and ``lock_fd``. It holds the starter's ``flock``
-as that inherited descriptor for its whole life (and writes its pid in the lock file), and logs
+``parent`` (the starter's pid, for the log), ``lock_fd`` and ``cpus`` (the CPUs of the
+starter's process: the tier runs on those, not on the one CPU an engine may have pinned the
+starting thread to; see :mod:`kvcr_policy.memory.cpus`). It holds the starter's ``flock`` as
+that inherited descriptor for its whole life (and writes its pid in the lock file), and logs
 to stderr (the tier's log file). Once its configuration is read it forks and the parent exits
 (status 0: a configuration error exits 2 before that), so the starter reaps it at once.
 SIGTERM or SIGINT stop it cleanly, as ``kvcr-policy serve``.
@@ -45,6 +47,7 @@ def main() -> int:
     )
     try:
         spec: dict[str, Any] = json.loads(sys.stdin.read(MAX_SPEC_BYTES))
+        cpus = _run_on(spec.get("cpus"))  # first: every thread started from now inherits it
         secret = spec.get("secret")
         environ = {} if secret is None else {"KVCR_POLICY_SECURITY__SECRET": str(secret)}
         loaded = load_config(overrides=spec["overrides"], environ=environ)
@@ -72,10 +75,11 @@ def main() -> int:
         log.error("host tier: cannot start: %s", err)
         return 2
     log.info(
-        "host tier on %s for pid %s and every process of this user: exits %s",
+        "host tier on %s for pid %s and every process of this user: exits %s (CPUs %s)",
         server.address,
         spec.get("parent"),
         f"{idle_exit:g} s after its last client left" if idle_exit else "only when stopped",
+        cpus,
     )
     last_busy = time.monotonic()
     try:
@@ -89,6 +93,23 @@ def main() -> int:
     finally:
         server.stop()
     return 0
+
+
+def _run_on(cpus: Any) -> str:
+    """Run this process (its one thread so far; the server's threads inherit it) on ``cpus``
+    (the spec's list of CPU numbers; None: where it started); the CPUs it runs on, as text."""
+    from kvcr_policy.memory.cpus import cpu_list
+
+    if cpus is not None:
+        if not isinstance(cpus, list) or not all(
+            isinstance(cpu, int) and not isinstance(cpu, bool) and cpu >= 0 for cpu in cpus
+        ):
+            raise ValueError(f"spec 'cpus': expected a list of CPU numbers, got {cpus!r}")
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as err:  # none of them is this process's any more (a cpuset changed)
+            log.warning("host tier: cannot run on CPUs %s (%s); keeps its own", cpus, err)
+    return cpu_list(os.sched_getaffinity(0))
 
 
 def _note_pid(lock_fd: Any) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 from kvcr_policy.config.loading import LoadedConfig
 from kvcr_policy.config.private_files import FileRefused, folder_problem, read_private
 from kvcr_policy.errors import BackendUnavailableError, ConfigError, ConfigIssue, mismatch
+from kvcr_policy.memory.cpus import process_cpus
 
 from ..base import BackendContext
 from ..dram.transports.base import Transport
@@ -136,6 +137,9 @@ class HostTier:
             "secret": secret,
             "parent": os.getpid(),
             "lock_fd": lock,
+            # Every CPU of this process, not only the one this thread may be pinned to: the tier
+            # serves every rank (see kvcr_policy.memory.cpus).
+            "cpus": sorted(process_cpus()) or None,
         }
         log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         with os.fdopen(log_fd, "ab") as log_file:

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from kvcr_policy.errors import ClosedError, TransportError
+from kvcr_policy.memory.cpus import spread_thread
 
 from .requests import Timer
 
@@ -124,6 +125,9 @@ class Loop:
         """Runs last on the loop thread."""
 
     def _run(self) -> None:
+        # Never confined to the one core an engine pinned the starting thread to (and which
+        # that thread may busy-poll): this thread answers every peer of the process.
+        spread_thread()
         try:
             self._setup()
             self.watch(self._wake_r, self._drain_wake, False)

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...memory.cpus import spread_thread
 from .jobs import BlockJob, StepPlan, count
 from .keys import block_keys
 
@@ -48,7 +49,9 @@ class SchedulerHalf:
         self.block = block_size
         self.prefix = prefix
         self._lookup = lookup
-        self._threads = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-lookup")
+        self._threads = ThreadPoolExecutor(
+            1, thread_name_prefix="kvcr-vllm-lookup", initializer=spread_thread
+        )
         self._asked: dict[str, tuple[int, Future[tuple[int, int]]]] = {}
         self._requests: dict[str, _Request] = {}
         self._loads: list[BlockJob] = []

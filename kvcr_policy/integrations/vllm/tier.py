@@ -37,6 +37,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from ...geometry import opaque
+from ...memory.cpus import spread_thread
 from ...pipeline import build_pipeline
 from .config import TIER_ORIGIN, parse_options
 from .startup import load, log_start
@@ -75,8 +76,12 @@ class KVCRPolicyTier(SecondaryTierManager):
         digest = hashlib.blake2b(f"{tier_type}\0{chunk_bytes}".encode(), digest_size=8)
         self.prefix = f"vllm-tier-{digest.hexdigest()}:"
         self.inline = self.pipeline.backend.name == "dram"  # lookups from memory
-        self._threads = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-tier")
-        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-tier-lookup")
+        self._threads = ThreadPoolExecutor(
+            1, thread_name_prefix="kvcr-vllm-tier", initializer=spread_thread
+        )
+        self._lookups = ThreadPoolExecutor(
+            1, thread_name_prefix="kvcr-vllm-tier-lookup", initializer=spread_thread
+        )
         self._asked: dict[OffloadKey, Future[int]] = {}
         self._lock = threading.Lock()
         self._done: list[JobResult] = []

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ...memory.cpus import spread_thread
 from .jobs import BlockJob, StepPlan, count
 from .layout import POOL
 
@@ -34,8 +35,12 @@ class WorkerHalf:
         self.pipeline = pipeline
         self.block = block_size
         self.page_bytes = page_bytes
-        self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-load")
-        self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvcr-vllm-save")
+        self._loader = ThreadPoolExecutor(
+            1, thread_name_prefix="kvcr-vllm-load", initializer=spread_thread
+        )
+        self._saver = ThreadPoolExecutor(
+            1, thread_name_prefix="kvcr-vllm-save", initializer=spread_thread
+        )
         self._lock = threading.Lock()
         self._pending: Counter[str] = Counter()  # transfers in flight per request
         self._loading: Counter[str] = Counter()

@@ -21,6 +21,8 @@ import pytest
 
 from kvcr_policy import build_pipeline, load_config
 from kvcr_policy.errors import BackendUnavailableError, ConfigError
+from kvcr_policy.memory.cpus import cpu_list
+from tests.support.cpus import needs_two_cpus, on_pinned_thread
 from tests.support.host_tiers import stop_host_tiers, tier_pid
 from tests.support.paths import ROOT
 from tests.support.pools import geometry, pages_of, pool_buffer, token_indices
@@ -109,6 +111,38 @@ def test_an_idle_tier_exits_and_the_next_process_starts_one(folder: Path) -> Non
     with build_pipeline(load_config(overrides=values)) as pipeline:
         pipeline.register_pool("kv", geo, pool_buffer(geo))
         assert tier_pid(folder / "default.lock") not in (None, first)
+
+
+@needs_two_cpus
+def test_a_tier_started_from_a_thread_pinned_to_one_cpu_runs_on_every_cpu_of_its_starter(
+    folder: Path,
+) -> None:
+    """vLLM's CPU worker pins its main thread to one core, starts the tier from it, and
+    busy-polls that core between steps while its scheduler waits on the tier. A tier confined
+    to that core waited there, runnable, for 24 s at a time on a loaded host (the scheduler's
+    lookups timed out). Started from a thread pinned to one CPU, the tier and each of its
+    threads run on every CPU of the starter's process."""
+    everything = os.sched_getaffinity(0)
+    values = host_values(folder)
+    geo = geometry("page_first", pages=4)
+
+    def start() -> Any:
+        pipeline = build_pipeline(load_config(overrides=values))
+        pipeline.register_pool("kv", geo, pool_buffer(geo))  # connects: starts the tier
+        return pipeline
+
+    pipeline = on_pinned_thread(min(everything), start)
+    try:
+        pid = tier_pid(folder / "default.lock")
+        assert pid is not None
+        threads = {
+            int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")
+        }
+        assert threads and all(cpus == everything for cpus in threads.values()), threads
+        assert f"(CPUs {cpu_list(everything)})" in (folder / "default.log").read_text()
+        assert pipeline.set(["a"], token_indices(range(1), geo.page_size), "kv") == [True]
+    finally:
+        pipeline.close()
 
 
 def test_a_tier_nobody_may_start_is_waited_for_then_reported(folder: Path) -> None:

@@ -9,12 +9,14 @@ in for a UCX worker with a completion waiting).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 
 from kvcr_policy.backends.peer.loop import Loop
+from tests.support.cpus import needs_two_cpus, on_pinned_thread
 
 
 class Stub(Loop):
@@ -105,3 +107,17 @@ def test_a_due_timer_sees_a_frame_that_arrived_while_the_loop_was_starved() -> N
         loop.stop()
         a.close()
         b.close()
+
+
+@needs_two_cpus
+def test_a_loop_started_from_a_pinned_thread_runs_on_every_cpu_of_the_process() -> None:
+    """An engine pins its compute thread to one CPU (vLLM's CPU worker pins the thread that
+    builds its connector, then busy-polls it between steps): a loop started from that thread,
+    which answers every peer of the process, still runs on every CPU the process may use."""
+    everything = os.sched_getaffinity(0)
+    loop = Stub()
+    on_pinned_thread(min(everything), loop.start)
+    try:
+        assert loop.submit(os.sched_getaffinity, 0).result(10) == everything
+    finally:
+        loop.stop()

@@ -18,6 +18,7 @@ from kvcr_policy.backends.base import Endpoint
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import ClosedError, TransportError, UnimplementedError
 
+from ....memory.cpus import spread_thread
 from ....memory.locality import DeviceLocality
 
 __all__ = ["CopyBatch", "Endpoint", "Transport", "check_bounds"]
@@ -89,7 +90,7 @@ class Transport:
                 raise ClosedError(f"transport {self.name!r} is closed; build a new pipeline")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
-                    self._workers, thread_name_prefix=f"kvcr-{self.name}"
+                    self._workers, thread_name_prefix=f"kvcr-{self.name}", initializer=spread_thread
                 )
             return self._pool.submit(self.copy, batch)
 

@@ -14,6 +14,7 @@ from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.config.tunable import tunable
 from kvcr_policy.descriptors import Descriptors
 from kvcr_policy.errors import TransportError
+from kvcr_policy.memory.cpus import spread_thread
 from kvcr_policy.values import Size
 
 from ... import host_copy
@@ -61,7 +62,11 @@ class CpuTransport(Transport):
         stream = config.transport.stream_min_bytes
         self.stream_from = int(stream) if stream is not None and host_copy.STREAM else 0
         self._copiers = (
-            ThreadPoolExecutor(threads, thread_name_prefix="kvcr-cpu-copy") if threads > 1 else None
+            ThreadPoolExecutor(
+                threads, thread_name_prefix="kvcr-cpu-copy", initializer=spread_thread
+            )
+            if threads > 1
+            else None
         )
 
     def copy(self, batch: CopyBatch) -> None:

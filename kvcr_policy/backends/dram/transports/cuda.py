@@ -21,6 +21,7 @@ from typing import Any
 
 from kvcr_policy.config.schema import PolicyConfig
 from kvcr_policy.errors import ClosedError, CudaUnavailableError, TransportError
+from kvcr_policy.memory.cpus import spread_thread
 from kvcr_policy.memory.cuda import NO_CUDA, require_cuda
 from kvcr_policy.memory.locality import DeviceLocality
 
@@ -277,6 +278,7 @@ class CudaTransport(Transport):
             self._thread.start()
 
     def _complete(self) -> None:
+        spread_thread()
         while True:
             item = self._done.get()
             if item is None:
