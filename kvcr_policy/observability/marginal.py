@@ -17,9 +17,10 @@ the least-squares line through the origin. The clock is injected (tests pass the
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable
+
+from .rates import DecayingSums
 
 __all__ = ["MIN_SAMPLES", "MIN_SPREAD", "MarginalRate"]
 
@@ -31,21 +32,15 @@ MIN_SAMPLES = 3
 MIN_SPREAD = 0.02
 
 
-class MarginalRate:
+class MarginalRate(DecayingSums):
     """Units per second at the margin over recent calls, and their fixed seconds;
     thread-safe. ``per_second`` and ``idle_s`` read as :class:`~.rates.DecayedRate`'s."""
 
     def __init__(self, half_life_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
-        if not half_life_s > 0:
-            raise ValueError(f"half_life_s must be positive, got {half_life_s!r}")
-        self._decay = math.log(2) / half_life_s
-        self._clock = clock
-        self._lock = threading.Lock()
         # Decayed sums: calls^2, calls*units, units^2, calls*seconds, units*seconds, units,
         # seconds.
-        self._sums = [0.0] * 7
+        super().__init__(7, half_life_s, clock)
         self._count = 0
-        self._at: float | None = None
 
     def add(self, units: float, seconds: float, calls: int = 1) -> None:
         """``calls`` calls moved ``units`` in ``seconds`` together; none of no time, units or
@@ -54,13 +49,9 @@ class MarginalRate:
             return
         c, u, y = float(calls), float(units), float(seconds)
         with self._lock:
-            now = self._clock()
-            if self._at is not None and now > self._at:
-                keep = math.exp(-self._decay * (now - self._at))
-                self._sums = [s * keep for s in self._sums]
-            self._at = now if self._at is None else max(now, self._at)
+            sums = self._aged()
             for i, term in enumerate((c * c, c * u, u * u, c * y, u * y, u, y)):
-                self._sums[i] += term
+                sums[i] += term
             self._count += 1
 
     def fit(self) -> tuple[float, float] | None:
@@ -85,9 +76,3 @@ class MarginalRate:
         """The marginal rate (the ratio while no fit holds), None before the first call."""
         fitted = self.fit()
         return None if fitted is None else fitted[0]
-
-    @property
-    def idle_s(self) -> float | None:
-        """Seconds since the last call was added, None before the first."""
-        with self._lock:
-            return None if self._at is None else max(0.0, self._clock() - self._at)
