@@ -50,31 +50,13 @@ from ...memory.cpus import spread_thread
 from ..host_copy import copy_descriptors
 from .directory import TierFiles
 from .inplace import PoolSide, pool_view, read_in_place, start_writeback, write_in_place
+from .reads import ReadPaths, ReadRequest
 from .records import checksum
 
-__all__ = ["IOEngine", "PoolSide", "ReadPaths", "plan_runs", "pool_view"]
+__all__ = ["IOEngine", "PoolSide", "ReadPaths", "ReadRequest", "plan_runs", "pool_view"]
 
 #: Runs of a batch spread over the threads are at least this long (fewer, larger requests).
 SPREAD_BYTES = 1 << 20
-
-
-class ReadPaths:
-    """Pages read, by the path that served them: ``page_cache`` (hybrid files, taken without
-    blocking), ``direct`` (``O_DIRECT``), ``buffered`` (through the page cache, which may
-    have read the device)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.counts = {"page_cache": 0, "direct": 0, "buffered": 0}
-
-    def add(self, path: str, pages: int) -> None:
-        if pages:
-            with self._lock:
-                self.counts[path] += pages
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.counts)
 
 
 class _Buffer:
@@ -170,47 +152,40 @@ class IOEngine:
                 raise ClosedError("the file tier's I/O engine is closed; build a new pipeline")
             return self._executor.submit(job)
 
-    def read(
-        self,
-        files: TierFiles,
-        side: PoolSide | None,
-        first: int,
-        pages: np.ndarray,
-        crcs: np.ndarray,
-        paths: ReadPaths | None = None,
-    ) -> Future[np.ndarray]:
-        """Read slots ``first..`` into ``pages`` of ``side``; per page whether its bytes
-        arrived intact. Without a side (recovery's check) the pages are only checked."""
+    def read(self, request: ReadRequest) -> Future[np.ndarray]:
+        """Read ``request``'s run; per page whether its bytes arrived intact."""
+        side, files = request.side, request.files
         in_place = side is not None and side.view is not None and files.cache >= 0
-        paths = paths if paths is not None else ReadPaths()
 
         def job() -> np.ndarray:
+            pages = request.pages
             ok = np.zeros(len(pages), dtype=bool)
             done = 0
             if in_place:
                 assert side is not None
                 done = read_in_place(
-                    files.cache, files.stride, side, first, pages, crcs, ok, files.direct
+                    files.cache,
+                    files.stride,
+                    side,
+                    request.first,
+                    pages,
+                    request.crcs,
+                    ok,
+                    files.direct,
                 )
-                paths.add("page_cache" if files.direct else "buffered", done)
+                request.paths.add("page_cache" if files.direct else "buffered", done)
             if done < len(pages):
-                rest = slice(done, len(pages))
-                ok[rest] = self._staged(files, side, first + done, pages[rest], crcs[rest], paths)
+                ok[done:] = self._staged(request, done)
             return ok
 
         return self._run(job)
 
-    def _staged(
-        self,
-        files: TierFiles,
-        side: PoolSide | None,
-        first: int,
-        pages: np.ndarray,
-        crcs: np.ndarray,
-        paths: ReadPaths,
-    ) -> np.ndarray:
-        """One run read through a staging buffer (a hybrid tier takes its leading cached
-        pages first, without blocking), checked, then its good pages copied into the pool."""
+    def _staged(self, request: ReadRequest, done: int) -> np.ndarray:
+        """The pages of ``request`` from ``done`` on, read through a staging buffer (a hybrid
+        tier takes its leading cached pages first, without blocking), checked, then its good
+        pages copied into the pool."""
+        files, side, paths = request.files, request.side, request.paths
+        first, pages, crcs = request.first + done, request.pages[done:], request.crcs[done:]
         stride, page_bytes, count = files.stride, files.page_bytes, len(pages)
         size = count * stride
         buffer = self._buffer(stride)

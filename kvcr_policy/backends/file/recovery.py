@@ -20,6 +20,7 @@ import numpy as np
 
 from .directory import TierFiles
 from .engine import IOEngine, plan_runs
+from .reads import ReadRequest
 from .records import RECORD_BYTES, Damage, Record, decode
 
 __all__ = ["Check", "Recovered", "recover"]
@@ -98,7 +99,7 @@ def _check_pages(
     futures = [
         (
             run,
-            engine.read(files, None, int(slots[run[0]]), run, crcs[run]),
+            engine.read(ReadRequest(files, None, int(slots[run[0]]), run, crcs[run])),
         )
         for run in runs
     ]

@@ -29,8 +29,9 @@ from ...observability.ledger import CallCounts, Ledger
 from ..dram.store import Store
 from ..reporting import TierUsage
 from .directory import TierFiles, size_files
-from .engine import IOEngine, PoolSide, ReadPaths
+from .engine import IOEngine, PoolSide
 from .index import SlotIndex, Sync
+from .reads import ReadPaths
 from .recovery import Check, Recovered, recover
 
 __all__ = ["FileTier", "Moved", "Watermarks"]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .engine import PoolSide, plan_runs
+from .reads import ReadRequest
 from .tier import FileTier
 
 __all__ = ["FileRead", "FileWrite"]
@@ -90,7 +91,7 @@ class FileRead(_Base):
         parts = []
         for run in plan_runs(fslots, tier.engine.per_run(files.stride, len(fslots))):
             first = int(fslots[run[0]])
-            future = tier.engine.read(
+            request = ReadRequest(
                 files,
                 self.side,
                 first,
@@ -98,6 +99,7 @@ class FileRead(_Base):
                 tier.index.crc[fslots[run]],
                 tier.read_paths,
             )
+            future = tier.engine.read(request)
             parts.append((run, future))
 
         def settle(rows: np.ndarray, ok: np.ndarray) -> np.ndarray:
