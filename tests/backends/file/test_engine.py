@@ -45,17 +45,22 @@ def test_pages_round_trip(tmp_path: Path, layout: str, direct: str, in_place: bo
         rig.close()
 
 
+def _store_and_damage(rig: Rig, keys: list[str], damaged: str) -> None:
+    """Store ``keys``, then flip a byte of ``damaged``'s page in the slot file."""
+    assert rig.set(keys) == [True] * len(keys)
+    slot = int(rig.tier.fmap[rig.tier.store.lookup([damaged])[0]])
+    with open(rig.tier.files.directory / "slots", "r+b") as f:
+        f.seek(slot * rig.tier.files.stride + 5)
+        byte = f.read(1)
+        f.seek(slot * rig.tier.files.stride + 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
 def test_a_damaged_page_is_not_copied_and_its_key_misses_after(tmp_path: Path) -> None:
     rig = Rig(tmp_path, small_geometry(), 8)
     try:
         keys = ["a", "b", "c"]
-        assert rig.set(keys) == [True] * 3
-        slot = int(rig.tier.fmap[rig.tier.store.lookup(["b"])[0]])
-        with open(rig.tier.files.directory / "slots", "r+b") as f:
-            f.seek(slot * rig.tier.files.stride + 5)
-            byte = f.read(1)
-            f.seek(slot * rig.tier.files.stride + 5)
-            f.write(bytes([byte[0] ^ 0xFF]))
+        _store_and_damage(rig, keys, "b")
         got = rig.get(keys)
         assert got == [True, False, True]
         assert not rig.page(1).any()  # never copied
@@ -117,13 +122,7 @@ def test_a_damaged_page_read_in_place_is_zeroed_and_its_key_misses_after(tmp_pat
     rig = Rig(tmp_path, small_geometry(), 8, True, direct="off")
     try:
         keys = ["a", "b", "c"]
-        assert rig.set(keys) == [True] * 3
-        slot = int(rig.tier.fmap[rig.tier.store.lookup(["b"])[0]])
-        with open(rig.tier.files.directory / "slots", "r+b") as f:
-            f.seek(slot * rig.tier.files.stride + 5)
-            byte = f.read(1)
-            f.seek(slot * rig.tier.files.stride + 5)
-            f.write(bytes([byte[0] ^ 0xFF]))
+        _store_and_damage(rig, keys, "b")
         assert rig.get(keys) == [True, False, True]
         assert not rig.page(1).any()
         assert rig.tier.contains(["b"]) == 0

@@ -193,17 +193,24 @@ def layer_first(slots: np.ndarray, layers: int, fragment: int) -> tuple[np.ndarr
     return host, device, np.full(len(host), fragment, dtype=np.int64)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    st.integers(1, 12),
-    st.integers(1, 4),
-    st.sampled_from((8, 24, 512)),
-    st.integers(1, 30),
-    st.integers(2, 4),
-    st.integers(0, 2**32 - 1),
-    st.sampled_from((0.0, 0.5, 0.9)),
-    st.booleans(),
-)
+def ring_cases(max_pages: int, **more: Any) -> Callable[[Callable[..., None]], Any]:
+    """The Hypothesis cases of batches through the ring: ``pages`` (1 to ``max_pages``) of
+    ``layers`` fragments of ``fragment`` bytes, a staging buffer of ``buffer_fragments``
+    thirds of a fragment, the fake's ``seed`` and share of work run ``eager``ly, and the
+    strategies ``more`` names."""
+    cases = given(
+        pages=st.integers(1, max_pages),
+        layers=st.integers(1, 4),
+        fragment=st.sampled_from((8, 24, 512)),
+        buffer_fragments=st.integers(1, 30),
+        seed=st.integers(0, 2**32 - 1),
+        eager=st.sampled_from((0.0, 0.5, 0.9)),
+        **more,
+    )
+    return lambda test: settings(max_examples=40, deadline=None)(cases(test))
+
+
+@ring_cases(12, count=st.integers(2, 4), ahead=st.booleans())
 def test_restores_and_stores_through_the_ring_are_byte_exact_in_any_valid_order(
     pages: int, layers: int, fragment: int, buffer_fragments: int, count: int, seed: int,
     eager: float, ahead: bool,
@@ -288,20 +295,10 @@ def restore_descriptors(slots: np.ndarray, pages: np.ndarray, layers: int, fragm
     return Descriptors(host, device, length, layer, i, i + 1)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    st.integers(1, 8),
-    st.integers(1, 4),
-    st.sampled_from((8, 24, 512)),
-    st.integers(1, 30),
-    st.integers(0, 2**32 - 1),
-    st.sampled_from((0.0, 0.5, 0.9)),
-    st.lists(
-        st.sampled_from(("restore", "store", "direct", "ahead", "ahead, store")),
-        min_size=1,
-        max_size=7,
-    ),
-)
+OPS = st.sampled_from(("restore", "store", "direct", "ahead", "ahead, store"))
+
+
+@ring_cases(8, ops=st.lists(OPS, min_size=1, max_size=7))
 def test_batches_of_every_path_keep_the_order_they_were_issued_in(
     pages: int, layers: int, fragment: int, buffer_fragments: int, seed: int, eager: float,
     ops: list[str],
