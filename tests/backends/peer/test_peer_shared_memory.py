@@ -204,6 +204,13 @@ def test_tcp_sessions_refuse_shared_memory_requests(peer: Any) -> None:
         assert "Unix socket" in answer.text
 
 
+def claimed_slots(raw: Raw) -> int:
+    """Slots of the tier of ``raw``'s pool 0 claimed now, as the server's STATS says."""
+    reply = raw.ask(m.Stats(0))
+    assert isinstance(reply, m.StatsReply), reply
+    return int(json.loads(reply.text)["tier"]["claimed"])
+
+
 def test_a_claim_that_expired_while_copying_is_missed(unix_server: Serve) -> None:
     pipeline = open_pipeline(unix_server.address)
     geo = geometry("page_first", pages=8)
@@ -215,7 +222,10 @@ def test_a_claim_that_expired_while_copying_is_missed(unix_server: Serve) -> Non
         attach(raw)
         claimed = raw.ask(m.Claim(0, keys, np.arange(2, dtype=np.int64)))
         assert isinstance(claimed, m.Claimed) and len(claimed.slots) == 2
-        time.sleep(1.5)  # the server's op_timeout_s is 1 s: the claim is let go
+        assert claimed_slots(raw) == 2
+        # The server's op_timeout_s is 1 s: wait (on evidence, not the clock) until it let
+        # the claim go; a server that kept an expired claim never gets there.
+        wait_until(lambda: claimed_slots(raw) == 0, "the server releasing the expired claim", 30)
         answer = raw.ask(m.Copied(claimed.claim))
         assert isinstance(answer, m.Sent) and answer.ok is False
     pipeline.close()
