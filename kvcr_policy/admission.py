@@ -10,7 +10,9 @@ marginal rate, the step's fixed cost fitted apart, :mod:`.observability.marginal
 (:meth:`~kvcr_policy.pipeline.Pipeline.admit`) asks the configured admission strategy how
 many of its leading present pages to report, counts the decision in the pool's
 ``kvcr_policy_admission_pages`` and in :attr:`AdmissionDesk.counts`, and explains it at debug
-level (logger ``kvcr_policy.admission``).
+level (logger ``kvcr_policy.admission``). Given the lookup's keys, it notes the declined ones
+in :attr:`AdmissionDesk.declined` (:mod:`.declined`): the engine computes them, and its
+integration leaves them out of its next write of them.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+from .declined import DeclinedKeys
 from .observability.marginal import MarginalRate
 from .observability.meter import PoolMeter
 from .observability.rates import DecayedRate
@@ -56,6 +59,8 @@ class AdmissionDesk:
         self._writing = 0
         #: Pages by ``(decision, reason)`` since the pipeline opened.
         self.counts: Counter[tuple[str, str]] = Counter()
+        #: Present keys a lookup declined, per pool, until an engine's write leaves them out.
+        self.declined = DeclinedKeys()
 
     @contextmanager
     def restoring(self, nbytes: int) -> Iterator[None]:
@@ -97,9 +102,18 @@ class AdmissionDesk:
         )
 
     def decide(
-        self, pool: str, found: int, page_tokens: int, page_bytes: int, meter: PoolMeter | None
+        self,
+        pool: str,
+        found: int,
+        page_tokens: int,
+        page_bytes: int,
+        meter: PoolMeter | None,
+        keys: Sequence[str] = (),
+        pools: Sequence[str] = (),
     ) -> int:
-        """How many of ``found`` leading present pages of ``pool`` to report; counted."""
+        """How many of ``found`` leading present pages of ``pool`` to report; counted. Of
+        ``keys`` (the lookup's, where given), the declined ones (``keys[pages:found]``) are
+        noted in :attr:`declined` for each of ``pools`` (``pool`` alone when empty)."""
         if found <= 0:
             return 0
         outlook = self.outlook()
@@ -111,6 +125,8 @@ class AdmissionDesk:
                 self.counts["admitted", decision.reason] += pages
             if declined:
                 self.counts["declined", decision.declined or decision.reason] += declined
+        if declined and keys:
+            self.declined.note(pools or [pool], keys[pages:found])
         if meter is not None:
             meter.admission(pages, decision.reason, declined, decision.declined or decision.reason)
         if log.isEnabledFor(logging.DEBUG):

@@ -296,11 +296,15 @@ class Pipeline:
         """The usable prefix over several pools: the minimum of their counts."""
         return min((self.exists(keys, name) for name in pools), default=0)
 
-    def admit(self, found: int, pools: Sequence[str] | None = None) -> int:
+    def admit(
+        self, found: int, pools: Sequence[str] | None = None, keys: Sequence[str] = ()
+    ) -> int:
         """How many of ``found`` leading present pages a lookup reports as hits: the
         admission strategy's decision (``admission.strategy``; ``none``: all of them) on this
         pipeline's live restore rate and queue, for pages of ``pools`` (every registered pool
-        when None: a restore reads a page of each), counted and explained (debug log)."""
+        when None: a restore reads a page of each), counted and explained (debug log). Given
+        the lookup's ``keys``, the declined ones are noted for each pool in
+        ``admission.declined``, for the engine's next write to leave out (:mod:`.declined`)."""
         with self._operation("admit"):
             names = list(self._pools) if pools is None else list(pools)
             geometries = [self._pool(name)[0] for name in names]
@@ -309,7 +313,9 @@ class Pipeline:
             first = geometries[0]
             page_bytes = sum(g.page_bytes for g in geometries)
             meter = self.meters.get(first.name)
-            return self.admission.decide(first.name, found, first.page_size, page_bytes, meter)
+            return self.admission.decide(
+                first.name, found, first.page_size, page_bytes, meter, keys, names
+            )
 
     def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
         """The engine computed ``tokens`` prompt tokens in ``seconds`` over ``steps`` steps (an

@@ -8,8 +8,8 @@ meets them:
 
 - :mod:`.config`: the ``extra_config`` keys (ours, SGLang's), the loader keys for a profile.
 - :mod:`.startup`: the configuration loaded with origins naming SGLang's flag; the start log.
-- :mod:`.storage`: :class:`KVCRPolicyStorage`, the whole ``HiCacheStorage`` contract;
-  :mod:`.declined`: the pages a lookup declined, left out of SGLang's writes of them.
+- :mod:`.storage`: :class:`KVCRPolicyStorage`, the whole ``HiCacheStorage`` contract; the
+  pages a lookup declined are left out of SGLang's writes of them (:mod:`kvcr_policy.declined`).
 - :mod:`.pool_set`: the host pools SGLang registered, bound or refused, and their memory.
 - :mod:`.bindings`: one host pool bound to the pipeline, by known layout, by its own page
   description, as a logical anchor, or refused with what it lacks.

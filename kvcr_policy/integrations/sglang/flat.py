@@ -148,10 +148,20 @@ class FlatObjects:
         return groups
 
     def set(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
+        """Store ``objects[i]`` under ``keys[i]``, leaving out (reported stored) the keys a
+        lookup of their size's pool declined: they are in the tier (:mod:`...declined`)."""
         ok = [False] * len(keys)
+        declined = self._pipeline.admission.declined
         for nbytes, where in self._grouped(objects).items():
             pages = self.pool(nbytes)
             assert pages is not None
+            noted = declined.split(pages.name, [keys[i] for i in where])
+            if noted is not None:
+                for i, skip in zip(where, noted, strict=True):
+                    ok[i] = skip
+                where = [i for i, skip in zip(where, noted, strict=True) if not skip]
+                if not where:
+                    continue
             done = pages.set([keys[i] for i in where], [objects[i] for i in where])
             for i, good in zip(where, done, strict=True):
                 ok[i] = good

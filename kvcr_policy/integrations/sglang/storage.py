@@ -41,11 +41,11 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ...config.loading import LoadedConfig
+from ...declined import DeclinedKeys
 from ...errors import ClosedError
 from ...pipeline import Pipeline, build_pipeline
 from .bindings import Binding
 from .config import BackendOptions, parse_extra_config
-from .declined import DeclinedPages
 from .flat import FlatObjects
 from .metrics import CallSamples, storage_metrics
 from .pool_set import KV, HostPools
@@ -79,11 +79,14 @@ class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
         self._pools = HostPools(self.pipeline, storage_config)
         self._samples = CallSamples(enabled=bool(storage_config.enable_storage_metrics))
         self._objects = FlatObjects(self.pipeline, self._flat_namespace)
-        self.declined = DeclinedPages()  # in the tier, declined at lookup: not written again
-        self._tensors = TensorAPI(
-            self._objects, self._pools.memory, self._pools.kv_page_bytes, self.declined
-        )
+        self._tensors = TensorAPI(self._objects, self._pools.memory, self._pools.kv_page_bytes)
         log_start(self)
+
+    @property
+    def declined(self) -> DeclinedKeys:
+        """The pages a lookup declined (in the tier, computed by SGLang): the pipeline's
+        admission notes them, and the writes of them are left out (:mod:`...declined`)."""
+        return self.pipeline.admission.declined
 
     # ---- pools --------------------------------------------------------------------------
 
@@ -127,8 +130,8 @@ class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
         try:
             mover = binding.mover
             call = mover.get if op == "get" else mover.set
-            if op == "set" and name == KV:  # the pages a lookup declined are in the tier
-                call = self.declined.skipping(keys, call)
+            if op == "set":  # the pages a lookup declined are in the tier
+                call = self.declined.skipping(name, keys, call)
             done = call(binding.namespace.keys(keys), host_indices)
         except Exception as err:
             self._failed(op, name, n, err)
@@ -178,12 +181,10 @@ class KVCRPolicyStorage(TensorCalls, HiCacheStorage):
         if found <= 0 or not names:
             return found
         try:
-            admitted = self.pipeline.admit(found, names)
+            return self.pipeline.admit(found, names, keys)  # the declined ones noted
         except Exception as err:  # the gate must never turn a lookup into a failure
             log.warning("kvcr_policy: admission of %d pages failed, all admitted: %s", found, err)
             return found
-        self.declined.note(keys[admitted:found])
-        return admitted
 
     def batch_get_v1(
         self,

@@ -32,7 +32,6 @@ import torch
 
 from ...errors import ArgumentError, KVCRPolicyError
 from ...values import shorten
-from .declined import DeclinedPages
 from .flat import FlatObjects, Pieces
 from .memory import MemoryMap
 
@@ -86,12 +85,10 @@ class TensorAPI:
         objects: FlatObjects,
         memory: Callable[[], MemoryMap],
         page_bytes: Callable[[], int | None],
-        declined: DeclinedPages | None = None,
     ) -> None:
         self._objects = objects
         self._memory = memory
         self._page_bytes = page_bytes
-        self._declined = declined if declined is not None else DeclinedPages()
 
     def _pointer(self, location: Any, size: Any, key: str) -> Pieces:
         if size is None:
@@ -151,12 +148,6 @@ class TensorAPI:
         size_list = _per_key(sizes, len(keys))
         kept, pieces, _ = self._read(keys, sources, size_list, writes=False)
         ok = [False] * len(keys)
-        noted = self._declined.split(keys)  # in the tier, declined at lookup: not again
-        if noted is not None:
-            for i, skip in enumerate(noted):
-                ok[i] = skip
-            pieces = [p for i, p in zip(kept, pieces, strict=True) if not noted[i]]
-            kept = [i for i in kept if not noted[i]]
         done = self._objects.set([keys[i] for i in kept], pieces) if kept else []
         for i, good in zip(kept, done, strict=True):
             ok[i] = good

@@ -16,6 +16,7 @@ the tier. Counters reach vLLM's connector stats (``get_kv_connector_stats``) and
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -118,7 +119,7 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         self._worker: WorkerHalf | None = None
         self._scheduler: SchedulerHalf | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerHalf(self.block, self.prefix, self._lookup)
+            self._scheduler = SchedulerHalf(self.block, self.prefix, self._lookup, self._declined)
             if self.shared_by is not None:
                 self._pipeline = build_pipeline(self.loaded)
                 self._pipeline.register_pool(
@@ -203,9 +204,16 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         if pipeline is None:
             return 0, 0  # the worker has not registered its blocks yet
         # The admission strategy may report fewer (``admission.strategy``; none: all): a
-        # block not reported is computed by vLLM instead of loaded (and not saved again).
+        # block not reported is computed by vLLM instead of loaded, and noted by the
+        # admission (not saved again: :meth:`_declined`).
         present = int(pipeline.exists(keys, POOL))
-        return present, pipeline.admit(present, [POOL])
+        return present, pipeline.admit(present, [POOL], keys)
+
+    def _declined(self, keys: Sequence[str]) -> list[bool] | None:
+        """Per key of a planned save, whether a lookup declined it (then forgotten); None
+        when none was (:meth:`kvcr_policy.declined.DeclinedKeys.split`)."""
+        pipeline = self._pipeline or published(self.engine_id)
+        return None if pipeline is None else pipeline.admission.declined.split(POOL, keys)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int

@@ -8,7 +8,8 @@
 - **Partial hits.** The leading run of present pages beyond vLLM's own prefix hit is loaded;
   a page that fails to arrive is reported by the worker, and vLLM recomputes from there.
 - **Saves.** Each step, every full prompt block computed by that step and not already in the
-  tier (hit locally, loaded, or present but declined by the admission gate) is saved; vLLM
+  tier (hit locally, loaded, or present but declined by the admission gate: the pipeline's
+  admission noted it, :mod:`kvcr_policy.declined`, and ``declined`` drops it) is saved; vLLM
   keeps a finished request's blocks until the workers report its transfers ended
   (``request_finished`` returns True), so a block is never reused while a save still reads it.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,12 +45,21 @@ class _Request:
 class SchedulerHalf:
     """See the module docstring. ``lookup(keys)`` counts present leading keys: an int, or
     ``(present, admitted)`` where an admission gate reports fewer than are present (the
-    others are computed, and not saved again)."""
+    others are computed, and not saved again: ``declined(keys)`` says, per key of a planned
+    save, whether the gate declined it, None when none, as
+    :meth:`kvcr_policy.declined.DeclinedKeys.split` does)."""
 
-    def __init__(self, block_size: int, prefix: str, lookup: Any) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        prefix: str,
+        lookup: Any,
+        declined: Callable[[Sequence[str]], list[bool] | None] | None = None,
+    ) -> None:
         self.block = block_size
         self.prefix = prefix
         self._lookup = lookup
+        self._declined = declined
         self._threads = ThreadPoolExecutor(
             1, thread_name_prefix="kvcr-vllm-lookup", initializer=spread_thread
         )
@@ -88,8 +99,8 @@ class SchedulerHalf:
         if not asked[1].done():
             return None, False
         del self._asked[request.request_id]
-        present, hits = asked[1].result()
-        state.saved = max(state.saved, start + present)  # in the tier, admitted or not
+        _, hits = asked[1].result()  # present beyond hits: declined (see _save)
+        state.saved = max(state.saved, start + hits)  # loaded; declined ones: ``declined``
         figures = {"lookups": 1, "lookup_pages": limit - start, "hit_pages": hits}
         count(**figures)
         self.stats.update(figures)
@@ -147,10 +158,15 @@ class SchedulerHalf:
         full = min(full, len(state.block_ids))
         if full <= state.saved:
             return
-        keys = tuple(state.keys[state.saved : full])
-        saves.append(BlockJob(req_id, keys, tuple(state.block_ids[state.saved : full])))
+        keys, blocks = state.keys[state.saved : full], state.block_ids[state.saved : full]
         state.saved = full
-        state.held = True
+        skip = self._declined(keys) if self._declined is not None else None
+        if skip is not None:  # in the tier, declined at lookup: computed, not saved again
+            keys = [key for key, out in zip(keys, skip, strict=True) if not out]
+            blocks = [block for block, out in zip(blocks, skip, strict=True) if not out]
+        if keys:
+            saves.append(BlockJob(req_id, tuple(keys), tuple(blocks)))
+            state.held = True
 
     def finished(self, request: Any) -> bool:
         """Forget ``request``; True when vLLM must keep its blocks until the workers report."""

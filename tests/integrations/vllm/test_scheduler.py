@@ -11,8 +11,10 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from kvcr_policy.admission import AdmissionDesk
 from kvcr_policy.integrations.vllm.keys import block_keys
 from kvcr_policy.integrations.vllm.scheduler import SchedulerHalf
+from kvcr_policy.strategies import Admission
 
 BLOCK = 4
 
@@ -135,10 +137,22 @@ def test_a_failing_tier_is_a_miss() -> None:
     half.close()
 
 
+class DeclineAll:
+    """An admission strategy that declines every present page (the test's decision)."""
+
+    def admit(self, found: int, page_tokens: int, page_bytes: int, outlook: Any) -> Admission:
+        return Admission(0, "declined", "declined")
+
+
 def test_blocks_present_but_declined_by_the_gate_are_computed_and_not_saved_again() -> None:
     tokens = list(range(5 * BLOCK + 1))
     keys = block_keys(tokens, BLOCK, "p:", 10)
-    half = SchedulerHalf(BLOCK, "p:", lambda keys: (3, 0))  # 3 present, none admitted
+    desk = AdmissionDesk(DeclineAll())  # the pipeline's admission, as the connector asks it
+
+    def lookup(asked: list[str]) -> tuple[int, int]:  # 3 present, none admitted
+        return 3, desk.decide("kv", 3, BLOCK, 1024, None, asked)
+
+    half = SchedulerHalf(BLOCK, "p:", lookup, lambda keys: desk.declined.split("kv", keys))
     req = request("r", tokens)
     assert ask(half, req, 0) == (0, False)  # nothing to load: vLLM computes
     new = SimpleNamespace(
@@ -146,4 +160,5 @@ def test_blocks_present_but_declined_by_the_gate_are_computed_and_not_saved_agai
     )
     plan = half.plan(output([new], scheduled={"r": 5 * BLOCK + 1}))
     assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[3], keys[4]), (4, 5))]
+    assert desk.declined.skipped == 3 and len(desk.declined) == 0  # each left out once
     half.close()
