@@ -25,6 +25,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from .backends.base import EarlyRead, PoolTier, ReadTransfer, Shape, Transfer, WriteTransfer
+from .builtin.batching import joined
 from .descriptors import Descriptors, split_pieces
 from .errors import CapacityError, ClosedError
 from .observability.ledger import CallCounts
@@ -56,8 +57,11 @@ class Mover:
         coalescing: CoalescingStrategy,
         allowed: frozenset[str],
         fallback: FallbackStrategy,
+        least_bytes: int | None = None,
     ) -> None:
         self.batching = batching
+        #: ``batching.read_batch_bytes``: batches are joined until they hold this many bytes.
+        self.least_bytes = least_bytes
         self.coalescing = coalescing
         self.allowed = allowed
         self.fallback = fallback
@@ -182,7 +186,7 @@ class Mover:
         shape = self.shaper(counts)
         window = self.batching.window
         try:
-            for start, stop in self.batching.read_batches(len(order)):
+            for start, stop in self.batches(len(order), page_bytes):
                 if flight.stop:
                     break
                 count = stop - start
@@ -202,6 +206,13 @@ class Mover:
             flight.drain()
             raise
         return flight.result()
+
+    def batches(self, pages: int, page_bytes: int) -> list[tuple[int, int]]:
+        """The strategy's batches of ``pages`` pages, joined to ``least_bytes``."""
+        cut = self.batching.read_batches(pages)
+        if not self.least_bytes or page_bytes <= 0:
+            return cut
+        return joined(cut, -(-self.least_bytes // page_bytes))
 
     def retry(self, transfer: Transfer, position: int) -> bool:
         """The fallback's unit: page ``position`` submitted alone, plain, and waited for."""

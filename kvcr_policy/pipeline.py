@@ -136,7 +136,9 @@ class Pipeline:
         profile = Path(loaded.profile).stem if loaded.profile else "default"
         self.meters = Meters(self.config.observability.metrics, backend.name, profile)
         self._ledger = Ledger()
-        self._mover = Mover(batching, coalescing, self.allowed, fallback)
+        least = self.config.batching.read_batch_bytes
+        self._mover = Mover(batching, coalescing, self.allowed, fallback,
+                            None if least is None else int(least))  # fmt: skip
         self._cond = threading.Condition()
         self._active = 0
         #: The counters as close() left them (stats() raises ClosedError after close).

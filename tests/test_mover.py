@@ -6,6 +6,7 @@ Speed is never asserted; the tier is kept small with ``placement.capacity_bytes`
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Callable, Mapping
@@ -160,6 +161,28 @@ def test_windows_bound_what_is_in_flight(
     stats = pipeline.stats()
     assert stats.peak_inflight_batches == peak_batches
     assert stats.peak_inflight_bytes == peak_pages * geo.page_bytes
+    assert same_bytes(buf, after_restore(before, original, geo, [(i, 20 + i) for i in range(10)]))
+
+
+@pytest.mark.parametrize(
+    ("least", "sizes"),
+    [(None, [2, 2, 2, 2, 2]), (768, [2, 2, 2, 2, 2]), (3 * 768, [4, 4, 2]), ("1GiB", [10])],
+    ids=["unset", "one page", "three pages", "more than the call"],
+)
+def test_batches_are_joined_to_read_batch_bytes(
+    build: Build, least: int | str | None, sizes: list[int]
+) -> None:
+    overrides: dict[str, Any] = {"batching.read_batch_pages": 2}
+    if least is not None:
+        overrides["batching.read_batch_bytes"] = least
+    pipeline, geo, buf, original, keys = stored_pool(build, overrides=overrides, n=10)
+    assert geo.page_bytes == 768
+    assert pipeline.stats().batches == len(sizes)
+    ready: list[int] = []
+    scramble(buf, np.random.default_rng(9))
+    before = copy_buffer(buf)
+    assert pipeline.get(keys, token_indices(range(20, 30), P), on_ready=ready.append) == [True] * 10
+    assert ready == list(itertools.accumulate(sizes))
     assert same_bytes(buf, after_restore(before, original, geo, [(i, 20 + i) for i in range(10)]))
 
 

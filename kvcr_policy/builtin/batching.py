@@ -7,7 +7,7 @@ from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
 from ..strategies import Window
 
-__all__ = ["FixedBatching", "ramp", "ranges"]
+__all__ = ["FixedBatching", "joined", "ramp", "ranges"]
 
 
 def ranges(total: int, size: int) -> list[tuple[int, int]]:
@@ -24,6 +24,23 @@ def ramp(total: int, first: int, size: int) -> list[tuple[int, int]]:
         stop = min(start + step, total)
         out.append((start, stop))
         start, step = stop, min(2 * step, size)
+    return out
+
+
+def joined(batches: list[tuple[int, int]], least: int) -> list[tuple[int, int]]:
+    """Consecutive ``[start, stop)`` ranges of ``batches`` (in order, each following the last)
+    joined until each holds at least ``least`` pages; the last may hold fewer. No range is cut:
+    a strategy's batch boundaries stay boundaries."""
+    if least <= 1 or not batches:
+        return batches
+    out: list[tuple[int, int]] = []
+    start = batches[0][0]
+    for _, stop in batches:
+        if stop - start >= least:
+            out.append((start, stop))
+            start = stop
+    if start < batches[-1][1]:
+        out.append((start, batches[-1][1]))
     return out
 
 

@@ -147,6 +147,16 @@ class BatchingSection(Section):
         above=True,
     )
 
+    read_batch_bytes: Size | None = size_field(
+        None,
+        1 << 50,
+        "The least bytes a read or write batch holds (e.g. '256MiB'): consecutive batches of "
+        "the strategy are joined until they hold that much, so pages smaller than "
+        "read_batch_bytes / read_batch_pages go in batches of more pages (each batch costs "
+        "planning and issuing whatever its size); the last batch of a call may hold less. "
+        "Unset: the strategy's batches as they are.",
+    )
+
     @model_validator(mode="after")
     def _window_holds_a_batch(self) -> BatchingSection:
         if self.window_pages is not None and self.window_pages < self.read_batch_pages:

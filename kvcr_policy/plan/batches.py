@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from ..builtin.batching import joined
+
 __all__ = ["SAMPLE_PAGES", "BatchCounts", "count_batches"]
 
 #: Pages of the sample a large prefix is extrapolated from: at most this many ranges are ever
@@ -43,13 +45,19 @@ def _sizes(ranges: list[tuple[int, int]]) -> list[int]:
     return [stop - start for start, stop in ranges]
 
 
-def count_batches(batching: Any, pages: int) -> BatchCounts | None:
-    """The batches ``batching.read_batches(pages)`` would make; None when they cannot be
-    counted without listing more than :data:`SAMPLE_PAGES` pages (see the module docstring)."""
+def count_batches(batching: Any, pages: int, least: int = 1) -> BatchCounts | None:
+    """The batches ``batching.read_batches(pages)`` would make, joined until each holds
+    ``least`` pages (``batching.read_batch_bytes``, as the mover joins them); None when they
+    cannot be counted without listing more than :data:`SAMPLE_PAGES` pages (see the module
+    docstring)."""
+
+    def cut(n: int) -> list[int]:
+        return _sizes(joined(batching.read_batches(n), least))
+
     if pages <= SAMPLE_PAGES:
-        return BatchCounts(dict(Counter(_sizes(batching.read_batches(pages)))))
-    sample = _sizes(batching.read_batches(SAMPLE_PAGES))
-    half = _sizes(batching.read_batches(SAMPLE_PAGES // 2))
+        return BatchCounts(dict(Counter(cut(pages))))
+    sample = cut(SAMPLE_PAGES)
+    half = cut(SAMPLE_PAGES // 2)
     if len(sample) < 3 or len(half) < 2 or half[:-1] != sample[: len(half) - 1]:
         return None  # too few batches to see a pattern, or the cut depends on the total
     steady = sample[-2]  # the last whole batch (the last one may be a remainder)

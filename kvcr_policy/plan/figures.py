@@ -235,7 +235,9 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
     batching, coalescing, allowed = _strategies(loaded)
     tokens = request.prefix_tokens.value
     pages = math.ceil(tokens / geo.page_size)
-    counts = count_batches(batching, pages)
+    least = config.batching.read_batch_bytes
+    joined_to = 1 if least is None else -(-int(least) // geo.page_bytes)
+    counts = count_batches(batching, pages, joined_to)
     if counts is None:
         plan.refusals.append(
             f"batching.strategy {config.batching.strategy!r} (from "

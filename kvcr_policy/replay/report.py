@@ -49,6 +49,13 @@ def render(result: dict[str, Any]) -> str:
             f"without an L3 tier: TTFT p50 {_ms(result['no_tier_ttft_p50_s'])}, "
             f"p90 {_ms(result['no_tier_ttft_p90_s'])}"
         )
+    if result.get("ttft_p50_vs_best") is not None:
+        p90 = result.get("ttft_p90_vs_best")
+        lines.append(
+            f"with the tier over the better of the others: TTFT p50 x{result['ttft_p50_vs_best']}"
+            + ("" if p90 is None else f", p90 x{p90}")
+            + (" (medians of each round's own ratio)" if result.get("rounds") else "")
+        )
     for n, head in enumerate(result.get("rounds", []), 1):
         no_tier = head.get("no_tier_ttft_p50_s")
         lines.append(

@@ -53,16 +53,26 @@ def run_rounds(setup: ReplaySetup, engine: EngineRuns) -> list[dict[str, dict[st
 
 
 def _head(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One round's headline: the tier against the baseline (and no tier, with ``--vs``)."""
+    """One round's headline: the tier against the baseline (and no tier, with ``--vs``), and
+    the tier's TTFT over the better of the others in the same round (``*_vs_best``)."""
     head = compare(runs["baseline"], runs["tier"])
     if "no_tier" in runs:
         head.update(compare_no_tier(runs["no_tier"]))
+    for name in ("ttft_p50", "ttft_p90"):
+        others = [head.get(f"{arm}_{name}_s") for arm in ("baseline", "no_tier")]
+        best = min((v for v in others if v is not None), default=None)
+        mine = head[f"{name}_s"]
+        head[f"{name}_vs_best"] = None if not best or mine is None else round(mine / best, 4)
     return head
 
 
 def summarize_rounds(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """The headline keys, each the median over the rounds (the one round's own value when
-    there is one), and with several rounds every round's headline and order."""
+    there is one), and with several rounds every round's headline and order.
+
+    ``ttft_p50_vs_best`` and ``ttft_p90_vs_best`` are the medians of each round's own ratio
+    (runs of one round ran side by side, under the same load), not the ratio of the medians:
+    a round the whole machine slowed moves both of its runs, not one side of the ratio."""
     heads = [_head(runs) for runs in rounds]
     result: dict[str, Any] = {}
     for name in heads[0]:

@@ -33,17 +33,33 @@ def _measured(tokens: int) -> float:
     return prefill_seconds_per_token(tokens)
 
 
+def _forward_seconds(tokens: int, measure: Callable[[int], float]) -> float:
+    per_token = measure(tokens)
+    if not 0 < per_token < float("inf"):
+        length = f"{tokens} token{'' if tokens == 1 else 's'}"
+        message = f"prefill calibration at {length} measured {per_token!r} s a token"
+        raise TuneError(message)
+    return per_token * tokens
+
+
 def calibrate(
     lengths: Sequence[int] = LENGTHS, measure: Callable[[int], float] = _measured
 ) -> dict[int, float]:
-    """``{tokens: tokens_per_s}``: ``measure(tokens)`` gives seconds per token at that length."""
+    """``{tokens: tokens_per_s}`` at the margin: ``measure(tokens)`` gives seconds per token of
+    a whole forward at that length; the rate at ``n`` is the ``n - 1`` tokens past a one-token
+    forward over the seconds they add to it (its fixed part taken off)."""
+    fixed = _forward_seconds(1, measure)
     curve = {}
     for tokens in lengths:
-        seconds = measure(tokens)
-        if not 0 < seconds < float("inf"):
-            message = f"prefill calibration at {tokens} tokens measured {seconds!r} s a token"
+        seconds = _forward_seconds(tokens, measure) - fixed
+        if not seconds > 0:
+            message = (
+                f"prefill calibration: a forward of {tokens} tokens measured no longer than "
+                f"one of a single token ({fixed:.6g} s); the machine was too busy to measure, "
+                "run tune --prefill again on a quieter host"
+            )
             raise TuneError(message)
-        curve[int(tokens)] = round(1.0 / seconds, 1)
+        curve[int(tokens)] = round((tokens - 1) / seconds, 1)  # the tokens past the first
     return curve
 
 

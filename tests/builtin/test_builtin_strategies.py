@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.builtin.batching import FixedBatching, ranges
+from kvcr_policy.builtin.batching import FixedBatching, joined, ramp, ranges
 from kvcr_policy.builtin.coalescing import Contiguous, NoCoalescing
 from kvcr_policy.builtin.fallback import MissFallback, SparseFallback
 from kvcr_policy.builtin.thread_tuning import SwitchInterval
@@ -128,6 +128,34 @@ def test_first_batch_pages_above_read_batch_pages_is_read_batch_pages() -> None:
     """A profile's first batch stays valid under a smaller read_batch_pages set over it."""
     section = BatchingSection(read_batch_pages=16, first_batch_pages=32)
     assert FixedBatching(section, NO).read_batches(40) == ranges(40, 16)
+
+
+@given(
+    total=st.integers(0, 3000),
+    size=st.integers(1, 300),
+    first=st.none() | st.integers(1, 300),
+    least=st.integers(0, 1000),
+)
+def test_joined_batches_keep_every_boundary_and_hold_the_least(
+    total: int, size: int, first: int | None, least: int
+) -> None:
+    cut = ranges(total, size) if first is None else ramp(total, first, size)
+    batches = joined(cut, least)
+    assert _flatten(batches) == list(range(total))  # every page once, in order
+    boundaries = {stop for _, stop in cut}
+    assert all(stop in boundaries for _, stop in batches)  # no strategy batch is cut
+    assert all(stop - start >= least for start, stop in batches[:-1])
+    # Joined no further than needed: without its last strategy batch, a joined one is short.
+    for start, stop in batches[:-1]:
+        inner = [s for s, e in cut if start <= s and e <= stop]
+        assert max(inner) - start < max(least, 1)
+
+
+def test_joined_with_no_least_is_the_strategys_batches() -> None:
+    assert joined(ranges(600, 256), 1) == ranges(600, 256)
+    assert joined(ranges(600, 256), 0) == ranges(600, 256)
+    assert joined(ranges(2048, 256), 1024) == [(0, 1024), (1024, 2048)]
+    assert joined(ranges(1100, 256), 1024) == [(0, 1024), (1024, 1100)]
 
 
 def test_fixed_batching_window_comes_from_the_section() -> None:

@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcr_policy.builtin.batching import ranges
+from kvcr_policy.builtin.batching import joined, ranges
 from kvcr_policy.plan.batches import SAMPLE_PAGES, count_batches
 
 
@@ -66,6 +66,17 @@ def test_counts_equal_the_listed_batches(batching: Fixed | Ramp, pages: int) -> 
     listed = Counter(stop - start for start, stop in batching.read_batches(pages))
     assert counted.sizes == dict(listed)
     assert counted.total == sum(listed.values())
+
+
+@settings(max_examples=50)
+@given(strategies, st.integers(0, 3 * SAMPLE_PAGES), st.integers(1, 70000))
+def test_joined_counts_equal_the_joined_listed_batches(
+    batching: Fixed | Ramp, pages: int, least: int
+) -> None:
+    counted = count_batches(batching, pages, least)
+    assert counted is not None
+    listed = Counter(stop - start for start, stop in joined(batching.read_batches(pages), least))
+    assert counted.sizes == dict(listed)
 
 
 def test_a_huge_prefix_is_counted_without_a_list() -> None:

@@ -148,20 +148,25 @@ def test_explicit_dimensions_and_mla(cli: Run) -> None:
     assert geometry["fragments_per_page"] == 61
 
 
-def test_a_real_restore_confirms_the_plan(cli: Run, registry: Registry) -> None:
+@pytest.mark.parametrize("least", [None, "160MiB"], ids=["strategy", "joined"])
+def test_a_real_restore_confirms_the_plan(cli: Run, registry: Registry, least: str | None) -> None:
     """The plan's batches, window and descriptors equal what the pipeline counts when it
-    restores the same prefix with the same profile."""
+    restores the same prefix with the same profile (with batches joined to
+    batching.read_batch_bytes too: 320 pages of 512 KiB, so the 300 pages in one batch, not the
+    profile's 256 and 44)."""
     tokens = 16 * 300  # 300 pages of the 'small' geometry (512 KiB each)
+    joined = () if least is None else ("--set", f"batching.read_batch_bytes={least}")
     code, plan, err = _json(cli, "--geometry", "small", "--tokens", str(tokens), "--profile",
-                            "throughput", "--set", "placement.capacity_bytes=256MiB")  # fmt: skip
+                            "throughput", "--set", "placement.capacity_bytes=256MiB",
+                            *joined)  # fmt: skip
     assert code == 0, err
     restore = plan["restore"]
-    loaded = load_config(
-        "throughput",
-        environ={},
-        overrides={"placement.capacity_bytes": "256MiB", "observability.metrics": False},
-        registry=registry,
-    )
+    if least is not None:
+        assert (restore["batches"], restore["pages_per_batch"]) == (1, 300)
+    overrides = {"placement.capacity_bytes": "256MiB", "observability.metrics": False}
+    if least is not None:
+        overrides["batching.read_batch_bytes"] = least
+    loaded = load_config("throughput", environ={}, overrides=overrides, registry=registry)
     geometry = preset("small", layout="layer_first", tokens=tokens)
     with build_pipeline(loaded) as pipeline:
         buffer = torch.zeros(geometry.shape, dtype=torch.bfloat16)

@@ -74,3 +74,34 @@ def test_one_round_reports_its_own_values_and_no_rounds() -> None:
     rounds = run_rounds(setup, Recorded({"baseline": [1.0], "tier": [0.25]}))
     head = summarize_rounds(rounds)
     assert head["ttft_p50_s"] == 0.25 and "rounds" not in head
+
+
+def test_the_ratio_to_the_best_is_the_median_of_each_rounds_own_ratio() -> None:
+    # Round 3 ran on a machine that slowed everything: its ratio is 1.0, yet the median of
+    # the tier's TTFT (0.5) over the median of the baseline's (0.4) would say 1.25.
+    setup = ReplaySetup(
+        engine="sglang",
+        trace=ROOT / "data/traces/conversation_trace.jsonl.xz",
+        profile="gated",
+        vs="throughput",
+        repeat=3,
+    )
+    engine = Recorded(
+        {"no_tier": [9.0, 9.0, 90.0], "baseline": [0.4, 0.2, 5.0], "tier": [0.38, 0.5, 5.0]}
+    )
+    head = summarize_rounds(run_rounds(setup, engine))
+    assert [r["ttft_p50_vs_best"] for r in head["rounds"]] == [0.95, 2.5, 1.0]
+    assert head["ttft_p50_vs_best"] == 1.0
+    assert head["ttft_p50_s"] / head["baseline_ttft_p50_s"] == 1.25
+
+
+def test_the_ratio_takes_no_tier_when_it_is_the_better() -> None:
+    setup = ReplaySetup(
+        engine="sglang",
+        trace=ROOT / "data/traces/conversation_trace.jsonl.xz",
+        profile="gated",
+        vs="throughput",
+    )
+    engine = Recorded({"no_tier": [0.2], "baseline": [0.8], "tier": [0.3]})
+    head = summarize_rounds(run_rounds(setup, engine))
+    assert head["ttft_p50_vs_best"] == 1.5
