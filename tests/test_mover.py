@@ -61,7 +61,11 @@ def test_contiguous_prefix_coalesces_to_one_descriptor_per_plane_per_batch(
     buf = random_buffer(geo, rng, "numpy-float16")
     original = copy_buffer(buf)
     batch, n = 4, 10
-    overrides: dict[str, Any] = {"batching.read_batch_pages": batch}
+    # The strategy's batches as they are (no read_batch_bytes joining them).
+    overrides: dict[str, Any] = {
+        "batching.read_batch_pages": batch,
+        "batching.read_batch_bytes": None,
+    }
     if split_bytes is not None:
         overrides["coalescing.split_bytes"] = split_bytes
     pipeline = build("throughput", overrides)
@@ -324,7 +328,11 @@ def test_a_set_with_a_broken_page_stores_every_other_key(build: Build) -> None:
 
 @pytest.mark.parametrize("profile", ["default", "throughput"])
 def test_miss_fallback_turns_a_failed_batch_into_misses(build: Build, profile: str) -> None:
-    overrides = {"fallback.strategy": "miss", "batching.read_batch_pages": 4}
+    overrides = {
+        "fallback.strategy": "miss",
+        "batching.read_batch_pages": 4,
+        "batching.read_batch_bytes": None,  # batches of 4 pages, not joined
+    }
     faults = Faults()
     faults.geo = geometry(pages=32)
     pipeline, _, buf, _, keys = stored_pool(

@@ -104,7 +104,8 @@ def reading_ahead(
     buffer = random_buffer(geo, np.random.default_rng(seed), "numpy-float16")
     holder: list[Any] = []
     transport = ReadsAhead(holder)
-    pipeline = build("throughput", {"batching.read_batch_pages": 3}, transport=transport)
+    batches = {"batching.read_batch_pages": 3, "batching.read_batch_bytes": None}  # not joined
+    pipeline = build("throughput", batches, transport=transport)
     holder.append(pipeline)
     pipeline.register_pool("kv", geo, buffer)
     keys = keys_of("k", count)
