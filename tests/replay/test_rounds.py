@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.replay.figures import summarize
 from kvcr_policy.replay.rounds import orders, run_rounds, summarize_rounds
 from kvcr_policy.replay.setup import ReplaySetup
 from tests.support.paths import ROOT
+from tests.support.replays import GivenTTFT, gated_setup
 
 ARMS = ["no_tier", "baseline", "tier"]
 
@@ -34,31 +33,9 @@ def test_one_round_runs_in_the_given_order() -> None:
     assert orders(ARMS, 1) == [ARMS]
 
 
-class Recorded:
-    """An engine that records its runs; its TTFT is given per (round, label)."""
-
-    capacity = 1 << 20
-
-    def __init__(self, ttft: dict[str, list[float]]) -> None:
-        self.ttft, self.asked = ttft, []
-
-    def run(self, label: str, profile: str | None, tier: dict[str, Any]) -> dict[str, Any]:
-        n = sum(1 for asked, _ in self.asked if asked == label)
-        self.asked.append((label, profile))
-        record = {"pass": 1, "ttft_s": self.ttft[label][n], "prompt_tokens": 64}
-        measured = summarize([dict(record, cached_tokens=0 if profile is None else 64)], 1)
-        return {"measured": measured, "hit_tokens": 0, "bytes_restored": 0, "outputs": []}
-
-
 def test_the_headline_is_the_median_over_rounds_and_every_round_is_kept() -> None:
-    setup = ReplaySetup(
-        engine="sglang",
-        trace=ROOT / "data/traces/conversation_trace.jsonl.xz",
-        profile="gated",
-        vs="throughput",
-        repeat=3,
-    )
-    engine = Recorded({"no_tier": [3.0, 1.0, 2.0], "baseline": [0.5, 0.4, 9.0], "tier": [0.3] * 3})
+    setup = gated_setup(repeat=3)
+    engine = GivenTTFT({"no_tier": [3.0, 1.0, 2.0], "baseline": [0.5, 0.4, 9.0], "tier": [0.3] * 3})
     rounds = run_rounds(setup, engine)
     assert [label for label, _ in engine.asked] == [a for order in orders(ARMS, 3) for a in order]
     assert dict(engine.asked) == {"no_tier": None, "baseline": "throughput", "tier": "gated"}
@@ -71,7 +48,7 @@ def test_the_headline_is_the_median_over_rounds_and_every_round_is_kept() -> Non
 
 def test_one_round_reports_its_own_values_and_no_rounds() -> None:
     setup = ReplaySetup(engine="sglang", trace=ROOT / "data/traces/conversation_trace.jsonl.xz")
-    rounds = run_rounds(setup, Recorded({"baseline": [1.0], "tier": [0.25]}))
+    rounds = run_rounds(setup, GivenTTFT({"baseline": [1.0], "tier": [0.25]}))
     head = summarize_rounds(rounds)
     assert head["ttft_p50_s"] == 0.25 and "rounds" not in head
 
@@ -79,14 +56,8 @@ def test_one_round_reports_its_own_values_and_no_rounds() -> None:
 def test_the_ratio_to_the_best_is_the_median_of_each_rounds_own_ratio() -> None:
     # Round 3 ran on a machine that slowed everything: its ratio is 1.0, yet the median of
     # the tier's TTFT (0.5) over the median of the baseline's (0.4) would say 1.25.
-    setup = ReplaySetup(
-        engine="sglang",
-        trace=ROOT / "data/traces/conversation_trace.jsonl.xz",
-        profile="gated",
-        vs="throughput",
-        repeat=3,
-    )
-    engine = Recorded(
+    setup = gated_setup(repeat=3)
+    engine = GivenTTFT(
         {"no_tier": [9.0, 9.0, 90.0], "baseline": [0.4, 0.2, 5.0], "tier": [0.38, 0.5, 5.0]}
     )
     head = summarize_rounds(run_rounds(setup, engine))
@@ -96,12 +67,7 @@ def test_the_ratio_to_the_best_is_the_median_of_each_rounds_own_ratio() -> None:
 
 
 def test_the_ratio_takes_no_tier_when_it_is_the_better() -> None:
-    setup = ReplaySetup(
-        engine="sglang",
-        trace=ROOT / "data/traces/conversation_trace.jsonl.xz",
-        profile="gated",
-        vs="throughput",
-    )
-    engine = Recorded({"no_tier": [0.2], "baseline": [0.8], "tier": [0.3]})
+    setup = gated_setup()
+    engine = GivenTTFT({"no_tier": [0.2], "baseline": [0.8], "tier": [0.3]})
     head = summarize_rounds(run_rounds(setup, engine))
     assert head["ttft_p50_vs_best"] == 1.5

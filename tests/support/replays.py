@@ -1,0 +1,42 @@
+"""A replay's driver under test: the set-up of a gated replay against ``throughput`` with
+``--vs``, and an engine whose time to first token is given per run (what is tested is the
+driver; the engines' own runs are tested in tests/replay/test_replay_*.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcr_policy.replay.figures import summarize
+from kvcr_policy.replay.setup import ReplaySetup
+from tests.support.paths import ROOT
+
+__all__ = ["GivenTTFT", "gated_setup"]
+
+
+def gated_setup(repeat: int = 1) -> ReplaySetup:
+    """An SGLang replay of the vendored trace, ``gated`` against ``throughput``, with ``--vs``
+    (three arms: no tier, baseline, tier), ``repeat`` rounds."""
+    return ReplaySetup(
+        engine="sglang",
+        trace=ROOT / "data/traces/conversation_trace.jsonl.xz",
+        profile="gated",
+        vs="throughput",
+        repeat=repeat,
+    )
+
+
+class GivenTTFT:
+    """An engine that records its runs (``asked``: label and profile, in order); the TTFT of
+    each is given per label, one value a round."""
+
+    capacity = 1 << 20
+
+    def __init__(self, ttft: dict[str, list[float]]) -> None:
+        self.ttft, self.asked = ttft, []
+
+    def run(self, label: str, profile: str | None, tier: dict[str, Any]) -> dict[str, Any]:
+        n = sum(1 for asked, _ in self.asked if asked == label)
+        self.asked.append((label, profile))
+        record = {"pass": 1, "ttft_s": self.ttft[label][n], "prompt_tokens": 64}
+        measured = summarize([dict(record, cached_tokens=0 if profile is None else 64)], 1)
+        return {"measured": measured, "hit_tokens": 64, "bytes_restored": 4096, "outputs": []}
