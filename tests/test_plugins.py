@@ -312,7 +312,11 @@ def test_hooks_run_when_a_pipeline_is_built_never_per_page(
         "kvcr_register_strategies", "kvcr_register_transports", "kvcr_register_backends",
         "kvcr_pipeline_opened", "kvcr_pipeline_closed",
     }  # fmt: skip
-    overrides = {"batching.read_batch_pages": 1, "placement.capacity_bytes": "1MiB"}
+    overrides = {
+        "batching.read_batch_pages": 1,
+        "batching.read_batch_bytes": None,  # 64 batches of one page, not joined
+        "placement.capacity_bytes": "1MiB",
+    }
     loaded = load_config(profile, environ={}, overrides=overrides)
     import kvcr_test_counting  # type: ignore[import-not-found]  # imported by the load
 

@@ -183,6 +183,7 @@ def test_small_batches_in_a_window_deliver_in_order(connect: Any) -> None:
         "throughput",
         **{
             "batching.read_batch_pages": 2,
+            "batching.read_batch_bytes": None,  # batches of 2 pages, not joined
             "batching.window_batches": 3,
             "batching.window_pages": 4,
         },
