@@ -25,7 +25,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from .backends.base import EarlyRead, PoolTier, ReadTransfer, Shape, Transfer, WriteTransfer
-from .builtin.batching import joined
+from .builtin.batching import joined, least_pages
 from .descriptors import Descriptors, split_pieces
 from .errors import CapacityError, ClosedError
 from .observability.ledger import CallCounts
@@ -209,10 +209,7 @@ class Mover:
 
     def batches(self, pages: int, page_bytes: int) -> list[tuple[int, int]]:
         """The strategy's batches of ``pages`` pages, joined to ``least_bytes``."""
-        cut = self.batching.read_batches(pages)
-        if not self.least_bytes or page_bytes <= 0:
-            return cut
-        return joined(cut, -(-self.least_bytes // page_bytes))
+        return joined(self.batching.read_batches(pages), least_pages(self.least_bytes, page_bytes))
 
     def retry(self, transfer: Transfer, position: int) -> bool:
         """The fallback's unit: page ``position`` submitted alone, plain, and waited for."""

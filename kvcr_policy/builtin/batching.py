@@ -7,7 +7,7 @@ from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
 from ..strategies import Window
 
-__all__ = ["FixedBatching", "joined", "ramp", "ranges"]
+__all__ = ["FixedBatching", "joined", "least_pages", "ramp", "ranges"]
 
 
 def ranges(total: int, size: int) -> list[tuple[int, int]]:
@@ -42,6 +42,14 @@ def joined(batches: list[tuple[int, int]], least: int) -> list[tuple[int, int]]:
     if start < batches[-1][1]:
         out.append((start, batches[-1][1]))
     return out
+
+
+def least_pages(read_batch_bytes: int | None, page_bytes: int) -> int:
+    """Pages a joined batch holds at least (``batching.read_batch_bytes`` over the page size,
+    rounded up); 1, no joining, when it is unset."""
+    if not read_batch_bytes or page_bytes <= 0:
+        return 1
+    return -(-int(read_batch_bytes) // page_bytes)
 
 
 class FixedBatching:

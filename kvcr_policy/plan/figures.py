@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..builtin.batching import least_pages
 from ..config.loading import LoadedConfig
 from ..config.schema import MAX_TIER_BYTES
 from ..descriptors import build_descriptors, slot_descriptors, split_pieces
@@ -236,8 +237,7 @@ def _restore(loaded: LoadedConfig, request: PlanRequest, geo: PoolGeometry, plan
     tokens = request.prefix_tokens.value
     pages = math.ceil(tokens / geo.page_size)
     least = config.batching.read_batch_bytes
-    joined_to = 1 if least is None else -(-int(least) // geo.page_bytes)
-    counts = count_batches(batching, pages, joined_to)
+    counts = count_batches(batching, pages, least_pages(least, geo.page_bytes))
     if counts is None:
         plan.refusals.append(
             f"batching.strategy {config.batching.strategy!r} (from "

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ...builtin.batching import least_pages
 from ...descriptors import Descriptors
 from ...errors import ClosedError, IndicesError, PoolError, mismatch
 from ...geometry import PoolGeometry
@@ -212,8 +213,8 @@ class DramBackend:
             batching = self.loaded.config.batching
             first = min(batching.first_batch_pages or batching.read_batch_pages,
                         batching.read_batch_pages)  # fmt: skip
-            if batching.read_batch_bytes is not None:  # the mover joins batches to this
-                first = max(first, -(-int(batching.read_batch_bytes) // tier_geometry.page_bytes))
+            least = batching.read_batch_bytes  # the mover joins batches to this
+            first = max(first, least_pages(least, tier_geometry.page_bytes))
             pool = DramPool(spec, tier_geometry, region, store, self.transport, device, first)
             self._pools.append(pool)
             self._pending += 0 if committed else request.nbytes
