@@ -318,11 +318,16 @@ def _peer_with_a_client(api: str, port: int, client: int, folder: Path) -> Itera
         # A rate needs a sample before the change: Prometheus reads the zeros first.
         zeros = f'kvcr_policy_metadata_keys_queried_total{{profile="{profile.stem}"}}'
         wait_until(lambda: _query(api, zeros) == [0.0], "a scrape of the client", 60)
+        # And the server's, whose tier of the pool the client registered counts no claim yet.
+        hits = f'kvcr_policy_peer_hits_total{{instance="127.0.0.1:{port}", pool="kv"}}'
+        wait_until(lambda: _query(api, hits) == [0.0], "a scrape of the server's zeros", 60)
         assert engine.stdin is not None
         engine.stdin.write("go\n")
         engine.stdin.flush()
         moved, page_bytes = next_line(engine).split()
         assert moved == "moved", moved
+        # The server's hit-ratio panel needs its counts after the claims scraped as well.
+        wait_until(lambda: sum(_query(api, hits)) > 0, "a scrape of the server's hits", 60)
         yield (256 << 20) // max(int(page_bytes), SLOT_COST) * int(page_bytes)
     finally:
         if engine is not None:
