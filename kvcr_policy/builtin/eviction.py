@@ -9,13 +9,14 @@ The protocol a policy follows is :class:`kvcr_policy.strategies.EvictionPolicy`.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from itertools import filterfalse, islice
 from types import MappingProxyType
 
 from ..config.schema import EvictionSection
 from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
-from ..strategies import EvictionPolicy
+from ..strategies import Evictable, EvictionPolicy
 
 __all__ = ["EVICTION_POLICIES", "FIFOEviction", "FIFOPolicy", "LRUEviction", "LRUPolicy"]
 
@@ -33,6 +34,13 @@ class LRUPolicy:
     def admit(self, slot: int, key: Hashable) -> None:
         self._order[slot] = None
 
+    def admit_many(self, slots: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """:meth:`admit` of each slot in order (a store's commit). A plain loop: an ordered
+        dict's ``update`` costs ten times more per key."""
+        order = self._order
+        for slot in slots:
+            order[slot] = None
+
     def touch(self, slot: int) -> None:
         self._order.move_to_end(slot)
 
@@ -44,10 +52,16 @@ class LRUPolicy:
     def forget(self, slot: int) -> None:
         del self._order[slot]
 
+    def forget_many(self, slots: Iterable[int]) -> None:
+        """:meth:`forget` of each slot, in one C loop (a store's eviction)."""
+        deque(map(self._order.__delitem__, slots), maxlen=0)
+
     def victims(self, count: int, evictable: Callable[[int], bool]) -> list[int]:
         chosen: list[int] = []
         if count <= 0:
             return chosen
+        if isinstance(evictable, Evictable):  # the slots that must stay, filtered in C
+            return list(islice(filterfalse(evictable.busy.__contains__, self._order), count))
         for slot in self._order:
             if evictable(slot):
                 chosen.append(slot)

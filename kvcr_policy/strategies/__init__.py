@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from .admission import Admission, AdmissionStrategy, RestoreOutlook
-from .eviction_policy import EvictionPolicy
+from .eviction_policy import Evictable, EvictionPolicy
 
 if TYPE_CHECKING:
     from ..descriptors import Descriptors
@@ -25,6 +25,7 @@ __all__ = [
     "AdmissionStrategy",
     "BatchingStrategy",
     "CoalescingStrategy",
+    "Evictable",
     "EvictionPolicy",
     "EvictionStrategy",
     "FallbackStrategy",

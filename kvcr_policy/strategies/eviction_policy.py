@@ -6,9 +6,22 @@ stores (which call them), so neither has to know the other.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["EvictionPolicy"]
+__all__ = ["Evictable", "EvictionPolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class Evictable:
+    """What a store passes as ``evictable`` to :meth:`EvictionPolicy.victims`: a slot may be
+    evicted unless it is in ``busy`` (claimed by a read, held by a write, or protected). A
+    policy calls it per slot, or filters by ``busy`` in bulk (the built-in ones do)."""
+
+    busy: frozenset[int]
+
+    def __call__(self, slot: int) -> bool:
+        return slot not in self.busy
 
 
 @runtime_checkable
@@ -39,5 +52,10 @@ class EvictionPolicy(Protocol):
     def victims(self, count: int, evictable: Callable[[int], bool]) -> list[int]:
         """Up to ``count`` distinct held slots for which ``evictable`` is true, first victim
         first: as many as there are, up to ``count``. The policy may reorder what it keeps
-        (a lazy promotion); the store then calls :meth:`forget` for each slot returned."""
+        (a lazy promotion); the store then calls :meth:`forget` for each slot returned.
+        A store's ``evictable`` is an :class:`Evictable`.
+
+        A policy may also have ``admit_many(slots, keys)``, ``touch_many(slots)`` and
+        ``forget_many(slots)``: each does what the one-slot call does for every slot, in
+        order, and a store calls it in place of a loop of them."""
         ...

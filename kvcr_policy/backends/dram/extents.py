@@ -99,7 +99,15 @@ class _FreeExtents:
 
     def give(self, slots: Iterable[int]) -> None:
         """Return slots (any order, no duplicates, none already free)."""
-        for first, last in _runs_of(sorted(slots)):
+        given = slots if isinstance(slots, list | np.ndarray) else list(slots)
+        ordered = np.sort(np.asarray(given, dtype=np.int64))
+        if not len(ordered):
+            return
+        # The runs in a few array operations: an eviction gives back thousands of slots.
+        breaks = np.flatnonzero(np.diff(ordered) != 1)
+        firsts = ordered[np.concatenate(([0], breaks + 1))].tolist()
+        lasts = ordered[np.concatenate((breaks, [len(ordered) - 1]))].tolist()
+        for first, last in zip(firsts, lasts, strict=True):
             self._give_run(first, last + 1)
 
     def _give_run(self, start: int, end: int) -> None:
@@ -115,16 +123,3 @@ class _FreeExtents:
         else:
             starts.insert(index, start)
             lengths.insert(index, end - start)
-
-
-def _runs_of(ordered: Sequence[int]) -> Iterable[tuple[int, int]]:
-    """(first, last) of each run of consecutive integers in a sorted sequence."""
-    if not ordered:
-        return
-    first = last = ordered[0]
-    for slot in ordered[1:]:
-        if slot != last + 1:
-            yield first, last
-            first = slot
-        last = slot
-    yield first, last

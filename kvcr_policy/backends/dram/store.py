@@ -33,7 +33,6 @@ import enum
 import functools
 import itertools
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -43,9 +42,10 @@ import numpy as np
 
 from kvcr_policy.backends.dram.claims import ClaimCounts
 from kvcr_policy.backends.dram.extents import _FreeExtents, count_extents
+from kvcr_policy.backends.dram.recent import RecentKeys
 from kvcr_policy.builtin.eviction import EVICTION_POLICIES, FIFOPolicy, LRUPolicy
 from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError
-from kvcr_policy.strategies import EvictionPolicy
+from kvcr_policy.strategies import Evictable, EvictionPolicy
 
 __all__ = [
     "EVICTION_POLICIES",
@@ -220,7 +220,8 @@ class Store:
         # Open reservations holding each slot's key as present: such a key is not evicted
         # before its write settles (a set cut into batches reserves each one on its own, and a
         # later batch must not evict a key an earlier one reported stored).
-        self._held: list[int] = [0] * capacity
+        # Sparse (few slots are held at once): the slots that must stay are read in bulk.
+        self._held: dict[int, int] = {}
         self._free = _FreeExtents(capacity)
         self._open_reservations: set[int] = set()
         self._live_claims: set[int] = set()
@@ -229,9 +230,8 @@ class Store:
         self._hits = 0
         self._misses = 0
         # Keys evicted lately, so a miss can say "evicted" rather than "absent"; delete and
-        # clear forget them. Bounded (oldest dropped first): a few MiB of keys at most.
-        self._evicted: OrderedDict[str, None] = OrderedDict()
-        self._evicted_max = min(capacity, _EVICTED_KEPT)
+        # clear forget them. Bounded (.recent: oldest dropped first): a few MiB of keys at most.
+        self._evicted = RecentKeys(min(capacity, _EVICTED_KEPT))
         self._watchers: list[Callable[[], None]] = []
 
     @property
@@ -252,7 +252,9 @@ class Store:
     # ---- writes ---------------------------------------------------------------------------
 
     @_changes
-    def reserve(self, keys: Sequence[str], keep: Collection[str] = ()) -> Reservation:
+    def reserve(
+        self, keys: Sequence[str], keep: Collection[str] = (), distinct: bool = False
+    ) -> Reservation:
         """Hold slots for the keys that are neither published nor being written.
 
         Consecutive keys get one contiguous run of slots when one is free. When free slots are
@@ -262,6 +264,9 @@ class Store:
         the reservation covers the longest leading run of ``keys`` that fits (prefix
         semantics, as HiCache uses only the leading successes).
 
+        ``distinct``: the caller guarantees no key twice (a backend's call, see
+        :mod:`kvcr_policy.backends.base`), so repeats are not looked for.
+
         Raises:
             CapacityError: the first key needs a slot and none can be had (every slot is
                 reserved, claimed or protected), so the reservation would cover nothing.
@@ -270,56 +275,82 @@ class Store:
             self._check_open("reserve")
             index, reserving = self._index, self._reserving
             count = len(keys)
-            present = [False] * count
-            pending = [False] * count
-            needed: list[int] = []  # positions of keys that need a slot
-            asked: set[str] = set()
-            for position, key in enumerate(keys):
-                if key in index:
-                    present[position] = True
-                elif key in reserving or key in asked:
-                    pending[position] = True
-                else:
-                    asked.add(key)
-                    needed.append(position)
-            protect = {index[key] for key, hit in zip(keys, present, strict=True) if hit}
+            # Probes in C iterators: a write of thousands of small pages reserves them all
+            # before its first copy can start.
+            present = list(map(index.__contains__, keys))
+            pending = list(map(reserving.__contains__, keys)) if reserving else [False] * count
+            any_present = True in present
+            needed: Sequence[int]
+            if not any_present and True not in pending and (distinct or len(set(keys)) == count):
+                needed = range(count)  # every key new: the common write
+            else:
+                needed = []  # positions of keys that need a slot
+                asked: set[str] = set()
+                for position, key in enumerate(keys):
+                    if present[position]:
+                        continue
+                    if pending[position] or key in asked:
+                        pending[position] = True
+                    else:
+                        asked.add(key)
+                        needed.append(position)
+            protect = (
+                {index[key] for key, hit in zip(keys, present, strict=True) if hit}
+                if any_present
+                else set()
+            )
             if keep and self._free.free < len(needed):  # only an eviction looks at ``keep``
                 protect.update(index[key] for key in keep if key in index)
             slots = self._obtain(len(needed), protect)
             cover = needed[len(slots)] if len(slots) < len(needed) else count
             if cover == 0 and count:
                 self._raise_full(keys[0])
-            held = tuple(index[keys[p]] for p in range(cover) if present[p])
+            held = tuple(index[keys[p]] for p in range(cover) if present[p]) if any_present else ()
+            counts = self._held
             for slot in held:
-                self._held[slot] += 1
-            out_slots = [-1] * cover
-            owner, state = self._owner, self._state
-            for position, slot in zip(needed, slots, strict=False):  # slots may be short
-                key = keys[position]
-                owner[slot] = key
-                state[slot] = _RESERVED
-                reserving[key] = slot
-                out_slots[position] = slot
+                counts[slot] = counts.get(slot, 0) + 1
+            placed = needed[: len(slots)]  # slots may be short
+            new_keys = (
+                list(keys[: len(slots)]) if isinstance(placed, range) else [keys[p] for p in placed]
+            )
+            self._occupy(slots, new_keys)
+            reserving.update(zip(new_keys, slots, strict=True))
             # A new occupant of each slot (distinct slots): stale tokens must stop matching.
             taken = np.asarray(slots, dtype=np.int64)
             self._generation[taken] += 1
+            at = np.asarray(placed, dtype=np.int64)
+            out_slots = np.full(cover, -1, dtype=np.int64)
+            out_slots[at] = taken
             out_generations = np.full(cover, -1, dtype=np.int64)
-            out_generations[np.asarray(needed[: len(slots)], dtype=np.int64)] = self._generation[
-                taken
-            ]
+            out_generations[at] = self._generation[taken]
+            out_slots.flags.writeable = out_generations.flags.writeable = False
             self._reserved += len(slots)
             token = next(_TOKENS)
             self._open_reservations.add(token)
             return Reservation(
                 token=token,
                 keys=tuple(keys[:cover]),
-                slots=_frozen(out_slots),
-                generations=_frozen(out_generations),
+                slots=out_slots,
+                generations=out_generations,
                 present=tuple(present[:cover]),
                 pending=tuple(pending[:cover]),
                 requested=count,
                 held=held,
             )
+
+    def _occupy(self, slots: list[int], keys: list[str]) -> None:
+        """``slots`` (ascending, distinct) reserved for ``keys``: owners and states set, by
+        slice where the slots are one run (what a free run hands out)."""
+        n = len(slots)
+        if n and slots[-1] - slots[0] == n - 1:
+            first = slots[0]
+            self._owner[first : first + n] = keys
+            self._state[first : first + n] = bytes((_RESERVED,)) * n
+            return
+        owner = self._owner
+        for slot, key in zip(slots, keys, strict=True):
+            owner[slot] = key
+        np.frombuffer(self._state, dtype=np.uint8)[np.asarray(slots, dtype=np.int64)] = _RESERVED
 
     @_changes
     def commit(self, reservation: Reservation, ok: Sequence[bool] | np.ndarray) -> int:
@@ -478,11 +509,8 @@ class Store:
         nothing: what a tier in front of another demotes before a write evicts them."""
         with self._lock:
             self._check_open("victims")
-            claims, held = self._claims.counts, self._held
             kept = {int(slot) for slot in self._slots_of(keep) if slot >= 0} if keep else set()
-            chosen = self._policy.victims(
-                count, lambda slot: claims[slot] == 0 and held[slot] == 0 and slot not in kept
-            )
+            chosen = self._policy.victims(count, self._evictable(kept))
             return [key for key in map(self._owner.__getitem__, chosen) if key is not None]
 
     # ---- state ----------------------------------------------------------------------------
@@ -555,20 +583,31 @@ class Store:
             self._evict(count - self._free.free, protect)
         return self._free.take(min(count, self._free.free))
 
+    def _evictable(self, protect: set[int] | frozenset[int]) -> Evictable:
+        """Which slots the policy may evict: none claimed, held by an open reservation or in
+        ``protect``; the slots that must stay are gathered once, for bulk filtering."""
+        busy = set(protect)
+        if self._claims.claimed:
+            busy.update(np.flatnonzero(self._claims.counts).tolist())
+        busy.update(self._held)
+        return Evictable(frozenset(busy))
+
     def _evict(self, count: int, protect: set[int] | frozenset[int]) -> int:
-        claims, held = self._claims.counts, self._held
-
-        def evictable(slot: int) -> bool:
-            return claims[slot] == 0 and held[slot] == 0 and slot not in protect
-
-        victims = self._policy.victims(count, evictable)
-        evicted, owner = self._evicted, self._owner
-        for slot in victims:
-            evicted[owner[slot]] = None  # type: ignore[index]  # a published slot has an owner
-            self._unpublish(slot)
-            self._state[slot] = _FREE
-        while len(evicted) > self._evicted_max:
-            evicted.popitem(last=False)
+        victims = self._policy.victims(count, self._evictable(protect))
+        if not victims:
+            return 0
+        owner = self._owner
+        # A published slot has an owner.
+        keys = cast(list[str], list(map(owner.__getitem__, victims)))
+        self._evicted.add(keys)
+        collections.deque(map(self._index.__delitem__, keys), maxlen=0)
+        collections.deque(map(owner.__setitem__, victims, itertools.repeat(None)), maxlen=0)
+        forget_many = getattr(self._policy, "forget_many", None)
+        if forget_many is not None:
+            forget_many(victims)
+        else:
+            collections.deque(map(self._policy.forget, victims), maxlen=0)
+        np.frombuffer(self._state, dtype=np.uint8)[np.asarray(victims, dtype=np.int64)] = _FREE
         self._free.give(victims)
         self._evictions += len(victims)
         return len(victims)
@@ -587,7 +626,7 @@ class Store:
         removed = 0
         evicted = self._evicted
         for key in keys:
-            evicted.pop(key, None)
+            evicted.discard(key)
             slot = index.get(key)
             if slot is not None:
                 self._unpublish(slot)
@@ -611,14 +650,65 @@ class Store:
         if reservation.token not in self._open_reservations:
             return 0
         self._open_reservations.discard(reservation.token)
+        counts = self._held
         for slot in reservation.held:
-            self._held[slot] -= 1
+            left = counts[slot] - 1
+            if left:
+                counts[slot] = left
+            else:
+                del counts[slot]
+        if ok is not None and True in reservation.present:
+            # A commit with present keys to use: the policy sees admits and touches
+            # interleaved, in the keys' order, so one key at a time.
+            return self._settle_each(reservation, ok)
+        keys, slots = reservation.keys, reservation.slots
+        positions = np.flatnonzero(slots >= 0)
+        taken = slots[positions]
+        # Belt and braces: an open reservation's slots cannot have changed hands, but a slot
+        # whose generation moved on belongs to someone else and is left alone.
+        same = self._generation[taken] == reservation.generations[positions]
+        positions, taken = positions[same], taken[same]
+        states = np.frombuffer(self._state, dtype=np.uint8)
+        current = states[taken]
+        reserved = current == _RESERVED
+        arrived = (
+            np.zeros(len(positions), dtype=bool)
+            if ok is None
+            else np.asarray(ok, dtype=bool)[positions]
+        )
+        publish = reserved & arrived
+        reserving = self._reserving
+        collections.deque(
+            map(reserving.__delitem__, map(keys.__getitem__, positions[reserved].tolist())),
+            maxlen=0,
+        )
+        new_slots = taken[publish].tolist()
+        new_keys = list(map(keys.__getitem__, positions[publish].tolist()))
+        self._index.update(zip(new_keys, new_slots, strict=True))
+        states[taken[publish]] = _PUBLISHED
+        admit_many = getattr(self._policy, "admit_many", None)
+        if admit_many is not None:
+            admit_many(new_slots, new_keys)
+        else:
+            collections.deque(map(self._policy.admit, new_slots, new_keys), maxlen=0)
+        dropped = reserved & ~arrived
+        freed = taken[dropped | (current == _CANCELLED)]
+        owner = self._owner
+        collections.deque(
+            map(owner.__setitem__, taken[dropped].tolist(), itertools.repeat(None)), maxlen=0
+        )
+        states[freed] = _FREE
+        self._reserved -= len(new_slots) + len(freed)
+        self._free.give(freed.tolist())
+        return len(new_slots)
+
+    def _settle_each(self, reservation: Reservation, ok: Sequence[bool] | np.ndarray) -> int:
+        """:meth:`_settle` key by key, for a commit that touches present keys."""
         if isinstance(ok, np.ndarray):
             ok = ok.tolist()  # indexing a list is several times cheaper than an array
         state, owner = self._state, self._owner
         index, reserving, admit = self._index, self._reserving, self._policy.admit
         touch, present = self._policy.touch, reservation.present
-        touching = ok is not None and True in present  # a commit with present keys to use
         keys, taken = reservation.keys, reservation.slots
         # Per position, whether its slot still has the occupant the reservation saw.
         same = (self._generation[np.maximum(taken, 0)] == reservation.generations).tolist()
@@ -626,7 +716,7 @@ class Store:
         published = 0
         for position, slot in enumerate(reservation.slots.tolist()):
             if slot < 0:
-                if touching and present[position]:
+                if present[position]:
                     # A set of a present key is a use, if it still is. Not suppress(): a
                     # context manager per key costs more than the touch on this hot path.
                     try:  # noqa: SIM105
@@ -634,15 +724,13 @@ class Store:
                     except KeyError:  # deleted or evicted since the reserve
                         pass
                 continue
-            # Belt and braces: an open reservation's slots cannot have changed hands, but a
-            # slot whose generation moved on belongs to someone else and is left alone.
             if not same[position]:
                 continue
             current = state[slot]
             if current == _RESERVED:
                 key = keys[position]
                 del reserving[key]
-                if ok is not None and ok[position]:
+                if ok[position]:
                     index[key] = slot
                     state[slot] = _PUBLISHED
                     admit(slot, key)

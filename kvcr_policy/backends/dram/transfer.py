@@ -212,7 +212,7 @@ class DramWrite(_Copies):
 
     def __init__(self, pool: Pool, keys: list[str], pages: np.ndarray) -> None:
         super().__init__(pool, keys, pages)
-        self.reservation: Reservation = pool.store.reserve(keys)
+        self.reservation: Reservation = pool.store.reserve(keys, distinct=True)
         self.slots = self.reservation.slots
         self.limit = len(self.reservation.keys)
         self.needs: np.ndarray | None = self.slots >= 0
@@ -222,8 +222,9 @@ class DramWrite(_Copies):
         ok = moved & (self.slots >= 0)
         self.pool.store.commit(reservation, ok.tolist())
         result = [False] * len(self.keys)
-        for i in range(self.limit):  # the keys are distinct (backends.base)
-            result[i] = bool(ok[i]) or reservation.present[i]
+        if self.limit:  # the keys are distinct (backends.base)
+            present = np.fromiter(reservation.present, dtype=bool, count=self.limit)
+            result[: self.limit] = (ok[: self.limit] | present).tolist()
         return result
 
     def abort(self) -> None:
