@@ -136,8 +136,11 @@ class BenchResult:
     runs: tuple[Run, ...]
     limit: str
     profiles: Mapping[str, Mapping[str, str | None]]
+    #: Side label -> its stores' median rate (into its emptied tier, ``repeat`` times in both
+    #: orders; a side that cannot be emptied: its first store).
     store_gbps: Mapping[str, float]
-    #: Side label -> this host's memory copy of the same bytes, measured right before its store.
+    #: Side label -> this host's memory copy of the same bytes, measured right before each of
+    #: its stores (median).
     store_host_copy_gbps: Mapping[str, float]
     #: The backend's limit in a few words, for the verdict line (``limit`` says it in full).
     limit_short: str = "one move of the same bytes"
@@ -147,6 +150,8 @@ class BenchResult:
     descriptors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     transport: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Side label -> how many stores its figures are the median of (0: its first store only).
+    stores_timed: Mapping[str, int] = field(default_factory=dict)
 
     # ---- figures ------------------------------------------------------------------------
 
@@ -185,7 +190,7 @@ class BenchResult:
         return ratio_to(self._side(label, order), "host_copy")
 
     def store_ratio_to_host_copy_limit(self, label: str = "P") -> float:
-        """Side ``label``'s one store over the host copy measured right before it."""
+        """Side ``label``'s median store over the median host copy measured before them."""
         return self.store_gbps[label] / self.store_host_copy_gbps[label]
 
     @property
@@ -242,6 +247,7 @@ class BenchResult:
             "baseline_store_ratio_to_host_copy_limit": _r(
                 self.store_ratio_to_host_copy_limit(base)
             ),
+            "stores_timed": dict(self.stores_timed),
         }
         if base == "peer":
             data.update(

@@ -5,8 +5,9 @@ A change to a copy path is checked against every shape at once: page sizes from 
 tokens, one rank and several. Each row is one ordinary run of the benchmark (the command's
 profiles, ``--repeat``, ``--set`` and ``--vs-set`` apply to every row), so each row's ratios
 are to limits measured in its own run. The table gives P's restore over the limit in both
-orders, the baseline's, both stores over the limit (one pass each), and whether P was at
-least the baseline in both orders; ``--screen`` applies to every row.
+orders, the baseline's, both stores over the limit (medians of ``repeat`` stores in each
+order), and whether P was at least the baseline in both orders; ``--screen`` applies to every
+row.
 """
 
 from __future__ import annotations

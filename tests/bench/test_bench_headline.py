@@ -119,10 +119,12 @@ def injected(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float, float, f
     """The bench's three measurements replaced by :data:`DRIFTING` (each restore and store
     still runs and is verified; only its time is the one chosen)."""
     limits: Iterator[float] = iter(limit for _, _, limit, _ in DRIFTING)
-    # A host copy before each of the two stores, then one before each restore.
-    copies: Iterator[float] = iter([30.0, 10.0, *(host for *_, host in DRIFTING)])
+    # A host copy before each store (each side's first, then P,Q and Q,P per repeat: 2 of
+    # them), then one before each restore.
+    stores = [30.0, 10.0, *[30.0, 10.0, 10.0, 30.0] * 2]
+    copies: Iterator[float] = iter([*stores, *(host for *_, host in DRIFTING)])
     nbytes = 256 * 32 * 1024  # small: 32 KiB per token
-    seconds = iter([1.0, 1.0, *(nbytes / (rate * 1e9) for _, rate, _, _ in DRIFTING)])
+    seconds = iter([1.0] * len(stores) + [nbytes / (rate * 1e9) for _, rate, _, _ in DRIFTING])
 
     def timed(sync: Any, call: Any) -> tuple[float, bool]:
         return next(seconds), call()

@@ -84,12 +84,15 @@ def test_both_limits_right_before_each_restore_and_a_host_copy_before_each_store
     monkeypatch.setattr(HostCopy, "copy", copying)
     result = run_bench(BenchSetup("default", "default", **{**SMALL, "repeat": 1}))
     n, pages = result.nbytes, result.pages
-    stores = [("host copy", n), ("set", pages)] * 2
+    # A first store per side fills its tier; then one store per side in each order, each
+    # into the emptied tier: the figures are of these 4.
+    stores = [("host copy", n), ("set", pages)] * (2 + 4)
     restores = [("probe", n), ("host copy", n), ("get", pages)] * 4
     # The first host copy is the untimed one that faults the buffers in; the metadata
     # measurement's stores (1000 one-byte pages) come after the restores.
     assert calls[: 1 + len(stores) + len(restores)] == [("host copy", n), *stores, *restores]
     data = result.to_dict()
+    assert data["stores_timed"] == {"P": 2, "Q": 2}
     assert all(r["host_copy_limit_gigabytes_per_s"] > 0 for r in data["runs"])
     assert data["store_host_copy_limit_gigabytes_per_s"] > 0
     assert data["host_copy_limit"].startswith("one contiguous copy of the same bytes")
