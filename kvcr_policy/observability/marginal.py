@@ -54,6 +54,12 @@ class MarginalRate(DecayingSums):
                 sums[i] += term
             self._count += 1
 
+    @property
+    def samples(self) -> int:
+        """``add`` calls counted so far (not decayed): how much the figures rest on."""
+        with self._lock:
+            return self._count
+
     def fit(self) -> tuple[float, float] | None:
         """``(units per second at the margin, fixed seconds a call)``, None before a call."""
         with self._lock:

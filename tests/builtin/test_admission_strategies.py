@@ -219,3 +219,56 @@ def test_before_any_restore_the_rate_the_stores_measured_decides() -> None:
     assert configured.admit(100, PAGE_TOKENS, PAGE_BYTES, stored).pages == 100
     measured = RestoreOutlook(10e9, store_bytes_per_s=50e6)
     assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, measured).pages == 100
+
+
+@given(
+    found=st.integers(0, 2000),
+    page_bytes=st.integers(1, 1 << 26),
+    restore=rates,
+    fixed=st.floats(0.0, 10.0),
+    queued=st.integers(0, 1 << 34),
+    prefill=st.floats(1.0, 1e7),
+    margin=st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
+)
+def test_a_restores_fixed_seconds_count_once_and_never_let_a_slower_prefix_in(
+    found: int,
+    page_bytes: int,
+    restore: float,
+    fixed: float,
+    queued: int,
+    prefill: float,
+    margin: float,
+) -> None:
+    # The restores' fit: seconds = fixed + bytes / rate. The admitted prefix restores within
+    # (1 + margin) of its compute, counting the call's fixed seconds once; every longer one
+    # does not.
+    strategy = gate(prefill_tokens_per_s=prefill, margin=margin)
+    outlook = RestoreOutlook(restore, queued_bytes=queued, restore_fixed_s=fixed)
+    decision = strategy.admit(found, 64, page_bytes, outlook)
+    assert 0 <= decision.pages <= found
+
+    def slower(k: int) -> float:  # restore over (1 + margin) compute
+        return (fixed + (queued + k * page_bytes) / restore) / ((1 + margin) * k * 64 / prefill)
+
+    if decision.pages:
+        assert slower(decision.pages) <= 1 + 1e-9
+    for k in range(decision.pages + 1, found + 1, max(1, found // 50)):
+        assert slower(k) > 1 - 1e-9
+
+
+def test_few_restores_give_way_to_the_configured_or_stored_rate() -> None:
+    # Two restores cannot tell a call's fixed seconds from its rate: a configured rate, else
+    # the stores', decides until MIN_SAMPLES restores measured the tier.
+    strategy = gate(prefill_tokens_per_s=10_000)
+    few = RestoreOutlook(1e6, store_bytes_per_s=10e9, restore_calls=2)
+    assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, few).pages == 100
+    enough = RestoreOutlook(1e6, store_bytes_per_s=10e9, restore_calls=3)
+    assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, enough).pages == 0
+    configured = gate(prefill_tokens_per_s=10_000, restore_bytes_per_s=1e6)
+    fast_few = RestoreOutlook(10e9, store_bytes_per_s=10e9, restore_calls=1)
+    assert configured.admit(100, PAGE_TOKENS, PAGE_BYTES, fast_few).pages == 0
+    alone = RestoreOutlook(1e6, restore_calls=1)  # nothing else known: a bounded probe
+    decision = gate(prefill_tokens_per_s=10_000, probe_pages=4).admit(
+        100, PAGE_TOKENS, PAGE_BYTES, alone
+    )
+    assert (decision.pages, decision.reason, decision.declined) == (4, "probe", "computes_sooner")
