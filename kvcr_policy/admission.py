@@ -95,14 +95,15 @@ class AdmissionDesk:
 
     def outlook(self) -> RestoreOutlook:
         """What the tier delivers now: the figures a decision is made on."""
-        rate, fixed = self.restores.fit() or (None, 0.0)
+        separated = self.restores.separated()
         return RestoreOutlook(
-            rate,
+            self.restores.per_second,
             sum(self.queued),
             self.restores.idle_s,
             self.prefills.per_second,
             self.stores.per_second,
-            restore_fixed_s=fixed,
+            restore_fixed_s=None if separated is None else separated[1],
+            restore_call=self.restores.mean_call(),
             restore_calls=self.restores.samples,
         )
 
@@ -147,7 +148,8 @@ def _explain(
 
     rate = "unmeasured" if o.bytes_per_s is None else f"{o.bytes_per_s / 1e6:.1f} MB/s"
     if o.bytes_per_s is not None:
-        rate += f" + {o.restore_fixed_s:.4f} s a call over {o.restore_calls} restores"
+        fixed = "unseparated" if o.restore_fixed_s is None else f"{o.restore_fixed_s:.4f} s"
+        rate += f" + {fixed} a call over {o.restore_calls} restores"
     prefill = (
         "engine unreported"
         if o.prefill_tokens_per_s is None

@@ -43,8 +43,8 @@ def test_a_measured_fast_tier_replaces_the_assumed_rate(build: Build) -> None:
     pipeline, geo, *_ = stored_pool(build, "gated", SLOW, n=6)
     pipeline.admission.restores.add(geo.page_bytes * 1e9, 1.0)  # injected: 1e9 pages a second
     assert pipeline.admit(6) == 0  # one restore is no measurement yet: the assumed rate
-    for _ in range(MIN_SAMPLES - 1):
-        pipeline.admission.restores.add(geo.page_bytes * 1e9, 1.0)
+    for calls in (2, 4):  # restores of other sizes tell their fixed seconds apart: none
+        pipeline.admission.restores.add(calls * geo.page_bytes * 1e9, calls)
     pipeline.admission.counts.clear()
     assert pipeline.admit(6) == 6
     assert pipeline.admission.counts == {("admitted", "restores_sooner"): 6}
@@ -155,15 +155,33 @@ def replay_desk(now: list[float]) -> AdmissionDesk:
 
 
 def test_one_slow_first_restore_does_not_decline_every_later_lookup() -> None:
-    # The first restore of the measured pass, 12 pages, took 126 ms (3.1 MB/s): the stores'
-    # 20 MB/s still decides until enough restores measured the tier; a gate on that one call
-    # declined all 56 later lookups of the pass (it restored nothing, so measured nothing
-    # again) and computed prompts of up to 5,449 tokens that restore in a fraction of it.
+    # The first restore of the measured pass, 12 pages, took 126 ms (3.1 MB/s). A gate on
+    # that rate declined all 56 later lookups of the pass (a declined lookup restores, so
+    # measures, nothing) and computed prompts of up to 5,449 tokens that restore in a
+    # fraction of it. Until the restores tell their fixed seconds apart, the stores' 20 MB/s
+    # is the rate and the call's 106 ms beyond it its fixed part: a short prefix computes
+    # (13 pages: 127 ms against 77 ms), a long one restores (170: 385 ms against 1.0 s).
     now = [0.0]
     desk = replay_desk(now)
     desk.restores.add(12 * PAGE_BYTES, 0.126)
-    assert desk.decide("kv", 13, PAGE_TOKENS, PAGE_BYTES, None) == 13
+    assert desk.outlook().restore_fixed_s is None
+    assert desk.decide("kv", 13, PAGE_TOKENS, PAGE_BYTES, None) == 0
     assert desk.decide("kv", 170, PAGE_TOKENS, PAGE_BYTES, None) == 170
+
+
+def test_restores_of_one_size_keep_long_prefixes_restoring() -> None:
+    # Three restores of 12 and 13 pages, 120 to 170 ms each: too alike to tell a call's
+    # fixed seconds from its rate, and bytes over seconds says 2.8 MB/s, at which every
+    # later lookup was declined. Against the stores' 20 MB/s, a prompt of 44 pages restores
+    # in 0.21 s and computes in 0.26 s; one of 3 pages computes.
+    now = [0.0]
+    desk = replay_desk(now)
+    for pages, seconds in ((12, 0.120), (13, 0.152), (13, 0.170)):
+        desk.restores.add(pages * PAGE_BYTES, seconds)
+        now[0] += 0.4
+    assert desk.outlook().restore_fixed_s is None
+    assert desk.decide("kv", 44, PAGE_TOKENS, PAGE_BYTES, None) == 44
+    assert desk.decide("kv", 3, PAGE_TOKENS, PAGE_BYTES, None) == 0
 
 
 def test_a_restores_fixed_cost_is_paid_once_a_call_not_once_a_page() -> None:

@@ -11,12 +11,12 @@ The restore figures are the pipeline's live, decayed ones for this backend and t
 (:class:`~kvcr_policy.strategies.RestoreOutlook`): ``seconds = fixed_s + bytes / rate``
 fitted over its restores, since a restore call pays its round trips and wake-ups once, whatever
 its length (a rate of bytes over seconds would charge a long prefix for them page by page and
-a short one too little); the queued bytes are its restores and stores in flight. Until
-:data:`~kvcr_policy.observability.marginal.MIN_SAMPLES` restores measured them (one call
-cannot tell its fixed cost from its rate, and one slow call would otherwise decline every
-later lookup: a declined lookup restores nothing, so measures nothing), ``restore_bytes_per_s``
-where configured, else the marginal rate this pipeline's stores measured over the same link,
-decides; with neither, the few restores' own rate, and a lookup it would decline reports a
+a short one too little); the queued bytes are its restores and stores in flight. Until the
+restores tell the two apart (three of sizes different enough), ``restore_bytes_per_s`` where
+configured, else the marginal rate this pipeline's stores measured over the same link, is the
+rate, and what the mean restore took beyond it the fixed part (:func:`restore_figures`: one
+slow call cannot decline every later lookup, which would restore, so measure, nothing); with
+neither, the restores' own rate, and until three restores a lookup it would decline reports a
 probe of ``probe_pages`` pages, as after ``probe_after_s`` without a restore. With no figure
 at all, a lookup reports at most ``probe_pages`` pages, a probe of bounded cost. The prefill
 rate is the engine's where it reports one, else ``prefill_curve`` (configured, or calibrated
@@ -121,18 +121,24 @@ def _first(*rates: float | None) -> float | None:
 def restore_figures(
     outlook: RestoreOutlook, configured: float | None
 ) -> tuple[float | None, float, bool]:
-    """``(bytes per second, fixed seconds a restore, early)`` the gate decides on: the
-    restores' fit once :data:`MIN_SAMPLES` restores measured it, else ``configured``, else
-    the stores' marginal rate (no fixed part), else the few restores' own rate (``early``:
-    a lookup it would decline probes instead); None: nothing known."""
-    calls = outlook.restore_calls
-    measured = outlook.bytes_per_s is not None and (calls is None or calls >= MIN_SAMPLES)
-    if measured:
-        return outlook.bytes_per_s, outlook.restore_fixed_s, False
+    """``(bytes per second, fixed seconds a restore, early)`` the gate decides on.
+
+    The restores' fit where it told their fixed seconds apart from their rate. Else the
+    prior, ``configured`` or the stores' marginal rate, with the seconds the mean restore
+    took beyond its bytes at that rate as its fixed part: a slow restore makes a short prefix
+    dearer, never a long one declined on the strength of a call's round trips, so long
+    prefixes keep restoring and their sizes soon tell the two apart (a declined lookup
+    restores nothing, so measures nothing). With no prior, the restores' own bytes over
+    seconds (``early``: until :data:`MIN_SAMPLES` restores, a lookup it would decline
+    restores a probe instead); None: nothing known."""
+    rate, fixed = outlook.bytes_per_s, outlook.restore_fixed_s
+    if rate is not None and fixed is not None:
+        return rate, fixed, False
     prior = _first(configured, outlook.store_bytes_per_s)
-    if prior is not None:
-        return prior, 0.0, False
-    return outlook.bytes_per_s, outlook.restore_fixed_s, outlook.bytes_per_s is not None
+    if prior is None:
+        return rate, 0.0, rate is not None and outlook.restore_calls < MIN_SAMPLES
+    call = outlook.restore_call if rate is not None else None
+    return prior, 0.0 if call is None else max(0.0, call[1] - call[0] / prior), False
 
 
 def compute_seconds(tokens: np.ndarray, options: GateOptions, reported: float | None) -> np.ndarray:
