@@ -1,10 +1,12 @@
 """Lookup-time admission of one pipeline: its live restore figures, the decision, the record.
 
 The pipeline feeds :class:`AdmissionDesk` from every restore call (the bytes queued while it
-runs, then the bytes it moved and its seconds: a decayed rate, :mod:`.observability.rates`),
-from every store call (its bytes queued while it runs: a tier that paces a tenant's reads and
-writes together, as ``serve --tenant-rate`` does, delivers a restore behind them; then its
-bytes and seconds, the rate the gate starts from before any restore) and from
+runs, then the bytes it moved and its seconds: ``seconds = fixed + bytes / rate`` fitted over
+the calls, :mod:`.observability.marginal`, since a call pays its round trips and wake-ups
+whatever its size, and a rate of bytes over seconds would charge a long prefix for them once a
+page), from every store call (its bytes queued while it runs: a tier that paces a tenant's
+reads and writes together, as ``serve --tenant-rate`` does, delivers a restore behind them;
+then its bytes and seconds, the marginal rate the gate starts from before restores) and from
 the prefill an engine reports where it exposes one (tokens and seconds of its steps: the
 marginal rate, the step's fixed cost fitted apart, :mod:`.observability.marginal`). A lookup
 (:meth:`~kvcr_policy.pipeline.Pipeline.admit`) asks the configured admission strategy how
@@ -27,7 +29,6 @@ from contextlib import contextmanager
 from .declined import DeclinedKeys
 from .observability.marginal import MarginalRate
 from .observability.meter import PoolMeter
-from .observability.rates import DecayedRate
 from .strategies import Admission, AdmissionStrategy, RestoreOutlook
 
 __all__ = ["AdmissionDesk"]
@@ -49,8 +50,9 @@ class AdmissionDesk:
         half_life_s: float = HALF_LIFE_S,
     ) -> None:
         self.strategy = strategy
-        self.restores = DecayedRate(half_life_s, clock)
-        self.stores = DecayedRate(half_life_s, clock)
+        #: Restores and stores: seconds = fixed + bytes / rate, fitted over their calls.
+        self.restores = MarginalRate(half_life_s, clock)
+        self.stores = MarginalRate(half_life_s, clock)
         #: The engine's prefill: seconds = fixed + tokens / rate, fitted over its steps; the
         #: gate compares a restore with the marginal part (the fixed part is paid anyway).
         self.prefills = MarginalRate(half_life_s, clock)
@@ -93,12 +95,16 @@ class AdmissionDesk:
 
     def outlook(self) -> RestoreOutlook:
         """What the tier delivers now: the figures a decision is made on."""
+        separated = self.restores.separated()
         return RestoreOutlook(
             self.restores.per_second,
             sum(self.queued),
             self.restores.idle_s,
             self.prefills.per_second,
             self.stores.per_second,
+            restore_fixed_s=None if separated is None else separated[1],
+            restore_call=self.restores.mean_call(),
+            restore_calls=self.restores.samples,
         )
 
     def decide(
@@ -141,6 +147,9 @@ def _explain(
         return "unknown" if value is None else f"{value:.4f} s"
 
     rate = "unmeasured" if o.bytes_per_s is None else f"{o.bytes_per_s / 1e6:.1f} MB/s"
+    if o.bytes_per_s is not None:
+        fixed = "unseparated" if o.restore_fixed_s is None else f"{o.restore_fixed_s:.4f} s"
+        rate += f" + {fixed} a call over {o.restore_calls} restores"
     prefill = (
         "engine unreported"
         if o.prefill_tokens_per_s is None

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from kvcr_policy.admission import AdmissionDesk
 from kvcr_policy.builtin.admission import GateOptions, RestoreGate
 from kvcr_policy.config.schema import AdmissionSection
-from kvcr_policy.observability.rates import DecayedRate
+from kvcr_policy.observability.marginal import MIN_SAMPLES, MarginalRate
 from tests.support.pipelines import Build, build, stored_pool
 from tests.support.pools import P, token_indices
 
@@ -42,6 +42,10 @@ def test_a_slow_tier_is_declined_and_counted_in_metrics(build: Build) -> None:
 def test_a_measured_fast_tier_replaces_the_assumed_rate(build: Build) -> None:
     pipeline, geo, *_ = stored_pool(build, "gated", SLOW, n=6)
     pipeline.admission.restores.add(geo.page_bytes * 1e9, 1.0)  # injected: 1e9 pages a second
+    assert pipeline.admit(6) == 0  # one restore is no measurement yet: the assumed rate
+    for calls in (2, 4):  # restores of other sizes tell their fixed seconds apart: none
+        pipeline.admission.restores.add(calls * geo.page_bytes * 1e9, calls)
+    pipeline.admission.counts.clear()
     assert pipeline.admit(6) == 6
     assert pipeline.admission.counts == {("admitted", "restores_sooner"): 6}
 
@@ -68,8 +72,9 @@ def test_queued_bytes_count_while_a_restore_runs_and_the_decision_is_explained(
     now = [0.0]
     options = GateOptions(prefill_tokens_per_s=1000, probe_after_s=None)
     desk = AdmissionDesk(RestoreGate(AdmissionSection(), options), clock=lambda: now[0])
-    desk.restores = DecayedRate(10.0, lambda: now[0])
-    desk.restores.add(1e9, 1.0)  # 1 GB/s
+    desk.restores = MarginalRate(10.0, lambda: now[0])
+    for _ in range(MIN_SAMPLES):
+        desk.restores.add(1e9, 1.0)  # 1 GB/s
     # One page: 1 MB restores in 1 ms, 64 tokens compute in 64 ms; 1 GB queued: 1 s first.
     assert desk.decide("kv", 1, 64, 1_000_000, None) == 1
     with desk.restoring(1_000_000_000), caplog.at_level(logging.DEBUG, "kvcr_policy.admission"):
@@ -84,7 +89,8 @@ def test_stores_in_flight_count_as_queued_beside_restores() -> None:
     # A tier that paces a tenant's reads and writes together delivers a restore behind both.
     options = GateOptions(prefill_tokens_per_s=1000, probe_after_s=None)
     desk = AdmissionDesk(RestoreGate(AdmissionSection(), options))
-    desk.restores.add(1e9, 1.0)  # injected: 1 GB/s
+    for _ in range(MIN_SAMPLES):
+        desk.restores.add(1e9, 1.0)  # injected: 1 GB/s
     assert desk.decide("kv", 1, 64, 1_000_000, None) == 1
     with desk.storing(600_000_000), desk.restoring(400_000_000):
         assert desk.queued == (400_000_000, 600_000_000)
@@ -118,13 +124,93 @@ def test_a_steps_fixed_cost_does_not_make_computing_look_dearer() -> None:
     now = [0.0]
     options = GateOptions(probe_after_s=None)
     desk = AdmissionDesk(RestoreGate(AdmissionSection(), options), clock=lambda: now[0])
-    desk.restores.add(4e6, 1.0)
+    for _ in range(MIN_SAMPLES):
+        desk.restores.add(4e6, 1.0)
     for tokens in (32, 32, 64, 32, 96):
         desk.prefills.add(tokens, 0.020 + tokens / 10_000)
         now[0] += 0.3
     assert desk.outlook().prefill_tokens_per_s == pytest.approx(10_000)
     assert desk.decide("kv", 4, 32, 32 * 1024, None) == 0
     ratio = AdmissionDesk(RestoreGate(AdmissionSection(), options), clock=lambda: now[0])
-    ratio.restores.add(4e6, 1.0)
+    for _ in range(MIN_SAMPLES):
+        ratio.restores.add(4e6, 1.0)
     ratio.prefills.add(256, 5 * 0.020 + 256 / 10_000, 5)  # the same steps summed: no fit
     assert ratio.decide("kv", 4, 32, 32 * 1024, None) == 4
+
+
+# The vLLM replay's pages (32 tokens, 32 KiB), its prefill fitted at 5,400 tokens/s, a tier
+# paced at 20 MB/s: a page restores in 1.6 ms and computes in 5.9 ms. Injected, as measured
+# there on a busy machine, where each restore call also waited 150 ms whatever its size.
+PAGE_TOKENS, PAGE_BYTES, PREFILL, TIER, CALL_S = 32, 32 << 10, 5400.0, 20e6, 0.15
+
+
+def replay_desk(now: list[float]) -> AdmissionDesk:
+    options = GateOptions(margin=0.1, probe_after_s=30)
+    desk = AdmissionDesk(RestoreGate(AdmissionSection(), options), clock=lambda: now[0])
+    for tokens in (271, 115, 27, 426, 96):  # prefill-only steps: no fixed cost
+        desk.prefills.add(tokens, tokens / PREFILL)
+    for pages in (20, 8, 3, 44, 170):  # the first pass's saves: the link, written
+        desk.stores.add(pages * PAGE_BYTES, 0.005 + pages * PAGE_BYTES / TIER)
+    return desk
+
+
+def test_one_slow_first_restore_does_not_decline_every_later_lookup() -> None:
+    # The first restore of the measured pass, 12 pages, took 126 ms (3.1 MB/s). A gate on
+    # that rate declined all 56 later lookups of the pass (a declined lookup restores, so
+    # measures, nothing) and computed prompts of up to 5,449 tokens that restore in a
+    # fraction of it. Until the restores tell their fixed seconds apart, the stores' 20 MB/s
+    # is the rate and the call's 106 ms beyond it its fixed part: a short prefix computes
+    # (13 pages: 127 ms against 77 ms), a long one restores (170: 385 ms against 1.0 s).
+    now = [0.0]
+    desk = replay_desk(now)
+    desk.restores.add(12 * PAGE_BYTES, 0.126)
+    assert desk.outlook().restore_fixed_s is None
+    assert desk.decide("kv", 13, PAGE_TOKENS, PAGE_BYTES, None) == 0
+    assert desk.decide("kv", 170, PAGE_TOKENS, PAGE_BYTES, None) == 170
+
+
+def test_restores_of_one_size_keep_long_prefixes_restoring() -> None:
+    # Three restores of 12 and 13 pages, 120 to 170 ms each: too alike to tell a call's
+    # fixed seconds from its rate, and bytes over seconds says 2.8 MB/s, at which every
+    # later lookup was declined. Against the stores' 20 MB/s, a prompt of 44 pages restores
+    # in 0.21 s and computes in 0.26 s; one of 3 pages computes.
+    now = [0.0]
+    desk = replay_desk(now)
+    for pages, seconds in ((12, 0.120), (13, 0.152), (13, 0.170)):
+        desk.restores.add(pages * PAGE_BYTES, seconds)
+        now[0] += 0.4
+    assert desk.outlook().restore_fixed_s is None
+    assert desk.decide("kv", 44, PAGE_TOKENS, PAGE_BYTES, None) == 44
+    assert desk.decide("kv", 3, PAGE_TOKENS, PAGE_BYTES, None) == 0
+
+
+def test_a_restores_fixed_cost_is_paid_once_a_call_not_once_a_page() -> None:
+    # Restores of 3 to 40 pages, each 150 ms plus its bytes at 20 MB/s: bytes over seconds
+    # says 2.6 MB/s, and a prompt of 170 pages would seem to restore in 2.2 s (it takes
+    # 0.43 s) against 1.0 s to compute: declined, the slowest requests made slower. Fitted,
+    # the call's 150 ms is paid once: a long prefix restores sooner, a short one (4 pages:
+    # 157 ms against 24 ms) computes.
+    now = [0.0]
+    desk = replay_desk(now)
+    for pages in (4, 12, 8, 40, 3, 13):
+        desk.restores.add(pages * PAGE_BYTES, CALL_S + pages * PAGE_BYTES / TIER)
+        now[0] += 0.5
+    outlook = desk.outlook()
+    assert outlook.bytes_per_s == pytest.approx(TIER, rel=1e-6)
+    assert outlook.restore_fixed_s == pytest.approx(CALL_S, rel=1e-6)
+    assert desk.decide("kv", 170, PAGE_TOKENS, PAGE_BYTES, None) == 170
+    assert desk.decide("kv", 4, PAGE_TOKENS, PAGE_BYTES, None) == 0
+    assert desk.counts == {("admitted", "restores_sooner"): 170, ("declined", "computes_sooner"): 4}
+
+
+def test_without_any_prior_the_first_restores_probe_rather_than_decline() -> None:
+    # Nothing configured, nothing stored: the few restores' own rate decides, and a lookup
+    # it would decline restores a probe, until MIN_SAMPLES restores measured the tier.
+    options = GateOptions(prefill_tokens_per_s=PREFILL, probe_pages=8, probe_after_s=None)
+    desk = AdmissionDesk(RestoreGate(AdmissionSection(), options))
+    desk.restores.add(PAGE_BYTES, 1.0)  # one page in a second
+    assert desk.decide("kv", 100, PAGE_TOKENS, PAGE_BYTES, None) == 8
+    assert desk.counts == {("admitted", "probe"): 8, ("declined", "computes_sooner"): 92}
+    for _ in range(MIN_SAMPLES - 1):
+        desk.restores.add(PAGE_BYTES, 1.0)
+    assert desk.decide("kv", 100, PAGE_TOKENS, PAGE_BYTES, None) == 0  # measured: slow

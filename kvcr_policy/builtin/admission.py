@@ -3,18 +3,24 @@ a prefix that restores sooner than the engine computes it).
 
 The gate's arithmetic, for ``k`` leading pages of ``P`` tokens and ``B`` bytes each::
 
-    restore_s(k) = (queued_bytes + k * B) / restore_bytes_per_s
+    restore_s(k) = fixed_s + (queued_bytes + k * B) / restore_bytes_per_s
     compute_s(k) = k * P / prefill_tokens_per_s(k * P)
     admitted     = the largest k <= found with restore_s(k) <= (1 + margin) * compute_s(k)
 
-The restore rate is the pipeline's live, decayed rate for this backend and tenant
-(:class:`~kvcr_policy.strategies.RestoreOutlook`; the queued bytes are its restores and stores
-in flight); before the first restore, ``restore_bytes_per_s`` where configured, else the
-rate this pipeline's stores measured over the same link. With none of them, a lookup reports
-at most ``probe_pages`` pages, a probe of bounded cost, and so does the first lookup after
-``probe_after_s`` without a restore. The prefill rate is the engine's where it reports one,
-else ``prefill_curve`` (configured, or calibrated by ``kvcr-policy tune --prefill`` on this
-host), else ``prefill_tokens_per_s`` (configured).
+The restore figures are the pipeline's live, decayed ones for this backend and tenant
+(:class:`~kvcr_policy.strategies.RestoreOutlook`): ``seconds = fixed_s + bytes / rate``
+fitted over its restores, since a restore call pays its round trips and wake-ups once, whatever
+its length (a rate of bytes over seconds would charge a long prefix for them page by page and
+a short one too little); the queued bytes are its restores and stores in flight. Until the
+restores tell the two apart (three of sizes different enough), ``restore_bytes_per_s`` where
+configured, else the marginal rate this pipeline's stores measured over the same link, is the
+rate, and what the mean restore took beyond it the fixed part (:func:`restore_figures`: one
+slow call cannot decline every later lookup, which would restore, so measure, nothing); with
+neither, the restores' own rate, and until three restores a lookup it would decline reports a
+probe of ``probe_pages`` pages, as after ``probe_after_s`` without a restore. With no figure
+at all, a lookup reports at most ``probe_pages`` pages, a probe of bounded cost. The prefill
+rate is the engine's where it reports one, else ``prefill_curve`` (configured, or calibrated
+by ``kvcr-policy tune --prefill`` on this host), else ``prefill_tokens_per_s`` (configured).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..config.fields import number_field
 from ..config.schema import AdmissionSection
 from ..hookspecs import hookimpl
+from ..observability.marginal import MIN_SAMPLES
 from ..registry import NoOptions, RegisterStrategy
 from ..strategies import Admission, RestoreOutlook
 
@@ -111,6 +118,29 @@ def _first(*rates: float | None) -> float | None:
     return next((rate for rate in rates if rate is not None), None)
 
 
+def restore_figures(
+    outlook: RestoreOutlook, configured: float | None
+) -> tuple[float | None, float, bool]:
+    """``(bytes per second, fixed seconds a restore, early)`` the gate decides on.
+
+    The restores' fit where it told their fixed seconds apart from their rate. Else the
+    prior, ``configured`` or the stores' marginal rate, with the seconds the mean restore
+    took beyond its bytes at that rate as its fixed part: a slow restore makes a short prefix
+    dearer, never a long one declined on the strength of a call's round trips, so long
+    prefixes keep restoring and their sizes soon tell the two apart (a declined lookup
+    restores nothing, so measures nothing). With no prior, the restores' own bytes over
+    seconds (``early``: until :data:`MIN_SAMPLES` restores, a lookup it would decline
+    restores a probe instead); None: nothing known."""
+    rate, fixed = outlook.bytes_per_s, outlook.restore_fixed_s
+    if rate is not None and fixed is not None:
+        return rate, fixed, False
+    prior = _first(configured, outlook.store_bytes_per_s)
+    if prior is None:
+        return rate, 0.0, rate is not None and outlook.restore_calls < MIN_SAMPLES
+    call = outlook.restore_call if rate is not None else None
+    return prior, 0.0 if call is None else max(0.0, call[1] - call[0] / prior), False
+
+
 def compute_seconds(tokens: np.ndarray, options: GateOptions, reported: float | None) -> np.ndarray:
     """Seconds the engine takes to prefill each of ``tokens`` (an array of prompt lengths):
     at the ``reported`` rate, else over ``options.prefill_curve``, else at
@@ -149,27 +179,28 @@ class RestoreGate:
         if constant is None and not o.prefill_curve:
             return Admission(found, "no_compute_rate")
         probe = min(found, o.probe_pages)
-        rate = _first(outlook.bytes_per_s, o.restore_bytes_per_s, outlook.store_bytes_per_s)
+        rate, fixed, early = restore_figures(outlook, o.restore_bytes_per_s)
         if reported is None and o.prefill_curve:  # the rate varies with the length: each k
             k = np.arange(1, found + 1, dtype=np.float64)
             compute = compute_seconds(k * page_tokens, o, None)
             compute_s = float(compute[-1])
             if rate is None:
                 return self._unmeasured(found, probe, compute_s)
-            restore = (outlook.queued_bytes + k * page_bytes) / rate
+            restore = fixed + (outlook.queued_bytes + k * page_bytes) / rate
             sooner = np.flatnonzero(restore <= (1.0 + o.margin) * compute)
             pages = int(sooner[-1]) + 1 if len(sooner) else 0
             restore_s = float(restore[-1])
         else:
-            # One rate: restore_s(k) - (1 + margin) compute_s(k) is linear in k, so the
-            # longest prefix that restores sooner is every page or none (O(1) a lookup).
+            # One rate: restore_s(k) - (1 + margin) compute_s(k) is linear in k and not
+            # below 0 at k = 0 (the fixed and queued seconds), so the longest prefix that
+            # restores sooner is every page or none (O(1) a lookup).
             assert constant is not None
             compute_s = found * page_tokens / constant
             if rate is None:
                 return self._unmeasured(found, probe, compute_s)
-            restore_s = (outlook.queued_bytes + found * page_bytes) / rate
+            restore_s = fixed + (outlook.queued_bytes + found * page_bytes) / rate
             pages = found if restore_s <= (1.0 + o.margin) * compute_s else 0
-        if pages < probe and self._stale(outlook.idle_s):  # it may have recovered
+        if pages < probe and (early or self._stale(outlook.idle_s)):  # or it recovered
             declined = "computes_sooner" if probe < found else ""
             return Admission(probe, "probe", declined, restore_s, compute_s)
         reason = "restores_sooner" if pages else "computes_sooner"

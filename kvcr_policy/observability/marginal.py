@@ -54,14 +54,38 @@ class MarginalRate(DecayingSums):
                 sums[i] += term
             self._count += 1
 
+    @property
+    def samples(self) -> int:
+        """``add`` calls counted so far (not decayed): how much the figures rest on."""
+        with self._lock:
+            return self._count
+
     def fit(self) -> tuple[float, float] | None:
         """``(units per second at the margin, fixed seconds a call)``, None before a call."""
+        solved = self._solve()
+        return None if solved is None else solved[:2]
+
+    def separated(self) -> tuple[float, float] | None:
+        """:meth:`fit` where the calls told the fixed seconds apart from the rate; None while
+        they cannot (the ratio stands in for the fit)."""
+        solved = self._solve()
+        return solved[:2] if solved is not None and solved[2] else None
+
+    def mean_call(self) -> tuple[float, float] | None:
+        """``(units, seconds)`` of the mean call (decayed), None before a call: at a marginal
+        rate known otherwise, ``seconds - units / rate`` is a call's fixed part."""
+        with self._lock:
+            cc, cu, _, cy, *_ = self._sums
+        return (cu / cc, cy / cc) if cc > 0 and cy > 0 else None
+
+    def _solve(self) -> tuple[float, float, bool] | None:
+        """``(rate, fixed, separated)``: the fit, or the ratio (fixed 0, not separated)."""
         with self._lock:
             cc, cu, uu, cy, uy, u, y = self._sums
             count = self._count
         if y <= 0:
             return None
-        ratio = (u / y, 0.0)
+        ratio = (u / y, 0.0, False)
         det = cc * uu - cu * cu
         if count < MIN_SAMPLES or uu <= 0 or det <= MIN_SPREAD * cc * uu:
             return ratio
@@ -69,7 +93,7 @@ class MarginalRate(DecayingSums):
         slope = (cc * uy - cu * cy) / det
         if fixed < 0:  # noise: no fixed cost, the line through the origin
             fixed, slope = 0.0, uy / uu
-        return (1.0 / slope, fixed) if slope > 0 else ratio
+        return (1.0 / slope, fixed, True) if slope > 0 else ratio
 
     @property
     def per_second(self) -> float | None:

@@ -19,15 +19,24 @@ __all__ = ["Admission", "AdmissionStrategy", "RestoreOutlook"]
 class RestoreOutlook:
     """What the tier is delivering now, for one pipeline (one backend, one tenant).
 
-    ``bytes_per_s``: the decayed rate of this pipeline's restores (None before the first);
+    ``bytes_per_s``: the decayed marginal rate of this pipeline's restores (None before the
+    first): the bytes a second a restore adds beyond ``restore_fixed_s``;
+    ``restore_fixed_s``: the seconds a restore call takes whatever its size (its round trips,
+    the claim, the wake-up of the thread that moves it), fitted apart from the rate over the
+    restores; None while they cannot tell the two apart (fewer than three, or of sizes too
+    alike): ``bytes_per_s`` is then their bytes over their seconds;
+    ``restore_call``: the mean restore call, ``(bytes, seconds)`` (decayed), None before the
+    first: at a rate known otherwise, its seconds beyond its bytes at that rate are its fixed
+    part;
+    ``restore_calls``: how many restores the figures rest on;
     ``queued_bytes``: bytes of restores in flight now, which a new restore waits behind;
     ``idle_s``: seconds since the last restore ended (None before the first);
     ``prefill_tokens_per_s``: the engine's marginal prefill rate where the engine reported
     its prefill (a step's fixed cost fitted apart: what computing a prefix adds to a step the
     request runs anyway); None when it did not: the strategy then uses its own calibrated or
     configured rate;
-    ``store_bytes_per_s``: the decayed rate of this pipeline's stores (None before the
-    first): what the link delivered the other way, before any restore measured it.
+    ``store_bytes_per_s``: the decayed marginal rate of this pipeline's stores (None before
+    the first): what the link delivered the other way, before restores measured it.
     """
 
     bytes_per_s: float | None
@@ -35,6 +44,9 @@ class RestoreOutlook:
     idle_s: float | None = None
     prefill_tokens_per_s: float | None = None
     store_bytes_per_s: float | None = None
+    restore_fixed_s: float | None = 0.0
+    restore_call: tuple[float, float] | None = None
+    restore_calls: int = 0
 
 
 @dataclass(frozen=True, slots=True)

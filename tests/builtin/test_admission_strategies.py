@@ -219,3 +219,66 @@ def test_before_any_restore_the_rate_the_stores_measured_decides() -> None:
     assert configured.admit(100, PAGE_TOKENS, PAGE_BYTES, stored).pages == 100
     measured = RestoreOutlook(10e9, store_bytes_per_s=50e6)
     assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, measured).pages == 100
+
+
+@given(
+    found=st.integers(0, 2000),
+    page_bytes=st.integers(1, 1 << 26),
+    restore=rates,
+    fixed=st.floats(0.0, 10.0),
+    queued=st.integers(0, 1 << 34),
+    prefill=st.floats(1.0, 1e7),
+    margin=st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
+)
+def test_a_restores_fixed_seconds_count_once_and_never_let_a_slower_prefix_in(
+    found: int,
+    page_bytes: int,
+    restore: float,
+    fixed: float,
+    queued: int,
+    prefill: float,
+    margin: float,
+) -> None:
+    # The restores' fit: seconds = fixed + bytes / rate. The admitted prefix restores within
+    # (1 + margin) of its compute, counting the call's fixed seconds once; every longer one
+    # does not.
+    strategy = gate(prefill_tokens_per_s=prefill, margin=margin)
+    outlook = RestoreOutlook(restore, queued_bytes=queued, restore_fixed_s=fixed)
+    decision = strategy.admit(found, 64, page_bytes, outlook)
+    assert 0 <= decision.pages <= found
+
+    def slower(k: int) -> float:  # restore over (1 + margin) compute
+        return (fixed + (queued + k * page_bytes) / restore) / ((1 + margin) * k * 64 / prefill)
+
+    if decision.pages:
+        assert slower(decision.pages) <= 1 + 1e-9
+    for k in range(decision.pages + 1, found + 1, max(1, found // 50)):
+        assert slower(k) > 1 - 1e-9
+
+
+def test_restores_that_cannot_tell_their_fixed_seconds_apart_give_way_to_a_prior() -> None:
+    # Restores of one size cannot tell a call's fixed seconds from its rate: a configured
+    # rate, else the stores', is the rate, and the mean restore's seconds beyond its bytes at
+    # that rate are the call's fixed part (here 1 s: 1 MB took 1 s, at 10 GB/s 0.1 ms).
+    strategy = gate(prefill_tokens_per_s=10_000)
+    mean = (1e6, 1.0)
+    unseparated = RestoreOutlook(
+        1e6, store_bytes_per_s=10e9, restore_fixed_s=None, restore_call=mean, restore_calls=5
+    )
+    long = strategy.admit(1000, PAGE_TOKENS, PAGE_BYTES, unseparated)
+    assert long.pages == 1000 and long.restore_s == pytest.approx(
+        1.0 - 1e6 / 10e9 + 1000 * PAGE_BYTES / 10e9
+    )
+    assert strategy.admit(10, PAGE_TOKENS, PAGE_BYTES, unseparated).pages == 0  # 1 s > 64 ms
+    fitted = RestoreOutlook(1e6, store_bytes_per_s=10e9, restore_fixed_s=0.0, restore_calls=5)
+    assert strategy.admit(1000, PAGE_TOKENS, PAGE_BYTES, fitted).pages == 0
+    configured = gate(prefill_tokens_per_s=10_000, restore_bytes_per_s=1e6)
+    fast = RestoreOutlook(10e9, restore_fixed_s=None, restore_call=(1e9, 0.1), restore_calls=1)
+    assert configured.admit(1000, PAGE_TOKENS, PAGE_BYTES, fast).pages == 0
+    alone = RestoreOutlook(1e6, restore_fixed_s=None, restore_call=mean, restore_calls=1)
+    decision = gate(prefill_tokens_per_s=10_000, probe_pages=4).admit(
+        100, PAGE_TOKENS, PAGE_BYTES, alone
+    )  # nothing else known: its own rate, and a bounded probe rather than a decline
+    assert (decision.pages, decision.reason, decision.declined) == (4, "probe", "computes_sooner")
+    settled = RestoreOutlook(1e6, restore_fixed_s=None, restore_call=mean, restore_calls=3)
+    assert gate(prefill_tokens_per_s=10_000).admit(100, PAGE_TOKENS, PAGE_BYTES, settled).pages == 0

@@ -271,13 +271,15 @@ def _stats(connector_output: Any) -> dict[str, Any]:
     return getattr(stats, "data", None) or {}
 
 
-def workers_moved(connector_output: Any, name: str) -> tuple[int, float] | None:
-    """The bytes the workers loaded (``name`` load) or saved (save) and their seconds, from a
-    step's ``KVConnectorOutput`` (its ``kv_connector_stats``:
-    :class:`KVCRPolicyConnectorStats`); None when there were none."""
+def workers_moved(connector_output: Any, name: str) -> tuple[int, float, int] | None:
+    """The bytes the workers loaded (``name`` load) or saved (save), their seconds and how
+    many calls they sum (each sum keeps seconds = fixed * calls + bytes / rate), from a step's
+    ``KVConnectorOutput`` (its ``kv_connector_stats``: :class:`KVCRPolicyConnectorStats`);
+    None when there were none."""
     data = _stats(connector_output)
     nbytes, micros = int(data.get(f"{name}_bytes", 0)), int(data.get(f"{name}_us", 0))
-    return (nbytes, micros / 1e6) if nbytes > 0 and micros > 0 else None
+    calls = max(1, int(data.get(f"{name}_calls", 1)))
+    return (nbytes, micros / 1e6, calls) if nbytes > 0 and micros > 0 else None
 
 
 def workers_prefilled(connector_output: Any) -> tuple[int, float, int] | None:

@@ -47,7 +47,7 @@ def test_a_separate_scheduler_reads_the_workers_figures(vllm: None) -> None:
 
     data = {"load_bytes": 4096, "load_us": 2000, "save_bytes": 0, "prefill_tokens": 64}
     output = SimpleNamespace(kv_connector_stats=KVCRPolicyConnectorStats(data=data))
-    assert workers_moved(output, "load") == (4096, 0.002)
+    assert workers_moved(output, "load") == (4096, 0.002, 1)
     assert workers_moved(output, "save") is None  # nothing saved
     assert workers_prefilled(output) is None  # tokens without seconds: not a rate
     assert workers_moved(SimpleNamespace(kv_connector_stats=None), "load") is None
