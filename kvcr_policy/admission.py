@@ -95,16 +95,16 @@ class AdmissionDesk:
 
     def outlook(self) -> RestoreOutlook:
         """What the tier delivers now: the figures a decision is made on."""
-        separated = self.restores.separated()
+        restores = self.restores.figures()  # one reading: rate, fixed part, mean call
         return RestoreOutlook(
-            self.restores.per_second,
+            None if restores is None else restores.rate,
             sum(self.queued),
             self.restores.idle_s,
             self.prefills.per_second,
             self.stores.per_second,
-            restore_fixed_s=None if separated is None else separated[1],
-            restore_call=self.restores.mean_call(),
-            restore_calls=self.restores.samples,
+            restore_fixed_s=restores.fixed if restores is not None and restores.separated else None,
+            restore_call=None if restores is None else restores.mean_call,
+            restore_calls=0 if restores is None else restores.calls,
         )
 
     def decide(

@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .rates import DecayingSums
 
-__all__ = ["MIN_SAMPLES", "MIN_SPREAD", "MarginalRate"]
+__all__ = ["MIN_SAMPLES", "MIN_SPREAD", "Fit", "MarginalRate"]
 
 #: Samples (``add`` calls) before a fit is trusted: two fit any line exactly, noise included.
 MIN_SAMPLES = 3
@@ -30,6 +31,21 @@ MIN_SAMPLES = 3
 #: determinant of the normal equations) a fit needs: lengths whose spread is below about
 #: 15 % of their mean cannot separate a fixed cost from a rate.
 MIN_SPREAD = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A :class:`MarginalRate`'s figures at one moment. ``rate``: units per second at the
+    margin (the ratio of the sums while ``separated`` is False); ``fixed``: seconds a call
+    (0 while not separated); ``mean_call``: ``(units, seconds)`` of the mean call (decayed),
+    whose seconds beyond its units at a rate known otherwise are a call's fixed part;
+    ``calls``: ``add`` calls counted (not decayed)."""
+
+    rate: float
+    fixed: float
+    separated: bool
+    mean_call: tuple[float, float] | None
+    calls: int
 
 
 class MarginalRate(DecayingSums):
@@ -54,38 +70,21 @@ class MarginalRate(DecayingSums):
                 sums[i] += term
             self._count += 1
 
-    @property
-    def samples(self) -> int:
-        """``add`` calls counted so far (not decayed): how much the figures rest on."""
-        with self._lock:
-            return self._count
-
     def fit(self) -> tuple[float, float] | None:
         """``(units per second at the margin, fixed seconds a call)``, None before a call."""
-        solved = self._solve()
-        return None if solved is None else solved[:2]
+        figures = self.figures()
+        return None if figures is None else (figures.rate, figures.fixed)
 
-    def separated(self) -> tuple[float, float] | None:
-        """:meth:`fit` where the calls told the fixed seconds apart from the rate; None while
-        they cannot (the ratio stands in for the fit)."""
-        solved = self._solve()
-        return solved[:2] if solved is not None and solved[2] else None
-
-    def mean_call(self) -> tuple[float, float] | None:
-        """``(units, seconds)`` of the mean call (decayed), None before a call: at a marginal
-        rate known otherwise, ``seconds - units / rate`` is a call's fixed part."""
-        with self._lock:
-            cc, cu, _, cy, *_ = self._sums
-        return (cu / cc, cy / cc) if cc > 0 and cy > 0 else None
-
-    def _solve(self) -> tuple[float, float, bool] | None:
-        """``(rate, fixed, separated)``: the fit, or the ratio (fixed 0, not separated)."""
+    def figures(self) -> Fit | None:
+        """Everything known, read at one moment (None before a call): the fit, whether it
+        told the fixed seconds apart, the mean call and how many calls it rests on."""
         with self._lock:
             cc, cu, uu, cy, uy, u, y = self._sums
             count = self._count
         if y <= 0:
             return None
-        ratio = (u / y, 0.0, False)
+        mean = (cu / cc, cy / cc) if cc > 0 and cy > 0 else None
+        ratio = Fit(u / y, 0.0, False, mean, count)
         det = cc * uu - cu * cu
         if count < MIN_SAMPLES or uu <= 0 or det <= MIN_SPREAD * cc * uu:
             return ratio
@@ -93,7 +92,7 @@ class MarginalRate(DecayingSums):
         slope = (cc * uy - cu * cy) / det
         if fixed < 0:  # noise: no fixed cost, the line through the origin
             fixed, slope = 0.0, uy / uu
-        return (1.0 / slope, fixed, True) if slope > 0 else ratio
+        return Fit(1.0 / slope, fixed, True, mean, count) if slope > 0 else ratio
 
     @property
     def per_second(self) -> float | None:

@@ -132,15 +132,18 @@ def test_beyond_a_probe_the_gate_never_admits_a_prefix_that_restores_slower(
         assert restore_s <= decision.pages * PAGE_TOKENS / prefill * (1 + 1e-9)
 
 
-@given(
-    found=st.integers(0, 2000),
-    page_tokens=st.integers(1, 1024),
-    page_bytes=st.integers(1, 1 << 26),
-    restore=rates,
-    queued=st.integers(0, 1 << 34),
-    prefill=st.floats(1.0, 1e7),
-    margin=st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
-)
+#: A lookup and the figures a gate decides it on, as the two properties below draw them.
+LOOKUPS = {
+    "found": st.integers(0, 2000),
+    "page_bytes": st.integers(1, 1 << 26),
+    "restore": rates,
+    "queued": st.integers(0, 1 << 34),
+    "prefill": st.floats(1.0, 1e7),
+    "margin": st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
+}
+
+
+@given(page_tokens=st.integers(1, 1024), **LOOKUPS)
 def test_the_gate_never_admits_a_prefix_that_restores_slower_than_it_computes_beyond_the_margin(
     found: int,
     page_tokens: int,
@@ -221,15 +224,7 @@ def test_before_any_restore_the_rate_the_stores_measured_decides() -> None:
     assert strategy.admit(100, PAGE_TOKENS, PAGE_BYTES, measured).pages == 100
 
 
-@given(
-    found=st.integers(0, 2000),
-    page_bytes=st.integers(1, 1 << 26),
-    restore=rates,
-    fixed=st.floats(0.0, 10.0),
-    queued=st.integers(0, 1 << 34),
-    prefill=st.floats(1.0, 1e7),
-    margin=st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
-)
+@given(fixed=st.floats(0.0, 10.0), **LOOKUPS)
 def test_a_restores_fixed_seconds_count_once_and_never_let_a_slower_prefix_in(
     found: int,
     page_bytes: int,

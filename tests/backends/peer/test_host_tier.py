@@ -234,8 +234,9 @@ def test_kills_of_the_tier_during_stores_and_restores_never_yield_a_wrong_byte(
             # The next kill is of a new tier, which the client starts. The client may also be
             # done with the last one already (its tier then exits, idle): the loop below bounds
             # the wait, by the client's round trips, not by a time.
-            while not stop.is_set() and tier_pid(folder / "default.lock") in (None, pid):
-                time.sleep(0.05)
+            while tier_pid(folder / "default.lock") in (None, pid):
+                if stop.wait(0.05):  # a poll of the lock file, ended by the client's last call
+                    return
 
     values["transport.op_timeout_s"] = 5
     with build_pipeline(load_config(overrides=values)) as pipeline:
