@@ -107,6 +107,17 @@ class AdmissionDesk:
             restore_calls=0 if restores is None else restores.calls,
         )
 
+    def declines(self, pages: int, page_tokens: int, page_bytes: int) -> Admission | None:
+        """The strategy's decision on a lookup of ``pages`` pages were they all present, when
+        it reports none of them; None when it would report some. Uncounted: a lookup answered
+        on it passes it to :meth:`decide` with the pages found present. A strategy that
+        reports none of a run of pages reports none of any shorter run (the built-in gate's
+        longest prefix that restores sooner), so no shorter present run would be a hit."""
+        if pages <= 0:
+            return None
+        decision = self.strategy.admit(pages, page_tokens, page_bytes, self.outlook())
+        return decision if int(decision.pages) <= 0 else None
+
     def decide(
         self,
         pool: str,
@@ -116,14 +127,16 @@ class AdmissionDesk:
         meter: PoolMeter | None,
         keys: Sequence[str] = (),
         pools: Sequence[str] = (),
+        decided: Admission | None = None,
     ) -> int:
         """How many of ``found`` leading present pages of ``pool`` to report; counted. Of
         ``keys`` (the lookup's, where given), the declined ones (``keys[pages:found]``) are
-        noted in :attr:`declined` for each of ``pools`` (``pool`` alone when empty)."""
+        noted in :attr:`declined` for each of ``pools`` (``pool`` alone when empty).
+        ``decided``: the decision already taken (:meth:`declines`), counted as it is."""
         if found <= 0:
             return 0
         outlook = self.outlook()
-        decision = self.strategy.admit(found, page_tokens, page_bytes, outlook)
+        decision = decided or self.strategy.admit(found, page_tokens, page_bytes, outlook)
         pages = min(max(int(decision.pages), 0), found)  # a plugin cannot report more
         declined = found - pages
         with self._lock:

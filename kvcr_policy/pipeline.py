@@ -299,14 +299,20 @@ class Pipeline:
         return min((self.exists(keys, name) for name in pools), default=0)
 
     def admit(
-        self, found: int, pools: Sequence[str] | None = None, keys: Sequence[str] = ()
+        self,
+        found: int,
+        pools: Sequence[str] | None = None,
+        keys: Sequence[str] = (),
+        decided: Admission | None = None,
     ) -> int:
         """How many of ``found`` leading present pages a lookup reports as hits: the
         admission strategy's decision (``admission.strategy``; ``none``: all of them) on this
         pipeline's live restore rate and queue, for pages of ``pools`` (every registered pool
         when None: a restore reads a page of each), counted and explained (debug log). Given
         the lookup's ``keys``, the declined ones are noted for each pool in
-        ``admission.declined``, for the engine's next write to leave out (:mod:`.declined`)."""
+        ``admission.declined``, for the engine's next write to leave out (:mod:`.declined`).
+        ``decided``: a decision :meth:`declines` took before the tier was asked, counted as
+        it is."""
         with self._operation("admit"):
             names = list(self._pools) if pools is None else list(pools)
             geometries = [self._pool(name)[0] for name in names]
@@ -316,8 +322,22 @@ class Pipeline:
             page_bytes = sum(g.page_bytes for g in geometries)
             meter = self.meters.get(first.name)
             return self.admission.decide(
-                first.name, found, first.page_size, page_bytes, meter, keys, names
+                first.name, found, first.page_size, page_bytes, meter, keys, names, decided
             )
+
+    def declines(self, pages: int, pools: Sequence[str] | None = None) -> Admission | None:
+        """The admission strategy's decision on a lookup of ``pages`` pages of ``pools`` were
+        they all present, when it reports none of them (a lookup can then answer "no hit"
+        without asking the tier: no shorter present run would be one either); None when it
+        would report some, or no pool is registered. Nothing is counted: pass the decision to
+        :meth:`admit` with the pages found present to count it."""
+        with self._operation("declines"):
+            names = list(self._pools) if pools is None else list(pools)
+            geometries = [self._pool(name)[0] for name in names]
+            if not geometries:
+                return None
+            page_bytes = sum(g.page_bytes for g in geometries)
+            return self.admission.declines(pages, geometries[0].page_size, page_bytes)
 
     def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
         """The engine computed ``tokens`` prompt tokens in ``seconds`` over ``steps`` steps (an

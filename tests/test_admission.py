@@ -39,6 +39,26 @@ def test_a_slow_tier_is_declined_and_counted_in_metrics(build: Build) -> None:
     assert (REGISTRY.get_sample_value("kvcr_policy_admission_pages_total", declined) or 0) >= 6
 
 
+def test_a_lookup_the_gate_declines_whatever_is_present_is_known_before_asking(
+    build: Build,
+) -> None:
+    pipeline, _, _, _, keys = stored_pool(build, "gated", SLOW, n=6)
+    decided = pipeline.declines(8, ["kv"])  # 1 B/s: no run of pages restores sooner
+    assert decided is not None and decided.pages == 0
+    assert pipeline.admission.counts == {}  # nothing counted until the lookup is recorded
+    assert pipeline.admit(pipeline.exists(keys), ["kv"], (), decided) == 0
+    assert pipeline.admission.counts == {("declined", "computes_sooner"): 6}
+    assert len(pipeline.admission.declined) == 0  # keys not given: nothing noted
+
+
+def test_a_lookup_the_gate_may_admit_is_asked_of_the_tier(build: Build) -> None:
+    pipeline, *_ = stored_pool(build, "gated", SLOW, n=3)
+    pipeline.prefill_observed(1, 1e6)  # the engine: one token in 11 days
+    assert pipeline.declines(8, ["kv"]) is None
+    ungated, *_ = stored_pool(build, n=3)
+    assert ungated.declines(8) is None  # the default profile: every present page is a hit
+
+
 def test_a_measured_fast_tier_replaces_the_assumed_rate(build: Build) -> None:
     pipeline, geo, *_ = stored_pool(build, "gated", SLOW, n=6)
     pipeline.admission.restores.add(geo.page_bytes * 1e9, 1.0)  # injected: 1e9 pages a second

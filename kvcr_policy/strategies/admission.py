@@ -72,5 +72,9 @@ class AdmissionStrategy(Protocol):
         self, found: int, page_tokens: int, page_bytes: int, outlook: RestoreOutlook
     ) -> Admission:
         """At most ``found`` pages (of ``page_tokens`` tokens and ``page_bytes`` bytes each,
-        over every pool a restore reads) to report, and why; called once per lookup."""
+        over every pool a restore reads) to report, and why; called once per lookup, with
+        ``found`` the pages present or, before the tier is asked, the pages looked up
+        (:meth:`~kvcr_policy.admission.AdmissionDesk.declines`). Reporting none of ``found``
+        pages must mean reporting none of any fewer: an engine then answers "no hit" without
+        waiting for the tier."""
         ...

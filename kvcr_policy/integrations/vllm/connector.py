@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from ...pipeline import build_pipeline
+from ...strategies import Admission
 from .config import parse_options
 from .jobs import StepPlan, count
 from .keys import namespace
@@ -119,7 +120,9 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         self._worker: WorkerHalf | None = None
         self._scheduler: SchedulerHalf | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerHalf(self.block, self.prefix, self._lookup, self._declined)
+            self._scheduler = SchedulerHalf(
+                self.block, self.prefix, self._lookup, self._declined, self._declines
+            )
             if self.shared_by is not None:
                 self._pipeline = build_pipeline(self.loaded)
                 self._pipeline.register_pool(
@@ -198,8 +201,10 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
 
     # ---- scheduler ------------------------------------------------------------------------
 
-    def _lookup(self, keys: list[str]) -> tuple[int, int]:
-        """``(present, admitted)`` leading blocks of ``keys``."""
+    def _lookup(self, keys: list[str], decided: Admission | None = None) -> tuple[int, int]:
+        """``(present, admitted)`` leading blocks of ``keys``; ``decided``: the admission's
+        decision :meth:`_declines` answered on (counted here, the declined keys not noted:
+        vLLM computes them and its saves of them were planned without waiting)."""
         pipeline = self._pipeline or published(self.engine_id)
         if pipeline is None:
             return 0, 0  # the worker has not registered its blocks yet
@@ -207,7 +212,16 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         # block not reported is computed by vLLM instead of loaded, and noted by the
         # admission (not saved again: :meth:`_declined`).
         present = int(pipeline.exists(keys, POOL))
+        if decided is not None:
+            return present, pipeline.admit(present, [POOL], (), decided)
         return present, pipeline.admit(present, [POOL], keys)
+
+    def _declines(self, pages: int) -> Admission | None:
+        """The admission's decision when it would report none of a lookup's ``pages``
+        blocks, present or not (:meth:`~kvcr_policy.pipeline.Pipeline.declines`): the
+        scheduler answers "no hit" at once; None otherwise, or before the pool is known."""
+        pipeline = self._pipeline or published(self.engine_id)
+        return None if pipeline is None else pipeline.declines(pages, [POOL])
 
     def _declined(self, keys: Sequence[str]) -> list[bool] | None:
         """Per key of a planned save, whether a lookup declined it (then forgotten); None

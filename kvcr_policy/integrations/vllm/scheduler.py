@@ -5,6 +5,13 @@
   waits on the tier (a peer or host tier answers over a socket). A hit is loaded
   asynchronously (``True``): vLLM parks the request until the workers report the load.
   At least the prompt's last token is always left to compute, as vLLM requires.
+- **Lookups the gate declines.** Where the admission gate would report none of the asked
+  pages even were they all present (``declines``: its decision on the figures of the moment),
+  the answer is "no hit" at once: vLLM computes the request in this step instead of waiting
+  for the tier's answer (one scheduler step or more on a busy engine, the lookup's round trip
+  on an idle one). The tier is still asked, on the lookup thread, so that the gate's counts
+  say how many present pages it declined; its answer is not awaited, so those pages may be
+  saved again (the tier skips the pages it holds: a round trip, no bytes).
 - **Partial hits.** The leading run of present pages beyond vLLM's own prefix hit is loaded;
   a page that fails to arrive is reported by the worker, and vLLM recomputes from there.
 - **Saves.** Each step, every full prompt block computed by that step and not already in the
@@ -47,7 +54,10 @@ class SchedulerHalf:
     ``(present, admitted)`` where an admission gate reports fewer than are present (the
     others are computed, and not saved again: ``declined(keys)`` says, per key of a planned
     save, whether the gate declined it, None when none, as
-    :meth:`kvcr_policy.declined.DeclinedKeys.split` does)."""
+    :meth:`kvcr_policy.declined.DeclinedKeys.split` does). ``declines(pages)``, where given,
+    is the gate's decision when it would report none of ``pages`` pages all present (else
+    None); the lookup is then made as ``lookup(keys, decision)``, to record that decision
+    only, and not awaited."""
 
     def __init__(
         self,
@@ -55,11 +65,13 @@ class SchedulerHalf:
         prefix: str,
         lookup: Any,
         declined: Callable[[Sequence[str]], list[bool] | None] | None = None,
+        declines: Callable[[int], object | None] | None = None,
     ) -> None:
         self.block = block_size
         self.prefix = prefix
         self._lookup = lookup
         self._declined = declined
+        self._declines = declines
         self._threads = ThreadPoolExecutor(
             1, thread_name_prefix="kvcr-vllm-lookup", initializer=spread_thread
         )
@@ -76,15 +88,25 @@ class SchedulerHalf:
             state = self._requests[request.request_id] = _Request(keys, len(tokens))
         return state
 
-    def _count(self, keys: list[str]) -> tuple[int, int]:
-        """``(present, admitted)`` leading keys."""
+    def _count(self, keys: list[str], decided: object | None = None) -> tuple[int, int]:
+        """``(present, admitted)`` leading keys (``decided``: the gate's decision, recorded)."""
         try:
-            found = self._lookup(keys)
+            found = self._lookup(keys) if decided is None else self._lookup(keys, decided)
         except Exception as err:  # a lookup that fails is a miss, never a dead scheduler
             log.warning("kvcr_policy: lookup of %d pages failed: %s", len(keys), err)
             return 0, 0
         present, admitted = found if isinstance(found, tuple) else (found, found)
         return int(present), min(int(admitted), int(present))
+
+    def _decided(self, pages: int) -> object | None:
+        """The gate's decision when it reports none of ``pages`` pages, present or not."""
+        if self._declines is None:
+            return None
+        try:
+            return self._declines(pages)
+        except Exception as err:  # the figures are unreadable: ask the tier as without a gate
+            log.warning("kvcr_policy: admission of %d pages failed: %s", pages, err)
+            return None
 
     def matched(self, request: Any, computed: int) -> tuple[int | None, bool]:
         state = self._state(request)
@@ -94,6 +116,13 @@ class SchedulerHalf:
             return 0, False
         asked = self._asked.get(request.request_id)
         if asked is None or asked[0] != start:
+            decided = self._decided(limit - start)
+            if decided is not None:  # no hit whatever the tier holds: vLLM computes now
+                self._asked.pop(request.request_id, None)
+                self._threads.submit(self._count, state.keys[start:limit], decided)
+                state.saved = max(state.saved, start)
+                self._counted(limit - start, 0, declined_at_once=1)
+                return 0, False
             future = self._threads.submit(self._count, state.keys[start:limit])
             self._asked[request.request_id] = asked = (start, future)
         if not asked[1].done():
@@ -101,13 +130,16 @@ class SchedulerHalf:
         del self._asked[request.request_id]
         _, hits = asked[1].result()  # present beyond hits: declined (see _save)
         state.saved = max(state.saved, start + hits)  # loaded; declined ones: ``declined``
-        figures = {"lookups": 1, "lookup_pages": limit - start, "hit_pages": hits}
-        count(**figures)
-        self.stats.update(figures)
+        self._counted(limit - start, hits)
         if hits == 0:
             return 0, False
         state.load_start = start
         return hits * self.block, True
+
+    def _counted(self, pages: int, hits: int, **more: int) -> None:
+        figures = {"lookups": 1, "lookup_pages": pages, "hit_pages": hits, **more}
+        count(**figures)
+        self.stats.update(figures)
 
     def allocated(self, request: Any, block_ids: list[int], external: int) -> None:
         if external <= 0:

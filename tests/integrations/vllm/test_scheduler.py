@@ -162,3 +162,65 @@ def test_blocks_present_but_declined_by_the_gate_are_computed_and_not_saved_agai
     assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[3], keys[4]), (4, 5))]
     assert desk.declined.skipped == 3 and len(desk.declined) == 0  # each left out once
     half.close()
+
+
+def test_a_lookup_the_gate_declines_is_answered_at_once_and_recorded_later() -> None:
+    tokens = list(range(5 * BLOCK + 1))
+    keys = block_keys(tokens, BLOCK, "p:", 10)
+    tier = Tier(set(keys[:3]))  # holds every lookup until the test opens it
+    desk = AdmissionDesk(DeclineAll())
+    recorded: list[int] = []
+
+    def lookup(asked: list[str], decided: Admission | None = None) -> tuple[int, int]:
+        present = tier(asked)
+        recorded.append(present)
+        return present, desk.decide("kv", present, BLOCK, 1024, None, (), (), decided)
+
+    def declines(pages: int) -> Admission | None:
+        return desk.declines(pages, BLOCK, 1024)
+
+    half = SchedulerHalf(BLOCK, "p:", lookup, lambda k: desk.declined.split("kv", k), declines)
+    req = request("r", tokens)
+    assert half.matched(req, 0) == (0, False)  # no hit, without waiting for the tier
+    assert desk.counts == {}
+    tier.gate.set()
+    for _ in range(1000):  # the tier's answer is recorded on the lookup thread
+        if desk.counts:
+            break
+        threading.Event().wait(0.01)
+    half.close()
+    assert recorded == [3]
+    assert desk.counts == {("declined", "declined"): 3}
+    assert half.take_stats() == {
+        "lookups": 1, "lookup_pages": 5, "hit_pages": 0, "declined_at_once": 1
+    }  # fmt: skip
+
+
+def test_a_lookup_the_gate_may_admit_waits_for_the_tier() -> None:
+    tokens = list(range(4 * BLOCK + 1))
+    tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))
+    asked: list[int] = []
+
+    def declines(pages: int) -> None:
+        asked.append(pages)  # the gate would admit some: the tier is asked
+
+    half = SchedulerHalf(BLOCK, "p:", tier, None, declines)
+    req = request("r", tokens)
+    assert half.matched(req, 0) == (None, False)
+    tier.gate.set()
+    assert ask(half, req, 0) == (4 * BLOCK, True)
+    assert asked == [4]  # once a lookup, not once an ask
+    half.close()
+
+
+def test_a_gate_that_fails_to_decide_leaves_the_lookup_to_the_tier() -> None:
+    tokens = list(range(2 * BLOCK + 1))
+    tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))
+    tier.gate.set()
+
+    def declines(pages: int) -> None:
+        raise RuntimeError("pipeline is closed")
+
+    half = SchedulerHalf(BLOCK, "p:", tier, None, declines)
+    assert ask(half, request("r", tokens), 0) == (2 * BLOCK, True)
+    half.close()
