@@ -105,6 +105,14 @@ class GateOptions(BaseModel):
         "tier of unknown speed costs at most this many pages' restore.",
     )
 
+    save_when_declined: bool = Field(
+        False,
+        description="Write the pages of a request whose every prefix the gate declines (the "
+        "tier restores none of them sooner than they compute); false leaves them out, so the "
+        "engine keeps no memory for writes no restore would use (vLLM holds a request's "
+        "blocks until they are written). A probe that finds the tier faster writes again.",
+    )
+
     @field_validator("margin")
     @classmethod
     def _not_vanishing(cls, value: float) -> float:
@@ -205,7 +213,8 @@ class RestoreGate:
             return Admission(probe, "probe", declined, restore_s, compute_s)
         reason = "restores_sooner" if pages else "computes_sooner"
         declined = "computes_sooner" if pages < found else ""
-        return Admission(pages, reason, declined, restore_s, compute_s)
+        save = bool(pages) or o.save_when_declined
+        return Admission(pages, reason, declined, restore_s, compute_s, save)
 
     @staticmethod
     def _unmeasured(found: int, probe: int, compute_s: float) -> Admission:

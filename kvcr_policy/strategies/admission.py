@@ -55,13 +55,18 @@ class Admission:
     admitted, ``declined`` why the others were not (labels of the
     ``kvcr_policy_admission_pages`` metric: short, from a fixed set per strategy);
     ``restore_s`` and ``compute_s`` are the expected seconds to restore and to compute all
-    ``found`` pages, where the strategy estimated them (the debug log shows them)."""
+    ``found`` pages, where the strategy estimated them (the debug log shows them); ``save``:
+    whether an engine should still write the pages of a request whose every page the
+    decision declined (False: the tier is too slow for any restore of them to pay, so the
+    write would only hold the engine's memory; an integration that plans writes per
+    request, as vLLM's, leaves them out)."""
 
     pages: int
     reason: str
     declined: str = ""
     restore_s: float | None = None
     compute_s: float | None = None
+    save: bool = True
 
 
 @runtime_checkable

@@ -54,6 +54,17 @@ def test_a_tier_slower_than_prefill_is_declined_whole() -> None:
     )
 
 
+def test_pages_declined_whole_are_not_saved_unless_the_operator_asks() -> None:
+    slow, fast = RestoreOutlook(50e6), RestoreOutlook(10e9)
+    args = (100, PAGE_TOKENS, PAGE_BYTES)
+    assert gate(prefill_tokens_per_s=10_000).admit(*args, slow).save is False
+    assert gate(prefill_tokens_per_s=10_000, save_when_declined=True).admit(*args, slow).save
+    assert gate(prefill_tokens_per_s=10_000).admit(*args, fast).save  # admitted: saved
+    probe = gate(prefill_tokens_per_s=10_000, probe_after_s=1.0)
+    stale = RestoreOutlook(50e6, idle_s=5.0)  # a probe measures the tier again: saved
+    assert probe.admit(*args, stale).pages == 8 and probe.admit(*args, stale).save
+
+
 def test_bytes_already_queued_decline_a_short_prefix_and_admit_a_long_one() -> None:
     # Per page: restore 16.8 ms at 1 GB/s, compute 64 ms; 1 GB queued costs 1 s up front.
     fast = gate(prefill_tokens_per_s=1000)

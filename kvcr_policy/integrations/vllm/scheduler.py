@@ -11,7 +11,11 @@
   for the tier's answer (one scheduler step or more on a busy engine, the lookup's round trip
   on an idle one). The tier is still asked, on the lookup thread, so that the gate's counts
   say how many present pages it declined; its answer is not awaited, so those pages may be
-  saved again (the tier skips the pages it holds: a round trip, no bytes).
+  saved again (the tier skips the pages it holds: a round trip, no bytes). A request asked
+  again (vLLM found no room for it) gets the same answer, without asking the gate or the
+  tier again. Where the decision says so (``Admission.save`` False: the gate's
+  ``save_when_declined`` unset), the request's pages are not saved either: no restore of
+  them would pay, and vLLM would keep their blocks until written.
 - **Partial hits.** The leading run of present pages beyond vLLM's own prefix hit is loaded;
   a page that fails to arrive is reported by the worker, and vLLM recomputes from there.
 - **Saves.** Each step, every full prompt block computed by that step and not already in the
@@ -47,6 +51,8 @@ class _Request:
     saved: int = 0  # leading blocks already in the tier (or hit by vLLM)
     load_start: int = 0
     held: bool = False  # a load or save was planned: vLLM keeps its blocks
+    declined_at: int | None = None  # the gate declined every page from this block on
+    unsaved: bool = False  # ... and said not to save them (``Admission.save``)
 
 
 class SchedulerHalf:
@@ -114,6 +120,8 @@ class SchedulerHalf:
         limit = min(len(state.keys), (state.prompt_tokens - 1) // self.block)
         if start >= limit:
             return 0, False
+        if state.declined_at == start:  # asked again (vLLM had no room for it): same answer
+            return 0, False
         asked = self._asked.get(request.request_id)
         if asked is None or asked[0] != start:
             decided = self._decided(limit - start)
@@ -121,6 +129,8 @@ class SchedulerHalf:
                 self._asked.pop(request.request_id, None)
                 self._threads.submit(self._count, state.keys[start:limit], decided)
                 state.saved = max(state.saved, start)
+                state.declined_at = start
+                state.unsaved = not getattr(decided, "save", True)
                 self._counted(limit - start, 0, declined_at_once=1)
                 return 0, False
             future = self._threads.submit(self._count, state.keys[start:limit])
@@ -189,6 +199,11 @@ class SchedulerHalf:
         full = min(computed, state.prompt_tokens, len(state.keys) * self.block) // self.block
         full = min(full, len(state.block_ids))
         if full <= state.saved:
+            return
+        if state.unsaved:  # the gate said no restore of them would pay: vLLM frees them now
+            self.stats.update(unsaved_pages=full - state.saved)
+            count(unsaved_pages=full - state.saved)
+            state.saved = full
             return
         keys, blocks = state.keys[state.saved : full], state.block_ids[state.saved : full]
         state.saved = full

@@ -69,7 +69,9 @@ def run_separate(
     write_model(tmp_path / "model")
     job = vllm_job(setup, prompts, tmp_path, profile)
     extra = job["kv_transfer_config"]["kv_connector_extra_config"]["overrides"]
-    extra.update({"backend.options.dir": str(tmp_path / "tiers"), **overrides})
+    # The tier exits soon after the engine (its last client) ends, not 300 s later.
+    tiers = {"backend.options.dir": str(tmp_path / "tiers"), "backend.options.idle_exit_s": 2}
+    extra.update({**tiers, **overrides})
     job["executor"] = "mp"
     records: list[Any] = run_job(job, "separate", tmp_path)["records"]
     assert len(records) == 2 * len(prompts)
