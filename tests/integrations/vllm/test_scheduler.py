@@ -11,6 +11,8 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from kvcr_policy.admission import AdmissionDesk
 from kvcr_policy.integrations.vllm.keys import block_keys
 from kvcr_policy.integrations.vllm.scheduler import SchedulerHalf
@@ -226,31 +228,32 @@ def test_a_gate_that_fails_to_decide_leaves_the_lookup_to_the_tier() -> None:
     half.close()
 
 
-def test_a_request_the_gate_declined_is_not_asked_again_and_its_saves_follow_the_decision() -> None:
+@pytest.mark.parametrize("save", [False, True])
+def test_a_request_the_gate_declined_is_not_asked_again_and_its_saves_follow_the_decision(
+    save: bool,
+) -> None:
     tokens = list(range(5 * BLOCK + 1))
     keys = block_keys(tokens, BLOCK, "p:", 10)
-    for save in (False, True):
-        tier = Tier(set())
-        tier.gate.set()
-        asked: list[int] = []
+    tier = Tier(set())
+    tier.gate.set()
+    asked: list[int] = []
 
-        def declines(pages: int, save: bool = save) -> Admission:
-            asked.append(pages)
-            return Admission(0, "computes_sooner", "computes_sooner", save=save)
+    def declines(pages: int) -> Admission:
+        asked.append(pages)
+        return Admission(0, "computes_sooner", "computes_sooner", save=save)
 
-        half = SchedulerHalf(BLOCK, "p:", lambda k, d=None: (tier(k), 0), None, declines)
-        req = request("r", tokens)
-        assert half.matched(req, 0) == (0, False)
-        assert half.matched(req, 0) == (0, False)  # vLLM had no room: asked again
-        assert asked == [5]  # the gate once, the tier once (below)
-        new = SimpleNamespace(
-            req_id="r", prompt_token_ids=tokens, block_ids=([1, 2, 3, 4, 5],),
-            num_computed_tokens=0,
-        )  # fmt: skip
-        plan = half.plan(output([new], scheduled={"r": 5 * BLOCK + 1}))
-        saved = [(j.keys, j.block_ids) for j in plan.saves]
-        assert saved == ([(tuple(keys), (1, 2, 3, 4, 5))] if save else [])
-        assert half.finished(req) is save  # no save planned: vLLM frees the blocks at once
-        stats = half.take_stats()
-        assert stats["lookups"] == 1 and stats.get("unsaved_pages", 0) == (0 if save else 5)
-        half.close()
+    half = SchedulerHalf(BLOCK, "p:", lambda k, d=None: (tier(k), 0), None, declines)
+    req = request("r", tokens)
+    assert half.matched(req, 0) == (0, False)
+    assert half.matched(req, 0) == (0, False)  # vLLM had no room: asked again
+    assert asked == [5]  # the gate once, the tier once (below)
+    new = SimpleNamespace(
+        req_id="r", prompt_token_ids=tokens, block_ids=([1, 2, 3, 4, 5],), num_computed_tokens=0
+    )
+    plan = half.plan(output([new], scheduled={"r": 5 * BLOCK + 1}))
+    saved = [(j.keys, j.block_ids) for j in plan.saves]
+    assert saved == ([(tuple(keys), (1, 2, 3, 4, 5))] if save else [])
+    assert half.finished(req) is save  # no save planned: vLLM frees the blocks at once
+    stats = half.take_stats()
+    assert stats["lookups"] == 1 and stats.get("unsaved_pages", 0) == (0 if save else 5)
+    half.close()
