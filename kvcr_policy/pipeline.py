@@ -314,8 +314,7 @@ class Pipeline:
         ``decided``: a decision :meth:`declines` took before the tier was asked, counted as
         it is."""
         with self._operation("admit"):
-            names = list(self._pools) if pools is None else list(pools)
-            geometries = [self._pool(name)[0] for name in names]
+            names, geometries = self._admitted_pools(pools)
             if not geometries or found <= 0:
                 return max(int(found), 0) if geometries else 0
             first = geometries[0]
@@ -332,12 +331,17 @@ class Pipeline:
         would report some, or no pool is registered. Nothing is counted: pass the decision to
         :meth:`admit` with the pages found present to count it."""
         with self._operation("declines"):
-            names = list(self._pools) if pools is None else list(pools)
-            geometries = [self._pool(name)[0] for name in names]
+            _, geometries = self._admitted_pools(pools)
             if not geometries:
                 return None
             page_bytes = sum(g.page_bytes for g in geometries)
             return self.admission.declines(pages, geometries[0].page_size, page_bytes)
+
+    def _admitted_pools(self, pools: Sequence[str] | None) -> tuple[list[str], list[PoolGeometry]]:
+        """The pools a lookup's pages are restored into (every registered one when None: a
+        restore reads a page of each), and their geometries."""
+        names = list(self._pools) if pools is None else list(pools)
+        return names, [self._pool(name)[0] for name in names]
 
     def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
         """The engine computed ``tokens`` prompt tokens in ``seconds`` over ``steps`` steps (an

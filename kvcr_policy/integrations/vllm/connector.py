@@ -212,9 +212,7 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         # block not reported is computed by vLLM instead of loaded, and noted by the
         # admission (not saved again: :meth:`_declined`).
         present = int(pipeline.exists(keys, POOL))
-        if decided is not None:
-            return present, pipeline.admit(present, [POOL], (), decided)
-        return present, pipeline.admit(present, [POOL], keys)
+        return present, pipeline.admit(present, [POOL], keys if decided is None else (), decided)
 
     def _declines(self, pages: int) -> Admission | None:
         """The admission's decision when it would report none of a lookup's ``pages``
