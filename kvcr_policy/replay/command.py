@@ -27,6 +27,10 @@ def replay(setup: ReplaySetup) -> dict[str, Any]:
     with engine(setup, chosen) as runs:
         rounds = run_rounds(setup, runs)
     outputs = [run.pop("outputs") for runs_ in rounds for run in runs_.values()]
+    summary = summarize_rounds(rounds)
+    for runs_ in rounds:
+        for run in runs_.values():
+            run.pop("request_ttft_s", None)
     return {
         "engine": setup.engine,
         "trace": str(setup.trace),
@@ -40,7 +44,7 @@ def replay(setup: ReplaySetup) -> dict[str, Any]:
         "tier_rate": setup.tier_rate,
         "repeat": setup.repeat,
         "outputs_identical": all(o == outputs[0] for o in outputs),
-        **summarize_rounds(rounds),
+        **summary,
         "runs": rounds[0],
         **({"all_runs": rounds} if len(rounds) > 1 else {}),
     }

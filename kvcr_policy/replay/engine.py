@@ -70,12 +70,14 @@ class RunsFolder:
 def run_figures(
     records: list[dict[str, Any]], label: str, passes: int, **figures: Any
 ) -> dict[str, Any]:
-    """One run's figures: the measured (last) pass, every pass, the greedy outputs, and the
-    engine's own ``figures``."""
+    """One run's figures: the measured (last) pass, every pass, the engine's own ``figures``,
+    the greedy outputs and each request's TTFT in the measured pass, in request order (the
+    replay compares them request by request, :mod:`.rounds`, and reports neither)."""
     return {
         "label": label,
         "measured": summarize(records, passes - 1),
         "passes": [summarize(records, n) for n in range(passes)],
         **figures,
         "outputs": [r["output"] for r in records],
+        "request_ttft_s": [r["ttft_s"] for r in records if r["pass"] == passes - 1],
     }

@@ -56,6 +56,11 @@ def render(result: dict[str, Any]) -> str:
             + ("" if p90 is None else f", p90 x{p90}")
             + (" (medians of each round's own ratio)" if result.get("rounds") else "")
         )
+    if result.get("ttft_paired_vs_best") is not None:
+        lines.append(
+            "request by request, a request's TTFT with the tier over its own in the better of "
+            f"the others: median x{result['ttft_paired_vs_best']}"
+        )
     for n, head in enumerate(result.get("rounds", []), 1):
         no_tier = head.get("no_tier_ttft_p50_s")
         lines.append(

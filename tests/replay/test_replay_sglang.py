@@ -59,7 +59,9 @@ def test_a_gated_tier_behind_a_limited_peer_is_compared_with_ungated_and_no_tier
     assert result["outputs_identical"] is True
     assert set(result["runs"]) == {"no_tier", "baseline", "tier"}
     assert result["no_tier_ttft_p50_s"] is not None and result["tier_rate"] == "2MB/s"
+    assert result["ttft_paired_vs_best"] > 0  # request by request, against a run of the round
     runs = result["runs"]
+    assert not any("request_ttft_s" in run for run in runs.values())  # compared, not reported
     assert all(run["mismatched_pages"] == 0 for run in runs.values())
     counters = runs["tier"]["backend_counters"]
     decided = counters.get("admitted_pages", 0) + counters.get("declined_pages", 0)

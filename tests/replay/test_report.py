@@ -19,3 +19,15 @@ def test_the_report_names_the_ratio_to_the_best_and_every_round() -> None:
     assert "TTFT p50 x0.75, p90 x0.75 (medians of each round's own ratio)" in text
     assert "round 1 (no_tier, baseline, tier): TTFT p50 250.0 ms with the tier" in text
     assert "round 2 (baseline, tier, no_tier)" in text
+
+
+def test_the_report_gives_the_paired_ratio() -> None:
+    per_request = {"no_tier": [[2.0, 4.0]], "baseline": [[0.5, 1.0]], "tier": [[0.5, 1.1]]}
+    engine = GivenTTFT({arm: [0.0] for arm in per_request}, per_request=per_request)
+    rounds = run_rounds(gated_setup(), engine)
+    result = dict(
+        summarize_rounds(rounds), engine="sglang", baseline="throughput", outputs_identical=True,
+        measured_pass=1, passes=1, requests=2, trace="t", repeat=1, runs=rounds[-1],
+    )  # fmt: skip
+    text = render(result)
+    assert "its own in the better of the others: median x1.05" in text

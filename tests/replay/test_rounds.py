@@ -71,3 +71,40 @@ def test_the_ratio_takes_no_tier_when_it_is_the_better() -> None:
     engine = GivenTTFT({"no_tier": [0.2], "baseline": [0.8], "tier": [0.3]})
     head = summarize_rounds(run_rounds(setup, engine))
     assert head["ttft_p50_vs_best"] == 1.5
+
+
+def test_one_requests_noise_moves_the_p50_by_a_gap_and_the_paired_ratio_not() -> None:
+    # A trace's TTFTs near the median lie apart (requests differ in length and hits): here
+    # 5 ms. In the tier's run the middle request alone ran 30 % faster...
+    baseline = [0.010, 0.015, 0.020, 0.025, 0.030]
+    tier = [0.010, 0.015, 0.014, 0.025, 0.030]
+    per_request = {"baseline": [baseline], "tier": [tier]}
+    engine = GivenTTFT({"baseline": [0.0], "tier": [0.0]}, per_request=per_request)
+    setup = ReplaySetup(engine="sglang", trace=ROOT / "data/traces/conversation_trace.jsonl.xz")
+    head = summarize_rounds(run_rounds(setup, engine))
+    # ...so the p50 of each run alone moves to the next request's (x0.75), while request by
+    # request the runs are the same.
+    assert head["ttft_p50_vs_best"] == 0.75
+    assert head["ttft_paired_vs_best"] == 1.0
+
+
+def test_the_paired_ratio_is_against_the_arm_with_the_better_p50_of_each_round() -> None:
+    setup = gated_setup(repeat=3)
+    per_request = {
+        "no_tier": [[1.0, 2.0, 3.0], [0.1, 0.2, 0.3], [1.0, 1.0, 1.0]],
+        "baseline": [[0.5, 0.5, 0.5], [1.0, 1.0, 1.0], [0.5, 1.0, 2.0]],
+        "tier": [[0.5, 1.0, 1.5], [0.2, 0.2, 0.3], [0.5, 1.0, 2.0]],
+    }
+    engine = GivenTTFT({arm: [0.0] * 3 for arm in per_request}, per_request=per_request)
+    head = summarize_rounds(run_rounds(setup, engine))
+    # round 1: the baseline is better (p50 0.5), ratios 1, 2, 3; round 2: no tier (0.2), 2, 1,
+    # 1; round 3: the baseline (1.0 against no tier's 1.0: the first of the two), all 1.
+    assert [r["ttft_paired_vs_best"] for r in head["rounds"]] == [2.0, 1.0, 1.0]
+    assert head["ttft_paired_vs_best"] == 1.0
+
+
+def test_no_paired_ratio_without_per_request_ttfts() -> None:
+    head = summarize_rounds(
+        run_rounds(gated_setup(), GivenTTFT({"no_tier": [1.0], "baseline": [1.0], "tier": [1.0]}))
+    )
+    assert head["ttft_paired_vs_best"] is None

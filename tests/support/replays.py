@@ -27,16 +27,32 @@ def gated_setup(repeat: int = 1) -> ReplaySetup:
 
 class GivenTTFT:
     """An engine that records its runs (``asked``: label and profile, in order); the TTFT of
-    each is given per label, one value a round."""
+    each is given per label, one value a round, or with ``per_request`` one list of the
+    requests' TTFTs a round (then reported request by request too)."""
 
     capacity = 1 << 20
 
-    def __init__(self, ttft: dict[str, list[float]]) -> None:
-        self.ttft, self.asked = ttft, []
+    def __init__(
+        self, ttft: dict[str, list[float]], per_request: dict[str, list[list[float]]] | None = None
+    ) -> None:
+        self.ttft, self.per_request, self.asked = ttft, per_request or {}, []
 
     def run(self, label: str, profile: str | None, tier: dict[str, Any]) -> dict[str, Any]:
         n = sum(1 for asked, _ in self.asked if asked == label)
         self.asked.append((label, profile))
-        record = {"pass": 1, "ttft_s": self.ttft[label][n], "prompt_tokens": 64}
-        measured = summarize([dict(record, cached_tokens=0 if profile is None else 64)], 1)
-        return {"measured": measured, "hit_tokens": 64, "bytes_restored": 4096, "outputs": []}
+        given = self.per_request.get(label)
+        values = given[n] if given else [self.ttft[label][n]]
+        cached = 0 if profile is None else 64
+        records = [
+            {"pass": 1, "ttft_s": value, "prompt_tokens": 64, "cached_tokens": cached}
+            for value in values
+        ]
+        figures = {
+            "measured": summarize(records, 1),
+            "hit_tokens": 64,
+            "bytes_restored": 4096,
+            "outputs": [],
+        }
+        if given:
+            figures["request_ttft_s"] = list(values)
+        return figures
