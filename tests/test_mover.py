@@ -326,6 +326,27 @@ def test_a_set_with_a_broken_page_stores_every_other_key(build: Build) -> None:
     assert (stats["keys"], stats["reserved"]) == (8, 0)  # k0 and the seven written
 
 
+def test_a_set_publishes_each_batch_once_it_landed(build: Build) -> None:
+    """A batch's keys are present while later batches still copy (the store's commit after the
+    last copy has that batch alone left); a batch that failed is the fallback's, and published
+    with the rest at the end."""
+    overrides = {"batching.read_batch_pages": 4, "batching.window_batches": 1}
+    pipeline, faults, *_ = faulty_pool(build, overrides, n=1)
+    keys = keys_of("w", 10)
+    present: list[int] = []
+
+    def rule(batch: CopyBatch, pages: set[int]) -> int | None:
+        present.append(pipeline.exists(keys))
+        return 0 if 15 in pages and len(pages) > 1 else None  # the second batch fails whole
+
+    faults.rule = rule
+    assert pipeline.set(keys, token_indices(range(10, 20), P)) == [True] * 10
+    # Batches of pages 10-13, 14-17 (failed, then page by page), 18-19.
+    assert present == [0, 4, 4, 4, 4, 4, 4]
+    assert pipeline.exists(keys) == 10
+    assert store_stats(pipeline)["reserved"] == 0
+
+
 @pytest.mark.parametrize("profile", ["default", "throughput"])
 def test_miss_fallback_turns_a_failed_batch_into_misses(build: Build, profile: str) -> None:
     overrides = {

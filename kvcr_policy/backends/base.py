@@ -38,6 +38,12 @@ batch at a time and never loops over a call's pages itself::
       EarlyRead.cancel()                nothing of it is used after (idempotent); the pipeline
                                         calls it once the call ends, however it ends
 
+    Publishing early, optional (:class:`PublishesEarly`, a runtime-checkable protocol: the
+    mover checks each write transfer for it once per call)
+      WriteTransfer.publish(positions)  the pages at ``positions`` arrived (a batch that
+                                        succeeded, told in order): their keys may be published
+                                        now, while later batches copy; ``finish`` does the rest
+
     ReadTransfer                        the keys of one get call, in order
       .limit                            keys it claimed from the start: the present run
       .miss                             why keys past ``limit`` miss, a metrics reason
@@ -93,6 +99,7 @@ __all__ = [
     "PoolReadsEarly",
     "PoolSpec",
     "PoolTier",
+    "PublishesEarly",
     "ReadTransfer",
     "Shape",
     "TierBackend",
@@ -243,6 +250,14 @@ class PoolReadsEarly(Protocol):
     see the module docstring)."""
 
     def read_early(self, keys: list[str]) -> EarlyRead | None: ...
+
+
+@runtime_checkable
+class PublishesEarly(Protocol):
+    """A write transfer that publishes each batch's keys once its pages arrived, before
+    ``finish`` (optional; see the module docstring)."""
+
+    def publish(self, positions: np.ndarray) -> None: ...
 
 
 class TierBackend(Protocol):

@@ -6,7 +6,7 @@ one page each; the store only decides which slot a key lives in, the pipeline mo
 Every slot is in one :class:`SlotState`; the transitions are::
 
     FREE       reserve                           -> RESERVED
-    RESERVED   commit with ok                    -> PUBLISHED
+    RESERVED   commit with ok, publish           -> PUBLISHED
     RESERVED   commit without ok, abort          -> FREE
     RESERVED   delete, clear                     -> CANCELLED
     CANCELLED  commit, abort                     -> FREE
@@ -15,7 +15,8 @@ Every slot is in one :class:`SlotState`; the transitions are::
     ORPHANED   last release                      -> FREE
 
 - A write reserves slots (invisible to lookups), copies into them, then commits exactly the keys
-  whose copy succeeded.
+  whose copy succeeded. A write of new keys in many batches may publish each batch's keys as
+  soon as its copy succeeded (:meth:`Store.publish`), so its commit has only the rest left.
 - A read claims the slots of the leading present run for the whole transfer and releases them
   after. A claimed slot is never evicted, overwritten or freed.
 - Each new occupant of a slot bumps the slot's generation; reservations and claims carry the
@@ -355,10 +356,10 @@ class Store:
     @_changes
     def commit(self, reservation: Reservation, ok: Sequence[bool] | np.ndarray) -> int:
         """Publish the reserved keys whose write succeeded (``ok`` per covered key; entries for
-        keys without a slot are ignored) and free the other slots. Returns how many keys were
-        published. Keys deleted or cleared meanwhile are not published: their bytes predate
-        the invalidation. A second or late commit (after abort, or from another store) does
-        nothing and returns 0.
+        keys without a slot are ignored) and free the other slots. Returns how many keys it
+        published (not those :meth:`publish` published before). Keys deleted or cleared
+        meanwhile are not published: their bytes predate the invalidation. A second or late
+        commit (after abort, or from another store) does nothing and returns 0.
 
         For the eviction policy, the covered keys are used in their order: a new key is
         admitted, a key that was present (and still is) is touched; so the policy sees one
@@ -374,6 +375,54 @@ class Store:
         with self._lock:
             self._check_open("commit")
             return self._settle(reservation, ok)
+
+    @_changes
+    def publish(self, reservation: Reservation, positions: np.ndarray | Sequence[int]) -> int:
+        """Publish now the reserved keys at ``positions`` (of ``reservation.keys``), whose pages
+        arrived, before the reservation is committed; returns how many were published.
+
+        A write of many batches publishes each batch as it lands, so the commit after its last
+        copy has only that batch left: on one H100, committing the 8,192 keys of a 2 GiB store
+        took 5.8 ms after its last copy, the copy engines idle. :meth:`commit` then publishes or
+        frees the rest; keys published here stay published, also through an abort.
+
+        Only a reservation of new keys takes part: one that holds present keys is committed
+        whole, so the policy sees its admits and touches in the keys' order (0, as after the
+        commit or an abort). Keys deleted or cleared meanwhile are not published.
+        """
+        with self._lock:
+            self._check_open("publish")
+            if reservation.token not in self._open_reservations or True in reservation.present:
+                return 0
+            at = np.asarray(positions, dtype=np.int64)
+            slots = reservation.slots[at]
+            valid = slots >= 0
+            at, taken = at[valid], slots[valid]
+            same = self._generation[taken] == reservation.generations[at]
+            at, taken = at[same], taken[same]
+            states = np.frombuffer(self._state, dtype=np.uint8)
+            reserved = states[taken] == _RESERVED
+            published = self._publish(reservation.keys, at[reserved], taken[reserved])
+            self._reserved -= published
+            return published
+
+    def _publish(self, keys: Sequence[str], positions: np.ndarray, taken: np.ndarray) -> int:
+        """The reserved ``keys`` at ``positions``, in slots ``taken``, published: out of the
+        reservations in flight, into the index, admitted by the policy in that order."""
+        published = positions.tolist()
+        collections.deque(
+            map(self._reserving.__delitem__, map(keys.__getitem__, published)), maxlen=0
+        )
+        new_slots = taken.tolist()
+        new_keys = list(map(keys.__getitem__, published))
+        self._index.update(zip(new_keys, new_slots, strict=True))
+        np.frombuffer(self._state, dtype=np.uint8)[taken] = _PUBLISHED
+        admit_many = getattr(self._policy, "admit_many", None)
+        if admit_many is not None:
+            admit_many(new_slots, new_keys)
+        else:
+            collections.deque(map(self._policy.admit, new_slots, new_keys), maxlen=0)
+        return len(new_slots)
 
     @_changes
     def abort(self, reservation: Reservation) -> None:
@@ -677,30 +726,21 @@ class Store:
             else np.asarray(ok, dtype=bool)[positions]
         )
         publish = reserved & arrived
-        reserving = self._reserving
+        published = self._publish(keys, positions[publish], taken[publish])
+        dropped = reserved & ~arrived
         collections.deque(
-            map(reserving.__delitem__, map(keys.__getitem__, positions[reserved].tolist())),
+            map(self._reserving.__delitem__, map(keys.__getitem__, positions[dropped].tolist())),
             maxlen=0,
         )
-        new_slots = taken[publish].tolist()
-        new_keys = list(map(keys.__getitem__, positions[publish].tolist()))
-        self._index.update(zip(new_keys, new_slots, strict=True))
-        states[taken[publish]] = _PUBLISHED
-        admit_many = getattr(self._policy, "admit_many", None)
-        if admit_many is not None:
-            admit_many(new_slots, new_keys)
-        else:
-            collections.deque(map(self._policy.admit, new_slots, new_keys), maxlen=0)
-        dropped = reserved & ~arrived
         freed = taken[dropped | (current == _CANCELLED)]
         owner = self._owner
         collections.deque(
             map(owner.__setitem__, taken[dropped].tolist(), itertools.repeat(None)), maxlen=0
         )
         states[freed] = _FREE
-        self._reserved -= len(new_slots) + len(freed)
+        self._reserved -= published + len(freed)
         self._free.give(freed.tolist())
-        return len(new_slots)
+        return published
 
     def _settle_each(self, reservation: Reservation, ok: Sequence[bool] | np.ndarray) -> int:
         """:meth:`_settle` key by key, for a commit that touches present keys."""

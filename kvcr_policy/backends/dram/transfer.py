@@ -4,7 +4,8 @@ read reads ahead.
 
 A read claims the slots of its leading present run for the whole call, lets the transport read
 ahead of its first batch (:meth:`.Transport.read_ahead`), and forgets that before it releases
-the claim; a write reserves slots and publishes exactly the pages that arrived.
+the claim; a write reserves slots and publishes exactly the pages that arrived, each batch's as
+it lands (:meth:`.Store.publish`), the rest when it finishes.
 
 The read-ahead may start before the call is validated and claimed (:class:`EarlyRead`, from
 :meth:`.backend.DramPool.read_early`): it reads the slots the keys had then, and the claim
@@ -216,6 +217,11 @@ class DramWrite(_Copies):
         self.slots = self.reservation.slots
         self.limit = len(self.reservation.keys)
         self.needs: np.ndarray | None = self.slots >= 0
+
+    def publish(self, positions: np.ndarray) -> None:
+        """Publish the keys at ``positions`` now, their pages arrived (:class:`.PublishesEarly`);
+        :meth:`finish` commits the rest."""
+        self.pool.store.publish(self.reservation, positions)
 
     def finish(self, moved: np.ndarray) -> list[bool]:
         reservation = self.reservation

@@ -178,6 +178,48 @@ def test_commit_publishes_only_the_keys_written() -> None:
     assert put(store, ["d"]).slots.tolist() == [1]  # b's slot went back to the free runs
 
 
+def test_publish_makes_keys_present_before_the_commit_which_does_the_rest() -> None:
+    store = Store(8)
+    reservation = store.reserve(["a", "b", "c"])
+    assert store.publish(reservation, np.array([2, 0])) == 2  # a batch that landed
+    assert store.lookup(["a", "b", "c"]).tolist() == [0, -1, 2]
+    assert store.stats().reserved == 1
+    assert store.publish(reservation, [0]) == 0  # published once
+    assert store.commit(reservation, np.array([True, False, True])) == 0  # b's copy failed
+    assert store.lookup(["a", "b", "c"]).tolist() == [0, -1, 2]
+    stats = store.stats()
+    assert (stats.reserved, stats.used, stats.keys) == (0, 2, 2)
+    assert store.publish(reservation, [1]) == 0  # settled: nothing more
+
+
+def test_an_abort_keeps_what_was_published_and_frees_the_rest() -> None:
+    store = Store(4)
+    reservation = store.reserve(["a", "b"])
+    store.publish(reservation, [1])
+    store.abort(reservation)
+    assert store.lookup(["a", "b"]).tolist() == [-1, 1]
+    assert store.stats().reserved == 0
+
+
+def test_a_write_of_present_keys_publishes_only_when_it_commits() -> None:
+    store = Store(4)
+    put(store, ["a"])
+    reservation = store.reserve(["b", "a"])
+    assert store.publish(reservation, [0]) == 0  # its admits and touches keep their order
+    assert store.contains_prefix(["b"]) == 0
+    assert store.commit(reservation, [True, True]) == 1
+
+
+def test_a_key_deleted_while_writing_is_not_published_early() -> None:
+    store = Store(4)
+    reservation = store.reserve(["a", "b"])
+    store.delete(["a"])
+    assert store.publish(reservation, [0, 1]) == 1
+    assert store.lookup(["a", "b"]).tolist() == [-1, 1]
+    assert store.commit(reservation, [True, True]) == 0
+    assert store.stats().reserved == 0
+
+
 def test_abort_frees_everything_and_a_late_commit_does_nothing() -> None:
     store = Store(1)
     stale = store.reserve(["a"])
@@ -535,6 +577,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.pinned: Counter[int] = Counter()  # slots open reservations hold as present
         self.last_generation: dict[int, int] = {}
         self.open: dict[int, Reservation] = {}
+        self.early: dict[int, set[int]] = {}  # positions of open reservations published early
         self.settled: list[Reservation] = []
         self.live: dict[int, Claim] = {}
         self.released: list[Claim] = []
@@ -622,14 +665,19 @@ class StoreMachine(RuleBasedStateMachine):
         touched if it still is, a written one admitted)."""
         published = 0
         self.pinned.subtract(reservation.held)
-        for key, slot, generation, written, present in zip(
-            reservation.keys,
-            reservation.slots.tolist(),
-            reservation.generations.tolist(),
-            ok,
-            reservation.present,
-            strict=True,
+        early = self.early.pop(reservation.token, set())
+        for position, (key, slot, generation, written, present) in enumerate(
+            zip(
+                reservation.keys,
+                reservation.slots.tolist(),
+                reservation.generations.tolist(),
+                ok,
+                reservation.present,
+                strict=True,
+            )
         ):
+            if position in early:  # published already, and its copy was complete
+                continue
             if slot < 0:
                 if commit and present and key in self.published:
                     self.touch(key)
@@ -646,6 +694,25 @@ class StoreMachine(RuleBasedStateMachine):
                     self.order.append(key)
                     published += 1
         self.settled.append(self.open.pop(reservation.token))
+        return published
+
+    def publish_early(self, reservation: Reservation, positions: list[int]) -> int:
+        """Keys of an open write of new keys published before it settles (their copies are
+        complete); a key deleted meanwhile is not."""
+        if True in reservation.present:
+            return 0
+        done = self.early.setdefault(reservation.token, set())
+        published = 0
+        for position in positions:
+            key = reservation.keys[position]
+            slot = int(reservation.slots[position])
+            if slot < 0 or position in done or self.reserving.get(key) != slot:
+                continue
+            del self.reserving[key]
+            self.published[key] = (slot, int(reservation.generations[position]))
+            self.order.append(key)
+            done.add(position)
+            published += 1
         return published
 
     def finish_write(self, reservation: Reservation, ok: list[bool]) -> None:
@@ -700,6 +767,17 @@ class StoreMachine(RuleBasedStateMachine):
         reservation = self.start_write(keys)
         if reservation is not None:
             self.finish_write(reservation, [True] * len(reservation.keys))
+
+    @precondition(lambda self: self.open)
+    @rule(data=st.data())
+    def publish(self, data: st.DataObject) -> None:
+        """A batch of an open write landed: its keys are published before the write settles."""
+        reservation = self.open[data.draw(st.sampled_from(sorted(self.open)))]
+        size = len(reservation.keys)
+        positions = data.draw(st.lists(st.integers(0, max(size - 1, 0)), unique=True))
+        positions = positions if size else []
+        expected = self.publish_early(reservation, positions)
+        assert self.store.publish(reservation, positions) == expected
 
     @precondition(lambda self: self.open)
     @rule(data=st.data())
