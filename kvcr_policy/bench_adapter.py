@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import Any, ClassVar, Protocol
 
-from .errors import BenchError
+from .errors import BenchError, UnsupportedError
 from .geometry import PoolGeometry
 
 __all__ = ["BenchBackend", "BenchSetup", "Pipeline"]
@@ -32,6 +32,8 @@ class Pipeline(Protocol):
     """What an adapter uses of a side's :class:`~kvcr_policy.pipeline.Pipeline`."""
 
     def probe(self, nbytes: int, pool: str | None = None) -> None: ...
+
+    def probe_store(self, nbytes: int, pool: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,10 @@ class BenchBackend:
     #: What the limit is, in words (the JSON's ``limit``); an adapter whose limit depends on the
     #: setup sets it on the instance.
     limit_text: str = "one move of the same bytes, tier -> pool (Pipeline.probe)"
+    #: A store's limit, in words (the JSON's ``store_limit``), where the backend has one.
+    store_limit_text: str = (
+        "one move of the same bytes, pool -> emptied tier (Pipeline.probe_store)"
+    )
     #: The same in a few words, for the verdict line (the JSON's ``limit_short``). The bench
     #: measures this host's memory copy of the same bytes beside it, for every backend.
     limit_short: str = "one move of the same bytes"
@@ -129,6 +135,17 @@ class BenchBackend:
         """GB/s of the backend's largest single move of ``nbytes`` into the pool."""
         start = time.perf_counter()
         pipeline.probe(nbytes)
+        return nbytes / (time.perf_counter() - start) / 1e9
+
+    def store_limit_gbps(self, pipeline: Pipeline, nbytes: int) -> float | None:
+        """GB/s of the backend's largest single move of ``nbytes`` out of the pool into its
+        emptied tier (:meth:`Pipeline.probe_store <kvcr_policy.pipeline.Pipeline.probe_store>`),
+        a store's limit; None where the backend has no such move."""
+        start = time.perf_counter()
+        try:
+            pipeline.probe_store(nbytes)
+        except UnsupportedError:
+            return None
         return nbytes / (time.perf_counter() - start) / 1e9
 
     def describe(self, transport: Mapping[str, Any]) -> dict[str, Any]:

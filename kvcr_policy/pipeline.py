@@ -477,20 +477,34 @@ class Pipeline:
         first ``nbytes`` and stores nothing; keys and claims are untouched.
         """
         with self._operation("probe"):
-            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
-                raise IndicesError(f"probe: expected a positive number of bytes, got {nbytes!r}")
-            geometry, tier = self._pool(pool, touch=True)
-            if nbytes > geometry.nbytes:  # every backend: the pool's own bounds (its tier's too)
-                message = (
-                    f"pool {geometry.name!r}: probe of {nbytes} bytes does not fit the pool "
-                    f"({geometry.nbytes} bytes); probe at most {geometry.nbytes}"
-                )
-                raise IndicesError(message)
+            geometry, tier = self._probed(nbytes, pool, "probe")
             meter = self.meters.get(geometry.name)
             if meter is not None:
                 meter.probe(lambda: reports.probe(tier, nbytes), nbytes)  # the link-limit gauge
             else:
                 reports.probe(tier, nbytes)
+
+    def probe_store(self, nbytes: int, pool: str | None = None) -> None:
+        """:meth:`probe` the other way, a store's limit: the pool's first ``nbytes`` into the
+        tier with the backend's largest single operation. It overwrites the tier's first bytes,
+        so a backend takes it only while its tier is empty and idle (the ``dram`` tier refuses
+        otherwise: :meth:`clear` first); an UnsupportedError where the backend has none."""
+        with self._operation("probe_store"):
+            _, tier = self._probed(nbytes, pool, "probe_store")
+            reports.probe_store(tier, nbytes)
+
+    def _probed(self, nbytes: int, pool: str | None, name: str) -> tuple[PoolGeometry, PoolTier]:
+        """The pool a probe of ``nbytes`` moves, and its tier; refused where it does not fit."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+            raise IndicesError(f"{name}: expected a positive number of bytes, got {nbytes!r}")
+        geometry, tier = self._pool(pool, touch=True)
+        if nbytes > geometry.nbytes:  # every backend: the pool's own bounds (its tier's too)
+            message = (
+                f"pool {geometry.name!r}: {name} of {nbytes} bytes does not fit the pool "
+                f"({geometry.nbytes} bytes); probe at most {geometry.nbytes}"
+            )
+            raise IndicesError(message)
+        return geometry, tier
 
     # ---- reporting ----------------------------------------------------------------------
 

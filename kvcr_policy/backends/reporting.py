@@ -3,8 +3,8 @@
 :class:`PoolReporting` and :class:`BackendReporting` are not part of the data path: a backend
 implements the ones it can. The pipeline and the meters ask
 through these functions, so a backend without them still moves pages: no stats of its own
-(``{}``), no audit (``None``), no usage gauges, and a probe (``kvcr-policy bench``'s limit) that
-says it has none.
+(``{}``), no audit (``None``), no usage gauges, and probes (``kvcr-policy bench``'s limits of a
+restore and a store) that say it has none.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = [
     "audit_of",
     "describe",
     "probe",
+    "probe_store",
     "stats_of",
 ]
 
@@ -57,6 +58,8 @@ class PoolReporting(Protocol):
 
     def probe(self, nbytes: int) -> None: ...
 
+    def probe_store(self, nbytes: int) -> None: ...
+
     def stats(self) -> dict[str, Any]: ...
 
     def audit(self) -> dict[str, Any] | None: ...
@@ -89,6 +92,19 @@ def probe(tier: Any, nbytes: int) -> None:
         message = (
             f"{type(tier).__name__} has no probe(nbytes): its backend cannot measure its largest "
             "single move (implement PoolReporting.probe to give bench a limit)"
+        )
+        raise UnsupportedError(message)
+    run(nbytes)
+
+
+def probe_store(tier: Any, nbytes: int) -> None:
+    """``tier.probe_store(nbytes)``; an UnsupportedError for a tier that has none."""
+    run = getattr(tier, "probe_store", None)
+    if run is None:
+        message = (
+            f"{type(tier).__name__} has no probe_store(nbytes): its backend cannot measure its "
+            "largest single move into the tier (implement PoolReporting.probe_store to give "
+            "bench a store limit)"
         )
         raise UnsupportedError(message)
     run(nbytes)

@@ -94,6 +94,10 @@ def _r(value: float) -> float:
     return round(value, 3)
 
 
+def _maybe(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def ratio_to(runs: Iterable[Run], limit: Limit) -> float:
     """THE ratio to a limit (the module docstring): the median of ``restore / limit`` over
     ``runs``, each restore against the ``limit`` measured right before it (``"limit"``: the
@@ -152,6 +156,14 @@ class BenchResult:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: Side label -> how many stores its figures are the median of (0: its first store only).
     stores_timed: Mapping[str, int] = field(default_factory=dict)
+    #: Side label -> the store's limit, the backend's move of the same bytes into its emptied
+    #: tier, measured right before each of its stores (median); only sides whose backend has
+    #: one (``Pipeline.probe_store``).
+    store_limit_gbps: Mapping[str, float] = field(default_factory=dict)
+    #: Side label -> the median over its stores of each store's rate over that limit.
+    store_ratio: Mapping[str, float] = field(default_factory=dict)
+    #: What the store's limit is, in words.
+    store_limit: str = "one move of the same bytes, pool -> emptied tier (Pipeline.probe_store)"
 
     # ---- figures ------------------------------------------------------------------------
 
@@ -248,6 +260,10 @@ class BenchResult:
                 self.store_ratio_to_host_copy_limit(base)
             ),
             "stores_timed": dict(self.stores_timed),
+            "store_limit": self.store_limit if self.store_limit_gbps else None,
+            "store_limit_gigabytes_per_s": _maybe(self.store_limit_gbps.get("P")),
+            "store_ratio_to_limit": _maybe(self.store_ratio.get("P")),
+            "baseline_store_ratio_to_limit": _maybe(self.store_ratio.get(base)),
         }
         if base == "peer":
             data.update(

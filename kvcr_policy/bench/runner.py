@@ -91,6 +91,8 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
     store_gbps: dict[str, float] = {}
     store_host: dict[str, float] = {}
     stores_timed: dict[str, int] = {}
+    store_limit: dict[str, float] = {}
+    store_ratio: dict[str, float] = {}
     with ExitStack() as stack:
         pool, sides = plan.comparison.open(stack, plan)
         say(f"filling {nbytes / 2**30:.2f} GiB of source pages (and the host copy's buffers)")
@@ -100,16 +102,21 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
         src = tokens_of(page, pool.src_pages[order])
         dst = tokens_of(page, pool.dst_pages)
         stored_keys = [keys[i] for i in order]
-        stores: dict[str, list[tuple[float, float]]] = {label: [] for label in sides}
-        first: dict[str, tuple[float, float]] = {}
+        stores: dict[str, list[tuple[float, float, float | None]]] = {s: [] for s in sides}
+        first: dict[str, tuple[float, float, float | None]] = {}
 
-        def store(label: str) -> tuple[float, float]:
+        def store(label: str) -> tuple[float, float, float | None]:
+            """One store into the side's empty tier: its rate, and the host copy and the store's
+            limit (the backend's move into the same tier, where it has one) right before it."""
             side = sides[label]
             copy = host.gbps()
+            limit = None
+            if side.pipeline is not None:
+                limit = backend.store_limit_gbps(side.pipeline, nbytes)
             seconds, ok = _timed(pool.sync, partial(side.store, stored_keys, src))
             if not ok:
                 raise BenchError(f"{side.name!r} did not store all {n} pages; see its log")
-            return nbytes / seconds / 1e9, copy
+            return nbytes / seconds / 1e9, copy, limit
 
         for label, side in sides.items():
             say(f"{side.name}: storing {n} pages")
@@ -127,9 +134,13 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
                     stores[label].append(store(label))
         for label, side in sides.items():
             taken = stores[label] or [first[label]]
-            store_gbps[label] = float(np.median([gbps for gbps, _ in taken]))
-            store_host[label] = float(np.median([copy for _, copy in taken]))
+            store_gbps[label] = float(np.median([gbps for gbps, _, _ in taken]))
+            store_host[label] = float(np.median([copy for _, copy, _ in taken]))
             stores_timed[label] = len(stores[label])
+            limits = [(gbps, limit) for gbps, _, limit in taken if limit is not None]
+            if limits:  # each store over the limit measured right before it (result.py)
+                store_limit[label] = float(np.median([limit for _, limit in limits]))
+                store_ratio[label] = float(np.median([gbps / limit for gbps, limit in limits]))
             if setup.metrics and side.pipeline is not None:
                 side.pipeline.audit()  # the placement gauges: where the stored pages are
         limit_pipeline = sides["P"].pipeline
@@ -179,6 +190,9 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
         store_gbps=store_gbps,
         store_host_copy_gbps=store_host,
         stores_timed=stores_timed,
+        store_limit_gbps=store_limit,
+        store_ratio=store_ratio,
+        store_limit=backend.store_limit_text,
         limit_short=backend.limit_short,
         host_copy_limit=HOST_COPY_TEXT,
         exists_keys_per_s=exists,

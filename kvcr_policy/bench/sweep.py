@@ -5,9 +5,10 @@ A change to a copy path is checked against every shape at once: page sizes from 
 tokens, one rank and several. Each row is one ordinary run of the benchmark (the command's
 profiles, ``--repeat``, ``--set`` and ``--vs-set`` apply to every row), so each row's ratios
 are to limits measured in its own run. The table gives P's restore over the limit in both
-orders, the baseline's, both stores over the limit (medians of ``repeat`` stores in each
-order), and whether P was at least the baseline in both orders; ``--screen`` applies to every
-row.
+orders, the baseline's, both stores over the store's limit (the backend's move of the same
+bytes into its emptied tier, right before each store; where the backend has none, the
+restore's limit; medians of ``repeat`` stores in each order), and whether P was at least the
+baseline in both orders; ``--screen`` applies to every row.
 """
 
 from __future__ import annotations
@@ -114,6 +115,14 @@ MATRICES: dict[str, tuple[SweepShape, ...]] = {
 _EXISTS_KEYS = 1
 
 
+def _store_ratio(result: BenchResult, label: str) -> float:
+    """Side ``label``'s store over the store's own limit (the backend's move into the emptied
+    tier, measured right before each store) where the backend has one, else over the restore's
+    limit (the row's ``store_limit`` says which)."""
+    ratio = result.store_ratio.get(label)
+    return ratio if ratio is not None else result.store_gbps[label] / result.limit_gbps
+
+
 def sweep_row(shape: SweepShape, result: BenchResult, screen_pct: float | None) -> dict[str, Any]:
     """One row of the table (and of the JSON's ``shapes``)."""
     base = result.baseline
@@ -138,8 +147,9 @@ def sweep_row(shape: SweepShape, result: BenchResult, screen_pct: float | None) 
         "ratio_to_limit": round(result.ratio_to_limit("P"), 3),
         "baseline_ratio_to_limit": round(result.ratio_to_limit(base), 3),
         "orders": orders,
-        "store_ratio_to_limit": round(result.store_gbps["P"] / limit, 3),
-        "baseline_store_ratio_to_limit": round(result.store_gbps[base] / limit, 3),
+        "store_ratio_to_limit": round(_store_ratio(result, "P"), 3),
+        "baseline_store_ratio_to_limit": round(_store_ratio(result, base), 3),
+        "store_limit": "pool -> tier" if "P" in result.store_ratio else "tier -> pool",
         "at_least_baseline": at_least,
         "limit_gigabytes_per_s": round(limit, 3),
         "device": result.extra.get("device"),

@@ -22,6 +22,7 @@ README_KEYS = (
     "baseline_gigabytes_per_s", "ratio_to_limit", "host_copy_limit_gigabytes_per_s",
     "ratio_to_host_copy_limit", "limit", "host_copy_limit", "limit_short",
     "store_host_copy_limit_gigabytes_per_s", "store_ratio_to_host_copy_limit",
+    "store_limit_gigabytes_per_s", "store_ratio_to_limit", "store_limit",
     "speedup_vs_baseline", "exists_keys_per_s", "orders", "profiles", "descriptors", "runs",
 )  # fmt: skip
 

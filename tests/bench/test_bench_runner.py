@@ -56,15 +56,20 @@ def test_the_limit_is_one_probe_of_the_same_bytes_right_before_each_restore(
     assert calls == [("probe", result.nbytes), ("get", result.pages)] * 4
 
 
-def test_both_limits_right_before_each_restore_and_a_host_copy_before_each_store(
+def test_both_limits_right_before_each_restore_and_before_each_store(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[tuple[str, int]] = []
     probe, get, put, copy = Pipeline.probe, Pipeline.get, Pipeline.set, HostCopy.copy
+    probe_store = Pipeline.probe_store
 
     def probing(self: Pipeline, nbytes: int, pool: str | None = None) -> None:
         calls.append(("probe", nbytes))
         probe(self, nbytes, pool)
+
+    def probing_store(self: Pipeline, nbytes: int, pool: str | None = None) -> None:
+        calls.append(("probe_store", nbytes))
+        probe_store(self, nbytes, pool)
 
     def getting(self: Pipeline, keys: Any, indices: Any, *args: Any, **kw: Any) -> list[bool]:
         calls.append(("get", len(keys)))
@@ -79,6 +84,7 @@ def test_both_limits_right_before_each_restore_and_a_host_copy_before_each_store
         copy(self)
 
     monkeypatch.setattr(Pipeline, "probe", probing)
+    monkeypatch.setattr(Pipeline, "probe_store", probing_store)
     monkeypatch.setattr(Pipeline, "get", getting)
     monkeypatch.setattr(Pipeline, "set", setting)
     monkeypatch.setattr(HostCopy, "copy", copying)
@@ -86,7 +92,7 @@ def test_both_limits_right_before_each_restore_and_a_host_copy_before_each_store
     n, pages = result.nbytes, result.pages
     # A first store per side fills its tier; then one store per side in each order, each
     # into the emptied tier: the figures are of these 4.
-    stores = [("host copy", n), ("set", pages)] * (2 + 4)
+    stores = [("host copy", n), ("probe_store", n), ("set", pages)] * (2 + 4)
     restores = [("probe", n), ("host copy", n), ("get", pages)] * 4
     # The first host copy is the untimed one that faults the buffers in; the metadata
     # measurement's stores (1000 one-byte pages) come after the restores.
@@ -96,6 +102,12 @@ def test_both_limits_right_before_each_restore_and_a_host_copy_before_each_store
     assert all(r["host_copy_limit_gigabytes_per_s"] > 0 for r in data["runs"])
     assert data["store_host_copy_limit_gigabytes_per_s"] > 0
     assert data["host_copy_limit"].startswith("one contiguous copy of the same bytes")
+    # The dram tier's store limit: its move of the same bytes into the emptied tier.
+    assert data["store_limit_gigabytes_per_s"] > 0 and data["store_ratio_to_limit"] > 0
+    assert data["baseline_store_ratio_to_limit"] > 0
+    assert data["store_limit"] == "one move of the same bytes, pool -> emptied tier " + (
+        "(Pipeline.probe_store)"
+    )
 
 
 def test_a_plugins_backend_without_an_adapter_gets_both_limits_too() -> None:

@@ -92,6 +92,20 @@ class DramPool:
 
     def probe(self, nbytes: int) -> None:
         tier, pool = self.tier_side.endpoint, self.pool_side.endpoint
+        self.transport.submit(CopyBatch(tier, pool, self._first(nbytes))).result()
+
+    def probe_store(self, nbytes: int) -> None:
+        """:meth:`probe` the other way: the pool's first ``nbytes`` into the tier's first bytes,
+        one copy (a store's limit). Only while the tier holds, reserves and claims no slot
+        (:meth:`.Store.idle`, which keeps it so until the copy ends): nothing stored is lost."""
+        tier, pool = self.tier_side.endpoint, self.pool_side.endpoint
+        whole = self._first(nbytes)
+        with self.store.idle(f"pool {self.name!r}: store probe"):
+            self.transport.submit(CopyBatch(pool, tier, whole)).result()
+
+    def _first(self, nbytes: int) -> Descriptors:
+        """One copy of the first ``nbytes`` of both sides; an IndicesError where they do not fit."""
+        tier, pool = self.tier_side.endpoint, self.pool_side.endpoint
         room = min(tier.nbytes, pool.nbytes)
         if nbytes > room:
             message = (
@@ -99,8 +113,7 @@ class DramPool:
                 f"bytes, pool {pool.nbytes} bytes); probe at most {room}"
             )
             raise IndicesError(message)
-        one = Descriptors.from_arrays([0], [0], [nbytes])
-        self.transport.submit(CopyBatch(tier, pool, one)).result()
+        return Descriptors.from_arrays([0], [0], [nbytes])
 
     def stats(self) -> dict[str, Any]:
         store = self.store.stats() if not self.store.closed else None

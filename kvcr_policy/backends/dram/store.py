@@ -34,7 +34,8 @@ import enum
 import functools
 import itertools
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
@@ -45,7 +46,7 @@ from kvcr_policy.backends.dram.claims import ClaimCounts
 from kvcr_policy.backends.dram.extents import _FreeExtents, count_extents
 from kvcr_policy.backends.dram.recent import RecentKeys
 from kvcr_policy.builtin.eviction import EVICTION_POLICIES, FIFOPolicy, LRUPolicy
-from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError
+from kvcr_policy.errors import ArgumentError, CapacityError, ClosedError, IndicesError
 from kvcr_policy.strategies import Evictable, EvictionPolicy
 
 __all__ = [
@@ -569,6 +570,23 @@ class Store:
         commit, abort, claim, release, delete, clear, evict), outside the lock, on the calling
         thread: gauges of claims and bytes in use follow each change, not the next request."""
         self._watchers.append(changed)
+
+    @contextmanager
+    def idle(self, operation: str) -> Iterator[None]:
+        """Hold the store while every slot is free: no write reserves and no read claims a slot
+        until the block ends. For ``operation``, which overwrites the tier's bytes (a probe of
+        the store direction): an IndicesError while any slot is stored, reserved or claimed."""
+        with self._lock:
+            self._check_open(operation)
+            taken = self._capacity - self._free.free
+            if taken:
+                message = (
+                    f"{operation}: {taken} of the tier's {self._capacity} slots are stored, "
+                    "reserved or claimed, and it overwrites the tier's first bytes; clear the "
+                    "tier and let its calls end first"
+                )
+                raise IndicesError(message)
+            yield
 
     def stats(self) -> StoreStats:
         """Current counters."""
