@@ -76,6 +76,15 @@ def test_a_row_is_p_and_the_baseline_over_their_own_limits() -> None:
     assert table[3].endswith("| NO | NO |")
 
 
+def test_a_store_below_the_baselines_is_not_at_least_the_baseline() -> None:
+    shape = MATRICES["cpu"][2]
+    # Restores above the baseline's in both orders; the store at 0.01 of the limit against
+    # the baseline's 0.02 (result() stores Q at 1 GB/s of 50).
+    row = sweep_row(shape, result(0.96, 0.3, 0.01), screen_pct=None)
+    assert not row["at_least_baseline"]
+    assert sweep_table([row]).splitlines()[2].endswith("| 0.010 | 0.020 | NO | yes |")
+
+
 def test_every_shape_runs_in_order_with_its_own_setup() -> None:
     shapes = MATRICES["cpu"][:3]
     base = BenchSetup(profile="throughput", vs="default", repeat=2, overrides={"a": "1"})
