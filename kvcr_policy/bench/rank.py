@@ -54,8 +54,9 @@ def now() -> float:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One timed step of one rank: ``kind`` is ``store``, ``limit``, ``host_copy`` or
-    ``restore`` (a host copy before a store has repeat -1 and no order, as the store)."""
+    """One timed step of one rank: ``kind`` is ``store``, ``store_limit``, ``limit``,
+    ``host_copy`` or ``restore`` (a host copy and a store limit before a store have repeat -1
+    and no order, as the store)."""
 
     kind: str
     repeat: int
@@ -124,6 +125,11 @@ def run_rank(setup: BenchSetup, rank: int, barrier: Barrier, say: Say) -> RankRe
             say(f"{setup.ranks} ranks: {side.name} storing {n} pages each")
             start, end, _ = _step(barrier, pool.sync, host.copy)
             steps.append(Step("host_copy", -1, "", label, start, end, limit_bytes, True))
+            if side.pipeline is not None:  # the store's limit, into the still empty tier
+                probe = partial(plan.backend.store_limit_gbps, side.pipeline, limit_bytes)
+                start, end, gbps = _step(barrier, pool.sync, probe)
+                if gbps is not None:
+                    steps.append(Step("store_limit", -1, "", label, start, end, limit_bytes, True))
             start, end, ok = _step(barrier, pool.sync, partial(side.store, stored, src))
             if not ok:
                 raise BenchError(f"rank {rank}: {side.name!r} did not store all {n} pages")

@@ -24,6 +24,10 @@ LIMIT_TEXT = (
     "every rank's copy of min(4 GiB, its shard), tier -> pool with its transport ({how}), all at "
     "once: their bytes over the span from the first start to the last end"
 )
+STORE_LIMIT_TEXT = (
+    "every rank's move of min(4 GiB, its shard), pool -> emptied tier (Pipeline.probe_store), "
+    "all at once: their bytes over the span from the first start to the last end"
+)
 HOST_COPY_RANKS_TEXT = (
     "every rank's host memory copy of as many bytes as its limit, all at once (their bytes over "
     "the span from the first start to the last end); each: " + HOST_COPY_TEXT
@@ -120,6 +124,10 @@ def aggregate(plan: Plan, reports: Sequence[RankReport], exists: dict[str, float
         for (rep, _, label), steps in _moments(reports, "host_copy").items()
         if rep < 0
     }
+    store_limits = {  # the backend's move into the empty tier right before each store
+        label: _span_gbps(steps)
+        for (_, _, label), steps in _moments(reports, "store_limit").items()
+    }
     skews = [
         max(s.start for s in steps) - min(s.start for s in steps)
         for steps in _moments(reports, "restore").values()
@@ -139,6 +147,9 @@ def aggregate(plan: Plan, reports: Sequence[RankReport], exists: dict[str, float
         profiles=first.profiles,
         store_gbps=stores,
         store_host_copy_gbps=store_copies,
+        store_limit_gbps=store_limits,
+        store_ratio={label: stores[label] / gbps for label, gbps in store_limits.items()},
+        store_limit=STORE_LIMIT_TEXT,
         limit_short=f"{plan.backend.limit_short}, every rank at once",
         host_copy_limit=HOST_COPY_RANKS_TEXT,
         exists_keys_per_s=exists,

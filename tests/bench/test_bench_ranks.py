@@ -61,8 +61,11 @@ def test_every_timed_step_starts_only_when_every_rank_is_there() -> None:
     moments = list(zip(*steps, strict=True))
     for moment in moments:
         assert len({(s.kind, s.repeat, s.order, s.side) for s in moment}) == 1
-    kinds = [s.kind for s in steps[0]]  # a host copy before each store, both limits before
-    assert kinds == ["host_copy", "store"] * 2 + ["limit", "host_copy", "restore"] * 4
+    kinds = [s.kind for s in steps[0]]  # a host copy and the store's limit before each store,
+    # both limits before each restore
+    assert (
+        kinds == ["host_copy", "store_limit", "store"] * 2 + ["limit", "host_copy", "restore"] * 4
+    )
     for before, after in itertools.pairwise(moments):
         # the barrier: no rank starts a step before every rank ended the one before it
         assert min(s.start for s in after) >= max(s.end for s in before)
@@ -113,6 +116,9 @@ def test_the_aggregate_spans_from_the_first_start_to_the_last_end() -> None:
     assert [r["host_copy_limit_gigabytes_per_s"] for r in data["per_rank"]] == [4.0, 5.0]
     assert [r["ratio_to_host_copy_limit"] for r in data["per_rank"]] == [0.25, 0.133]
     assert data["store_host_copy_limit_gigabytes_per_s"] > 0  # the real one, before each store
+    # The store's limit, every rank's move into its empty tier at once, before each store.
+    assert data["store_limit_gigabytes_per_s"] > 0 and data["store_ratio_to_limit"] > 0
+    assert data["store_limit"].startswith("every rank's move of min(4 GiB, its shard), pool ->")
 
 
 @pytest.mark.slow
