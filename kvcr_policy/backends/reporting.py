@@ -87,25 +87,20 @@ def audit_of(tier: Any) -> dict[str, Any] | None:
 
 def probe(tier: Any, nbytes: int) -> None:
     """``tier.probe(nbytes)``; an UnsupportedError for a tier that has no probe."""
-    run = getattr(tier, "probe", None)
-    if run is None:
-        message = (
-            f"{type(tier).__name__} has no probe(nbytes): its backend cannot measure its largest "
-            "single move (implement PoolReporting.probe to give bench a limit)"
-        )
-        raise UnsupportedError(message)
-    run(nbytes)
+    _probe(tier, "probe", nbytes, "its largest single move (implement PoolReporting.probe to "
+           "give bench a limit)")  # fmt: skip
 
 
 def probe_store(tier: Any, nbytes: int) -> None:
     """``tier.probe_store(nbytes)``; an UnsupportedError for a tier that has none."""
-    run = getattr(tier, "probe_store", None)
+    _probe(tier, "probe_store", nbytes, "its largest single move into the tier (implement "
+           "PoolReporting.probe_store to give bench a store limit)")  # fmt: skip
+
+
+def _probe(tier: Any, name: str, nbytes: int, what: str) -> None:
+    run = getattr(tier, name, None)
     if run is None:
-        message = (
-            f"{type(tier).__name__} has no probe_store(nbytes): its backend cannot measure its "
-            "largest single move into the tier (implement PoolReporting.probe_store to give "
-            "bench a store limit)"
-        )
+        message = f"{type(tier).__name__} has no {name}(nbytes): its backend cannot measure {what}"
         raise UnsupportedError(message)
     run(nbytes)
 
