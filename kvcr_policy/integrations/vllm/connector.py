@@ -201,10 +201,8 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
 
     # ---- scheduler ------------------------------------------------------------------------
 
-    def _lookup(self, keys: list[str], decided: Admission | None = None) -> tuple[int, int]:
-        """``(present, admitted)`` leading blocks of ``keys``; ``decided``: the admission's
-        decision :meth:`_declines` answered on (counted here, the declined keys not noted:
-        vLLM computes them and its saves of them were planned without waiting)."""
+    def _lookup(self, keys: list[str]) -> tuple[int, int]:
+        """``(present, admitted)`` leading blocks of ``keys``."""
         pipeline = self._pipeline or published(self.engine_id)
         if pipeline is None:
             return 0, 0  # the worker has not registered its blocks yet
@@ -212,14 +210,19 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         # block not reported is computed by vLLM instead of loaded, and noted by the
         # admission (not saved again: :meth:`_declined`).
         present = int(pipeline.exists(keys, POOL))
-        return present, pipeline.admit(present, [POOL], keys if decided is None else (), decided)
+        return present, pipeline.admit(present, [POOL], keys)
 
     def _declines(self, pages: int) -> Admission | None:
         """The admission's decision when it would report none of a lookup's ``pages``
-        blocks, present or not (:meth:`~kvcr_policy.pipeline.Pipeline.declines`): the
-        scheduler answers "no hit" at once; None otherwise, or before the pool is known."""
+        blocks, present or not (:meth:`~kvcr_policy.pipeline.Pipeline.declines`), counted
+        here, every block declined: the scheduler answers "no hit" at once, without asking
+        the tier (vLLM computes them, present or not, and its saves of them are planned
+        without waiting). None otherwise, or before the pool is known."""
         pipeline = self._pipeline or published(self.engine_id)
-        return None if pipeline is None else pipeline.declines(pages, [POOL])
+        decided = None if pipeline is None else pipeline.declines(pages, [POOL])
+        if pipeline is not None and decided is not None:
+            pipeline.admit(pages, [POOL], (), decided)
+        return decided
 
     def _declined(self, keys: Sequence[str]) -> list[bool] | None:
         """Per key of a planned save, whether a lookup declined it (then forgotten); None
