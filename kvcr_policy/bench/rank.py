@@ -125,7 +125,8 @@ def run_rank(setup: BenchSetup, rank: int, barrier: Barrier, say: Say) -> RankRe
             say(f"{setup.ranks} ranks: {side.name} storing {n} pages each")
             start, end, _ = _step(barrier, pool.sync, host.copy)
             steps.append(Step("host_copy", -1, "", label, start, end, limit_bytes, True))
-            if side.pipeline is not None:  # the store's limit, into the still empty tier
+            if label == "P" and side.pipeline is not None:  # the store's limit: P's move into
+                # its still empty tier (one limit for both sides, as a restore's is P's)
                 probe = partial(plan.backend.store_limit_gbps, side.pipeline, limit_bytes)
                 start, end, gbps = _step(barrier, pool.sync, probe)
                 if gbps is not None:

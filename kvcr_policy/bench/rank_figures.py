@@ -148,7 +148,9 @@ def aggregate(plan: Plan, reports: Sequence[RankReport], exists: dict[str, float
         store_gbps=stores,
         store_host_copy_gbps=store_copies,
         store_limit_gbps=store_limits,
-        store_ratio={label: stores[label] / gbps for label, gbps in store_limits.items()},
+        store_ratio={label: rate / store_limits["P"] for label, rate in stores.items()}
+        if "P" in store_limits
+        else {},
         store_limit=STORE_LIMIT_TEXT,
         limit_short=f"{plan.backend.limit_short}, every rank at once",
         host_copy_limit=HOST_COPY_RANKS_TEXT,

@@ -156,11 +156,12 @@ class BenchResult:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: Side label -> how many stores its figures are the median of (0: its first store only).
     stores_timed: Mapping[str, int] = field(default_factory=dict)
-    #: Side label -> the store's limit, the backend's move of the same bytes into its emptied
-    #: tier, measured right before each of its stores (median); only sides whose backend has
-    #: one (``Pipeline.probe_store``).
+    #: ``"P"`` -> the store's limit, P's move of the same bytes into its emptied tier,
+    #: measured right before each of P's stores (median), where the backend has one
+    #: (``Pipeline.probe_store``); one limit for both sides, as a restore's is P's.
     store_limit_gbps: Mapping[str, float] = field(default_factory=dict)
-    #: Side label -> the median over its stores of each store's rate over that limit.
+    #: Side label -> its stores over that limit: P's the median of each store over the limit
+    #: right before it, the baseline's its median store over P's median limit.
     store_ratio: Mapping[str, float] = field(default_factory=dict)
     #: What the store's limit is, in words.
     store_limit: str = "one move of the same bytes, pool -> emptied tier (Pipeline.probe_store)"

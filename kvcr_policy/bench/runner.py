@@ -106,12 +106,13 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
         first: dict[str, tuple[float, float, float | None]] = {}
 
         def store(label: str) -> tuple[float, float, float | None]:
-            """One store into the side's empty tier: its rate, and the host copy and the store's
-            limit (the backend's move into the same tier, where it has one) right before it."""
+            """One store into the side's empty tier: its rate, and the host copy right before
+            it; before P's, the store's limit too (P's move into its emptied tier, where the
+            backend has one: one limit for both sides, as a restore's is P's)."""
             side = sides[label]
             copy = host.gbps()
             limit = None
-            if side.pipeline is not None:
+            if label == "P" and side.pipeline is not None:
                 limit = backend.store_limit_gbps(side.pipeline, nbytes)
             seconds, ok = _timed(pool.sync, partial(side.store, stored_keys, src))
             if not ok:
@@ -138,11 +139,13 @@ def run_plan(plan: Plan, say: Progress) -> BenchResult:
             store_host[label] = float(np.median([copy for _, copy, _ in taken]))
             stores_timed[label] = len(stores[label])
             limits = [(gbps, limit) for gbps, _, limit in taken if limit is not None]
-            if limits:  # each store over the limit measured right before it (result.py)
+            if limits:  # P's stores over the limit measured right before each (result.py)
                 store_limit[label] = float(np.median([limit for _, limit in limits]))
                 store_ratio[label] = float(np.median([gbps / limit for gbps, limit in limits]))
             if setup.metrics and side.pipeline is not None:
                 side.pipeline.audit()  # the placement gauges: where the stored pages are
+        if "P" in store_limit:  # the baseline's stores over P's limits, their median
+            store_ratio[base] = store_gbps[base] / store_limit["P"]
         limit_pipeline = sides["P"].pipeline
         if limit_pipeline is None:
             raise BenchError("side P has no pipeline to measure the limit with")

@@ -61,11 +61,10 @@ def test_every_timed_step_starts_only_when_every_rank_is_there() -> None:
     moments = list(zip(*steps, strict=True))
     for moment in moments:
         assert len({(s.kind, s.repeat, s.order, s.side) for s in moment}) == 1
-    kinds = [s.kind for s in steps[0]]  # a host copy and the store's limit before each store,
-    # both limits before each restore
-    assert (
-        kinds == ["host_copy", "store_limit", "store"] * 2 + ["limit", "host_copy", "restore"] * 4
-    )
+    kinds = [s.kind for s in steps[0]]  # a host copy before each store, the store's limit
+    # before P's (one for both sides), both limits before each restore
+    stores = ["host_copy", "store_limit", "store", "host_copy", "store"]
+    assert kinds == stores + ["limit", "host_copy", "restore"] * 4
     for before, after in itertools.pairwise(moments):
         # the barrier: no rank starts a step before every rank ended the one before it
         assert min(s.start for s in after) >= max(s.end for s in before)

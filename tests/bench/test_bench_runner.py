@@ -92,7 +92,10 @@ def test_both_limits_right_before_each_restore_and_before_each_store(
     n, pages = result.nbytes, result.pages
     # A first store per side fills its tier; then one store per side in each order, each
     # into the emptied tier: the figures are of these 4.
-    stores = [("host copy", n), ("probe_store", n), ("set", pages)] * (2 + 4)
+    # P's store limit (its move into its emptied tier) right before each of P's stores.
+    p_store = [("host copy", n), ("probe_store", n), ("set", pages)]
+    q_store = [("host copy", n), ("set", pages)]
+    stores = p_store + q_store + (p_store + q_store + q_store + p_store) * 1
     restores = [("probe", n), ("host copy", n), ("get", pages)] * 4
     # The first host copy is the untimed one that faults the buffers in; the metadata
     # measurement's stores (1000 one-byte pages) come after the restores.
@@ -102,9 +105,11 @@ def test_both_limits_right_before_each_restore_and_before_each_store(
     assert all(r["host_copy_limit_gigabytes_per_s"] > 0 for r in data["runs"])
     assert data["store_host_copy_limit_gigabytes_per_s"] > 0
     assert data["host_copy_limit"].startswith("one contiguous copy of the same bytes")
-    # The dram tier's store limit: its move of the same bytes into the emptied tier.
+    # The dram tier's store limit: its move of the same bytes into the emptied tier, P's
+    # for both sides (as a restore's limit is P's).
     assert data["store_limit_gigabytes_per_s"] > 0 and data["store_ratio_to_limit"] > 0
-    assert data["baseline_store_ratio_to_limit"] > 0
+    limit = result.store_limit_gbps["P"]
+    assert result.store_ratio["Q"] == result.store_gbps["Q"] / limit
     assert data["store_limit"] == "one move of the same bytes, pool -> emptied tier " + (
         "(Pipeline.probe_store)"
     )
