@@ -11,7 +11,8 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,9 +140,14 @@ def run(command: BenchCommand) -> None:
         shown, say = progress(steps(setup), err)
         with shown:
             result = run_plan(plan, say)
-        _report(result, screen_pct, command.plot, command.json)
-        if exposed is not None:
-            hold(exposed, command.metrics_hold)
+        if exposed is None:
+            _report(result, screen_pct, command.plot, command.json)
+        else:
+            # The signals are caught before the figures are printed: a reader that stops the
+            # hold as soon as it has them must not kill the process mid-hand-over.
+            with stopping() as stop:
+                _report(result, screen_pct, command.plot, command.json)
+                hold(exposed, command.metrics_hold, stop)
     finally:
         if exposed is not None:
             exposed.close()
@@ -194,8 +200,9 @@ def _outcome_lines(verdict: Any, plot: str | None) -> list[str]:
     return lines
 
 
-def hold(exposed: MetricsServer, seconds: float | None) -> None:
-    """Keep /metrics up after the run: ``seconds``, or until SIGINT or SIGTERM (None)."""
+@contextmanager
+def stopping() -> Iterator[threading.Event]:
+    """An event SIGINT or SIGTERM sets while the block runs (their handlers restored after)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -203,12 +210,17 @@ def hold(exposed: MetricsServer, seconds: float | None) -> None:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        until = "until interrupted" if seconds is None else f"for {seconds:g} s"
-        err.print(f"serving {exposed.url} {until}", markup=False, highlight=False)
-        stop.wait(seconds)
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def hold(exposed: MetricsServer, seconds: float | None, stop: threading.Event) -> None:
+    """Keep /metrics up after the run: ``seconds`` (None: no end), or until ``stop`` is set."""
+    until = "until interrupted" if seconds is None else f"for {seconds:g} s"
+    err.print(f"serving {exposed.url} {until}", markup=False, highlight=False)
+    stop.wait(seconds)
 
 
 def _print_table(data: Mapping[str, Any], baseline: str) -> None:

@@ -8,12 +8,15 @@ metrics, so only P's restores are counted).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import pytest
 
 from tests.observability.scraping import Samples, read_samples, value
 from tests.support.paths import child_env
@@ -125,3 +128,22 @@ def test_a_bad_metrics_address_exits_2_before_the_run() -> None:
     assert done.returncode == 2
     assert "--metrics: expected PORT, HOST:PORT" in done.stderr
     assert done.stdout == ""
+
+
+def test_the_hold_catches_sigterm_before_the_figures_are_printed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader that sends SIGTERM as soon as it has read the figures must find the hold's
+    handler in place: it is installed before the figures are printed, not after (the run and
+    the report are replaced here; the order is what is checked)."""
+    from kvcr_policy.bench import command
+
+    seen: list[Any] = []
+    monkeypatch.setattr(command, "run_plan", lambda plan, say: object())
+    monkeypatch.setattr(
+        command, "_report", lambda *args: seen.append(signal.getsignal(signal.SIGTERM))
+    )
+    before = signal.getsignal(signal.SIGTERM)
+    command.run(command.BenchCommand(metrics="0", metrics_hold=0, json=True))
+    assert len(seen) == 1 and seen[0] not in (signal.SIG_DFL, before)
+    assert signal.getsignal(signal.SIGTERM) is before
