@@ -98,11 +98,13 @@ def test_a_separate_scheduler_gates_on_the_restore_rate_its_workers_measured(
 ) -> None:
     """Under the ``mp`` executor the scheduler restores nothing itself: the workers' loads
     and saves (and the prefill rate the worker timed) reach its gate through the stats vLLM
-    hands it each step. With probes of one block and the widest margin (a restore may take 11
-    times its compute: loads from shared memory take a small fraction of the tiny model's
-    prefill on any machine), every request of the second pass is admitted whole: on the rate
-    the first pass's saves measured, then its loads'. Without the workers' figures, each
-    lookup would stay a one-block probe."""
+    hands it each step. With probes of one block, a gate that has no restore rate reports a
+    one-block probe for every lookup; with the rate the first pass's saves measured (then the
+    loads'), it decides each prefix whole: every block or none. Which of the two it decides
+    depends on this machine's speed of the moment (the widest margin, a restore may take 11
+    times its compute, makes "every block" the usual answer, not a certain one), so the test
+    checks that each lookup after the first was decided on a rate, never a probe. The first
+    lookup of the second pass may still come before any save's figures did."""
     overrides = {
         "admission.options.prefill_tokens_per_s": 1.0,  # the engine's timed rate wins
         "admission.options.margin": 10.0,
@@ -110,4 +112,6 @@ def test_a_separate_scheduler_gates_on_the_restore_rate_its_workers_measured(
     }
     first, second = run_separate(tmp_path, "gated", overrides)
     assert [r["output"] for r in first] == [r["output"] for r in second]
-    assert all(r["cached_tokens"] == BLOCKS * BLOCK_SIZE for r in second)
+    decided = [r["cached_tokens"] for r in second]
+    assert all(tokens in (0, BLOCKS * BLOCK_SIZE) for tokens in decided[1:]), decided
+    assert decided[0] in (0, BLOCK_SIZE, BLOCKS * BLOCK_SIZE), decided
