@@ -107,16 +107,30 @@ class AdmissionDesk:
             restore_calls=0 if restores is None else restores.calls,
         )
 
-    def declines(self, pages: int, page_tokens: int, page_bytes: int) -> Admission | None:
-        """The strategy's decision on a lookup of ``pages`` pages were they all present, when
-        it reports none of them; None when it would report some. Uncounted: a lookup answered
-        on it passes it to :meth:`decide` with the pages found present. A strategy that
-        reports none of a run of pages reports none of any shorter run (the built-in gate's
-        longest prefix that restores sooner), so no shorter present run would be a hit."""
+    def declines(
+        self,
+        pool: str,
+        pages: int,
+        page_tokens: int,
+        page_bytes: int,
+        meter: PoolMeter | None,
+        pools: Sequence[str] = (),
+    ) -> Admission | None:
+        """The strategy's decision on a lookup of ``pages`` pages of ``pool`` were they all
+        present, when it reports none of them, counted as :meth:`decide` counts a lookup that
+        found them all and was declined (the lookup answers "no hit" on it, without asking the
+        tier); None, uncounted, when it would report some (the lookup then asks the tier and
+        :meth:`decide` counts what it found). A strategy that reports none of a run of pages
+        reports none of any shorter run (the built-in gate's longest prefix that restores
+        sooner), so no shorter present run would be a hit."""
         if pages <= 0:
             return None
-        decision = self.strategy.admit(pages, page_tokens, page_bytes, self.outlook())
-        return decision if int(decision.pages) <= 0 else None
+        outlook = self.outlook()
+        decision = self.strategy.admit(pages, page_tokens, page_bytes, outlook)
+        if int(decision.pages) > 0:
+            return None
+        self._count(pool, pages, 0, decision, meter, (), pools, outlook, page_bytes)
+        return decision
 
     def decide(
         self,
@@ -127,17 +141,32 @@ class AdmissionDesk:
         meter: PoolMeter | None,
         keys: Sequence[str] = (),
         pools: Sequence[str] = (),
-        decided: Admission | None = None,
     ) -> int:
         """How many of ``found`` leading present pages of ``pool`` to report; counted. Of
         ``keys`` (the lookup's, where given), the declined ones (``keys[pages:found]``) are
-        noted in :attr:`declined` for each of ``pools`` (``pool`` alone when empty).
-        ``decided``: the decision already taken (:meth:`declines`), counted as it is."""
+        noted in :attr:`declined` for each of ``pools`` (``pool`` alone when empty)."""
         if found <= 0:
             return 0
         outlook = self.outlook()
-        decision = decided or self.strategy.admit(found, page_tokens, page_bytes, outlook)
+        decision = self.strategy.admit(found, page_tokens, page_bytes, outlook)
         pages = min(max(int(decision.pages), 0), found)  # a plugin cannot report more
+        self._count(pool, found, pages, decision, meter, keys, pools, outlook, page_bytes)
+        return pages
+
+    def _count(
+        self,
+        pool: str,
+        found: int,
+        pages: int,
+        decision: Admission,
+        meter: PoolMeter | None,
+        keys: Sequence[str],
+        pools: Sequence[str],
+        outlook: RestoreOutlook,
+        page_bytes: int,
+    ) -> None:
+        """Count ``pages`` of ``found`` admitted by ``decision`` (the rest declined), note the
+        declined ``keys``, explain it at debug level."""
         declined = found - pages
         with self._lock:
             if pages:
@@ -150,7 +179,6 @@ class AdmissionDesk:
             meter.admission(pages, decision.reason, declined, decision.declined or decision.reason)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s", _explain(pool, found, pages, decision, outlook, page_bytes))
-        return pages
 
 
 def _explain(

@@ -299,20 +299,14 @@ class Pipeline:
         return min((self.exists(keys, name) for name in pools), default=0)
 
     def admit(
-        self,
-        found: int,
-        pools: Sequence[str] | None = None,
-        keys: Sequence[str] = (),
-        decided: Admission | None = None,
+        self, found: int, pools: Sequence[str] | None = None, keys: Sequence[str] = ()
     ) -> int:
         """How many of ``found`` leading present pages a lookup reports as hits: the
         admission strategy's decision (``admission.strategy``; ``none``: all of them) on this
         pipeline's live restore rate and queue, for pages of ``pools`` (every registered pool
         when None: a restore reads a page of each), counted and explained (debug log). Given
         the lookup's ``keys``, the declined ones are noted for each pool in
-        ``admission.declined``, for the engine's next write to leave out (:mod:`.declined`).
-        ``decided``: a decision :meth:`declines` took before the tier was asked, counted as
-        it is."""
+        ``admission.declined``, for the engine's next write to leave out (:mod:`.declined`)."""
         with self._operation("admit"):
             names, geometries = self._admitted_pools(pools)
             if not geometries or found <= 0:
@@ -321,21 +315,25 @@ class Pipeline:
             page_bytes = sum(g.page_bytes for g in geometries)
             meter = self.meters.get(first.name)
             return self.admission.decide(
-                first.name, found, first.page_size, page_bytes, meter, keys, names, decided
+                first.name, found, first.page_size, page_bytes, meter, keys, names
             )
 
     def declines(self, pages: int, pools: Sequence[str] | None = None) -> Admission | None:
         """The admission strategy's decision on a lookup of ``pages`` pages of ``pools`` were
-        they all present, when it reports none of them (a lookup can then answer "no hit"
-        without asking the tier: no shorter present run would be one either); None when it
-        would report some, or no pool is registered. Nothing is counted: pass the decision to
-        :meth:`admit` with the pages found present to count it."""
+        they all present, when it reports none of them: counted, every page declined, as
+        :meth:`admit` counts a lookup (the lookup answers "no hit" without asking the tier: no
+        shorter present run would be one either). None, uncounted, when it would report some
+        (the lookup asks the tier, then :meth:`admit`), or no pool is registered."""
         with self._operation("declines"):
-            _, geometries = self._admitted_pools(pools)
+            names, geometries = self._admitted_pools(pools)
             if not geometries:
                 return None
+            first = geometries[0]
             page_bytes = sum(g.page_bytes for g in geometries)
-            return self.admission.declines(pages, geometries[0].page_size, page_bytes)
+            meter = self.meters.get(first.name)
+            return self.admission.declines(
+                first.name, pages, first.page_size, page_bytes, meter, names
+            )
 
     def _admitted_pools(self, pools: Sequence[str] | None) -> tuple[list[str], list[PoolGeometry]]:
         """The pools a lookup's pages are restored into (every registered one when None: a

@@ -42,13 +42,17 @@ def test_a_slow_tier_is_declined_and_counted_in_metrics(build: Build) -> None:
 def test_a_lookup_the_gate_declines_whatever_is_present_is_known_before_asking(
     build: Build,
 ) -> None:
-    pipeline, _, _, _, keys = stored_pool(build, "gated", SLOW, n=6)
+    pipeline, *_ = stored_pool(build, "gated", SLOW, n=6)
+    labels = {"backend": "dram", "profile": "gated", "pool": "kv"}
+    declined = {**labels, "decision": "declined", "reason": "computes_sooner"}
+    before = REGISTRY.get_sample_value("kvcr_policy_admission_pages_total", declined) or 0
     decided = pipeline.declines(8, ["kv"])  # 1 B/s: no run of pages restores sooner
     assert decided is not None and decided.pages == 0
-    assert pipeline.admission.counts == {}  # nothing counted until the lookup is recorded
-    assert pipeline.admit(pipeline.exists(keys), ["kv"], (), decided) == 0
-    assert pipeline.admission.counts == {("declined", "computes_sooner"): 6}
-    assert len(pipeline.admission.declined) == 0  # keys not given: nothing noted
+    # Counted as a lookup of 8 pages, every one declined (the tier is not asked).
+    assert pipeline.admission.counts == {("declined", "computes_sooner"): 8}
+    after = REGISTRY.get_sample_value("kvcr_policy_admission_pages_total", declined) or 0
+    assert after - before == 8
+    assert len(pipeline.admission.declined) == 0  # no keys: nothing noted
 
 
 def test_a_lookup_the_gate_may_admit_is_asked_of_the_tier(build: Build) -> None:

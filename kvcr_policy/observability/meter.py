@@ -56,6 +56,7 @@ class PoolMeter:
         self._base = 0.0  # the link limit probed or configured
         self._fastest = 0.0  # the fastest restore call's speed
         self._labels = labels
+        self._admission: dict[tuple[str, str], Any] = {}
         self._evicted = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -66,11 +67,20 @@ class PoolMeter:
     def admission(self, admitted: int, reason: str, declined: int, why: str) -> None:
         """One lookup's admission: ``admitted`` pages reported for ``reason``, ``declined``
         present pages left to the engine for ``why``."""
-        family = self._families.admission_pages
         if admitted:
-            family.labels(*self._labels, "admitted", reason).inc(admitted)
+            self._admission_child("admitted", reason).inc(admitted)
         if declined:
-            family.labels(*self._labels, "declined", why).inc(declined)
+            self._admission_child("declined", why).inc(declined)
+
+    def _admission_child(self, decision: str, reason: str) -> Any:
+        """The admission counter of ``decision`` and ``reason``, bound once (a lookup's
+        decision is on the engine's scheduling path: no label lookup each time)."""
+        child = self._admission.get((decision, reason))
+        if child is None:
+            family = self._families.admission_pages
+            child = family.labels(*self._labels, decision, reason)
+            self._admission[decision, reason] = child
+        return child
 
     def direction(self, read: bool) -> DirectionMeter:
         return self.restore if read else self.store

@@ -191,7 +191,7 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         if half is None:
             return None
         stats = half.take_stats()
-        return KVCRPolicyConnectorStats(data=stats) if any(stats.values()) else None
+        return KVCRPolicyConnectorStats(data=stats) if stats and any(stats.values()) else None
 
     @classmethod
     def build_kv_connector_stats(
@@ -214,15 +214,12 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
 
     def _declines(self, pages: int) -> Admission | None:
         """The admission's decision when it would report none of a lookup's ``pages``
-        blocks, present or not (:meth:`~kvcr_policy.pipeline.Pipeline.declines`), counted
-        here, every block declined: the scheduler answers "no hit" at once, without asking
-        the tier (vLLM computes them, present or not, and its saves of them are planned
-        without waiting). None otherwise, or before the pool is known."""
+        blocks, present or not (:meth:`~kvcr_policy.pipeline.Pipeline.declines`, which counts
+        it, every block declined): the scheduler answers "no hit" at once, without asking the
+        tier (vLLM computes them, present or not, and its saves of them are planned without
+        waiting). None otherwise, or before the pool is known."""
         pipeline = self._pipeline or published(self.engine_id)
-        decided = None if pipeline is None else pipeline.declines(pages, [POOL])
-        if pipeline is not None and decided is not None:
-            pipeline.admit(pages, [POOL], (), decided)
-        return decided
+        return None if pipeline is None else pipeline.declines(pages, [POOL])
 
     def _declined(self, keys: Sequence[str]) -> list[bool] | None:
         """Per key of a planned save, whether a lookup declined it (then forgotten); None
@@ -244,7 +241,8 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self._scheduler is not None
         plan = self._scheduler.plan(scheduler_output)
-        count(save_pages_planned=sum(len(job.keys) for job in plan.saves))
+        if plan.saves:
+            count(save_pages_planned=sum(len(job.keys) for job in plan.saves))
         return StepMetadata(plan)
 
     def request_finished(

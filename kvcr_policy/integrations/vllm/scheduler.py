@@ -48,14 +48,35 @@ log = logging.getLogger("kvcr_policy.integrations.vllm")
 
 @dataclass(slots=True)
 class _Request:
-    keys: list[str]
-    prompt_tokens: int
+    tokens: Sequence[int]  # the prompt's token ids (vLLM's own list: never changed)
+    block: int
+    prefix: str
     block_ids: list[int] = field(default_factory=list)
     saved: int = 0  # leading blocks already in the tier (or hit by vLLM)
     load_start: int = 0
     held: bool = False  # a load or save was planned: vLLM keeps its blocks
     declined_at: int | None = None  # the gate declined every page from this block on
     unsaved: bool = False  # ... and said not to save them (``Admission.save``)
+    _keys: list[str] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def blocks(self) -> int:
+        """Full blocks of the prompt: one key each."""
+        return len(self.tokens) // self.block
+
+    @property
+    def keys(self) -> list[str]:
+        """The full blocks' keys, hashed when first asked for: a lookup the gate declines
+        whole, of a request whose pages are not saved, never needs them (computed twice, on
+        two threads at once, they are equal)."""
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = block_keys(self.tokens, self.block, self.prefix, self.blocks)
+        return keys
 
 
 class SchedulerHalf:
@@ -91,9 +112,8 @@ class SchedulerHalf:
     def _state(self, request: Any) -> _Request:
         state = self._requests.get(request.request_id)
         if state is None:
-            tokens = list(request.prompt_token_ids or [])
-            keys = block_keys(tokens, self.block, self.prefix, len(tokens) // self.block)
-            state = self._requests[request.request_id] = _Request(keys, len(tokens))
+            tokens = request.prompt_token_ids or ()
+            state = self._requests[request.request_id] = _Request(tokens, self.block, self.prefix)
         return state
 
     def _count(self, keys: list[str]) -> tuple[int, int]:
@@ -105,6 +125,10 @@ class SchedulerHalf:
             return 0, 0
         present, admitted = found if isinstance(found, tuple) else (found, found)
         return int(present), min(int(admitted), int(present))
+
+    def _count_of(self, state: _Request, start: int, limit: int) -> tuple[int, int]:
+        """:meth:`_count` of the request's keys ``start:limit``, hashed on the lookup thread."""
+        return self._count(state.keys[start:limit])
 
     def _decided(self, pages: int) -> object | None:
         """The gate's decision when it reports none of ``pages`` pages, present or not (then
@@ -120,7 +144,7 @@ class SchedulerHalf:
     def matched(self, request: Any, computed: int) -> tuple[int | None, bool]:
         state = self._state(request)
         start = computed // self.block
-        limit = min(len(state.keys), (state.prompt_tokens - 1) // self.block)
+        limit = min(state.blocks, (state.prompt_tokens - 1) // self.block)
         if start >= limit:
             return 0, False
         if state.declined_at == start:  # asked again (vLLM had no room for it): same answer
@@ -135,7 +159,7 @@ class SchedulerHalf:
                 state.unsaved = not getattr(decided, "save", True)
                 self._counted(limit - start, 0, declined_at_once=1)
                 return 0, False
-            future = self._threads.submit(self._count, state.keys[start:limit])
+            future = self._threads.submit(self._count_of, state, start, limit)
             self._asked[request.request_id] = asked = (start, future)
         if not asked[1].done():
             return None, False
@@ -175,9 +199,8 @@ class SchedulerHalf:
         for new in output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
             if state is None:
-                tokens = list(new.prompt_token_ids or [])
-                keys = block_keys(tokens, self.block, self.prefix, len(tokens) // self.block)
-                state = self._requests[new.req_id] = _Request(keys, len(tokens))
+                tokens = new.prompt_token_ids or ()
+                state = self._requests[new.req_id] = _Request(tokens, self.block, self.prefix)
             state.block_ids = list(new.block_ids[0])
             state.saved = max(state.saved, new.num_computed_tokens // self.block)
             self._save(new.req_id, state, new.num_computed_tokens + scheduled[new.req_id], saves)
@@ -198,7 +221,7 @@ class SchedulerHalf:
         return StepPlan(loads, tuple(saves), prefill)
 
     def _save(self, req_id: str, state: _Request, computed: int, saves: list[BlockJob]) -> None:
-        full = min(computed, state.prompt_tokens, len(state.keys) * self.block) // self.block
+        full = min(computed, state.prompt_tokens, state.blocks * self.block) // self.block
         full = min(full, len(state.block_ids))
         if full <= state.saved:
             return
@@ -224,6 +247,8 @@ class SchedulerHalf:
         return bool(state and state.held)
 
     def take_stats(self) -> dict[str, int]:
+        if not self.stats:
+            return {}
         stats, self.stats = dict(self.stats), Counter()
         return stats
 

@@ -78,6 +78,8 @@ class WorkerHalf:
     def submit(self, plan: StepPlan, loads: bool) -> None:
         """Start ``plan``'s loads (``loads``) or its saves on their threads."""
         jobs = plan.loads if loads else plan.saves
+        if not jobs:  # most steps: nothing to move, no lock taken
+            return
         with self._lock:
             for job in jobs:
                 self._pending[job.request] += 1
@@ -125,6 +127,8 @@ class WorkerHalf:
     def finished(self, finished: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """vLLM's ``get_finished``: requests whose held blocks are free now, and requests whose
         loads ended (with or without errors)."""
+        if not (self._seen or self._loaded):  # nothing of ours in flight or held
+            return None, None
         with self._lock:
             self._closing.update(finished & self._seen)
             sending = {r for r in self._closing if not self._pending[r]}
@@ -136,11 +140,15 @@ class WorkerHalf:
         return sending or None, recving or None
 
     def load_errors(self) -> set[int]:
+        if not self._errors:
+            return set()
         with self._lock:
             errors, self._errors = self._errors, set()
         return errors
 
     def take_stats(self) -> dict[str, int]:
+        if not self.stats:  # a step that moved and timed nothing
+            return {}
         with self._lock:
             stats, self.stats = dict(self.stats), Counter()
         return stats

@@ -178,10 +178,7 @@ def test_a_lookup_the_gate_declines_is_answered_and_counted_at_once_without_the_
         return tier(keys), 0
 
     def declines(pages: int) -> Admission | None:  # as the connector's: decides and counts
-        decided = desk.declines(pages, BLOCK, 1024)
-        if decided is not None:
-            desk.decide("kv", pages, BLOCK, 1024, None, (), (), decided)
-        return decided
+        return desk.declines("kv", pages, BLOCK, 1024, None)
 
     half = SchedulerHalf(BLOCK, "p:", lookup, lambda k: desk.declined.split("kv", k), declines)
     req = request("r", tokens)
