@@ -246,7 +246,7 @@ class _Flight:
         self.stop = False
         self.error: BaseException | None = None
         self.absent: int | None = None  # the first position a read found absent
-        # A write that can publishes each batch's keys as the batch settles, while later
+        # A write that can publish each batch's keys as the batch settles, while later
         # batches copy; otherwise its finish publishes every key after the last copy, the copy
         # engines idle (5.8 ms for 8,192 keys on one H100).
         self.publish: Callable[[np.ndarray], None] | None = (
@@ -294,7 +294,7 @@ class _Flight:
             self.ok[positions] = self.mover.fallback.recover(
                 count, lambda i: retry(transfer, int(positions[i]))
             )
-        if landed is not None and self.publish is not None:
+        if landed is not None and self.publish is not None:  # (the second for the checker)
             self.publish(landed)  # out of the try: a failure to publish is no failed copy
         if self.read and not self.ok[positions].all():
             self.stop = True
