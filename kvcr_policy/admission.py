@@ -63,6 +63,10 @@ class AdmissionDesk:
         self.counts: Counter[tuple[str, str]] = Counter()
         #: Present keys a lookup declined, per pool, until an engine's write leaves them out.
         self.declined = DeclinedKeys()
+        #: The engine times its restores itself, from the lookup that asked the tier to the
+        #: restored pages in use (:meth:`~kvcr_policy.pipeline.Pipeline.restored`): the
+        #: pipeline's own get calls then feed :attr:`restores` nothing, only the queue.
+        self.engine_times_restores = False
 
     @contextmanager
     def restoring(self, nbytes: int) -> Iterator[None]:

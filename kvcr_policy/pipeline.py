@@ -341,6 +341,17 @@ class Pipeline:
         names = list(self._pools) if pools is None else list(pools)
         return names, [self._pool(name)[0] for name in names]
 
+    def restored(self, pages: int, seconds: float, pools: Sequence[str] | None = None) -> None:
+        """The engine waited ``seconds`` for ``pages`` pages of ``pools`` (every registered pool
+        when None) from the lookup that asked the tier for them to their restore's end: the
+        restore rate the admission strategy decides on, where the engine times its restores
+        (``admission.engine_times_restores``: what a restore costs a request, the engine's
+        own steps of waiting included, not only the tier's call)."""
+        _, geometries = self._admitted_pools(pools)
+        if geometries and pages > 0:
+            nbytes = pages * sum(g.page_bytes for g in geometries)
+            self.admission.restores.add(nbytes, seconds)
+
     def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
         """The engine computed ``tokens`` prompt tokens in ``seconds`` over ``steps`` steps (an
         engine that exposes its prefill time reports it here; the admission strategy then
@@ -429,7 +440,7 @@ class Pipeline:
             with self.admission.storing(len(keys) * page_bytes):
                 return self._mover.write(tier, keys, pages, page_bytes, counts)
         finally:
-            if counts.pages:
+            if counts.pages and not (read and self.admission.engine_times_restores):
                 rate = self.admission.restores if read else self.admission.stores
                 rate.add(counts.pages * page_bytes, time.perf_counter() - start)
             self._ledger.record(counts, page_bytes)

@@ -238,3 +238,18 @@ def test_without_any_prior_the_first_restores_probe_rather_than_decline() -> Non
     for _ in range(MIN_SAMPLES - 1):
         desk.restores.add(PAGE_BYTES, 1.0)
     assert desk.decide("kv", 100, PAGE_TOKENS, PAGE_BYTES, None) == 0  # measured: slow
+
+
+def test_an_engine_that_times_its_restores_replaces_the_get_calls_timing(build: Build) -> None:
+    """``Pipeline.restored``: the seconds a request waited for its restored pages (vLLM's
+    connector: from the lookup to the load's end) are the restore rate; the pipeline's own get
+    calls then add nothing to it (their bytes still count as queued while they run)."""
+    pipeline, geo, _, _, keys = stored_pool(build, "gated", SLOW, n=6)
+    pipeline.admission.engine_times_restores = True
+    assert pipeline.get(keys, token_indices(range(8, 14), P)) == [True] * 6
+    assert pipeline.admission.restores.figures() is None  # the get call: not a restore figure
+    pipeline.restored(6, 0.5, ["kv"])
+    figures = pipeline.admission.restores.figures()
+    assert figures is not None
+    assert figures.rate == pytest.approx(6 * geo.page_bytes / 0.5)
+    assert pipeline.admission.queued == (0, 0)

@@ -121,7 +121,12 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerHalf | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerHalf(
-                self.block, self.prefix, self._lookup, self._declined, self._declines
+                self.block,
+                self.prefix,
+                self._lookup,
+                self._declined,
+                self._declines,
+                self._restored,
             )
             if self.shared_by is not None:
                 self._pipeline = build_pipeline(self.loaded)
@@ -132,6 +137,10 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
                 )
         else:
             self._pipeline = build_pipeline(self.loaded)
+        if self._pipeline is not None:
+            # The scheduler times each restore from its lookup to vLLM's report that the load
+            # ended (:meth:`_restored`); a worker's get call is only part of it.
+            self._pipeline.admission.engine_times_restores = True
         log_start(
             f"vLLM connector ({role.name.lower()}, {self.shared_by or 'one process'})",
             self.options,
@@ -221,6 +230,14 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         pipeline = self._pipeline or published(self.engine_id)
         return None if pipeline is None else pipeline.declines(pages, [POOL])
 
+    def _restored(self, pages: int, seconds: float) -> None:
+        """A request waited ``seconds`` for its ``pages`` restored blocks, from the lookup that
+        asked the tier to vLLM's report that the load ended: the admission's restore rate
+        (the worker's get call alone leaves out the lookup's round trip and vLLM's steps)."""
+        pipeline = self._pipeline or published(self.engine_id)
+        if pipeline is not None:
+            pipeline.restored(pages, seconds, [POOL])
+
     def _declined(self, keys: Sequence[str]) -> list[bool] | None:
         """Per key of a planned save, whether a lookup declined it (then forgotten); None
         when none was (:meth:`kvcr_policy.declined.DeclinedKeys.split`)."""
@@ -252,17 +269,19 @@ class KVCRPolicyConnector(KVConnectorBase_V1):
         return self._scheduler.finished(request), None
 
     def update_connector_output(self, connector_output: Any) -> None:
-        """A scheduler in a process of its own (``mp`` executor, several ranks) moves nothing
-        itself: the workers' loads and saves of the step (bytes and seconds, in the stats they
-        return to it) feed its admission's restore and store rates, as a worker's own do in
-        one process."""
-        if self._scheduler is None or self._pipeline is None:
+        """The loads the workers reported ended time the requests' restores (:meth:`_restored`,
+        in every executor). A scheduler in a process of its own (``mp`` executor, several
+        ranks) moves nothing itself: the workers' saves of the step (bytes and seconds, in the
+        stats they return to it) feed its admission's store rate, and their prefill its
+        prefill rate, as a worker's own do in one process."""
+        if self._scheduler is None:
             return
-        desk = self._pipeline.admission
-        for name, rate in (("load", desk.restores), ("save", desk.stores)):
-            moved = workers_moved(connector_output, name)
-            if moved is not None:
-                rate.add(*moved)
+        self._scheduler.loads_ended(getattr(connector_output, "finished_recving", None) or ())
+        if self._pipeline is None:
+            return
+        moved = workers_moved(connector_output, "save")
+        if moved is not None:
+            self._pipeline.admission.stores.add(*moved)
         prefilled = workers_prefilled(connector_output)
         if prefilled is not None:
             self._pipeline.prefill_observed(*prefilled)

@@ -31,8 +31,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,8 @@ class _Request:
     held: bool = False  # a load or save was planned: vLLM keeps its blocks
     declined_at: int | None = None  # the gate declined every page from this block on
     unsaved: bool = False  # ... and said not to save them (``Admission.save``)
+    asked_at: float | None = None  # when its last lookup asked the tier
+    loading: int = 0  # pages of its load in flight
     _keys: list[str] | None = None
 
     @property
@@ -95,8 +98,12 @@ class SchedulerHalf:
         lookup: Any,
         declined: Callable[[Sequence[str]], list[bool] | None] | None = None,
         declines: Callable[[int], object | None] | None = None,
+        restored: Callable[[int, float], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.block = block_size
+        self._restored = restored
+        self._clock = clock
         self.prefix = prefix
         self._lookup = lookup
         self._declined = declined
@@ -159,6 +166,7 @@ class SchedulerHalf:
                 state.unsaved = not getattr(decided, "save", True)
                 self._counted(limit - start, 0, declined_at_once=1)
                 return 0, False
+            state.asked_at = self._clock()
             future = self._threads.submit(self._count_of, state, start, limit)
             self._asked[request.request_id] = asked = (start, future)
         if not asked[1].done():
@@ -189,6 +197,7 @@ class SchedulerHalf:
         )
         self._loads.append(job)
         state.held = True
+        state.loading += pages
         count(hit_tokens=external)
         self.stats.update(hit_tokens=external)
 
@@ -239,6 +248,23 @@ class SchedulerHalf:
         if keys:
             saves.append(BlockJob(req_id, tuple(keys), tuple(blocks)))
             state.held = True
+
+    def loads_ended(self, request_ids: Iterable[str]) -> None:
+        """The workers reported these requests' loads ended: each one's pages over the seconds
+        since its lookup asked the tier go to ``restored`` (what admitting the prefix
+        cost the request: the lookup's round trip, vLLM's steps until the load started and
+        ended, the load itself)."""
+        now = self._clock()
+        for request_id in request_ids:
+            state = self._requests.get(request_id)
+            if state is None or not state.loading:
+                continue
+            pages, state.loading = state.loading, 0
+            if self._restored is not None and state.asked_at is not None:
+                try:
+                    self._restored(pages, now - state.asked_at)
+                except Exception as err:  # the figures are a hint, never a dead scheduler
+                    log.warning("kvcr_policy: recording a restore failed: %s", err)
 
     def finished(self, request: Any) -> bool:
         """Forget ``request``; True when vLLM must keep its blocks until the workers report."""

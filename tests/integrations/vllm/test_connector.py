@@ -96,11 +96,12 @@ def test_a_scheduler_and_a_worker_in_processes_of_their_own_share_the_host_tier(
 def test_a_separate_scheduler_gates_on_the_restore_rate_its_workers_measured(
     vllm: None, tmp_path: Path
 ) -> None:
-    """Under the ``mp`` executor the scheduler restores nothing itself: the workers' loads
-    and saves (and the prefill rate the worker timed) reach its gate through the stats vLLM
-    hands it each step. With probes of one block, a gate that has no restore rate reports a
-    one-block probe for every lookup; with the rate the first pass's saves measured (then the
-    loads'), it decides each prefix whole: every block or none. Which of the two it decides
+    """Under the ``mp`` executor the scheduler restores nothing itself: the workers' saves
+    (and the prefill rate the worker timed) reach its gate through the stats vLLM hands it each
+    step, and the loads' ends through the outputs (it times each restore from its lookup).
+    With probes of one block, a gate that has no restore rate reports a one-block probe for
+    every lookup; with the rate the first pass's saves measured (then the restores'), it
+    decides each prefix whole: every block or none. Which of the two it decides
     depends on this machine's speed of the moment (the widest margin, a restore may take 11
     times its compute, makes "every block" the usual answer, not a certain one), so the test
     checks that each lookup after the first was decided on a rate, never a probe. The first

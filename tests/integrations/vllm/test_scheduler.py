@@ -250,3 +250,45 @@ def test_a_request_the_gate_declined_is_not_asked_again_and_its_saves_follow_the
     stats = half.take_stats()
     assert stats["lookups"] == 1 and stats.get("unsaved_pages", 0) == (0 if save else 5)
     half.close()
+
+
+def test_a_restore_is_timed_from_the_lookup_that_asked_to_the_end_of_its_load() -> None:
+    """What admitting cost the request: from the lookup that asked the tier (its round trip,
+    vLLM's steps until the load starts) to the workers' report that the load ended; the
+    clock is the test's."""
+    tokens = list(range(4 * BLOCK + 1))
+    tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))
+    tier.gate.set()
+    now = [100.0]
+    restored: list[tuple[int, float]] = []
+    half = SchedulerHalf(
+        BLOCK, "p:", tier, restored=lambda p, s: restored.append((p, s)), clock=lambda: now[0]
+    )
+    req = request("r", tokens)
+    assert ask(half, req, 0) == (4 * BLOCK, True)  # asked at 100.0
+    now[0] = 100.25
+    half.allocated(req, list(range(10, 14)), 4 * BLOCK)
+    half.loads_ended(["other"])  # another request's load: nothing of this one
+    assert restored == []
+    now[0] = 100.5
+    half.loads_ended(["r"])
+    assert restored == [(4, 0.5)]
+    half.loads_ended(["r"])  # reported once
+    assert restored == [(4, 0.5)]
+    half.close()
+
+
+def test_a_failing_restore_record_leaves_the_scheduler_running() -> None:
+    tokens = list(range(2 * BLOCK + 1))
+    tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))
+    tier.gate.set()
+
+    def restored(pages: int, seconds: float) -> None:
+        raise RuntimeError("pipeline is closed")
+
+    half = SchedulerHalf(BLOCK, "p:", tier, restored=restored)
+    req = request("r", tokens)
+    assert ask(half, req, 0) == (2 * BLOCK, True)
+    half.allocated(req, [1, 2], 2 * BLOCK)
+    half.loads_ended(["r"])  # logged, not raised
+    half.close()

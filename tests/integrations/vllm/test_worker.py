@@ -74,13 +74,20 @@ def test_a_separate_scheduler_fits_its_workers_steps_apart_from_their_fixed_cost
     desk = AdmissionDesk(NoAdmission(AdmissionSection(), NoOptions()))
     pipeline = SimpleNamespace(admission=desk, prefill_observed=desk.prefills.add)
     connector = KVCRPolicyConnector.__new__(KVCRPolicyConnector)  # its scheduler half only
-    connector._scheduler, connector._pipeline = object(), pipeline  # type: ignore[assignment]
+    ended: list[str] = []
+    scheduler = SimpleNamespace(loads_ended=ended.extend)
+    connector._scheduler, connector._pipeline = scheduler, pipeline  # type: ignore[assignment]
     # Injected steps: 10 ms each, then 20,000 tokens/s; the stats of an interval sum them.
     for steps, tokens in [(2, 400), (1, 50), (3, 900), (1, 2000), (2, 64)]:
         micros = round((steps * 0.010 + tokens / 20_000) * 1e6)
         data = {"prefill_tokens": tokens, "prefill_us": micros, "prefill_steps": steps}
-        data.update(load_bytes=1 << 20, load_us=10_000)
-        output = SimpleNamespace(kv_connector_stats=KVCRPolicyConnectorStats(data=data))
+        data.update(load_bytes=1 << 20, load_us=10_000, save_bytes=1 << 20, save_us=10_000)
+        stats = KVCRPolicyConnectorStats(data=data)
+        output = SimpleNamespace(kv_connector_stats=stats, finished_recving={f"r{steps}"})
         connector.update_connector_output(output)
     assert desk.prefills.fit() == pytest.approx((20_000, 0.010), rel=1e-3)
-    assert desk.restores.per_second == pytest.approx(100 * (1 << 20))
+    assert desk.stores.per_second == pytest.approx(100 * (1 << 20))
+    # The workers' get calls are not the restore rate: the scheduler times each restore from
+    # its lookup to the load's end, which the outputs report (``finished_recving``).
+    assert desk.restores.per_second is None
+    assert sorted(ended) == ["r1", "r1", "r2", "r2", "r3"]
