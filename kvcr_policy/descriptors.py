@@ -240,9 +240,13 @@ def coalesce(d: Descriptors) -> Descriptors:
     """
     if len(d) < 2:
         return d
-    ends_src = d.src[:-1] + d.length[:-1]
-    ends_dst = d.dst[:-1] + d.length[:-1]
-    joins = (d.src[1:] == ends_src) & (d.dst[1:] == ends_dst) & (d.bound[1:] == d.bound[:-1])
+    # Bounds first: where no two neighbours share one (a page's fragments, one plane each,
+    # as a whole-slot tier's descriptors come), nothing merges and the ends need no sums.
+    joins = d.bound[1:] == d.bound[:-1]
+    if not joins.any():
+        return d
+    joins &= d.src[1:] == d.src[:-1] + d.length[:-1]
+    joins &= d.dst[1:] == d.dst[:-1] + d.length[:-1]
     if not joins.any():
         return d
     starts = np.flatnonzero(np.concatenate(([True], ~joins)))

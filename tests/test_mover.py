@@ -347,6 +347,48 @@ def test_a_set_publishes_each_batch_once_it_landed(build: Build) -> None:
     assert store_stats(pipeline)["reserved"] == 0
 
 
+class EndsTransport(MemoryTransport):
+    """A memory transport that asks for a write's first and last two pages (of 768 bytes) as
+    batches of their own, as the cuda transport asks for two staging buffers' worth."""
+
+    def end_bytes(self) -> int | None:
+        return 2 * 768
+
+
+def test_a_write_sends_its_first_and_last_pages_as_batches_of_their_own(build: Build) -> None:
+    """The mover cuts a write's ends off its batches where its transport asks (the first
+    copies start once they are prepared; only the last ones are published after the last
+    copy); every page stored, its keys published as its batch landed; reads keep the
+    strategy's batches."""
+    faults = Faults()
+    faults.geo = geometry(pages=32)
+    overrides = {"batching.read_batch_pages": 8, "batching.window_batches": 1}
+    pipeline, geo, buf, original, _ = stored_pool(
+        build, "throughput", overrides, n=2, transport=EndsTransport(fault=faults)
+    )
+    assert geo.page_bytes == 768
+    faults.buffer = buf
+    present: list[int] = []
+    written = keys_of("w", 10)
+
+    def rule(batch: CopyBatch, pages: set[int]) -> None:
+        present.append(pipeline.exists(written))
+
+    faults.rule = rule
+    faults.seen.clear()
+    assert pipeline.set(written, token_indices(range(10, 20), P)) == [True] * 10
+    assert [sorted(pages) for pages in faults.seen] == [[10, 11], list(range(12, 18)), [18, 19]]
+    assert present == [0, 2, 8]  # each batch's keys published once it landed
+    assert pipeline.exists(written) == 10
+    scramble(buf, np.random.default_rng(4))
+    before = copy_buffer(buf)
+    faults.seen.clear()
+    assert pipeline.get(written, token_indices(range(20, 30), P)) == [True] * 10
+    assert [len(pages) for pages in faults.seen] == [10]  # read_batch_bytes joins them
+    moved = [(10 + i, 20 + i) for i in range(10)]
+    assert same_bytes(buf, after_restore(before, original, geo, moved))
+
+
 @pytest.mark.parametrize("profile", ["default", "throughput"])
 def test_miss_fallback_turns_a_failed_batch_into_misses(build: Build, profile: str) -> None:
     overrides = {

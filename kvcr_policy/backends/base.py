@@ -43,6 +43,10 @@ batch at a time and never loops over a call's pages itself::
       WriteTransfer.publish(positions)  the pages at ``positions`` arrived (a batch that
                                         succeeded, told in order): their keys may be published
                                         now, while later batches copy; ``finish`` does the rest
+      WriteTransfer.ends                optional too: pages the mover cuts off the call's first
+                                        and last batches as batches of their own (None: none),
+                                        so copies start once that much is prepared and only
+                                        that much is left to publish after the last copy
 
     ReadTransfer                        the keys of one get call, in order
       .limit                            keys it claimed from the start: the present run

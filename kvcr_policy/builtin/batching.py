@@ -7,7 +7,7 @@ from ..hookspecs import hookimpl
 from ..registry import NoOptions, RegisterStrategy
 from ..strategies import Window
 
-__all__ = ["FixedBatching", "joined", "least_pages", "ramp", "ranges"]
+__all__ = ["FixedBatching", "cut_ends", "joined", "least_pages", "ramp", "ranges"]
 
 
 def ranges(total: int, size: int) -> list[tuple[int, int]]:
@@ -41,6 +41,24 @@ def joined(batches: list[tuple[int, int]], least: int) -> list[tuple[int, int]]:
             start = stop
     if start < batches[-1][1]:
         out.append((start, batches[-1][1]))
+    return out
+
+
+def cut_ends(batches: list[tuple[int, int]], pages: int | None) -> list[tuple[int, int]]:
+    """``batches`` with their first ``pages`` pages and their last ``pages`` pages each a batch
+    of its own, cut off the first and the last batch where those are longer; unchanged when
+    ``pages`` is None. A write's first copies then start once that much is prepared, and its
+    last batch, whose keys are published after its last copy, holds no more (writes that
+    publish early, :class:`~kvcr_policy.backends.base.PublishesEarly`)."""
+    if not pages or not batches:
+        return batches
+    out = list(batches)
+    start, stop = out[0]
+    if stop - start > pages:
+        out[:1] = [(start, start + pages), (start + pages, stop)]
+    start, stop = out[-1]
+    if stop - start > pages:
+        out[-1:] = [(start, stop - pages), (stop - pages, stop)]
     return out
 
 

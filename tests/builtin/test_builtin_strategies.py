@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcr_policy.builtin.batching import FixedBatching, joined, ramp, ranges
+from kvcr_policy.builtin.batching import FixedBatching, cut_ends, joined, ramp, ranges
 from kvcr_policy.builtin.coalescing import Contiguous, NoCoalescing
 from kvcr_policy.builtin.fallback import MissFallback, SparseFallback
 from kvcr_policy.builtin.thread_tuning import SwitchInterval
@@ -149,6 +149,31 @@ def test_joined_batches_keep_every_boundary_and_hold_the_least(
     for start, stop in batches[:-1]:
         inner = [s for s, e in cut if start <= s and e <= stop]
         assert max(inner) - start < max(least, 1)
+
+
+@given(total=st.integers(0, 3000), size=st.integers(1, 300), ends=st.none() | st.integers(1, 400))
+def test_cut_ends_make_the_first_and_last_pages_batches_of_their_own(
+    total: int, size: int, ends: int | None
+) -> None:
+    cut = ranges(total, size)
+    batches = cut_ends(cut, ends)
+    assert _flatten(batches) == list(range(total))  # every page once, in order
+    stops, boundaries = {stop for _, stop in batches}, {stop for _, stop in cut}
+    assert boundaries <= stops and len(stops - boundaries) <= 2  # two cuts at most, no joins
+    if ends is not None and batches:
+        assert batches[0][1] - batches[0][0] == min(ends, cut[0][1] - cut[0][0])
+        assert batches[-1][1] - batches[-1][0] <= ends
+
+
+def test_cut_ends_leave_short_ends_alone() -> None:
+    assert cut_ends([(0, 256)], None) == [(0, 256)]
+    assert cut_ends([(0, 256)], 64) == [(0, 64), (64, 192), (192, 256)]
+    assert cut_ends([(0, 100)], 64) == [(0, 64), (64, 100)]  # the rest is no longer than 64
+    assert cut_ends([(0, 64)], 64) == [(0, 64)]
+    assert cut_ends([(0, 1024), (1024, 1100)], 64) == [(0, 64), (64, 1024), (1024, 1036),
+                                                        (1036, 1100)]  # fmt: skip
+    assert cut_ends([(0, 1024), (1024, 1050)], 64) == [(0, 64), (64, 1024), (1024, 1050)]
+    assert cut_ends([], 64) == []
 
 
 def test_joined_with_no_least_is_the_strategys_batches() -> None:

@@ -56,10 +56,13 @@ class DramPool:
         transport: Transport,
         device: DeviceLocality | None = None,
         ahead_pages: int | None = None,
+        end_pages: int | None = None,
     ) -> None:
         self.name = spec.name
         #: The most pages of a read its transport may read ahead: its first batch's.
         self.ahead_pages = ahead_pages
+        #: Pages of a write's first and last batches (:meth:`.Transport.end_bytes`).
+        self.end_pages = end_pages
         self.geometry = spec.geometry
         self.region = region
         self.store = store
@@ -228,7 +231,10 @@ class DramBackend:
                         batching.read_batch_pages)  # fmt: skip
             least = batching.read_batch_bytes  # the mover joins batches to this
             first = max(first, least_pages(least, tier_geometry.page_bytes))
-            pool = DramPool(spec, tier_geometry, region, store, self.transport, device, first)
+            ends = self.transport.end_bytes()
+            end_pages = None if ends is None else max(1, ends // tier_geometry.page_bytes)
+            pool = DramPool(spec, tier_geometry, region, store, self.transport, device, first,
+                            end_pages)  # fmt: skip
             self._pools.append(pool)
             self._pending += 0 if committed else request.nbytes
         return pool

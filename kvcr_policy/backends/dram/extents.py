@@ -50,9 +50,10 @@ class _FreeExtents:
     def runs(self) -> tuple[tuple[int, int], ...]:
         return tuple(zip(self._starts, self._lengths, strict=True))
 
-    def take(self, count: int) -> list[int]:
-        """Slots for ``count`` consecutive keys: the first run that fits them all, else the
-        fewest runs (largest first), handed out in slot order. Caller ensures count <= free."""
+    def take(self, count: int) -> Sequence[int]:
+        """Slots for ``count`` consecutive keys: the first run that fits them all (a range),
+        else the fewest runs (largest first), handed out in slot order. Caller ensures count
+        <= free."""
         if count == 0:
             return []
         starts, lengths = self._starts, self._lengths
@@ -66,7 +67,7 @@ class _FreeExtents:
         if index >= 0:
             first = starts[index]
             self._carve(index, count)
-            return list(range(first, first + count))
+            return range(first, first + count)
         # Largest first gives the fewest runs; both sorts are stable, so among equal lengths
         # the lower start wins, as first fit would.
         if vectorised:

@@ -176,6 +176,16 @@ class StoreSnapshot:
     free_runs: tuple[tuple[int, int], ...]  # (start, length), sorted by start
 
 
+def _slot_array(slots: Sequence[int]) -> np.ndarray:
+    """Ascending distinct ``slots`` (what the free runs hand out) as int64: an arange where they
+    are one run, as a write into an emptied tier gets (converting a list of thousands of ints
+    cost more than the rest of its reservation's arrays)."""
+    n = len(slots)
+    if n and slots[-1] - slots[0] == n - 1:
+        return np.arange(slots[0], slots[0] + n, dtype=np.int64)
+    return np.asarray(slots, dtype=np.int64)
+
+
 def _frozen(values: Sequence[int] | np.ndarray, dtype: type = np.int64) -> np.ndarray:
     array: np.ndarray = np.array(values, dtype=dtype)
     array.flags.writeable = False
@@ -279,9 +289,10 @@ class Store:
             count = len(keys)
             # Probes in C iterators: a write of thousands of small pages reserves them all
             # before its first copy can start.
-            present = list(map(index.__contains__, keys))
+            # A write of new keys, the common one, finds none: no per-key list to build or scan.
+            any_present = not index.keys().isdisjoint(keys)
+            present = list(map(index.__contains__, keys)) if any_present else [False] * count
             pending = list(map(reserving.__contains__, keys)) if reserving else [False] * count
-            any_present = True in present
             needed: Sequence[int]
             if not any_present and True not in pending and (distinct or len(set(keys)) == count):
                 needed = range(count)  # every key new: the common write
@@ -312,19 +323,24 @@ class Store:
             for slot in held:
                 counts[slot] = counts.get(slot, 0) + 1
             placed = needed[: len(slots)]  # slots may be short
-            new_keys = (
-                list(keys[: len(slots)]) if isinstance(placed, range) else [keys[p] for p in placed]
-            )
+            new_keys: Sequence[str]
+            if isinstance(placed, range):
+                new_keys = keys if len(slots) == count else keys[: len(slots)]
+            else:
+                new_keys = [keys[p] for p in placed]
             self._occupy(slots, new_keys)
             reserving.update(zip(new_keys, slots, strict=True))
             # A new occupant of each slot (distinct slots): stale tokens must stop matching.
-            taken = np.asarray(slots, dtype=np.int64)
+            taken = _slot_array(slots)
             self._generation[taken] += 1
-            at = np.asarray(placed, dtype=np.int64)
-            out_slots = np.full(cover, -1, dtype=np.int64)
-            out_slots[at] = taken
-            out_generations = np.full(cover, -1, dtype=np.int64)
-            out_generations[at] = self._generation[taken]
+            if isinstance(placed, range):  # every key new: key i in slots[i], all covered
+                out_slots, out_generations = taken, self._generation[taken]
+            else:
+                at = np.asarray(placed, dtype=np.int64)
+                out_slots = np.full(cover, -1, dtype=np.int64)
+                out_slots[at] = taken
+                out_generations = np.full(cover, -1, dtype=np.int64)
+                out_generations[at] = self._generation[taken]
             out_slots.flags.writeable = out_generations.flags.writeable = False
             self._reserved += len(slots)
             token = next(_TOKENS)
@@ -340,7 +356,7 @@ class Store:
                 held=held,
             )
 
-    def _occupy(self, slots: list[int], keys: list[str]) -> None:
+    def _occupy(self, slots: Sequence[int], keys: Sequence[str]) -> None:
         """``slots`` (ascending, distinct) reserved for ``keys``: owners and states set, by
         slice where the slots are one run (what a free run hands out)."""
         n = len(slots)
@@ -407,15 +423,15 @@ class Store:
             self._reserved -= published
             return published
 
-    def _publish(self, keys: Sequence[str], positions: np.ndarray, taken: np.ndarray) -> int:
+    def _publish(
+        self, keys: Sequence[str], positions: np.ndarray, taken: np.ndarray, every: bool = False
+    ) -> int:
         """The reserved ``keys`` at ``positions``, in slots ``taken``, published: out of the
-        reservations in flight, into the index, admitted by the policy in that order."""
-        published = positions.tolist()
-        collections.deque(
-            map(self._reserving.__delitem__, map(keys.__getitem__, published)), maxlen=0
-        )
+        reservations in flight, into the index, admitted by the policy in that order.
+        ``every``: the positions are all of them, in order (a commit whose every page arrived)."""
+        new_keys = keys if every else [keys[i] for i in positions.tolist()]
+        collections.deque(map(self._reserving.__delitem__, new_keys), maxlen=0)
         new_slots = taken.tolist()
-        new_keys = list(map(keys.__getitem__, published))
         self._index.update(zip(new_keys, new_slots, strict=True))
         np.frombuffer(self._state, dtype=np.uint8)[taken] = _PUBLISHED
         admit_many = getattr(self._policy, "admit_many", None)
@@ -644,7 +660,7 @@ class Store:
         )
         raise CapacityError(message)
 
-    def _obtain(self, count: int, protect: set[int] | frozenset[int]) -> list[int]:
+    def _obtain(self, count: int, protect: set[int] | frozenset[int]) -> Sequence[int]:
         """Up to ``count`` slots, evicting as needed; fewer when not enough can be freed."""
         if self._free.free < count:
             self._evict(count - self._free.free, protect)
@@ -744,6 +760,10 @@ class Store:
             else np.asarray(ok, dtype=bool)[positions]
         )
         publish = reserved & arrived
+        if publish.all() and len(positions) == len(keys):  # every key, in order: none to free
+            published = self._publish(keys, positions, taken, every=True)
+            self._reserved -= published
+            return published
         published = self._publish(keys, positions[publish], taken[publish])
         dropped = reserved & ~arrived
         collections.deque(

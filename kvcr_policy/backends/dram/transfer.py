@@ -51,6 +51,7 @@ class Pool(Protocol):
     pool_side: Side
     tier_side: Side
     ahead_pages: int | None
+    end_pages: int | None
 
 
 def _read_ahead(pool: Pool, slots: np.ndarray) -> object | None:
@@ -217,6 +218,9 @@ class DramWrite(_Copies):
         self.slots = self.reservation.slots
         self.limit = len(self.reservation.keys)
         self.needs: np.ndarray | None = self.slots >= 0
+        #: Pages of the call's first and last batches, each cut off as a batch of its own by
+        #: the mover (:attr:`.Pool.end_pages`; None: batches as the strategy cuts them).
+        self.ends = pool.end_pages
 
     def publish(self, positions: np.ndarray) -> None:
         """Publish the keys at ``positions`` now, their pages arrived (:class:`.PublishesEarly`);
@@ -226,11 +230,13 @@ class DramWrite(_Copies):
     def finish(self, moved: np.ndarray) -> list[bool]:
         reservation = self.reservation
         ok = moved & (self.slots >= 0)
-        self.pool.store.commit(reservation, ok.tolist())
+        self.pool.store.commit(reservation, ok)
         result = [False] * len(self.keys)
-        if self.limit:  # the keys are distinct (backends.base)
+        if self.limit and True in reservation.present:  # the keys are distinct (backends.base)
             present = np.fromiter(reservation.present, dtype=bool, count=self.limit)
-            result[: self.limit] = (ok[: self.limit] | present).tolist()
+            result[: self.limit] = (ok | present).tolist()
+        elif self.limit:
+            result[: self.limit] = ok.tolist()
         return result
 
     def abort(self) -> None:

@@ -35,10 +35,15 @@ class CopyBatch:
     ticket: object = None
 
 
+#: Buffers below this many bytes (2**62) cannot make an offset plus a length within them wrap
+#: in int64, so :func:`_inside` may add them.
+_SUMMABLE = 1 << 62
+
+
 def check_bounds(batch: CopyBatch) -> None:
     """Refuse a batch any of whose descriptors falls outside either buffer (vectorised)."""
     d = batch.descriptors
-    if len(d) == 0:
+    if len(d) == 0 or _inside(d, batch.src.nbytes, batch.dst.nbytes):
         return
     bad = (d.length <= 0) | (d.src < 0) | (d.dst < 0)
     # Room after the offset, never offset + length: that sum wraps in int64 past 2**63.
@@ -52,6 +57,24 @@ def check_bounds(batch: CopyBatch) -> None:
             f"dst {batch.dst.nbytes} bytes); refusing the batch instead of corrupting memory"
         )
         raise TransportError(message)
+
+
+def _inside(d: Descriptors, src_bytes: int, dst_bytes: int) -> bool:
+    """Whether every descriptor of ``d`` (not empty) lies inside both buffers, in reductions:
+    this runs before each batch's first copy, and a mask per condition cost twice as much on
+    a batch of 16,384 descriptors (48 against 23 us on a 2-core machine). False also where it
+    cannot tell (buffers of 2**62 bytes or more): the caller then looks descriptor by
+    descriptor."""
+    if src_bytes >= _SUMMABLE or dst_bytes >= _SUMMABLE:
+        return False
+    if int(d.length.min()) <= 0 or int(d.src.min()) < 0 or int(d.dst.min()) < 0:
+        return False
+    if int(d.src.max()) > src_bytes or int(d.dst.max()) > dst_bytes:
+        return False
+    if int(d.length.max()) > min(src_bytes, dst_bytes):
+        return False
+    # Each term is now in [0, 2**62): their sums cannot wrap.
+    return int((d.src + d.length).max()) <= src_bytes and int((d.dst + d.length).max()) <= dst_bytes
 
 
 class Transport:
@@ -107,6 +130,14 @@ class Transport:
 
     def forget(self, ticket: object) -> None:
         """Discard anything read ahead for ``ticket``."""
+
+    def end_bytes(self) -> int | None:
+        """How many bytes of a write's first and of its last batch to send as batches of their
+        own: a batch's descriptors, bounds and plan cost the CPU in proportion to its size and
+        none of its bytes cross before they are done, and the keys of a write's last batch are
+        published after its last copy, the others while later batches copy. None (the base
+        transport): batches as the batching strategy cuts them."""
+        return None
 
     def attach_region(self, region: Endpoint, pool: Endpoint) -> None:
         """Prepare a tier region for copies to and from ``pool`` (e.g. pin it for DMA).

@@ -204,6 +204,13 @@ class CudaTransport(Transport):
         with self._issue:
             self._copy.forget(ticket)
 
+    def end_bytes(self) -> int | None:
+        """Two staging buffers' worth, what a batch on an idle stream plans before its first
+        copies (:meth:`.CopyPaths.staged`); None without staging (upstream's batches)."""
+        if self.staging == "never":
+            return None
+        return 2 * int(self.options.staging_buffer_bytes)
+
     def _enqueue(self, batch: CopyBatch) -> tuple[Any, list[Any]]:
         torch = self._torch
         src, src_device = self._side(batch.src)

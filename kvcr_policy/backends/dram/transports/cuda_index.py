@@ -10,6 +10,10 @@ kernels, and the pair is idle again once that stream passed the chunk's last ker
 event, queried, never waited for: a busy pair is skipped, and a new pair is made only when
 every pair is busy or too small).
 
+Where the runtime has the batch call (:mod:`.cuda_batch`), the upload is one call of it through
+ctypes, on the kernels' stream, not a torch copy on that stream entered: on one H100 an upload
+took 0.10 ms that way and 0.15 ms the other, one of them before a staged store's first copy.
+
 Needs torch with CUDA.
 """
 
@@ -20,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .cuda_batch import BatchCopier
 
 __all__ = ["IndexBuffers", "IndexPair"]
 
@@ -45,14 +51,25 @@ class IndexPair:
     done: Any = field(repr=False)
     #: Uploaded, its last use not yet recorded (:meth:`IndexBuffers.release`).
     taken: bool = False
+    #: ``host`` as numpy, and the batch call's arguments (device, host, bytes), made once.
+    rows: Int64Array = field(init=False, repr=False)
+    call: tuple[npt.NDArray[np.uint64], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rows = self.host.numpy()
+        addresses = (self.device.data_ptr(), self.host.data_ptr(), 0)
+        self.call = tuple(np.array([a], dtype=np.uint64) for a in addresses)
 
 
 class IndexBuffers:
     """Pinned host and device int64 buffers of one GPU for the ring's row indices."""
 
-    def __init__(self, torch: Any, device: int, ring_bytes: int) -> None:
+    def __init__(
+        self, torch: Any, device: int, ring_bytes: int, batch: BatchCopier | None = None
+    ) -> None:
         self.torch = torch
         self.device = device
+        self.batch = batch
         self.pairs: list[IndexPair] = []
         rows = _capacity(ring_bytes // ROW_BYTES_COVERED)
         pinned, on_gpu = self._buffers(INITIAL_PAIRS * rows)
@@ -88,10 +105,15 @@ class IndexBuffers:
         if pair is None:
             pair = self._make(n)
         pair.taken = True
-        pair.host.numpy()[:n] = rows
-        with self.torch.cuda.stream(stream):
-            index = pair.device[:n]
-            index.copy_(pair.host[:n], non_blocking=True)
+        pair.rows[:n] = rows
+        index = pair.device[:n]
+        if self.batch is not None and stream.cuda_stream:  # none on the legacy default stream
+            dst, src, size = pair.call
+            size[0] = 8 * n
+            self.batch.copy(dst, src, size, stream.cuda_stream)
+        else:
+            with self.torch.cuda.stream(stream):
+                index.copy_(pair.host[:n], non_blocking=True)
         return pair, index
 
     def release(self, pair: IndexPair, stream: Any) -> None:

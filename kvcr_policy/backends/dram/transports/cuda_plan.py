@@ -107,12 +107,19 @@ class StagingPlan:
         return j * per, min((j + 1) * per, len(self.rows))
 
 
+#: Host runs up to which :func:`fill_pieces` cuts them in a loop: some thirty numpy calls cost
+#: more than a loop over a few runs (a write into free slots is one run per chunk).
+_FEW_SPANS = 8
+
+
 def fill_pieces(
     span_host: Int64Array, span_linear: Int64Array, span_bytes: Int64Array, capacity: int
 ) -> tuple[Int64Array, Int64Array]:
-    """Host runs (at host offsets ``span_host``, at staging offsets ``span_linear``, of
-    ``span_bytes``) cut where fills of ``capacity`` bytes end: ``(pieces, fills)`` as
+    """Host runs (at host offsets ``span_host``, at staging offsets ``span_linear``, ascending,
+    of ``span_bytes``) cut where fills of ``capacity`` bytes end: ``(pieces, fills)`` as
     :class:`StagingPlan` holds them."""
+    if len(span_host) <= _FEW_SPANS:
+        return _few_pieces(span_host.tolist(), span_linear.tolist(), span_bytes.tolist(), capacity)
     first_fill = span_linear // capacity
     last_fill = (span_linear + span_bytes - 1) // capacity
     cuts = last_fill - first_fill + 1
@@ -127,6 +134,25 @@ def fill_pieces(
     buffers = int(fill[-1]) + 1
     fills = np.searchsorted(fill, np.arange(buffers + 1), side="left").astype(np.int64)
     return pieces, fills
+
+
+def _few_pieces(
+    hosts: list[int], linears: list[int], sizes: list[int], capacity: int
+) -> tuple[Int64Array, Int64Array]:
+    """:func:`fill_pieces` of a few runs, one piece at a time."""
+    pieces: list[tuple[int, int, int]] = []
+    fills: list[int] = []  # each fill's first piece, then the end
+    for host, linear, size in zip(hosts, linears, sizes, strict=True):
+        lo, end = linear, linear + size
+        while lo < end:
+            fill, offset = divmod(lo, capacity)
+            while len(fills) <= fill:
+                fills.append(len(pieces))
+            hi = min(end, (fill + 1) * capacity)
+            pieces.append((offset, host + lo - linear, hi - lo))
+            lo = hi
+    fills.append(len(pieces))
+    return np.array(pieces, dtype=np.int64).reshape(-1, 3), np.array(fills, dtype=np.int64)
 
 
 def page_pieces(
@@ -170,25 +196,25 @@ def plan_staging(
     :data:`MAX_ROW_BYTES`, and cut to divide ``buffer_bytes`` when larger than it), so every
     descriptor is whole rows on the device side and every fill ends on a row boundary.
     """
-    if len(length) == 0 or int(length.sum()) == 0:
+    if len(length) == 0:
         return None
     h, g, n = host, device, length
-    if write == "host" and not checked and overlapping(h, n):
-        return None
     size = int(n[0])
     # One length that divides every device offset (a pool's fragments): that is the gcd.
     uniform = size > 0 and not np.any(n != size) and not any_remainder(g, size)
-    unit = row_unit(size if uniform else int(np.gcd(np.gcd.reduce(g), np.gcd.reduce(n))),
-                    buffer_bytes)  # fmt: skip
+    if uniform:
+        return _plan_uniform(h, g, size, buffer_bytes=buffer_bytes, write=write, checked=checked)
+    if int(n.sum()) == 0:
+        return None
+    if write == "host" and not checked and overlapping(h, n):
+        return None
+    unit = row_unit(int(np.gcd(np.gcd.reduce(g), np.gcd.reduce(n))), buffer_bytes)
     capacity = buffer_bytes // unit * unit
     linear = packed(n)  # staging bytes: the descriptors end to end, as every staged path
-    if uniform and unit == size:  # one row per descriptor
-        rows = g // unit
-    else:
-        counts = n // unit
-        total = int(counts.sum())
-        first = np.repeat(np.cumsum(counts) - counts, counts)
-        rows = np.repeat(g // unit, counts) + (np.arange(total, dtype=np.int64) - first)
+    counts = n // unit
+    total = int(counts.sum())
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    rows = np.repeat(g // unit, counts) + (np.arange(total, dtype=np.int64) - first)
     # Device ranges overlap where two staging rows share a device row.
     if write == "device" and not checked and repeats(rows):
         return None
@@ -199,4 +225,39 @@ def plan_staging(
     span_linear = linear[starts]
     span_bytes = linear[stops - 1] + n[stops - 1] - span_linear
     pieces, fills = fill_pieces(h[starts], span_linear, span_bytes, capacity)
+    return StagingPlan(unit, capacity, rows, pieces, fills, len(starts))
+
+
+def _plan_uniform(
+    h: Int64Array, g: Int64Array, size: int, *, buffer_bytes: int, write: str, checked: bool
+) -> StagingPlan | None:
+    """:func:`plan_staging` of descriptors of one length ``size`` (> 0) that divides every
+    device offset, the shape of every batch of a pool's fragments: each staging offset is a
+    multiple of ``size``, so the host runs and their staging offsets come from one pass of
+    host steps, not from prefix sums (a plan runs before each batch's first copy)."""
+    step = h[1:] - h[:-1]  # host order: ascending by at least ``size`` means no overlap
+    if (
+        write == "host"
+        and not checked
+        and int(step.min(initial=size)) < size
+        and overlapping(h, np.full(len(h), size, dtype=np.int64))
+    ):
+        return None
+    unit = row_unit(size, buffer_bytes)
+    capacity = buffer_bytes // unit * unit
+    if unit == size:  # one row per descriptor
+        rows = g // unit
+    else:  # ``size`` rows of ``unit`` per descriptor, consecutive on the device
+        per = size // unit
+        rows = ((g // unit)[:, None] + np.arange(per, dtype=np.int64)).reshape(-1)
+    # Device ranges overlap where two staging rows share a device row.
+    if write == "device" and not checked and repeats(rows):
+        return None
+    # Host runs: consecutive descriptors that continue each other.
+    starts = np.flatnonzero(step != size)
+    starts += 1
+    starts = np.concatenate(([0], starts))
+    stops = np.concatenate((starts[1:], [len(h)]))
+    span_linear = starts * size
+    pieces, fills = fill_pieces(h[starts], span_linear, (stops - starts) * size, capacity)
     return StagingPlan(unit, capacity, rows, pieces, fills, len(starts))

@@ -96,7 +96,7 @@ class StagingRing:
             )
             self.filled.append(torch.cuda.Event())
             self.free.append(torch.cuda.Event())
-        self.index = IndexBuffers(torch, self.device, self.nbytes)
+        self.index = IndexBuffers(torch, self.device, self.nbytes, batch=self.batch)
 
     @property
     def nbytes(self) -> int:
@@ -145,15 +145,16 @@ class StagingRing:
 
     def _move(self, slot: int, pieces: Int64Array, host: Any, main: Any, into: bool) -> None:
         """Copy ``pieces`` (``(offset in the buffer, host offset, length)`` rows) between ring
-        buffer ``slot`` and pinned ``host`` on ``main`` (current): into the buffer, or out."""
+        buffer ``slot`` and pinned ``host`` on ``main``: into the buffer, or out."""
         buffer = self.buffers[slot]
         if self.batch is None or not main.cuda_stream:  # one copy_ each (no batch call on the
-            # legacy default stream)
-            for offset, at, n in pieces.tolist():
-                if into:
-                    buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
-                else:
-                    host[at : at + n].copy_(buffer[offset : offset + n], non_blocking=True)
+            # legacy default stream), on main whichever stream is current
+            with self.torch.cuda.stream(main):
+                for offset, at, n in pieces.tolist():
+                    if into:
+                        buffer[offset : offset + n].copy_(host[at : at + n], non_blocking=True)
+                    else:
+                        host[at : at + n].copy_(buffer[offset : offset + n], non_blocking=True)
             return
         ring = (pieces[:, 0] + buffer.data_ptr()).astype(np.uint64)
         tier = (pieces[:, 1] + host.data_ptr()).astype(np.uint64)
@@ -278,17 +279,19 @@ class StagingRing:
         pair, index = self.index.upload(plan.rows, aux)
         try:
             pool_rows, views = self._views(plan, pool)
-            for j in range(plan.buffers):
-                slot = self._take()
-                aux.wait_event(self.free[slot])
-                lo, hi = plan.fill_rows(j)
-                with torch.cuda.stream(aux):
+            # Every stream is named but the gathers', which run on the current one: aux, entered
+            # once per chunk, not per fill (entering a stream costs more than a kernel launch).
+            with torch.cuda.stream(aux):
+                for j in range(plan.buffers):
+                    slot = self._take()
+                    aux.wait_event(self.free[slot])
+                    lo, hi = plan.fill_rows(j)
                     torch.index_select(pool_rows, 0, index[lo:hi], out=views[slot][: hi - lo])
-                self.filled[slot].record(aux)
-                main.wait_event(self.filled[slot])
-                pieces = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
-                self._move(slot, pieces, host, main, False)
-                self.free[slot].record(main)
+                    self.filled[slot].record(aux)
+                    main.wait_event(self.filled[slot])
+                    pieces = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
+                    self._move(slot, pieces, host, main, False)
+                    self.free[slot].record(main)
         finally:
             self.index.release(pair, aux)
         return []

@@ -8,6 +8,8 @@ byte, in test_cuda.py (skipped without a GPU).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,6 +18,7 @@ from kvcr_policy.backends.dram.transports.cuda_chunks import host_runs
 from kvcr_policy.backends.dram.transports.cuda_plan import (
     MAX_ROW_BYTES,
     StagingPlan,
+    fill_pieces,
     host_spans,
     page_pieces,
     plan_staging,
@@ -184,6 +187,54 @@ def test_overlapping_writes_take_another_path() -> None:
     assert plan_staging(device, host, length, buffer_bytes=64, write="host") is None
     empty = np.zeros(0, dtype=np.int64)
     assert plan_staging(empty, empty, empty, buffer_bytes=64, write="device") is None
+
+
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=10), st.sampled_from((1, 3, 8)))
+def test_a_store_plan_of_one_length_is_refused_where_host_ranges_overlap(
+    starts: list[int], size: int
+) -> None:
+    """Pieces of one length (a pool's fragments) in any host order: a store plan writes each
+    host byte once, so it is made exactly when no two host ranges share a byte."""
+    host = np.asarray(starts, dtype=np.int64) * 4  # some apart, some touching or overlapping
+    device = np.arange(len(host), dtype=np.int64) * size
+    length = np.full(len(host), size, dtype=np.int64)
+    ranges = sorted(starts)
+    overlap = any(b * 4 - a * 4 < size for a, b in itertools.pairwise(ranges))
+    plan = plan_staging(host, device, length, buffer_bytes=4 * size, write="host")
+    assert (plan is None) == overlap
+    if plan is not None:
+        pool = np.random.default_rng(len(starts)).integers(0, 256, len(host) * size + plan.unit,
+                                                            dtype=np.uint8)  # fmt: skip
+        back = np.full(int(host.max()) + size, 0xEE, dtype=np.uint8)
+        expected = back.copy()
+        naive(device, host, length, pool, expected)
+        replay_store(plan, pool, back)
+        assert np.array_equal(back, expected)
+
+
+@given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 40)), min_size=1, max_size=20),
+       st.integers(1, 16))  # fmt: skip
+def test_fill_pieces_cut_runs_exactly_at_fill_ends(
+    runs: list[tuple[int, int]], capacity: int
+) -> None:
+    """Runs of descriptors (never empty: the bounds refuse those) laid end to end in staging, a
+    few cut one by one, many in arrays: each fill's pieces cover its staging bytes in order,
+    each piece within one fill, from the right host bytes."""
+    hosts = np.asarray([host for host, _ in runs], dtype=np.int64)
+    sizes = np.asarray([size for _, size in runs], dtype=np.int64)
+    linears = np.cumsum(sizes) - sizes
+    pieces, fills = fill_pieces(hosts, linears, sizes, capacity)
+    expected = [  # staging byte -> host byte, byte by byte
+        int(hosts[i]) + k for i in range(len(runs)) for k in range(int(sizes[i]))
+    ]
+    got = []
+    assert fills[0] == 0 and fills[-1] == len(pieces) and np.all(np.diff(fills) > 0)
+    for j in range(len(fills) - 1):
+        for offset, host, n in pieces[fills[j] : fills[j + 1]].tolist():
+            assert n > 0 and offset + n <= capacity
+            assert len(got) == j * capacity + offset  # in order, no gap within the fill
+            got += range(host, host + n)
+    assert got == expected
 
 
 def test_host_spans_count_contiguous_runs_in_host_order() -> None:
