@@ -57,6 +57,10 @@ class MarginalRate(DecayingSums):
         # seconds.
         super().__init__(7, half_life_s, clock)
         self._count = 0
+        #: The figures of the sums as of ``_count`` calls: they change only when a call is
+        #: added (the decay scales every sum alike, so the fit and the ratios hold between
+        #: calls), and a gate reads them at every lookup.
+        self._known: tuple[int, Fit | None] | None = None
 
     def add(self, units: float, seconds: float, calls: int = 1) -> None:
         """``calls`` calls moved ``units`` in ``seconds`` together; none of no time, units or
@@ -79,8 +83,22 @@ class MarginalRate(DecayingSums):
         """Everything known, read at one moment (None before a call): the fit, whether it
         told the fixed seconds apart, the mean call and how many calls it rests on."""
         with self._lock:
+            known = self._known
+            if known is not None and known[0] == self._count:
+                return known[1]
             cc, cu, uu, cy, uy, u, y = self._sums
             count = self._count
+        figures = self._solve(cc, cu, uu, cy, uy, u, y, count)
+        with self._lock:
+            if self._count == count:
+                self._known = (count, figures)
+        return figures
+
+    @staticmethod
+    def _solve(
+        cc: float, cu: float, uu: float, cy: float, uy: float, u: float, y: float, count: int
+    ) -> Fit | None:
+        """The figures of one reading of the sums (see :meth:`figures`)."""
         if y <= 0:
             return None
         mean = (cu / cc, cy / cc) if cc > 0 and cy > 0 else None

@@ -116,3 +116,43 @@ def test_exact_steps_give_back_their_rate_and_fixed_cost(
     # (the ratio of the decayed sums is at least that), never faster than the true rate.
     slowest = min(n / (fixed + n / tps) for n in lengths)
     assert slowest * (1 - 1e-9) <= fitted[0] <= tps * (1 + 1e-9)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 100_000),
+            st.floats(1e-4, 10.0),
+            st.integers(1, 4),
+            st.floats(0.0, 30.0),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_figures_read_between_calls_are_those_of_the_sums_at_that_moment(
+    calls: list[tuple[int, float, int, float]],
+) -> None:
+    # The figures are kept from one reading to the next until a call is added: each reading,
+    # however long after the last call, equals what a rate fed the same calls at the same
+    # moments computes afresh (the decay scales every sum alike, so the fit holds between
+    # calls), and an added call is seen by the next reading.
+    clock, fresh_clock = Clock(), Clock()
+    rate = MarginalRate(5.0, clock)
+    for n, (units, seconds, count, wait) in enumerate(calls):
+        rate.add(units, seconds, count)
+        kept = rate.figures()
+        clock.now += wait
+        fresh_clock.now = clock.now
+        fresh = MarginalRate(5.0, fresh_clock)
+        fresh_clock.now -= sum(c[3] for c in calls[: n + 1])
+        for u, s, c, w in calls[: n + 1]:
+            fresh.add(u, s, c)
+            fresh_clock.now += w
+        later, again = rate.figures(), fresh.figures()
+        assert later is kept
+        assert later is not None and again is not None
+        assert later.calls == again.calls == n + 1
+        assert later.separated == again.separated
+        assert later.rate == pytest.approx(again.rate, rel=1e-6)
+        assert later.fixed == pytest.approx(again.fixed, rel=1e-6, abs=1e-9)
