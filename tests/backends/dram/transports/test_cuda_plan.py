@@ -18,6 +18,7 @@ from kvcr_policy.backends.dram.transports.cuda_chunks import host_runs
 from kvcr_policy.backends.dram.transports.cuda_plan import (
     MAX_ROW_BYTES,
     StagingPlan,
+    _few_pieces,
     fill_pieces,
     host_spans,
     page_pieces,
@@ -235,6 +236,28 @@ def test_fill_pieces_cut_runs_exactly_at_fill_ends(
             assert len(got) == j * capacity + offset  # in order, no gap within the fill
             got += range(host, host + n)
     assert got == expected
+
+
+@given(
+    st.lists(st.integers(0, 1 << 20), min_size=1, max_size=80),
+    st.integers(1, 64),
+    st.integers(1, 40),
+    st.booleans(),
+)
+def test_whole_runs_of_one_size_are_cut_as_the_loop_cuts_them(
+    hosts: list[int], size: int, per: int, divides: bool
+) -> None:
+    """Runs of one size end to end (a whole-slot tier's scattered pages) take the short path
+    where their size divides the fill, and it gives the pieces and fills the one-at-a-time
+    cut gives, past any number of runs; where it does not divide, the general cut does."""
+    span_host = np.asarray(hosts, dtype=np.int64)
+    span_bytes = np.full(len(hosts), size, dtype=np.int64)
+    span_linear = np.arange(len(hosts), dtype=np.int64) * size
+    capacity = per * size if divides else per * size + size // 2 + 1
+    pieces, fills = fill_pieces(span_host, span_linear, span_bytes, capacity)
+    want_pieces, want_fills = _few_pieces(hosts, span_linear.tolist(), [size] * len(hosts),
+                                          capacity)  # fmt: skip
+    assert np.array_equal(pieces, want_pieces) and np.array_equal(fills, want_fills)
 
 
 def test_host_spans_count_contiguous_runs_in_host_order() -> None:
