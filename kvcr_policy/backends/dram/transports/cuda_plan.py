@@ -115,13 +115,13 @@ _FEW_SPANS = 8
 def fill_pieces(
     span_host: Int64Array, span_linear: Int64Array, span_bytes: Int64Array, capacity: int
 ) -> tuple[Int64Array, Int64Array]:
-    """Host runs (at host offsets ``span_host``, at staging offsets ``span_linear``, ascending,
-    of ``span_bytes``) cut where fills of ``capacity`` bytes end: ``(pieces, fills)`` as
-    :class:`StagingPlan` holds them."""
+    """Host runs (at host offsets ``span_host``, at staging offsets ``span_linear``, laid end
+    to end from staging offset 0 as every plan lays them, of ``span_bytes``) cut where fills of
+    ``capacity`` bytes end: ``(pieces, fills)`` as :class:`StagingPlan` holds them."""
     if len(span_host) <= _FEW_SPANS:
         return _few_pieces(span_host.tolist(), span_linear.tolist(), span_bytes.tolist(), capacity)
-    size = int(span_bytes[0])
-    if capacity % size == 0 and int(span_linear[0]) == 0 and not np.any(span_bytes != size):
+    size = int(span_bytes[0])  # runs of one size end to end from 0 never cross a fill's end
+    if capacity % size == 0 and not np.any(span_bytes != size):
         return _whole_pieces(span_host, size, capacity)
     first_fill = span_linear // capacity
     last_fill = (span_linear + span_bytes - 1) // capacity
