@@ -77,10 +77,13 @@ class GateOptions(BaseModel):
     )
     margin: float = number_field(
         0.0,
-        0.0,
+        -0.9,
         10.0,
         "A prefix is admitted while its restore takes at most (1 + margin) times its compute "
-        "(0, or 0.001..10).",
+        "(0, or 0.001..10 in either direction down to -0.9). Negative: a restore must be that "
+        "share sooner than computing, for what it costs the engine beyond the restored "
+        "request's wait (on a host whose cores the tier and the engine share, the load takes "
+        "CPU from the prefill of the others).",
     )
     restore_bytes_per_s: float | None = number_field(
         None,
@@ -116,8 +119,8 @@ class GateOptions(BaseModel):
     @field_validator("margin")
     @classmethod
     def _not_vanishing(cls, value: float) -> float:
-        if 0 < value < 1e-3:
-            raise ValueError(f"a margin is 0 or at least 0.001 (0.1 %), got {value!r}")
+        if 0 < abs(value) < 1e-3:
+            raise ValueError(f"a margin is 0 or at least 0.001 (0.1 %) either way, got {value!r}")
         return value
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from kvcr_policy.builtin.admission import GateOptions, NoAdmission, RestoreGate, compute_seconds
 from kvcr_policy.config.loading import load_config
@@ -143,6 +144,9 @@ def test_beyond_a_probe_the_gate_never_admits_a_prefix_that_restores_slower(
         assert restore_s <= decision.pages * PAGE_TOKENS / prefill * (1 + 1e-9)
 
 
+#: Margins a gate takes: none, a share of slack, or a share a restore must be sooner by.
+MARGINS = st.one_of(st.just(0.0), st.floats(1e-3, 10.0), st.floats(-0.9, -1e-3))
+
 #: A lookup and the figures a gate decides it on, as the two properties below draw them.
 LOOKUPS = {
     "found": st.integers(0, 2000),
@@ -150,7 +154,7 @@ LOOKUPS = {
     "restore": rates,
     "queued": st.integers(0, 1 << 34),
     "prefill": st.floats(1.0, 1e7),
-    "margin": st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
+    "margin": MARGINS,
 }
 
 
@@ -202,12 +206,34 @@ def test_a_gate_option_out_of_range_is_refused_with_its_origin(registry: Registr
     assert "margin" in str(caught.value)
 
 
+@pytest.mark.parametrize("margin", [5e-4, -5e-4, -0.95])
+def test_a_margin_too_small_to_mean_anything_or_past_minus_0_9_is_refused(margin: float) -> None:
+    with pytest.raises(ValidationError) as caught:
+        GateOptions(margin=margin)
+    assert "margin" in str(caught.value)
+
+
+def test_a_negative_margin_declines_a_prefix_that_restores_only_a_little_sooner() -> None:
+    # 100 pages restore in 0.9 of their compute: admitted at margin 0, declined at -0.2
+    # (a restore must be a fifth sooner), admitted again once it is.
+    compute_s = 100 * PAGE_TOKENS / 10_000
+    restore = 100 * PAGE_BYTES / (0.9 * compute_s)
+    outlook = RestoreOutlook(restore, restore_fixed_s=0.0)
+    plain = gate(prefill_tokens_per_s=10_000)
+    assert plain.admit(100, PAGE_TOKENS, PAGE_BYTES, outlook).pages == 100
+    wary = gate(prefill_tokens_per_s=10_000, margin=-0.2)
+    decision = wary.admit(100, PAGE_TOKENS, PAGE_BYTES, outlook)
+    assert (decision.pages, decision.reason) == (0, "computes_sooner")
+    sooner = RestoreOutlook(restore * 0.9 / 0.75, restore_fixed_s=0.0)
+    assert wary.admit(100, PAGE_TOKENS, PAGE_BYTES, sooner).pages == 100
+
+
 @given(
     found=st.integers(1, 3000),
     restore=rates,
     queued=st.integers(0, 1 << 32),
     prefill=st.floats(1.0, 1e7),
-    margin=st.one_of(st.just(0.0), st.floats(1e-3, 10.0)),
+    margin=MARGINS,
 )
 def test_one_prefill_rate_decides_in_one_step_as_the_per_length_arithmetic_does(
     found: int, restore: float, queued: int, prefill: float, margin: float

@@ -60,7 +60,7 @@ def test_a_restore_rate_without_a_name_or_unit_is_refused() -> None:
     rate=st.floats(1e5, 1e11),
     prefill_short=st.floats(100, 1e6),
     prefill_long=st.floats(100, 1e6),
-    margin=st.one_of(st.just(0.0), st.floats(1e-3, 2.0)),
+    margin=st.one_of(st.just(0.0), st.floats(1e-3, 2.0), st.floats(-0.9, -1e-3)),
 )
 def test_the_break_even_is_where_restoring_starts_to_win_for_good(
     rate: float, prefill_short: float, prefill_long: float, margin: float
