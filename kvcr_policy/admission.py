@@ -100,6 +100,7 @@ class AdmissionDesk:
     def outlook(self) -> RestoreOutlook:
         """What the tier delivers now: the figures a decision is made on."""
         restores = self.restores.figures()  # one reading: rate, fixed part, mean call
+        step = self.prefills.figures() if self.engine_times_restores else None
         return RestoreOutlook(
             None if restores is None else restores.rate,
             sum(self.queued),
@@ -109,6 +110,7 @@ class AdmissionDesk:
             restore_fixed_s=restores.fixed if restores is not None and restores.separated else None,
             restore_call=None if restores is None else restores.mean_call,
             restore_calls=0 if restores is None else restores.calls,
+            step_fixed_s=step.fixed if step is not None and step.separated else None,
         )
 
     def declines(

@@ -193,6 +193,30 @@ def test_one_slow_first_restore_does_not_decline_every_later_lookup() -> None:
     assert desk.decide("kv", 170, PAGE_TOKENS, PAGE_BYTES, None) == 170
 
 
+def test_before_any_restore_an_engine_timed_restore_costs_at_least_a_step() -> None:
+    # vLLM's first restore of a run (13 pages, 416 tokens) was admitted on the stores' rate
+    # alone (2.2 ms against 5.5 ms of compute, no fixed part known) and took 2.4 times the
+    # TTFT of computing: the request waited for the step that reports its load. Where the
+    # engine times its restores, its steps' fixed part (here 8 ms) is the least a restore's
+    # fixed part can be until one is timed: a short prefix computes, a long one restores.
+    now = [0.0]
+    desk = AdmissionDesk(
+        RestoreGate(AdmissionSection(), GateOptions(probe_after_s=None)), clock=lambda: now[0]
+    )
+    for pages in (20, 8, 3, 44, 170):
+        desk.stores.add(pages * PAGE_BYTES, 0.005 + pages * PAGE_BYTES / 200e6)
+    for tokens in (32, 416, 64, 1024, 96):  # prefill-only steps: 8 ms, then 75,000 tokens/s
+        desk.prefills.add(tokens, 0.008 + tokens / 75_000)
+        now[0] += 0.1
+    assert desk.decide("kv", 13, PAGE_TOKENS, PAGE_BYTES, None) == 13  # the engine untimed
+    desk.engine_times_restores = True
+    assert desk.outlook().step_fixed_s == pytest.approx(0.008)
+    assert desk.decide("kv", 13, PAGE_TOKENS, PAGE_BYTES, None) == 0
+    assert desk.decide("kv", 170, PAGE_TOKENS, PAGE_BYTES, None) == 170
+    desk.restores.add(13 * PAGE_BYTES, 0.003)  # a restore timed: its own call decides now
+    assert desk.decide("kv", 13, PAGE_TOKENS, PAGE_BYTES, None) == 13
+
+
 def test_restores_of_one_size_keep_long_prefixes_restoring() -> None:
     # Three restores of 12 and 13 pages, 120 to 170 ms each: too alike to tell a call's
     # fixed seconds from its rate, and bytes over seconds says 2.8 MB/s, at which every

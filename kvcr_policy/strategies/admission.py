@@ -36,7 +36,12 @@ class RestoreOutlook:
     request runs anyway); None when it did not: the strategy then uses its own calibrated or
     configured rate;
     ``store_bytes_per_s``: the decayed marginal rate of this pipeline's stores (None before
-    the first): what the link delivered the other way, before restores measured it.
+    the first): what the link delivered the other way, before restores measured it;
+    ``step_fixed_s``: where the engine times its restores from its lookup to its report that
+    the load ended (vLLM), the fixed seconds of one of its steps, fitted apart from its
+    prefill (None elsewhere, or before the steps tell it apart): such a restore waits for at
+    least the step that reports it, so before a restore was timed it is the least a
+    restore's fixed part can be.
     """
 
     bytes_per_s: float | None
@@ -47,6 +52,7 @@ class RestoreOutlook:
     restore_fixed_s: float | None = 0.0
     restore_call: tuple[float, float] | None = None
     restore_calls: int = 0
+    step_fixed_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
