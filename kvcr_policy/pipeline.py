@@ -374,7 +374,7 @@ class Pipeline:
         many leading pages are complete, so a caller can use them before the call returns.
         """
         with self._operation("get"):
-            return self._move(True, check_keys(keys, "get"), indices, pool, on_ready)
+            return self._move(True, keys, indices, pool, on_ready)
 
     def set(self, keys: Sequence[str], indices: Any, pool: str | None = None) -> list[bool]:
         """Store the pool pages at ``indices`` under ``keys``; True per key now present."""
@@ -384,22 +384,31 @@ class Pipeline:
     def _move(
         self,
         read: bool,
-        keys: list[str],
+        keys: Any,
         indices: Any,
         pool: str | None,
         on_ready: Callable[[int], None] | None,
     ) -> list[bool]:
+        """One get (``keys`` as the caller gave them: checked here) or set (``keys`` checked)."""
         name = pool
         early: EarlyRead | None = None
         try:
             try:
-                geometry, tier = self._pool(pool, touch=True)
+                try:
+                    geometry, tier = self._pool(pool, touch=True)
+                except PoolError:
+                    if read:  # a key the caller got wrong is named first, as ever
+                        check_keys(keys, "get")
+                    raise
                 name = geometry.name
-                if read and name in self._reads_early:
+                if read and name in self._reads_early and type(keys) is list:
                     # The read's first copies, started while the call is checked: for pages
-                    # stored together they begin before the indices are validated and the
-                    # keys claimed, and are kept only where the claim finds the same bytes.
+                    # stored together they begin before the keys and indices are validated
+                    # and the keys claimed, and are kept only where the claim finds the same
+                    # bytes (a key that is no str is found in no tier: nothing is read early).
                     early = cast(PoolReadsEarly, tier).read_early(keys)
+                if read:
+                    keys = check_keys(keys, "get")
                 pages = key_pages(geometry, keys, indices)
             except PoolError:
                 if name is not None and (name in self._pools or name in self.refused):

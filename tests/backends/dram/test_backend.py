@@ -13,7 +13,7 @@ import pytest
 
 from kvcr_policy.backends.dram.transports.base import CopyBatch
 from kvcr_policy.backends.dram.transports.memory import MemoryTransport
-from kvcr_policy.errors import IndicesError
+from kvcr_policy.errors import IndicesError, UsageError
 from kvcr_policy.geometry import PoolGeometry
 from tests.support.pipelines import (
     LAYOUT_CASES,
@@ -166,6 +166,25 @@ def test_a_refused_read_forgets_what_it_read_early_and_counts_nothing(build: Bui
     kinds = [kind for kind, _, _ in transport.events]
     assert kinds == ["read_ahead", "forget"]
     assert transport.events[0][1] is transport.events[1][1]
+    after = store.stats()
+    assert (after.hits, after.misses, after.claimed) == (before.hits, before.misses, 0)
+
+
+@pytest.mark.parametrize("bad", [7, ["a", "list"]], ids=["an int", "unhashable"])
+def test_a_key_that_is_no_str_is_refused_after_a_read_ahead_and_nothing_is_kept(
+    build: Build, bad: object
+) -> None:
+    """The read-ahead starts before the keys are checked: a key that is no str is found in no
+    tier (an unhashable one cannot even be looked up), the call is refused naming it, what was
+    read ahead of the keys before it is forgotten, and nothing is claimed or counted."""
+    pipeline, transport, _, _, keys = reading_ahead(build, 4, 5)
+    transport.events.clear()
+    store = pipeline.backend._pools[0].store
+    before = store.stats()
+    with pytest.raises(UsageError, match="key at position 2 must be a str"):
+        pipeline.get([*keys[:2], bad, *keys[3:]], token_indices(range(8, 13), P))
+    kinds = [kind for kind, _, _ in transport.events]
+    assert kinds == (["read_ahead", "forget"] if bad == 7 else [])
     after = store.stats()
     assert (after.hits, after.misses, after.claimed) == (before.hits, before.misses, 0)
 

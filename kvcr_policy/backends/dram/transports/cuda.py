@@ -191,12 +191,21 @@ class CudaTransport(Transport):
         ticket = object()
         with self._issue:
             src, _ = self._side(tier)
-            device = self._device_index(pool)
+            _, device = self._side(pool)
+            assert device is not None  # a CUDA endpoint
             stream = self._stream(device)
-            with self._torch.cuda.stream(stream):
+            # Every copy and event of a read-ahead names its stream: none is entered (on a
+            # slow host entering one took 0.1 ms before a small restore's first copy), and
+            # the device only where it is not the current one.
+            if self._torch.cuda.current_device() == device:
                 read = self._copy.read_ahead(
                     ticket, src["copy"], starts, page_bytes, fragments, device, stream
                 )
+            else:
+                with self._torch.cuda.device(device):
+                    read = self._copy.read_ahead(
+                        ticket, src["copy"], starts, page_bytes, fragments, device, stream
+                    )
         return ticket if read else None
 
     def forget(self, ticket: object) -> None:

@@ -253,7 +253,8 @@ class CopyPaths:
         self, ticket: object, host: Any, starts: Any, page_bytes: int, fragments: int,
         device: int, stream: Any,
     ) -> int:  # fmt: skip
-        """Start filling the ring of ``device`` on ``stream`` (current) from the tier slots at
+        """Start filling the ring of ``device`` on ``stream`` (named, not entered: every copy
+        and event of a read-ahead names its stream) from the tier slots at
         host offsets ``starts`` (the pages a read claimed, in order: its first batch), before
         their batch is planned; returns the fills started.
 

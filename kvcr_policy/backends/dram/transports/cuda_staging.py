@@ -166,7 +166,7 @@ class StagingRing:
         self, ticket: object, host: Any, pieces: Int64Array, fills: Int64Array, capacity: int,
         main: Any,
     ) -> int:  # fmt: skip
-        """Fill the next buffers on ``main`` (the current stream) with the fills ``pieces``
+        """Fill the next buffers on ``main`` (named, not entered) with the fills ``pieces``
         and ``fills`` describe (:func:`.cuda_plan.page_pieces`: a read's first pages, in
         order, ``capacity`` bytes a fill), at most the ring's worth, before the batch that
         moves them is planned; that batch's restore adopts them (:meth:`restore` with
@@ -235,7 +235,7 @@ class StagingRing:
         """Enqueue host -> pool: whole runs into the ring on ``main``, scatter on ``aux``.
 
         ``host`` is a pinned uint8 CPU tensor, ``pool`` a uint8 CUDA tensor (the batch's
-        endpoints); ``main`` must be the current stream. No stream waits for the other as a
+        endpoints); every copy and wait names its stream. No stream waits for the other as a
         whole: each scatter waits for its buffer's fill alone (an adopted fill's event was
         recorded when it was read ahead), each fill for its buffer's last scatter. The row
         indices go up on ``aux`` after the first fill's copies are enqueued (PCIe starts
@@ -246,24 +246,27 @@ class StagingRing:
         torch = self.torch
         pair = None
         try:
-            for j in range(plan.buffers):
-                adopted = None if ticket is None else self._adopt(ticket, plan, j)
-                if adopted is not None:  # read ahead on main, its event recorded then
-                    slot = adopted
-                else:
-                    slot = self._take()
-                    main.wait_event(self.free[slot])
-                    pieces = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
-                    self._move(slot, pieces, host, main, True)
-                    self.filled[slot].record(main)
-                if pair is None:  # the first fill's copies are enqueued: now the indices
-                    pair, index = self.index.upload(plan.rows, aux)
-                    pool_rows, views = self._views(plan, pool)
-                aux.wait_event(self.filled[slot])
-                lo, hi = plan.fill_rows(j)
-                with torch.cuda.stream(aux):
+            # Every stream is named but the scatters', which run on the current one: aux,
+            # entered once per chunk, not per fill (a fill of small pages takes less time to
+            # cross PCIe than entering a stream takes on a slow host).
+            with torch.cuda.stream(aux):
+                for j in range(plan.buffers):
+                    adopted = None if ticket is None else self._adopt(ticket, plan, j)
+                    if adopted is not None:  # read ahead on main, its event recorded then
+                        slot = adopted
+                    else:
+                        slot = self._take()
+                        main.wait_event(self.free[slot])
+                        pieces = plan.pieces[plan.fills[j] : plan.fills[j + 1]]
+                        self._move(slot, pieces, host, main, True)
+                        self.filled[slot].record(main)
+                    if pair is None:  # the first fill's copies are enqueued: now the indices
+                        pair, index = self.index.upload(plan.rows, aux)
+                        pool_rows, views = self._views(plan, pool)
+                    aux.wait_event(self.filled[slot])
+                    lo, hi = plan.fill_rows(j)
                     pool_rows.index_copy_(0, index[lo:hi], views[slot][: hi - lo])
-                self.free[slot].record(aux)
+                    self.free[slot].record(aux)
         finally:
             if pair is not None:
                 self.index.release(pair, aux)
