@@ -406,7 +406,10 @@ class Pipeline:
                     # stored together they begin before the keys and indices are validated
                     # and the keys claimed, and are kept only where the claim finds the same
                     # bytes (a key that is no str is found in no tier: nothing is read early).
-                    early = cast(PoolReadsEarly, tier).read_early(keys)
+                    try:
+                        early = cast(PoolReadsEarly, tier).read_early(keys)
+                    except TypeError:  # a key no tier can look up: refused just below
+                        early = None
                 if read:
                     keys = check_keys(keys, "get")
                 pages = key_pages(geometry, keys, indices)

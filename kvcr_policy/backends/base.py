@@ -32,7 +32,9 @@ batch at a time and never loops over a call's pages itself::
     Reading early, optional (:class:`PoolReadsEarly`, a runtime-checkable protocol: the
     pipeline checks each pool tier for it once, when the pool registers)
       PoolTier.read_early(keys)         -> EarlyRead | None: a read's first copies, started
-                                        before the call is validated and claimed
+                                        before the call is validated and claimed (the keys
+                                        too: a list as the caller gave it, where a key that
+                                        is no str is found in no tier)
       EarlyRead.read(keys, pages)       in place of PoolTier.read for that call: keeps the
                                         copies only where its claim finds the same bytes
       EarlyRead.cancel()                nothing of it is used after (idempotent); the pipeline

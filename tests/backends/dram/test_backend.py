@@ -189,6 +189,23 @@ def test_a_key_that_is_no_str_is_refused_after_a_read_ahead_and_nothing_is_kept(
     assert (after.hits, after.misses, after.claimed) == (before.hits, before.misses, 0)
 
 
+def test_a_tier_whose_early_read_cannot_look_a_key_up_still_gets_the_key_refused(
+    build: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third party's early read that raises TypeError on a key it cannot look up starts
+    nothing: the caller hears of the key, not of the tier."""
+    pipeline, _, _, _, keys = reading_ahead(build, 4, 5)
+    tier = pipeline.backend._pools[0]
+
+    def cannot(keys: list[str]) -> None:
+        raise TypeError("unhashable type: 'list'")
+
+    monkeypatch.setattr(tier, "read_early", cannot)
+    with pytest.raises(UsageError, match="key at position 0 must be a str"):
+        pipeline.get([["a"], *keys[1:]], token_indices(range(8, 13), P))
+    assert pipeline.get(keys, token_indices(range(8, 13), P)) == [True] * 5
+
+
 def test_a_read_ahead_of_slots_rewritten_before_the_claim_is_never_used(build: Build) -> None:
     """Between the read-ahead and the claim, another call rewrites the first key (delete, then
     set new bytes): the claim finds its slot with a new generation, forgets the read-ahead and
