@@ -80,7 +80,7 @@ class GateOptions(BaseModel):
         -0.9,
         10.0,
         "A prefix is admitted while its restore takes at most (1 + margin) times its compute "
-        "(0, or 0.001..10 in either direction down to -0.9). Negative: a restore must be that "
+        "(0, 0.001..10, or -0.9..-0.001). Negative: a restore must be that "
         "share sooner than computing, for what it costs the engine beyond the restored "
         "request's wait (on a host whose cores the tier and the engine share, the load takes "
         "CPU from the prefill of the others).",
