@@ -104,14 +104,12 @@ class EarlyRead:
 def read_early(pool: Pool, keys: list[str]) -> EarlyRead | None:
     """Start a read of ``keys`` on ``pool`` before the call is validated and claimed: the
     transport reads ahead from the slots of the leading published keys (at most the first
-    batch's), looked up without claiming or counting them. None when nothing was started
-    (also where a key cannot be looked up: the keys are checked after this)."""
+    batch's), looked up without claiming or counting them. None when nothing was started; a
+    key that cannot be looked up raises TypeError (the keys are checked after this: the
+    pipeline then starts nothing and refuses the key)."""
     if not pool.transport.whole_slots:
         return None
-    try:
-        slots, generations = pool.store.peek(keys[: pool.ahead_pages])
-    except TypeError:  # a key that cannot be looked up (unchecked yet): the call refuses it
-        return None
+    slots, generations = pool.store.peek(keys[: pool.ahead_pages])
     if not len(slots):
         return None
     ticket = _read_ahead(pool, slots)

@@ -17,6 +17,7 @@ import threading
 from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import nullcontext
 from typing import Any
 
 from kvcr_policy.config.schema import PolicyConfig
@@ -197,15 +198,12 @@ class CudaTransport(Transport):
             # Every copy and event of a read-ahead names its stream: none is entered (on a
             # slow host entering one took 0.1 ms before a small restore's first copy), and
             # the device only where it is not the current one.
-            if self._torch.cuda.current_device() == device:
+            cuda = self._torch.cuda
+            guard = nullcontext() if cuda.current_device() == device else cuda.device(device)
+            with guard:
                 read = self._copy.read_ahead(
                     ticket, src["copy"], starts, page_bytes, fragments, device, stream
                 )
-            else:
-                with self._torch.cuda.device(device):
-                    read = self._copy.read_ahead(
-                        ticket, src["copy"], starts, page_bytes, fragments, device, stream
-                    )
         return ticket if read else None
 
     def forget(self, ticket: object) -> None:
