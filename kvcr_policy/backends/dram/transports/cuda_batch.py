@@ -2,10 +2,10 @@
 
 A copy issued by torch (``dst.copy_(src, non_blocking=True)`` on slices) costs the CPU about 14
 microseconds, and ``cudaMemcpyAsync`` called through ctypes about 7: for pieces of a few hundred
-KiB the CPU, not PCIe, sets the pace. One batch call takes every piece of a ring fill (or of a
-batch) at about half a microsecond each, and the driver hands them to the copy engines
-together. Measured on one H100 (PCIe Gen5, driver 580.159.04, 2026-12-06), 2 GiB as scattered
-pinned pages into one device buffer, over one copy of the same bytes (55.2 GB/s):
+KiB the CPU, not PCIe, sets the pace. A batch call takes many pieces at about half a
+microsecond each, and the driver hands them to the copy engines together. Measured on one H100
+(PCIe Gen5, driver 580.159.04, 2026-12-06), 2 GiB as scattered pinned pages into one device
+buffer, over one copy of the same bytes (55.2 GB/s):
 
 =============  ===============  ==========================  ==========  ====================
 piece          torch ``copy_``  ``cudaMemcpyAsync`` (ctypes)  one batch  two batches, 2 streams
@@ -15,8 +15,23 @@ piece          torch ``copy_``  ``cudaMemcpyAsync`` (ctypes)  one batch  two bat
 4.5 MB         0.97             0.97                        1.00        1.00
 =============  ===============  ==========================  ==========  ====================
 
-(Kernels reading the pinned pages through their device mapping, torch's ``index_select`` or a
-Triton kernel with 16-byte loads, reach 0.93 at every size: the batch is the faster path.)
+One call of thousands of pieces moves them slower than the same pieces in calls of
+:data:`CALL_PIECES`, one after the other on one stream (another H100, runtime 13.0,
+2026-12-07, 1 GiB, medians of 7, over one copy of the same bytes, 55.1 GB/s):
+
+=============  ======================  ====================  ====================
+piece          one call, 1 stream      one call, 2 streams   calls of 128, 1 stream
+=============  ======================  ====================  ====================
+256 KiB        0.853                   0.918                 0.987
+512 KiB        0.920                   0.958                 0.992
+1 MiB          0.960                   0.979                 0.995
+4 MiB          0.991                   0.995                 0.996
+=============  ======================  ====================  ====================
+
+(Calls of 128 split over two streams read 0.984, 0.991, 0.996, 0.998: a second stream adds
+nothing once the calls are short, and its two waits cost the CPU.) Kernels reading the pinned
+pages through their device mapping, torch's ``index_select`` or a Triton kernel with 16-byte
+loads, reach 0.93 at every size: the batch is the faster path.
 
 The runtime is the one torch loaded (found in ``/proc/self/maps``); where it is older than
 12.8, or absent, :func:`load_batch` returns None and the transport issues one copy per piece.
@@ -42,8 +57,9 @@ log = logging.getLogger("kvcr_policy.backends.dram.transports.cuda")
 #: ``cudaMemcpySrcAccessOrderStream``: sources are read in stream order (a store's pages are
 #: written by earlier work on the same stream).
 _ORDER_STREAM = 1
-#: Pieces below which a batch is not split over two streams (the split costs two events).
-_SPLIT_MIN = 4
+#: Most pieces in one call (:meth:`BatchCopier.copy_calls`; a ring fill of 256 KiB pages is
+#: 128 pieces).
+CALL_PIECES = 128
 
 
 class _Location(ctypes.Structure):
@@ -113,22 +129,19 @@ class BatchCopier:
             message = f"cudaMemcpyBatchAsync of {count} pieces failed: {reason} ({status})"
             raise TransportError(message)
 
-    def copy_split(
+    def copy_calls(
         self, dsts: npt.NDArray[np.uint64], srcs: npt.NDArray[np.uint64],
-        sizes: npt.NDArray[np.uint64], stream: Any, side: Any,
+        sizes: npt.NDArray[np.uint64], stream: int,
     ) -> None:  # fmt: skip
-        """:meth:`copy` on torch stream ``stream``, half of the pieces on ``side`` (a second
-        stream of the same device) when there are enough: the copy engines work on both halves
-        at once. Whatever is enqueued on ``stream`` after this follows both halves."""
+        """:meth:`copy` of the pieces in calls of at most :data:`CALL_PIECES`, in order, on
+        ``stream`` (a ``cudaStream_t``): later work on the stream follows every call."""
         count = len(sizes)
-        if side is None or count < _SPLIT_MIN:
-            self.copy(dsts, srcs, sizes, stream.cuda_stream)
+        if count <= CALL_PIECES:
+            self.copy(dsts, srcs, sizes, stream)
             return
-        half = count // 2
-        side.wait_stream(stream)
-        self.copy(dsts[:half], srcs[:half], sizes[:half], stream.cuda_stream)
-        self.copy(dsts[half:], srcs[half:], sizes[half:], side.cuda_stream)
-        stream.wait_stream(side)
+        for lo in range(0, count, CALL_PIECES):
+            hi = lo + CALL_PIECES
+            self.copy(dsts[lo:hi], srcs[lo:hi], sizes[lo:hi], stream)
 
 
 def load_batch(torch: Any) -> BatchCopier | None:

@@ -59,7 +59,6 @@ class CopyPaths:
         self.batch: BatchCopier | None = load_batch(torch) if calls == "batched" else None
         self.rings: dict[int, StagingRing] = {}
         self.aux: dict[int, Any] = {}
-        self._sides: dict[int, Any] = {}  # a second copy stream per device (batched calls)
         self.warmed: dict[int, float] = {}  # seconds each ring's warm-up took
         self._aux_behind: set[int] = set()  # devices whose aux stream holds unwaited scatters
         # Devices whose main stream holds writes to a pool or a ring buffer that no store's
@@ -84,22 +83,12 @@ class CopyPaths:
             options = self.options
             ring = StagingRing(
                 self._torch, device, int(options.staging_buffer_bytes), options.staging_buffers,
-                batch=self.batch, side=self.side(device),
+                batch=self.batch,
             )  # fmt: skip
             aux = self._torch.cuda.Stream(device=device)
             self.warmed[device] = ring.warm(aux)
             self.rings[device], self.aux[device] = ring, aux
         return ring, self.aux[device]
-
-    def side(self, device: int) -> Any:
-        """The second copy stream of ``device`` that batched calls split onto (None without
-        them)."""
-        if self.batch is None:
-            return None
-        side = self._sides.get(device)
-        if side is None:
-            side = self._sides[device] = self._torch.cuda.Stream(device=device)
-        return side
 
     def direct(
         self, d: Any, src: dict[str, Any], dst: dict[str, Any], device: int, stream: Any, path: str,
@@ -130,9 +119,9 @@ class CopyPaths:
         if batched and not overlapping(d.dst, d.length):
             base_src, base_dst = src["copy"].data_ptr(), dst["copy"].data_ptr()
             assert self.batch is not None
-            self.batch.copy_split(
+            self.batch.copy_calls(
                 (d.dst + base_dst).astype(np.uint64), (d.src + base_src).astype(np.uint64),
-                d.length.astype(np.uint64), stream, self.side(device),
+                d.length.astype(np.uint64), stream.cuda_stream,
             )  # fmt: skip
             self._count("copies.batched", 1)
             return path, keep
@@ -281,9 +270,9 @@ class CopyPaths:
             ring.forget(ticket)
 
     def close(self) -> None:
-        """Wait for every scatter and second copy stream; the staging buffers go back to the
+        """Wait for every scatter stream; the staging buffers go back to the
         allocator."""
-        for stream in (*self.aux.values(), *self._sides.values()):
+        for stream in self.aux.values():
             stream.synchronize()
         self.rings.clear()
 

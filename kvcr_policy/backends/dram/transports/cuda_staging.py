@@ -14,8 +14,8 @@ tier registers, with the pinned and device buffers its plans' row indices go up 
 path takes. No staged chunk allocates memory.
 
 A batch is planned in growing chunks (:mod:`.cuda_chunks`), so its first copies start
-before the rest is planned. A fill's pieces cross in one ``cudaMemcpyBatchAsync`` where the
-runtime has it (:mod:`.cuda_batch`; half of them on a second stream), so pages of a few hundred
+before the rest is planned. A fill's pieces cross in ``cudaMemcpyBatchAsync`` calls where the
+runtime has it (:mod:`.cuda_batch`, calls of at most 128 pieces), so pages of a few hundred
 KiB cross at the PCIe rate instead of at the rate the CPU issues copies.
 
 Fills take the descriptors in the order given, which for a whole-slot tier is page by page:
@@ -64,8 +64,7 @@ class StagingRing:
     """``count`` device buffers of ``buffer_bytes`` on one GPU, and the events that order
     their reuse across batches (a buffer is refilled only once its last use completed).
 
-    ``batch`` moves a fill's pieces in one call (None: one ``copy_`` each), half of them on
-    ``side``, a second copy stream, when it is given.
+    ``batch`` moves a fill's pieces in batch calls (None: one ``copy_`` each).
     """
 
     torch: Any = field(repr=False)
@@ -73,7 +72,6 @@ class StagingRing:
     buffer_bytes: int
     count: int
     batch: BatchCopier | None = field(default=None, repr=False)
-    side: Any = field(default=None, repr=False)
     buffers: list[Any] = field(default_factory=list, repr=False)
     filled: list[Any] = field(default_factory=list, repr=False)
     free: list[Any] = field(default_factory=list, repr=False)
@@ -130,8 +128,6 @@ class StagingRing:
                 keep += self.store(plan, pool, host, main, aux)
             main.synchronize()
             aux.synchronize()
-            if self.side is not None:
-                self.side.synchronize()
         self.next = self.fills = 0
         return time.perf_counter() - start
 
@@ -160,7 +156,7 @@ class StagingRing:
         tier = (pieces[:, 1] + host.data_ptr()).astype(np.uint64)
         sizes = pieces[:, 2].astype(np.uint64)
         dsts, srcs = (ring, tier) if into else (tier, ring)
-        self.batch.copy_split(dsts, srcs, sizes, main, self.side)
+        self.batch.copy_calls(dsts, srcs, sizes, main.cuda_stream)
 
     def read_ahead(
         self, ticket: object, host: Any, pieces: Int64Array, fills: Int64Array, capacity: int,

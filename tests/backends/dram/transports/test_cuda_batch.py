@@ -12,7 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvcr_policy.backends.dram.transports.cuda_batch import BatchCopier, runtime_path
+from kvcr_policy.backends.dram.transports.cuda_batch import (
+    CALL_PIECES,
+    BatchCopier,
+    runtime_path,
+)
 from kvcr_policy.errors import TransportError
 
 
@@ -64,27 +68,21 @@ def test_an_empty_batch_calls_nothing_and_a_failure_names_the_error() -> None:
         failing.copy(*arrays(3), stream=0)
 
 
-class Stream:
-    """A torch stream's surface that :meth:`BatchCopier.copy_split` uses."""
-
-    def __init__(self, handle: int, log: list[str]) -> None:
-        self.cuda_stream = handle
-        self.log = log
-
-    def wait_stream(self, other: Stream) -> None:
-        self.log.append(f"{self.cuda_stream} waits {other.cuda_stream}")
-
-
-def test_a_split_puts_half_on_the_side_stream_between_two_waits() -> None:
-    runtime, log = FakeRuntime(), []
-    main, side = Stream(1, log), Stream(2, log)
-    BatchCopier(runtime, 13000).copy_split(*arrays(9), main, side)
-    assert [call[3].value for call in runtime.calls] == [4, 5]
-    assert [call[-1].value for call in runtime.calls] == [1, 2]
-    assert log == ["2 waits 1", "1 waits 2"]  # the side starts after main, main ends after it
+def test_many_pieces_go_in_calls_of_at_most_call_pieces_in_order() -> None:
     runtime = FakeRuntime()
-    BatchCopier(runtime, 13000).copy_split(*arrays(3), main, side)  # too few to split
-    assert [call[-1].value for call in runtime.calls] == [1]
+    dsts, srcs, sizes = arrays(2 * CALL_PIECES + 3)
+    BatchCopier(runtime, 13000).copy_calls(dsts, srcs, sizes, stream=7)
+    assert [call[3].value for call in runtime.calls] == [CALL_PIECES, CALL_PIECES, 3]
+    assert {call[-1].value for call in runtime.calls} == {7}  # one stream: in order
+    # Each call starts where the one before ended (slices of the caller's arrays).
+    starts = [call[0].value for call in runtime.calls]
+    assert starts == [dsts.ctypes.data + 8 * i * CALL_PIECES for i in range(3)]
+    assert [call[1].value for call in runtime.calls] == [
+        srcs.ctypes.data + 8 * i * CALL_PIECES for i in range(3)
+    ]
+    runtime = FakeRuntime()
+    BatchCopier(runtime, 13000).copy_calls(*arrays(CALL_PIECES), stream=7)  # a fill: one call
+    assert [call[3].value for call in runtime.calls] == [CALL_PIECES]
 
 
 def test_the_runtime_is_found_among_the_mapped_libraries(tmp_path: Path) -> None:
