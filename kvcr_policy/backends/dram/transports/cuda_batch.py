@@ -135,11 +135,7 @@ class BatchCopier:
     ) -> None:  # fmt: skip
         """:meth:`copy` of the pieces in calls of at most :data:`CALL_PIECES`, in order, on
         ``stream`` (a ``cudaStream_t``): later work on the stream follows every call."""
-        count = len(sizes)
-        if count <= CALL_PIECES:
-            self.copy(dsts, srcs, sizes, stream)
-            return
-        for lo in range(0, count, CALL_PIECES):
+        for lo in range(0, len(sizes), CALL_PIECES):
             hi = lo + CALL_PIECES
             self.copy(dsts[lo:hi], srcs[lo:hi], sizes[lo:hi], stream)
 
