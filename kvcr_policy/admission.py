@@ -7,8 +7,9 @@ whatever its size, and a rate of bytes over seconds would charge a long prefix f
 page), from every store call (its bytes queued while it runs: a tier that paces a tenant's
 reads and writes together, as ``serve --tenant-rate`` does, delivers a restore behind them;
 then its bytes and seconds, the marginal rate the gate starts from before restores) and from
-the prefill an engine reports where it exposes one (tokens and seconds of its steps: the
-marginal rate, the step's fixed cost fitted apart, :mod:`.observability.marginal`). A lookup
+the prefill an engine reports where it exposes one (tokens and seconds of its steps: a cost
+a token and a cost a token pair, the step's fixed cost fitted apart,
+:mod:`.observability.prefill_cost`). A lookup
 (:meth:`~kvcr_policy.pipeline.Pipeline.admit`) asks the configured admission strategy how
 many of its leading present pages to report, counts the decision in the pool's
 ``kvcr_policy_admission_pages`` and in :attr:`AdmissionDesk.counts`, and explains it at debug
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 from .declined import DeclinedKeys
 from .observability.marginal import MarginalRate
 from .observability.meter import PoolMeter
+from .observability.prefill_cost import PrefillCost
 from .strategies import Admission, AdmissionStrategy, RestoreOutlook
 
 __all__ = ["AdmissionDesk"]
@@ -53,9 +55,10 @@ class AdmissionDesk:
         #: Restores and stores: seconds = fixed + bytes / rate, fitted over their calls.
         self.restores = MarginalRate(half_life_s, clock)
         self.stores = MarginalRate(half_life_s, clock)
-        #: The engine's prefill: seconds = fixed + tokens / rate, fitted over its steps; the
-        #: gate compares a restore with the marginal part (the fixed part is paid anyway).
-        self.prefills = MarginalRate(half_life_s, clock)
+        #: The engine's prefill: seconds = fixed + tokens / rate + quadratic * tokens**2,
+        #: fitted over its steps; the gate compares a restore with what computing its pages
+        #: adds (the fixed part is paid anyway).
+        self.prefills = PrefillCost(half_life_s, clock)
         self._lock = threading.Lock()
         self._reading = 0
         self._writing = 0
@@ -100,17 +103,19 @@ class AdmissionDesk:
     def outlook(self) -> RestoreOutlook:
         """What the tier delivers now: the figures a decision is made on."""
         restores = self.restores.figures()  # one reading: rate, fixed part, mean call
-        step = self.prefills.figures() if self.engine_times_restores else None
+        prefill = self.prefills.figures()
+        step = prefill.line if prefill is not None and self.engine_times_restores else None
         return RestoreOutlook(
             None if restores is None else restores.rate,
             sum(self.queued),
             self.restores.idle_s,
-            self.prefills.per_second,
+            None if prefill is None else prefill.line.rate,
             self.stores.per_second,
             restore_fixed_s=restores.fixed if restores is not None and restores.separated else None,
             restore_call=None if restores is None else restores.mean_call,
             restore_calls=0 if restores is None else restores.calls,
             step_fixed_s=step.fixed if step is not None and step.separated else None,
+            prefill_s_per_token2=0.0 if prefill is None else prefill.quadratic,
         )
 
     def declines(
@@ -200,7 +205,9 @@ def _explain(
     prefill = (
         "engine unreported"
         if o.prefill_tokens_per_s is None
-        else (f"{o.prefill_tokens_per_s:.0f} tokens/s reported")
+        else f"{o.prefill_tokens_per_s:.0f} tokens/s"
+        + (f" + {o.prefill_s_per_token2:.3g} s/token^2" if o.prefill_s_per_token2 else "")
+        + " reported"
     )
     declined = f", {found - pages} declined ({d.declined or d.reason})" if pages < found else ""
     return (

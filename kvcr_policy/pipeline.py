@@ -352,11 +352,15 @@ class Pipeline:
             nbytes = pages * sum(g.page_bytes for g in geometries)
             self.admission.restores.add(nbytes, seconds)
 
-    def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
+    def prefill_observed(
+        self, tokens: int, seconds: float, steps: int = 1, squares: int | None = None
+    ) -> None:
         """The engine computed ``tokens`` prompt tokens in ``seconds`` over ``steps`` steps (an
         engine that exposes its prefill time reports it here; the admission strategy then
-        prefers its marginal rate: each step's fixed cost is fitted apart)."""
-        self.admission.prefills.add(tokens, seconds, steps)
+        prefers its marginal rate: each step's fixed cost is fitted apart, and its attention's
+        cost where ``squares`` gives the prompts' squared spans or the steps tell it:
+        :class:`~kvcr_policy.observability.prefill_cost.PrefillCost`)."""
+        self.admission.prefills.add(tokens, seconds, steps, squares)
 
     # ---- data ---------------------------------------------------------------------------
 

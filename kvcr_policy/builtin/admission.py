@@ -19,8 +19,11 @@ slow call cannot decline every later lookup, which would restore, so measure, no
 neither, the restores' own rate, and until three restores a lookup it would decline reports a
 probe of ``probe_pages`` pages, as after ``probe_after_s`` without a restore. With no figure
 at all, a lookup reports at most ``probe_pages`` pages, a probe of bounded cost. The prefill
-rate is the engine's where it reports one, else ``prefill_curve`` (configured, or calibrated
-by ``kvcr-policy tune --prefill`` on this host), else ``prefill_tokens_per_s`` (configured).
+is the engine's where it reports one (``compute_s(k) = k * P / prefill_tokens_per_s +
+prefill_s_per_token2 * (k * P)**2``: its attention's cost fitted apart where its steps tell
+it, :mod:`~kvcr_policy.observability.prefill_cost`, so a short prefix is not priced at a long
+one's rate), else ``prefill_curve`` (configured, or calibrated by ``kvcr-policy tune
+--prefill`` on this host), else ``prefill_tokens_per_s`` (configured).
 """
 
 from __future__ import annotations
@@ -207,11 +210,14 @@ class RestoreGate:
             pages = int(sooner[-1]) + 1 if len(sooner) else 0
             restore_s = float(restore[-1])
         else:
-            # One rate: restore_s(k) - (1 + margin) compute_s(k) is linear in k and not
-            # below 0 at k = 0 (the fixed and queued seconds), so the longest prefix that
-            # restores sooner is every page or none (O(1) a lookup).
+            # One rate (and the reported attention term, 0 or more): restore_s(k) - (1 +
+            # margin) compute_s(k) is concave in k and not below 0 at k = 0 (the fixed and
+            # queued seconds), so where it is above 0 at k = found it is above 0 at every k
+            # between: the longest prefix that restores sooner is every page or none (O(1)).
             assert constant is not None
-            compute_s = found * page_tokens / constant
+            tokens = found * page_tokens
+            quadratic = outlook.prefill_s_per_token2 if reported is not None else 0.0
+            compute_s = tokens / constant + max(quadratic, 0.0) * tokens * tokens
             if rate is None:
                 return self._unmeasured(found, probe, compute_s)
             restore_s = fixed + (outlook.queued_bytes + found * page_bytes) / rate

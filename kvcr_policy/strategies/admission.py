@@ -35,6 +35,9 @@ class RestoreOutlook:
     its prefill (a step's fixed cost fitted apart: what computing a prefix adds to a step the
     request runs anyway); None when it did not: the strategy then uses its own calibrated or
     configured rate;
+    ``prefill_s_per_token2``: with ``prefill_tokens_per_s``, the reported prefill's seconds
+    per token squared (its attention: computing a prefix of ``p`` tokens adds ``p /
+    prefill_tokens_per_s + prefill_s_per_token2 * p**2``); 0 where its steps fit a line;
     ``store_bytes_per_s``: the decayed marginal rate of this pipeline's stores (None before
     the first): what the link delivered the other way, before restores measured it;
     ``step_fixed_s``: where the engine times its restores from its lookup to its report that
@@ -53,6 +56,7 @@ class RestoreOutlook:
     restore_call: tuple[float, float] | None = None
     restore_calls: int = 0
     step_fixed_s: float | None = None
+    prefill_s_per_token2: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,6 +184,72 @@ def test_the_gate_never_admits_a_prefix_that_restores_slower_than_it_computes_be
         )
 
 
+@given(
+    page_tokens=st.integers(1, 1024),
+    quadratic=st.one_of(st.just(0.0), st.floats(1e-12, 1e-5)),
+    fixed=st.floats(0.0, 0.05),
+    **LOOKUPS,
+)
+def test_with_the_engines_attention_term_the_gate_admits_only_what_restores_sooner(
+    found: int,
+    page_tokens: int,
+    page_bytes: int,
+    restore: float,
+    queued: int,
+    prefill: float,
+    margin: float,
+    quadratic: float,
+    fixed: float,
+) -> None:
+    # The engine reports its prefill as a rate and an attention term (seconds per token
+    # squared): computing k pages costs k P / rate + quadratic (k P)**2. The gate's answer is
+    # still the longest prefix that restores within (1 + margin) of that.
+    strategy = gate(prefill_tokens_per_s=1.0, margin=margin)  # the engine's figures win
+    outlook = RestoreOutlook(
+        restore,
+        queued_bytes=queued,
+        prefill_tokens_per_s=prefill,
+        restore_fixed_s=fixed,
+        prefill_s_per_token2=quadratic,
+    )
+    decision = strategy.admit(found, page_tokens, page_bytes, outlook)
+
+    def restores_sooner(k: int, slack: float) -> bool:
+        compute_s = k * page_tokens / prefill + quadratic * (k * page_tokens) ** 2
+        return fixed + (queued + k * page_bytes) / restore <= (1 + margin) * compute_s * slack
+
+    assert 0 <= decision.pages <= found
+    if decision.pages:
+        assert restores_sooner(decision.pages, 1 + 1e-9)
+    for k in range(decision.pages + 1, found + 1, max(1, found // 50)):
+        assert not restores_sooner(k, 1 - 1e-9)
+
+
+def test_a_short_prefix_is_priced_at_its_own_cost_not_a_long_ones() -> None:
+    # vLLM on 2 CPU cores (its prefill steps fitted: 163,000 tokens/s and 8.8e-9 s a token
+    # pair): 20 pages of 32 tokens compute in 7.5 ms, 88 pages in 87 ms; a restore the engine
+    # waits for takes 10.5 ms whatever its size (its steps), 1.4 ms more a MB. Priced on a
+    # line through the same steps (34,000 tokens/s) the short prefix would compute in 18.8
+    # ms and be restored, at one and a half times its cost.
+    line = RestoreOutlook(700e6, prefill_tokens_per_s=34_000.0, restore_fixed_s=0.0105)
+    curve = RestoreOutlook(
+        700e6, prefill_tokens_per_s=163_000.0, restore_fixed_s=0.0105, prefill_s_per_token2=8.8e-9
+    )
+    strategy = gate(margin=-0.2)
+    assert strategy.admit(20, 32, 32 << 10, line).pages == 20  # the line's mistake
+    short = strategy.admit(20, 32, 32 << 10, curve)
+    assert short.pages == 0 and short.compute_s == pytest.approx(0.0075, rel=0.02)
+    assert strategy.admit(88, 32, 32 << 10, curve).pages == 88
+
+
+def test_a_configured_rate_takes_no_attention_term() -> None:
+    # The term is the engine's, fitted with its own rate: beside a configured rate (the
+    # engine reported none) it is not added.
+    outlook = RestoreOutlook(1e6, prefill_s_per_token2=1.0)
+    decision = gate(prefill_tokens_per_s=1000).admit(4, PAGE_TOKENS, 1000, outlook)
+    assert decision.compute_s == pytest.approx(4 * PAGE_TOKENS / 1000)
+
+
 def test_compute_seconds_is_nan_without_any_rate() -> None:
     assert np.isnan(compute_seconds(np.array([64.0]), GateOptions(), None)).all()
 

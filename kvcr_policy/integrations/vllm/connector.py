@@ -314,14 +314,18 @@ def workers_moved(connector_output: Any, name: str) -> tuple[int, float, int] | 
     return (nbytes, micros / 1e6, calls) if nbytes > 0 and micros > 0 else None
 
 
-def workers_prefilled(connector_output: Any) -> tuple[int, float, int] | None:
-    """The tokens the workers' prefill-only steps computed, their seconds and how many steps
-    (summed over the interval's steps and the workers: each sum keeps seconds = fixed * steps
-    + tokens / rate), from a step's ``KVConnectorOutput``; None when there were none."""
+def workers_prefilled(connector_output: Any) -> tuple[int, float, int, int | None] | None:
+    """The tokens the workers' prefill-only steps computed, their seconds, how many steps and
+    their prompts' squared spans (None where the stats carry none) (summed over the
+    interval's steps and the workers: each sum keeps seconds = fixed * steps + tokens / rate
+    + quadratic * squares), from a step's ``KVConnectorOutput``; None when there were none."""
     data = _stats(connector_output)
     tokens, micros = int(data.get("prefill_tokens", 0)), int(data.get("prefill_us", 0))
     steps = int(data.get("prefill_steps", 0))
-    return (tokens, micros / 1e6, steps) if tokens > 0 and micros > 0 and steps > 0 else None
+    squares = int(data.get("prefill_squares", 0)) or None
+    if tokens > 0 and micros > 0 and steps > 0:
+        return tokens, micros / 1e6, steps, squares
+    return None
 
 
 def _one_page(kv_cache_config: Any, block: int) -> Any:

@@ -26,11 +26,14 @@ class BlockJob:
 class StepPlan:
     """One scheduler step's loads and saves; ``prefill_tokens``: the tokens the step
     computes when it only prefills new requests (0 when it decodes too): the worker times the
-    step's forward pass for the admission gate's prefill rate."""
+    step's forward pass for the admission gate's prefill rate; ``prefill_squares``: over
+    those requests, what each one's attention spans, ``(c + t)**2 - c**2`` for ``t`` tokens
+    after ``c`` computed ones (the gate fits the attention's cost apart)."""
 
     loads: tuple[BlockJob, ...] = ()
     saves: tuple[BlockJob, ...] = ()
     prefill_tokens: int = 0
+    prefill_squares: int = 0
 
 
 #: Totals since this process started, by name: what a caller in the engine's process (the

@@ -226,8 +226,14 @@ class SchedulerHalf:
             self._save(req_id, state, cached.num_computed_tokens[i] + scheduled[req_id], saves)
         loads, self._loads = tuple(self._loads), []
         only_new = len(output.scheduled_new_reqs) == len(scheduled)
-        prefill = int(sum(scheduled.values())) if only_new else 0
-        return StepPlan(loads, tuple(saves), prefill)
+        if not only_new:
+            return StepPlan(loads, tuple(saves))
+        prefill = squares = 0
+        for new in output.scheduled_new_reqs:
+            done, more = int(new.num_computed_tokens), int(scheduled[new.req_id])
+            prefill += more
+            squares += (done + more) ** 2 - done**2
+        return StepPlan(loads, tuple(saves), prefill, squares)
 
     def _save(self, req_id: str, state: _Request, computed: int, saves: list[BlockJob]) -> None:
         full = min(computed, state.prompt_tokens, state.blocks * self.block) // self.block

@@ -69,10 +69,14 @@ class WorkerHalf:
         if started is None or plan.prefill_tokens <= 0:
             return
         seconds = time.perf_counter() - started
-        self.pipeline.prefill_observed(plan.prefill_tokens, seconds)
+        squares = plan.prefill_squares or None
+        self.pipeline.prefill_observed(plan.prefill_tokens, seconds, 1, squares)
         with self._lock:
             self.stats.update(
-                prefill_tokens=plan.prefill_tokens, prefill_us=int(seconds * 1e6), prefill_steps=1
+                prefill_tokens=plan.prefill_tokens,
+                prefill_us=int(seconds * 1e6),
+                prefill_steps=1,
+                prefill_squares=plan.prefill_squares,
             )
 
     def submit(self, plan: StepPlan, loads: bool) -> None:

@@ -106,6 +106,8 @@ def test_each_computed_full_prompt_block_is_saved_once() -> None:
     plan = half.plan(output([new], scheduled={"r": 2 * BLOCK + 2}))
     assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[1], keys[2]), (8, 9))]
     assert plan.prefill_tokens == 2 * BLOCK + 2  # a step of new requests only: timed
+    # ... with what its attention spans: the new tokens over the block vLLM had.
+    assert plan.prefill_squares == (3 * BLOCK + 2) ** 2 - BLOCK**2
     # Step 2: the rest of the prompt and a generated token; new blocks appended.
     cached = SimpleNamespace(
         req_ids=["r"],
@@ -115,7 +117,7 @@ def test_each_computed_full_prompt_block_is_saved_once() -> None:
     )
     plan = half.plan(output([], cached, {"r": 3 * BLOCK}))
     assert [(j.keys, j.block_ids) for j in plan.saves] == [((keys[3], keys[4]), (20, 21))]
-    assert plan.prefill_tokens == 0  # a request already running: not a prefill of its own
+    assert plan.prefill_tokens == plan.prefill_squares == 0  # not a prefill of its own
     assert half.finished(SimpleNamespace(request_id="r")) is True
     half.close()
 

@@ -16,10 +16,14 @@ from kvcr_policy.integrations.vllm.worker import WorkerHalf
 class Recorder:
     def __init__(self) -> None:
         self.prefills: list[tuple[int, float]] = []
+        self.squares: list[int | None] = []
 
-    def prefill_observed(self, tokens: int, seconds: float, steps: int = 1) -> None:
+    def prefill_observed(
+        self, tokens: int, seconds: float, steps: int = 1, squares: int | None = None
+    ) -> None:
         assert steps == 1  # the worker reports each step alone
         self.prefills.append((tokens, seconds))
+        self.squares.append(squares)
 
 
 def test_a_step_that_only_prefills_reports_its_tokens_and_seconds() -> None:
@@ -30,11 +34,15 @@ def test_a_step_that_only_prefills_reports_its_tokens_and_seconds() -> None:
     worker.step_ended(StepPlan(prefill_tokens=0))  # a decode step: not a prefill rate
     worker.step_started()
     worker.step_ended(StepPlan(prefill_tokens=64))
-    assert [tokens for tokens, _ in pipeline.prefills] == [64]
+    worker.step_started()
+    worker.step_ended(StepPlan(prefill_tokens=96, prefill_squares=128**2 - 32**2))
+    assert [tokens for tokens, _ in pipeline.prefills] == [64, 96]
+    assert pipeline.squares == [None, 128**2 - 32**2]  # none given: each step one prompt
     assert pipeline.prefills[0][1] >= 0
     stats = worker.take_stats()
-    assert stats["prefill_tokens"] == 64 and "prefill_us" in stats
-    assert stats["prefill_steps"] == 1  # a scheduler of its own fits per step, not per sum
+    assert stats["prefill_tokens"] == 160 and "prefill_us" in stats
+    assert stats["prefill_squares"] == 128**2 - 32**2
+    assert stats["prefill_steps"] == 2  # a scheduler of its own fits per step, not per sum
     worker.close()
 
 
@@ -56,7 +64,14 @@ def test_a_separate_scheduler_reads_the_workers_figures(vllm: None) -> None:
     summed = KVCRPolicyConnectorStats(data=dict(one)).aggregate(
         KVCRPolicyConnectorStats(data=dict(one))
     )
-    assert workers_prefilled(SimpleNamespace(kv_connector_stats=summed)) == (192, 0.06, 4)
+    assert workers_prefilled(SimpleNamespace(kv_connector_stats=summed)) == (192, 0.06, 4, None)
+    # With the prompts' squared spans (a prompt of 96 tokens after 32 cached: 128**2 - 32**2).
+    one["prefill_squares"] = 128**2 - 32**2
+    summed = KVCRPolicyConnectorStats(data=dict(one)).aggregate(
+        KVCRPolicyConnectorStats(data=dict(one))
+    )
+    prefilled = workers_prefilled(SimpleNamespace(kv_connector_stats=summed))
+    assert prefilled == (192, 0.06, 4, 2 * (128**2 - 32**2))
 
 
 def test_a_separate_scheduler_fits_its_workers_steps_apart_from_their_fixed_cost(
