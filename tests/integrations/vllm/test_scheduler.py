@@ -62,6 +62,34 @@ def test_a_lookup_answers_later_instead_of_waiting_on_the_tier() -> None:
     half.close()
 
 
+def test_with_no_other_request_running_a_lookup_waits_for_its_answer() -> None:
+    # An idle vLLM calls the lookup again at once, each call taking the lock the lookup
+    # thread needs: with nothing else to run, the call waits for the answer (bounded), so the
+    # request is scheduled in this step.
+    tokens = list(range(4 * BLOCK + 1))
+    tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))
+    tier.gate.set()
+    half = SchedulerHalf(BLOCK, "p:", tier, idle_wait_s=60.0)
+    assert half.matched(request("r", tokens), 0) == (4 * BLOCK, True)  # first call: answered
+    half.close()
+
+
+def test_with_another_request_running_a_lookup_never_waits() -> None:
+    tokens = list(range(4 * BLOCK + 1))
+    tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))  # held until the test opens it
+    half = SchedulerHalf(BLOCK, "p:", tier, idle_wait_s=60.0)
+    other = SimpleNamespace(
+        req_id="o", prompt_token_ids=list(range(BLOCK + 1)), block_ids=([1],), num_computed_tokens=0
+    )
+    half.plan(output([other], scheduled={"o": BLOCK + 1}))  # vLLM runs "o"
+    req = request("r", tokens)
+    assert half.matched(req, 0) == (None, False)  # at once: "o" has steps to run
+    half.finished(SimpleNamespace(request_id="o"))
+    tier.gate.set()  # "o" finished: nothing else to run, the next call waits for the answer
+    assert half.matched(req, 0) == (4 * BLOCK, True)
+    half.close()
+
+
 def test_the_last_token_is_always_left_to_compute() -> None:
     tokens = list(range(4 * BLOCK))  # four full blocks, all present
     tier = Tier(set(block_keys(tokens, BLOCK, "p:", 10)))
