@@ -229,15 +229,19 @@ class SchedulerHalf:
         """This step's loads and saves from vLLM's ``SchedulerOutput``."""
         saves: list[BlockJob] = []
         scheduled = output.num_scheduled_tokens
+        prefill = squares = 0  # the new requests' tokens and their attention's spans
         for new in output.scheduled_new_reqs:
             self._running.add(new.req_id)
+            done, more = int(new.num_computed_tokens), int(scheduled[new.req_id])
+            prefill += more
+            squares += (done + more) ** 2 - done**2
             state = self._requests.get(new.req_id)
             if state is None:
                 tokens = new.prompt_token_ids or ()
                 state = self._requests[new.req_id] = _Request(tokens, self.block, self.prefix)
             state.block_ids = list(new.block_ids[0])
             state.saved = max(state.saved, new.num_computed_tokens // self.block)
-            self._save(new.req_id, state, new.num_computed_tokens + scheduled[new.req_id], saves)
+            self._save(new.req_id, state, done + more, saves)
         cached = output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             state = self._requests.get(req_id)
@@ -250,14 +254,8 @@ class SchedulerHalf:
                 state.block_ids.extend(blocks[0])
             self._save(req_id, state, cached.num_computed_tokens[i] + scheduled[req_id], saves)
         loads, self._loads = tuple(self._loads), []
-        only_new = len(output.scheduled_new_reqs) == len(scheduled)
-        if not only_new:
+        if len(output.scheduled_new_reqs) != len(scheduled):  # it decodes too: not timed
             return StepPlan(loads, tuple(saves))
-        prefill = squares = 0
-        for new in output.scheduled_new_reqs:
-            done, more = int(new.num_computed_tokens), int(scheduled[new.req_id])
-            prefill += more
-            squares += (done + more) ** 2 - done**2
         return StepPlan(loads, tuple(saves), prefill, squares)
 
     def _save(self, req_id: str, state: _Request, computed: int, saves: list[BlockJob]) -> None:
